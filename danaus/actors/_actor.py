@@ -1,0 +1,287 @@
+"""``Actor``, ``@endpoint``, and the mailbox that runs an actor's messages one at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import inspect
+import logging
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+
+import msgspec
+
+from ..errors import SerializationError
+from ._context import ActorContext, Context, current
+from ._point import Point
+from ._serialize import dumps, loads
+from ._wire import CLOSE, OK, Call, ErrorInfo, Result, Spawn
+
+if TYPE_CHECKING:
+    from ._connection import Connection
+    from ._runtime import Runtime
+
+__all__ = ["Actor", "Endpoint", "endpoint"]
+
+log = logging.getLogger("danaus.actor")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Endpoint(Generic[P, R]):
+    """A method of an :class:`Actor` that other actors and the controller may call.
+
+    On an actor instance the attribute is the plain bound method; on an actor mesh it
+    is an endpoint reference with ``call``, ``call_one``, ``broadcast``, ...
+    """
+
+    def __init__(self, fn: Callable[Concatenate[Any, P], R] | Callable[Concatenate[Any, P], Awaitable[R]]) -> None:
+        self.fn = fn
+        self.name: str = fn.__name__
+        self.is_async = inspect.iscoroutinefunction(fn)
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Endpoint[P, R]: ...
+    @overload
+    def __get__(self, obj: object, owner: type) -> Callable[P, Any]: ...
+    def __get__(self, obj: object | None, owner: type) -> Any:
+        if obj is None:
+            return self
+        return self.fn.__get__(obj, owner)
+
+    def __repr__(self) -> str:
+        return f"<endpoint {self.name}>"
+
+
+@overload
+def endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]]) -> Endpoint[P, R]: ...
+@overload
+def endpoint(fn: Callable[Concatenate[Any, P], R]) -> Endpoint[P, R]: ...
+@overload
+def endpoint(fn: None = None) -> Callable[[Callable[..., Any]], Endpoint[..., Any]]: ...
+def endpoint(fn: Any = None) -> Any:
+    """Mark an actor method (sync or ``async def``) as callable from other processes.
+
+    Usable bare (``@endpoint``) or called (``@endpoint()``).
+    """
+    if fn is None:
+        return Endpoint
+    return Endpoint(fn)
+
+
+class Actor:
+    """Base class of actors. Subclass it and mark methods with :func:`endpoint`.
+
+    ``__init__(*args, **kwargs)`` runs in the actor's proc when the mesh is spawned,
+    before the first message is handled. An actor handles one message at a time, in
+    arrival order; messages from one sender arrive in the order sent.
+    """
+
+    __endpoints__: dict[str, Endpoint[..., Any]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        eps: dict[str, Endpoint[..., Any]] = {}
+        for klass in reversed(cls.__mro__):
+            for name, value in vars(klass).items():
+                if isinstance(value, Endpoint):
+                    eps[name] = value
+                elif name in eps:
+                    del eps[name]  # overridden by a non-endpoint
+        cls.__endpoints__ = eps
+
+
+def endpoints_of(cls: type) -> dict[str, Endpoint[..., Any]]:
+    eps: dict[str, Endpoint[..., Any]] = getattr(cls, "__endpoints__", {})
+    return eps
+
+
+def describe_endpoints(cls: type) -> str:
+    names = sorted(endpoints_of(cls))
+    return ", ".join(names) if names else "(none)"
+
+
+class ActorInstance:
+    """One live actor in this proc and its mailbox."""
+
+    def __init__(self, rt: Runtime, name: str, ctx: ActorContext, obj: Any) -> None:
+        self.rt = rt
+        self.name = name
+        self.ctx = ctx
+        self.context = Context(ctx)
+        self.obj = obj
+        self.rank = ctx.rank.rank
+        self.rank_text = str(ctx.rank)
+        self.endpoints = endpoints_of(type(obj))
+        self.busy = False
+        self.stopped = False
+        self.queue: collections.deque[tuple[Connection, Call, list[Any]]] = collections.deque()
+        self.task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        state = "stopped" if self.stopped else ("busy" if self.busy else "idle")
+        return f"<ActorInstance {self.ctx.actor_id} {state} queued={len(self.queue)}>"
+
+    def deliver(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
+        if self.busy or self.queue:
+            self.queue.append((conn, msg, parts))
+        else:
+            self._run(conn, msg, parts)
+
+    def _drain(self) -> None:
+        while self.queue and not self.busy and not self.stopped:
+            conn, msg, parts = self.queue.popleft()
+            self._run(conn, msg, parts)
+
+    def _run(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
+        ep = self.endpoints.get(msg.method)
+        if ep is None:
+            self._reply_error(conn, msg, ErrorInfo(
+                "endpoint", self.ctx.actor_id, self.rank_text, "EndpointNotFoundError",
+                f"{type(self.obj).__name__} has no endpoint {msg.method!r}; its endpoints are: "
+                f"{describe_endpoints(type(self.obj))}", ""))
+            return
+        try:
+            args, kwargs = loads(msg.args, msg.pickled, parts,
+                                 lambda: f"arguments of {type(self.obj).__name__}.{msg.method}")
+        except SerializationError as e:
+            self._reply_error(conn, msg, _info(e, self, include_tb=False))
+            return
+        token = current.set(self.context)
+        try:
+            if ep.is_async:
+                self.busy = True
+                self.task = self.rt.loop.create_task(self._run_async(conn, msg, ep.fn(self.obj, *args, **kwargs)))
+            else:
+                result = ep.fn(self.obj, *args, **kwargs)
+                if msg.reply:
+                    self._reply(conn, msg, result)
+        except Exception as e:
+            self._reply_error(conn, msg, _info(e, self))
+        finally:
+            current.reset(token)
+
+    async def _run_async(self, conn: Connection, msg: Call, coro: Awaitable[Any]) -> None:
+        try:
+            result = await coro
+        except asyncio.CancelledError:
+            if self.stopped:
+                self._reply_error(conn, msg, ErrorInfo(
+                    "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
+                    f"actor {self.ctx.actor_id} was stopped while handling {msg.method}", ""))
+            raise
+        except Exception as e:
+            self._reply_error(conn, msg, _info(e, self))
+        else:
+            if msg.reply:
+                self._reply(conn, msg, result)
+        finally:
+            self.busy = False
+            self.task = None
+        self._drain()
+
+    def _reply(self, conn: Connection, msg: Call, result: Any) -> None:
+        try:
+            raw, pickled, parts = dumps(result, lambda: f"return value of {type(self.obj).__name__}.{msg.method}")
+        except SerializationError as e:
+            self._reply_error(conn, msg, _info(e, self, include_tb=False))
+            return
+        conn.send(Result(msg.reply, OK, raw, pickled, self.rank), parts)
+
+    def _reply_error(self, conn: Connection, msg: Call, info: ErrorInfo) -> None:
+        self.rt.reply_error(conn, msg.reply, self.rank, info)
+
+    async def stop(self) -> None:
+        """Stop: pending messages fail with ``SupervisionError``; ``__cleanup__`` runs."""
+        if self.stopped:
+            return
+        self.stopped = True
+        if self.task is not None:
+            self.task.cancel()
+            try:
+                await self.task
+            except BaseException:  # noqa: BLE001 - its outcome was already replied
+                pass
+        while self.queue:
+            conn, msg, _ = self.queue.popleft()
+            self._reply_error(conn, msg, ErrorInfo(
+                "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
+                f"actor {self.ctx.actor_id} was stopped before handling {msg.method}", ""))
+        cleanup = getattr(self.obj, "__cleanup__", None)
+        if cleanup is not None:
+            token = current.set(self.context)
+            try:
+                r = cleanup(None)
+                if inspect.isawaitable(r):
+                    await r
+            except Exception:
+                log.exception("__cleanup__ of %s raised", self.ctx.actor_id)
+            finally:
+                current.reset(token)
+
+
+def _info(e: BaseException, actor: ActorInstance, include_tb: bool = True) -> ErrorInfo:
+    from ._runtime import info_from_error
+
+    tb = "".join(traceback.format_exception(e)) if include_tb else ""
+    return info_from_error(e, actor.ctx.actor_id, actor.rank_text, tb)
+
+
+class _FailedActor:
+    """Stands in for an actor whose ``__init__`` raised: every call fails with the reason."""
+
+    def __init__(self, rt: Runtime, actor_id: str, rank: int, info: ErrorInfo) -> None:
+        self.rt = rt
+        self.info = ErrorInfo("supervision", actor_id, info.rank, "SupervisionError",
+                              f"actor {actor_id} failed to start: {info.exc_type}: {info.message}",
+                              info.traceback)
+        self.rank = rank
+        self.stopped = False
+
+    def deliver(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
+        self.rt.reply_error(conn, msg.reply, self.rank, self.info)
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> None:
+    """Handle a Spawn message: build the actor, run its ``__init__``, reply."""
+    from ._runtime import encode_error, info_from_error
+
+    point = Point.from_rank(msg.rank, msg.sizes)
+    actor_id = f"{msg.mesh}.{msg.actor}[{msg.rank}]"
+    if msg.actor in rt.actors:
+        info = ErrorInfo("actor", actor_id, str(point), "ValueError",
+                         f"an actor named {msg.actor!r} already lives in proc {rt.addr}", "")
+        conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
+        return
+    ctx_holder: list[Any] = []
+    try:
+        cls, args, kwargs = loads(msg.payload, msg.pickled, parts,
+                                  lambda: f"actor class and arguments of {actor_id}")
+        obj = cls.__new__(cls)
+        ctx = ActorContext(actor_id, msg.actor, point, rt.addr, obj)
+        ctx_holder.append(ctx)
+        token = current.set(Context(ctx))
+        try:
+            obj.__init__(*args, **kwargs)
+        finally:
+            current.reset(token)
+    except Exception as e:
+        tb = "".join(traceback.format_exception(e))
+        info = info_from_error(e, actor_id, str(point), tb)
+        if not isinstance(e, SerializationError):
+            info = ErrorInfo("actor", actor_id, str(point), info.exc_type, info.message, tb)
+        rt.actors[msg.actor] = _FailedActor(rt, actor_id, msg.rank, info)  # type: ignore[assignment]
+        conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
+        return
+    rt.actors[msg.actor] = ActorInstance(rt, msg.actor, ctx_holder[0], obj)
+    conn.send(Result(msg.reply, CLOSE, msgspec.Raw(b"\xc0"), False, msg.rank))

@@ -1,0 +1,44 @@
+"""HMAC challenge-response over the job's shared secret.
+
+Both sides prove they hold the key; neither sends it. Each proof binds both nonces and
+says which side made it, so a proof cannot be replayed or reflected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+
+from ..config import config
+
+__all__ = ["job_key", "new_nonce", "proof", "verify"]
+
+_key: bytes | None = None
+
+
+def job_key() -> bytes:
+    """The secret of this job: ``config.auth_key`` (hex) when set, else a fresh random one."""
+    global _key
+    if _key is None:
+        _key = bytes.fromhex(config.auth_key) if config.auth_key else secrets.token_bytes(32)
+    return _key
+
+
+def set_job_key(key: bytes) -> None:
+    """Adopt the key handed down by the controller (procs call this at start)."""
+    global _key
+    _key = key
+
+
+def new_nonce() -> bytes:
+    return os.urandom(16)
+
+
+def proof(key: bytes, side: bytes, mine: bytes, theirs: bytes) -> bytes:
+    return hmac.new(key, side + b"|" + mine + b"|" + theirs, hashlib.sha256).digest()
+
+
+def verify(key: bytes, side: bytes, mine: bytes, theirs: bytes, mac: bytes) -> bool:
+    return hmac.compare_digest(proof(key, side, mine, theirs), mac)

@@ -1,0 +1,140 @@
+"""``Channel.open()`` -> ``(Port, PortReceiver)``: values sent to a port from anywhere."""
+
+from __future__ import annotations
+
+import collections
+import traceback
+import weakref
+from typing import Any, Generic, TypeVar
+
+from ..errors import ClosedError
+from ._context import current_rank
+from ._future import Future
+from ._runtime import Runtime, current_runtime, encode_error, info_from_error, run_on
+from ._serialize import dumps
+from ._wire import CLOSE, ERROR, OK, Result
+
+__all__ = ["Channel", "Port", "PortReceiver"]
+
+T = TypeVar("T")
+
+
+class Port(Generic[T]):
+    """Where values go: a small picklable reference to a receiver in some process.
+
+    Pass it to an actor as an argument; the actor calls ``port.send(v)`` as often as it
+    likes, and the values arrive at the receiver in the order sent.
+    """
+
+    __slots__ = ("addr", "port_id")
+
+    def __init__(self, addr: str, port_id: int) -> None:
+        self.addr = addr
+        self.port_id = port_id
+
+    def __repr__(self) -> str:
+        return f"Port({self.addr}#{self.port_id})"
+
+    def __reduce__(self) -> tuple[type[Port[T]], tuple[str, int]]:
+        return (Port, (self.addr, self.port_id))
+
+    def send(self, value: T) -> None:
+        """Send ``value`` (fire and forget; it is pickled now, in the caller)."""
+        raw, pickled, parts = dumps(value, lambda: f"value sent to {self!r}")
+        self._post(OK, raw, pickled, parts, value)
+
+    def exception(self, exc: BaseException) -> None:
+        """Make the receiver's next ``recv()`` raise ``exc`` (as an ``ActorError`` if remote)."""
+        tb = "".join(traceback.format_exception(exc))
+        info = info_from_error(exc, "", str(current_rank()), tb)
+        self._post(ERROR, encode_error(info), False, [], exc)
+
+    def close(self) -> None:
+        """Tell the receiver that nothing more will come (its ``recv()`` raises ClosedError)."""
+        self._post(CLOSE, None, False, [], None)
+
+    def _post(self, status: int, raw: Any, pickled: bool, parts: list[Any], local: Any) -> None:
+        rt = current_runtime()
+        rank = current_rank().rank if current_rank().sizes else -1
+        if rt.addr == self.addr:
+            run_on(rt, rt.deliver, self.port_id, rank, status, local)
+            return
+        import msgspec
+
+        msg = Result(self.port_id, status, raw if raw is not None else msgspec.Raw(b"\xc0"), pickled, rank)
+        run_on(rt, _send, rt, self.addr, msg, parts)
+
+
+def _send(rt: Runtime, addr: str, msg: Result, parts: list[Any]) -> None:
+    rt.connection(addr).send(msg, parts)
+
+
+class PortReceiver(Generic[T]):
+    """The receiving end of a :class:`Port`: ``await receiver.recv()``."""
+
+    def __init__(self, rt: Runtime, once: bool) -> None:
+        self._rt = rt
+        self._once = once
+        self._values: collections.deque[tuple[int, Any]] = collections.deque()
+        self._waiters: collections.deque[Future[T]] = collections.deque()
+        self._closed = False
+        self.port_id = rt.open_port(self._on_message)
+        weakref.finalize(self, rt.close_port, self.port_id)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<PortReceiver #{self.port_id} {state} buffered={len(self._values)}>"
+
+    def _on_message(self, rank: int, status: int, value: Any) -> bool:
+        if status == CLOSE:
+            self._closed = True
+        else:
+            self._values.append((status, value))
+        self._wake()
+        return self._closed or self._once
+
+    def _wake(self) -> None:
+        while self._waiters and (self._values or self._closed):
+            w = self._waiters.popleft()
+            if w.done():
+                continue
+            if self._values:
+                status, value = self._values.popleft()
+                if status == ERROR:
+                    w.set_exception(value)
+                else:
+                    w.set_result(value)
+            else:
+                w.set_exception(ClosedError(f"port #{self.port_id} was closed by its sender"))
+
+    def recv(self) -> Future[T]:
+        """The next value, in the order sent: ``await r.recv()`` or ``r.recv().get()``."""
+        fut: Future[T] = Future(loop=self._rt.loop)
+
+        def arm() -> None:
+            self._waiters.append(fut)
+            self._wake()
+
+        run_on(self._rt, arm)
+        return fut
+
+    def close(self) -> None:
+        """Stop receiving: the port is unregistered; later sends to it are dropped."""
+        self._closed = True
+        run_on(self._rt, self._rt.close_port, self.port_id)
+        run_on(self._rt, self._wake)
+
+
+class Channel(Generic[T]):
+    """Factory of port pairs (Monarch's name)."""
+
+    @staticmethod
+    def open(once: bool = False) -> tuple[Port[T], PortReceiver[T]]:
+        """A new ``(Port, PortReceiver)`` pair owned by the current runtime.
+
+        Args:
+            once: the port accepts one value, then closes.
+        """
+        rt = current_runtime()
+        receiver: PortReceiver[T] = PortReceiver(rt, once)
+        return Port(rt.addr, receiver.port_id), receiver

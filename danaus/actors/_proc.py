@@ -1,0 +1,82 @@
+"""Entry point of a proc: ``python -m danaus.actors._proc --addr ADDR --parent ADDR``.
+
+The job key arrives as the first line on stdin. stdin stays open afterwards: when the
+controller dies, the pipe reaches EOF and the proc exits (and on Linux the kernel's
+parent-death signal kills it too), so no proc outlives its controller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import sys
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            PR_SET_PDEATHSIG = 1
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except OSError:
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+async def _main(addr: str, parent: str, key: bytes) -> None:
+    from ._runtime import Runtime, install_runtime
+
+    loop = asyncio.get_running_loop()
+    rt = Runtime(loop, addr=addr, key=key)
+    install_runtime(rt)
+    rt.connection(parent)  # dialing the spawner tells it we are up
+    stdin_closed = loop.create_future()
+
+    def on_stdin() -> None:
+        try:
+            data = os.read(0, 4096)
+        except OSError:
+            data = b""
+        if not data and not stdin_closed.done():
+            loop.remove_reader(0)
+            stdin_closed.set_result(None)
+
+    loop.add_reader(0, on_stdin)
+    loop.add_signal_handler(signal.SIGTERM, lambda: rt.stop_requested.done() or rt.stop_requested.set_result(None))
+    await asyncio.wait([rt.stop_requested, stdin_closed], return_when=asyncio.FIRST_COMPLETED)
+    await rt.aclose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="danaus proc (started by a controller)")
+    parser.add_argument("--addr", required=True)
+    parser.add_argument("--parent", required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    ns = parser.parse_args()
+    _die_with_parent(ns.parent_pid)
+    line = sys.stdin.buffer.readline()
+    if not line.strip():
+        sys.exit("danaus proc: no job key on stdin")
+    key = bytes.fromhex(line.decode().strip())
+    logging.basicConfig(level=os.environ.get("DANAUS_LOG_LEVEL", "WARNING"),
+                        format=f"[%(name)s {ns.addr}] %(levelname)s %(message)s")
+    from ..config import config
+    from ._runtime import new_event_loop
+
+    del config
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(_main(ns.addr, ns.parent, key))
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

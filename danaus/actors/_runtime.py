@@ -1,0 +1,488 @@
+"""The runtime of one event loop: a listening address, connections, ports, local actors.
+
+There is one :class:`Runtime` per event loop that uses danaus: in a proc, the proc's
+loop; in the controller, the application's running loop (async code) or danaus's own
+background loop (sync code). Messages to a peer go over one connection per peer
+address, in the order sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import secrets
+import socket
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future as ThreadFuture
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+
+from ..config import config
+from ..errors import (
+    ActorError,
+    ClosedError,
+    DanausError,
+    EndpointNotFoundError,
+    SerializationError,
+    SupervisionError,
+)
+from . import _auth
+from ._connection import Connection, State
+from ._serialize import loads
+from ._wire import (
+    CLOSE,
+    ERROR,
+    OK,
+    Buffer,
+    Call,
+    ErrorInfo,
+    Message,
+    Result,
+    Spawn,
+    StopActor,
+    StopProc,
+)
+
+if TYPE_CHECKING:
+    from ._actor import ActorInstance
+
+log = logging.getLogger("danaus.runtime")
+
+#: A short random id for this controller's job; names its procs' socket addresses.
+JOB_ID = secrets.token_hex(4)
+_error_decode = msgspec.msgpack.Decoder(ErrorInfo).decode
+_error_encode = msgspec.msgpack.Encoder().encode
+
+
+class PortHandler(Protocol):
+    """Receives what arrives on a port; returns True when the port is finished."""
+
+    def __call__(self, rank: int, status: int, value: Any) -> bool: ...
+
+
+def error_from_info(info: ErrorInfo) -> DanausError:
+    """Turn wire error data back into the right exception."""
+    kind = info.kind
+    if kind == "actor":
+        return ActorError(info.actor, info.rank, info.exc_type, info.message, info.traceback)
+    cls: type[DanausError] = {
+        "supervision": SupervisionError,
+        "serialization": SerializationError,
+        "endpoint": EndpointNotFoundError,
+        "closed": ClosedError,
+    }.get(kind, DanausError)
+    return cls(info.message)
+
+
+def info_from_error(exc: BaseException, actor: str = "", rank: str = "", tb: str = "") -> ErrorInfo:
+    kind = "actor"
+    if isinstance(exc, SupervisionError):
+        kind = "supervision"
+    elif isinstance(exc, SerializationError):
+        kind = "serialization"
+    elif isinstance(exc, EndpointNotFoundError):
+        kind = "endpoint"
+    elif isinstance(exc, ClosedError):
+        kind = "closed"
+    if isinstance(exc, ActorError):
+        return ErrorInfo("actor", exc.actor, exc.rank, exc.exc_type, exc.message, exc.remote_traceback)
+    t = type(exc)
+    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    return ErrorInfo(kind, actor, rank, name, str(exc), tb)
+
+
+def encode_error(info: ErrorInfo) -> msgspec.Raw:
+    return msgspec.Raw(_error_encode(info))
+
+
+def parse_addr(addr: str) -> tuple[str, Any]:
+    """``unix:@name`` (abstract), ``unix:/path`` or ``tcp://host:port`` -> (family, address)."""
+    if addr.startswith("unix:"):
+        rest = addr[5:]
+        return "unix", ("\0" + rest[1:]) if rest.startswith("@") else rest
+    if addr.startswith("tcp://"):
+        host, _, port = addr[6:].rpartition(":")
+        return "tcp", (host.strip("[]"), int(port))
+    raise ValueError(f"unsupported address {addr!r}: use unix:@name, unix:/path or tcp://host:port")
+
+
+#: Readiness of procs being spawned, by address; set by the runtime that spawned them
+#: (thread-safe, so a runtime on another loop can wait for a proc before dialing it).
+proc_ready: dict[str, ThreadFuture[None]] = {}
+#: For procs this process spawned: a callable telling why the proc is gone, if it is.
+peer_exit_reason: dict[str, Callable[[], str | None]] = {}
+
+_runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = weakref.WeakKeyDictionary()
+_runtimes_lock = threading.Lock()
+_counter = itertools.count()
+
+
+class Runtime:
+    """Connections, ports and actors of one event loop. Use :func:`current_runtime`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, addr: str | None = None,
+                 key: bytes | None = None) -> None:
+        self.loop = loop
+        self.key = key if key is not None else _auth.job_key()
+        self.addr = addr or f"unix:@danaus-{JOB_ID}-c{os.getpid()}-{next(_counter)}"
+        self.conns: dict[str, Connection] = {}
+        self.ports: dict[int, PortHandler] = {}
+        self.actors: dict[str, ActorInstance] = {}
+        self.closed = False
+        self.stop_requested: asyncio.Future[None] = loop.create_future()
+        self._port_ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._all_conns: set[Connection] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._sock = self._bind(self.addr)
+        self.spawn_task(self._serve())
+
+    def __repr__(self) -> str:
+        return f"<Runtime {self.addr} conns={len(self.conns)} actors={len(self.actors)}>"
+
+    # ------------------------------------------------------------ setup
+
+    @staticmethod
+    def _bind(addr: str) -> socket.socket:
+        """Bind now, so peers can dial before the server task first runs."""
+        family, where = parse_addr(addr)
+        if family == "unix":
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        else:
+            sock = socket.socket(socket.AF_INET6 if ":" in where[0] else socket.AF_INET)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(where)
+        sock.listen(512)
+        sock.setblocking(False)
+        return sock
+
+    async def _serve(self) -> None:
+        if self._sock.family == socket.AF_UNIX:
+            self._server = await self.loop.create_unix_server(self._accept, sock=self._sock)
+        else:
+            self._server = await self.loop.create_server(self._accept, sock=self._sock)
+
+    def _accept(self) -> Connection:
+        conn = Connection(self, dialer=False)
+        self._all_conns.add(conn)
+        return conn
+
+    def spawn_task(self, coro: Any) -> asyncio.Task[Any]:
+        """Run ``coro`` as a task owned by this runtime (cancelled at close)."""
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("runtime task failed", exc_info=task.exception())
+
+    # ------------------------------------------------------------ connections
+
+    def connection(self, addr: str) -> Connection:
+        """The connection to ``addr``, dialing it if there is none yet."""
+        conn = self.conns.get(addr)
+        if conn is not None and conn.state is not State.CLOSED:
+            return conn
+        if self.closed:
+            raise ClosedError(f"runtime {self.addr} is closed")
+        conn = Connection(self, dialer=True, peer=addr)
+        self.conns[addr] = conn
+        self._all_conns.add(conn)
+        self.spawn_task(self._dial(conn))
+        return conn
+
+    def expect(self, addr: str) -> Connection:
+        """A placeholder for a proc we spawned that will dial us; queues frames until it does."""
+        conn = Connection(self, dialer=False, peer=addr)
+        self.conns[addr] = conn
+        return conn
+
+    async def _dial(self, conn: Connection) -> None:
+        assert conn.peer is not None
+        try:
+            ready = proc_ready.get(conn.peer)
+            if ready is not None and not ready.done():
+                await asyncio.wrap_future(ready)
+            family, where = parse_addr(conn.peer)
+            if family == "unix":
+                await self.loop.create_unix_connection(lambda: conn, where)
+            else:
+                transport, _ = await self.loop.create_connection(lambda: conn, *where)
+                sock = transport.get_extra_info("socket")
+                if sock is not None:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            conn.state = State.CLOSED
+            conn.close_reason = e
+            self.connection_lost(conn)
+
+    def connection_open(self, conn: Connection) -> None:
+        """Handshake done: route messages for the peer's address over ``conn``."""
+        assert conn.peer is not None
+        old = self.conns.get(conn.peer)
+        if old is conn:
+            return
+        if old is not None and old.transport is None and old.state is State.HANDSHAKE:
+            conn.adopt(old)  # a proc we spawned has dialed in
+            self.conns[conn.peer] = conn
+        elif old is None or old.state is State.CLOSED:
+            self.conns[conn.peer] = conn
+        ready = proc_ready.get(conn.peer)
+        if ready is not None and not ready.done():
+            ready.set_result(None)
+
+    def connection_lost(self, conn: Connection) -> None:
+        self._all_conns.discard(conn)
+        if conn.peer is not None and self.conns.get(conn.peer) is conn:
+            del self.conns[conn.peer]
+        if conn.pending:
+            exc = self.peer_lost_error(conn.peer or "(unknown)", conn.close_reason)
+            pending, conn.pending = conn.pending, {}
+            for port, rank in pending.items():
+                self.deliver(port, rank, ERROR, exc)
+
+    def peer_lost_error(self, peer: str, cause: BaseException | None) -> SupervisionError:
+        why = None
+        describe = peer_exit_reason.get(peer)
+        if describe is not None:
+            why = describe()
+        if why is None:
+            why = f"connection lost ({type(cause).__name__}: {cause})" if cause else "connection lost"
+        return SupervisionError(f"proc at {peer} failed: {why}")
+
+    def fail_peer(self, addr: str, exc: BaseException) -> None:
+        """Fail everything waiting on ``addr`` (e.g. a placeholder whose proc never came up)."""
+        conn = self.conns.get(addr)
+        if conn is not None:
+            conn.close_reason = exc
+            if conn.transport is None:
+                conn.state = State.CLOSED
+                self.connection_lost(conn)
+            else:
+                conn._fail(exc)
+
+    # ------------------------------------------------------------ ports
+
+    def open_port(self, handler: PortHandler) -> int:
+        pid = next(self._port_ids)
+        self.ports[pid] = handler
+        return pid
+
+    def close_port(self, pid: int) -> None:
+        self.ports.pop(pid, None)
+
+    def deliver(self, port: int, rank: int, status: int, value: Any) -> None:
+        handler = self.ports.get(port)
+        if handler is not None and handler(rank, status, value):
+            self.ports.pop(port, None)
+
+    # ------------------------------------------------------------ dispatch
+
+    def dispatch(self, conn: Connection, msg: Message, parts: list[Any]) -> None:
+        t = type(msg)
+        if t is Result:
+            assert isinstance(msg, Result)
+            conn.pending.pop(msg.port, None)
+            handler = self.ports.get(msg.port)
+            if handler is None:
+                return  # a reply nobody waits for any more (e.g. a timed-out call)
+            status = msg.status
+            try:
+                if status == OK:
+                    value = loads(msg.value, msg.pickled, parts, lambda: "a reply")
+                elif status == ERROR:
+                    value = error_from_info(_error_decode(msg.value))
+                else:
+                    value = None
+            except (SerializationError, msgspec.DecodeError) as e:
+                status, value = ERROR, SerializationError(str(e))
+            if handler(msg.rank, status, value):
+                self.ports.pop(msg.port, None)
+        elif t is Call:
+            assert isinstance(msg, Call)
+            actor = self.actors.get(msg.actor)
+            if actor is None:
+                self.reply_error(conn, msg.reply, -1, ErrorInfo(
+                    "supervision", msg.actor, "", "SupervisionError",
+                    f"no actor named {msg.actor!r} in proc {self.addr} "
+                    f"(it has: {sorted(self.actors) or 'none'})", ""))
+            else:
+                actor.deliver(conn, msg, parts)
+        elif t is Spawn:
+            assert isinstance(msg, Spawn)
+            from ._actor import spawn_actor
+
+            spawn_actor(self, conn, msg, parts)
+        elif t is StopActor:
+            assert isinstance(msg, StopActor)
+            self.spawn_task(self._stop_actor(conn, msg))
+        elif t is StopProc:
+            assert isinstance(msg, StopProc)
+            self.spawn_task(self._stop_proc(conn, msg))
+
+    def reply_error(self, conn: Connection, port: int, rank: int, info: ErrorInfo) -> None:
+        if port:
+            conn.send(Result(port, ERROR, encode_error(info), False, rank))
+        else:
+            log.error("%s: %s (no caller waited for this result)", info.actor or self.addr, info.message)
+
+    async def _stop_actor(self, conn: Connection, msg: StopActor) -> None:
+        actor = self.actors.pop(msg.actor, None)
+        if actor is not None:
+            await actor.stop()
+        if msg.reply:
+            conn.send(Result(msg.reply, CLOSE, msgspec.Raw(b"\xc0")))
+
+    async def _stop_proc(self, conn: Connection, msg: StopProc) -> None:
+        actors, self.actors = list(self.actors.values()), {}
+        for actor in actors:
+            await actor.stop()
+        if msg.reply:
+            conn.send(Result(msg.reply, CLOSE, msgspec.Raw(b"\xc0")))
+        conn._flush()
+        if not self.stop_requested.done():
+            self.stop_requested.set_result(None)
+
+    # ------------------------------------------------------------ sending
+
+    def send_call(self, addr: str, actor: str, method: str, reply: int, rank: int,
+                  args: msgspec.Raw, pickled: bool, parts: Sequence[Buffer]) -> None:
+        """Send one call to ``actor`` at ``addr``; its reply (if ``reply``) comes to that port."""
+        conn = self.connection(addr)
+        if not conn.send(Call(actor, method, reply, args, pickled), parts):
+            if reply:
+                self.deliver(reply, rank, ERROR, self.peer_lost_error(addr, conn.close_reason))
+            return
+        if reply:
+            conn.pending[reply] = rank
+
+    # ------------------------------------------------------------ shutdown
+
+    async def aclose(self) -> None:
+        """Stop local actors, close every connection and the listening socket."""
+        if self.closed:
+            return
+        self.closed = True
+        for actor in list(self.actors.values()):
+            await actor.stop()
+        self.actors.clear()
+        for conn in list(self._all_conns) + list(self.conns.values()):
+            conn.close()
+        if self._server is not None:
+            self._server.close()
+        else:
+            self._sock.close()
+        for task in list(self._tasks):
+            if task is not asyncio.current_task():
+                task.cancel()
+        for pid in list(self.ports):
+            self.deliver(pid, -1, ERROR, ClosedError(f"runtime {self.addr} closed"))
+
+
+# ---------------------------------------------------------------- selection
+
+
+class _Background:
+    """danaus's own event loop in a daemon thread, for calls made from sync code."""
+
+    def __init__(self) -> None:
+        self.loop = new_event_loop()
+        self.started = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="danaus-loop", daemon=True)
+        self.thread.start()
+        self.started.wait()
+        fut: ThreadFuture[Runtime] = ThreadFuture()
+
+        def make() -> None:
+            try:
+                fut.set_result(Runtime(self.loop))
+            except BaseException as e:
+                fut.set_exception(e)
+
+        self.loop.call_soon_threadsafe(make)
+        self.runtime = fut.result(timeout=30)
+        with _runtimes_lock:
+            _runtimes[self.loop] = self.runtime
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self.started.set)
+        self.loop.run_forever()
+
+
+_background: _Background | None = None
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A uvloop loop where uvloop is importable (and ``config.use_uvloop``), else asyncio's."""
+    if config.use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()  # type: ignore[no-any-return]
+    return asyncio.new_event_loop()
+
+
+def background_runtime() -> Runtime:
+    """The runtime of danaus's background loop (started on first use)."""
+    global _background
+    with _runtimes_lock:
+        bg = _background
+    if bg is None:
+        made = _Background()
+        with _runtimes_lock:
+            if _background is None:
+                _background = made
+            bg = _background
+    return bg.runtime
+
+
+def current_runtime() -> Runtime:
+    """The runtime of the running event loop, or the background one in sync code."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return background_runtime()
+    rt = _runtimes.get(loop)
+    if rt is None:
+        with _runtimes_lock:
+            rt = _runtimes.get(loop)
+            if rt is None:
+                rt = Runtime(loop)
+                _runtimes[loop] = rt
+    return rt
+
+
+def install_runtime(rt: Runtime) -> None:
+    """Make ``rt`` the runtime of its loop (a proc's main does this)."""
+    with _runtimes_lock:
+        _runtimes[rt.loop] = rt
+
+
+def all_runtimes() -> list[Runtime]:
+    with _runtimes_lock:
+        return list(_runtimes.values())
+
+
+def run_on(rt: Runtime, fn: Callable[..., Any], *args: Any) -> None:
+    """Call ``fn(*args)`` on ``rt``'s loop: now if we are on it, else thread-safely."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is rt.loop:
+        fn(*args)
+    else:
+        rt.loop.call_soon_threadsafe(fn, *args)

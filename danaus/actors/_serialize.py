@@ -1,0 +1,212 @@
+"""Encoding of user values: msgpack for plain data, pickle protocol 5 for the rest.
+
+Plain values (None, bool, int, float, str, small bytes, and lists and str-keyed dicts
+of those) ride in the frame header as msgpack: no pickle at all. Everything else is
+pickled with protocol 5; buffers over ``config.oob_threshold`` (numpy arrays, torch
+CPU tensors, large bytes) become out-of-band frame parts instead of being copied into
+the pickle. cloudpickle is used only when plain pickle cannot (lambdas, classes and
+functions defined in ``__main__`` or a notebook).
+"""
+
+from __future__ import annotations
+
+import copyreg
+import io
+import pickle
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+import msgspec
+
+from ..config import config
+from ..errors import SerializationError
+from ._wire import Buffer
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder().decode
+
+_PLAIN_ATOMS = (type(None), bool, int, float, str)
+_MAX_PLAIN_INT = 2**63
+
+
+def _is_plain(obj: object, depth: int = 0) -> bool:
+    """True when msgpack round-trips ``obj`` to an equal object of the same types."""
+    t = type(obj)
+    if t is int:
+        return -_MAX_PLAIN_INT <= obj < _MAX_PLAIN_INT  # type: ignore[operator]
+    if t is str or t is float or t is bool or obj is None:
+        return True
+    if depth > 8:
+        return False
+    if t is list:
+        return all(_is_plain(x, depth + 1) for x in obj)  # type: ignore[attr-defined]
+    if t is dict:
+        return all(
+            type(k) is str and _is_plain(v, depth + 1)
+            for k, v in obj.items()  # type: ignore[attr-defined]
+        )
+    if t is bytes:
+        return len(obj) < 4096  # type: ignore[arg-type]
+    return False
+
+
+class _NeedCloudpickle(Exception):
+    """Plain pickle would store a reference the other process cannot resolve."""
+
+
+def _rebuild_bytes(buf: Any) -> bytes:
+    return bytes(buf)
+
+
+def _rebuild_tensor(
+    buf: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool, param: bool
+) -> Any:
+    import torch
+
+    dt = getattr(torch, dtype)
+    if len(memoryview(buf)) == 0:
+        t = torch.empty(shape, dtype=dt)
+    else:
+        t = torch.frombuffer(buf, dtype=torch.uint8).view(dt).reshape(shape)
+    if param:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _reduce_tensor(obj: Any) -> Any:
+    """Reduce a plain CPU tensor to its bytes as a PickleBuffer (out-of-band if large)."""
+    import torch
+
+    if obj.device.type != "cpu" or obj.is_sparse or obj.is_quantized:
+        return NotImplemented
+    if type(obj) not in (torch.Tensor, torch.nn.Parameter):
+        return NotImplemented
+    t = obj.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else bytearray()
+    dtype = str(t.dtype).removeprefix("torch.")
+    return (
+        _rebuild_tensor,
+        (pickle.PickleBuffer(raw), dtype, tuple(t.shape), obj.requires_grad,
+         isinstance(obj, torch.nn.Parameter)),
+    )
+
+
+class _LargeBytes:
+    """Marks a large ``bytes`` (pickle's fast path for ``bytes`` skips reducer_override)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def _mark_large_bytes(obj: object) -> object:
+    """Wrap large ``bytes`` among the items of a top-level tuple/list/dict for out-of-band travel."""
+    threshold = config.oob_threshold
+    if type(obj) is bytes:
+        return _LargeBytes(obj) if len(obj) >= threshold else obj
+    if type(obj) is tuple:
+        return tuple(_mark_large_bytes(x) for x in obj)
+    if type(obj) is dict:
+        return {k: _mark_large_bytes(v) for k, v in obj.items()}
+    return obj
+
+
+def _override(obj: Any) -> Any:
+    t = type(obj)
+    if t is _LargeBytes:
+        return (_rebuild_bytes, (pickle.PickleBuffer(obj.data),))
+    if "torch" in sys.modules and t.__module__.startswith("torch"):
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            return _reduce_tensor(obj)
+    return NotImplemented
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType)) and getattr(
+            obj, "__module__", None
+        ) in ("__main__", "__mp_main__"):
+            raise _NeedCloudpickle
+        return _override(obj)
+
+
+class _CloudPickler(cloudpickle.Pickler):  # type: ignore[misc]
+    def reducer_override(self, obj: Any) -> Any:
+        r = _override(obj)
+        if r is NotImplemented:
+            return super().reducer_override(obj)
+        return r
+
+
+def _pickle(obj: object) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    threshold = config.oob_threshold
+    buffers: list[pickle.PickleBuffer] = []
+
+    def keep(b: pickle.PickleBuffer) -> bool:
+        if b.raw().nbytes >= threshold:
+            buffers.append(b)
+            return False  # out-of-band
+        return True
+
+    obj = _mark_large_bytes(obj)
+    f = io.BytesIO()
+    try:
+        _Pickler(f, protocol=5, buffer_callback=keep).dump(obj)
+    except (_NeedCloudpickle, pickle.PicklingError, AttributeError, TypeError):
+        buffers.clear()
+        f = io.BytesIO()
+        _CloudPickler(f, protocol=5, buffer_callback=keep).dump(obj)
+    return f.getvalue(), buffers
+
+
+def dumps(obj: object, what: Callable[[], str]) -> tuple[msgspec.Raw, bool, list[Buffer]]:
+    """Encode ``obj`` as ``(raw, pickled, parts)``.
+
+    Args:
+        obj: the value.
+        what: describes ``obj`` for an error message, e.g. ``"arguments of Foo.bar"``.
+
+    Raises:
+        SerializationError: ``obj`` cannot be pickled; the message names what and why.
+    """
+    if _is_plain(obj):
+        return msgspec.Raw(_encode(obj)), False, []
+    try:
+        data, buffers = _pickle(obj)
+    except Exception as e:  # anything a __reduce__ may raise
+        raise SerializationError(f"{what()} could not be pickled: {type(e).__name__}: {e}") from e
+    return msgspec.Raw(_encode(data)), True, [b.raw() for b in buffers]
+
+
+def loads(raw: msgspec.Raw | bytes, pickled: bool, parts: list[Any], what: Callable[[], str]) -> Any:
+    """Decode what :func:`dumps` made.
+
+    Raises:
+        SerializationError: the value cannot be decoded or unpickled here (e.g. its
+        class is not importable in this process).
+    """
+    try:
+        value = _decode(raw)
+        if pickled:
+            value = pickle.loads(value, buffers=parts)
+    except Exception as e:
+        raise SerializationError(f"{what()} could not be unpickled: {type(e).__name__}: {e}") from e
+    return value
+
+
+def encode_plain(obj: object) -> msgspec.Raw:
+    """msgpack of a value known to be plain (protocol-internal data)."""
+    return msgspec.Raw(_encode(obj))
+
+
+copyreg.constructor(_rebuild_bytes)

@@ -1,0 +1,146 @@
+"""Wire messages and frame layout of the control plane.
+
+A frame is::
+
+    magic "DNS1" | u32 header length | u32 part count | u64 length of each part
+    | msgspec-msgpack header | part 0 | part 1 | ...
+
+The header is one tagged ``msgspec.Struct`` from a union: :data:`Handshake` before a
+peer has authenticated, :data:`Message` after. User payloads are never typed fields:
+they are ``msgspec.Raw`` (plain values, or the bytes of a pickle) plus out-of-band
+parts (the large buffers of that pickle).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import TypeAlias
+
+import msgspec
+
+MAGIC = b"DNS1"
+PREFIX = struct.Struct("<4sII")
+PART_LEN = struct.Struct("<Q")
+MAX_PARTS = 4096
+#: Largest header accepted before a peer has authenticated.
+MAX_HANDSHAKE_HEADER = 4096
+
+Buffer: TypeAlias = bytes | bytearray | memoryview
+
+# ---------------------------------------------------------------- handshake
+
+
+class Hello(msgspec.Struct, tag=1, array_like=True, frozen=True):
+    """Dialer -> acceptor: who I am (my listening address) and a fresh challenge."""
+
+    nonce: bytes
+    addr: str
+    version: int = 1
+
+
+class Challenge(msgspec.Struct, tag=2, array_like=True, frozen=True):
+    """Acceptor -> dialer: proof that the acceptor holds the key, and its own challenge."""
+
+    nonce: bytes
+    mac: bytes
+
+
+class Auth(msgspec.Struct, tag=3, array_like=True, frozen=True):
+    """Dialer -> acceptor: proof that the dialer holds the key."""
+
+    mac: bytes
+
+
+class Welcome(msgspec.Struct, tag=4, array_like=True, frozen=True):
+    """Acceptor -> dialer: authenticated; messages may follow."""
+
+    addr: str
+
+
+Handshake: TypeAlias = Hello | Challenge | Auth | Welcome
+
+# ---------------------------------------------------------------- messages
+
+#: ``Result.status`` values.
+OK, ERROR, CLOSE = 0, 1, 2
+
+
+class Call(msgspec.Struct, tag=16, array_like=True, frozen=True):
+    """Run ``method`` on the local actor named ``actor``.
+
+    ``args`` is msgpack of ``[args, kwargs]`` when ``pickled`` is false, else msgpack
+    ``bin`` holding a pickle of ``(args, kwargs)`` whose out-of-band buffers are the
+    frame's parts. ``reply`` is a port id on the sending peer; 0 means nobody waits.
+    """
+
+    actor: str
+    method: str
+    reply: int
+    args: msgspec.Raw
+    pickled: bool = False
+
+
+class Result(msgspec.Struct, tag=17, array_like=True, frozen=True):
+    """A value (or error, or close) for port ``port`` of the receiving peer.
+
+    ``rank`` is the sender's linear rank (-1 when it has none), so a port that gathers
+    a mesh's replies knows whose each is. ``value`` is encoded like ``Call.args``; an
+    error is an :class:`ErrorInfo` in msgpack.
+    """
+
+    port: int
+    status: int
+    value: msgspec.Raw
+    pickled: bool = False
+    rank: int = -1
+
+
+class Spawn(msgspec.Struct, tag=18, array_like=True, frozen=True):
+    """Create actor ``actor`` in the receiving proc.
+
+    ``payload`` is encoded like ``Call.args`` and holds ``(cls, args, kwargs)``.
+    """
+
+    actor: str
+    reply: int
+    mesh: str
+    rank: int
+    sizes: dict[str, int]
+    payload: msgspec.Raw
+    pickled: bool = True
+
+
+class StopActor(msgspec.Struct, tag=19, array_like=True, frozen=True):
+    """Stop actor ``actor``; its pending messages fail. Reply with OK when done."""
+
+    actor: str
+    reply: int
+
+
+class StopProc(msgspec.Struct, tag=20, array_like=True, frozen=True):
+    """Stop every actor and exit the proc after replying."""
+
+    reply: int
+
+
+Message: TypeAlias = Call | Result | Spawn | StopActor | StopProc
+
+
+class ErrorInfo(msgspec.Struct, array_like=True, frozen=True):
+    """A remote exception, as plain data (never a pickle, so it always decodes)."""
+
+    kind: str  # "actor", "supervision", "serialization", "endpoint", "closed"
+    actor: str
+    rank: str
+    exc_type: str
+    message: str
+    traceback: str
+
+
+def frame(header: bytes, parts: Sequence[Buffer] = ()) -> list[Buffer]:
+    """Lay out one frame as buffers for ``transport.writelines``."""
+    if not parts:
+        return [PREFIX.pack(MAGIC, len(header), 0) + header]
+    lens = b"".join(PART_LEN.pack(memoryview(p).nbytes) for p in parts)
+    return [PREFIX.pack(MAGIC, len(header), len(parts)) + lens + header, *parts]

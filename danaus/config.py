@@ -1,0 +1,60 @@
+"""Settings: one object, every field also read from a ``DANAUS_*`` environment variable."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+__all__ = ["Config", "config"]
+
+
+def _env(name: str, default: Any) -> Any:
+    raw = os.environ.get(f"DANAUS_{name.upper()}")
+    if raw is None:
+        return default
+    if isinstance(default, bool):
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if isinstance(default, int):
+        return int(raw)
+    if isinstance(default, float):
+        return float(raw)
+    return raw
+
+
+@dataclasses.dataclass
+class Config:
+    """Process-wide settings.
+
+    Each field ``x`` can be set with the environment variable ``DANAUS_X`` (read when
+    ``danaus`` is imported) or by assigning ``danaus.config.x = ...`` before use.
+    """
+
+    #: Largest frame a peer may send, header and parts together (bytes).
+    max_frame_bytes: int = 4 << 30
+    #: Largest msgspec header of a frame (bytes).
+    max_header_bytes: int = 16 << 20
+    #: A peer that has not finished the authentication handshake by then is dropped (s).
+    handshake_timeout: float = 5.0
+    #: Arguments and results over this many bytes travel as out-of-band frame parts.
+    oob_threshold: int = 64 << 10
+    #: Pending outgoing bytes on one connection after which writes are flushed at once.
+    flush_bytes: int = 4096
+    #: Socket buffer size for control connections (bytes).
+    socket_buffer_bytes: int = 4 << 20
+    #: How long a spawned proc may take to come up before its spawn fails (s).
+    proc_start_timeout: float = 60.0
+    #: How long ``stop()`` waits for procs to exit before killing them (s).
+    stop_timeout: float = 5.0
+    #: Hex-encoded shared secret for authenticating connections across hosts; when
+    #: empty, the controller makes a fresh one per job and hands it to its procs.
+    auth_key: str = ""
+    #: Use uvloop for event loops danaus creates, when it is importable.
+    use_uvloop: bool = True
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, _env(f.name, getattr(self, f.name)))
+
+
+config = Config()

@@ -1,0 +1,94 @@
+"""The one error tree of danaus.
+
+Each class says whose fault it is: your code (a wrong argument, a closed object),
+the remote code you called (an endpoint that raised), or something outside both
+(a process that died, a peer that sent garbage).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ActorError",
+    "AuthenticationError",
+    "ClosedError",
+    "DanausError",
+    "EndpointNotFoundError",
+    "ProtocolError",
+    "SerializationError",
+    "SupervisionError",
+]
+
+
+class DanausError(Exception):
+    """Base of every error danaus raises (timeouts raise the builtin ``TimeoutError``)."""
+
+
+class ActorError(DanausError):
+    """Remote code's fault: an endpoint (or an actor's ``__init__``) raised.
+
+    The actor survives an endpoint that raised for a caller that waits, and serves
+    the next call. The remote traceback travels as text.
+
+    Attributes:
+        actor: the actor's id text, like ``world.procs[1].counter[1]``.
+        rank: the actor's rank in named coordinates, as text (``{'procs': 1/2}``).
+        exc_type: qualified name of the remote exception's type.
+        message: ``str()`` of the remote exception.
+        remote_traceback: the formatted remote traceback.
+    """
+
+    def __init__(
+        self,
+        actor: str,
+        rank: str,
+        exc_type: str,
+        message: str,
+        remote_traceback: str,
+    ) -> None:
+        self.actor = actor
+        self.rank = rank
+        self.exc_type = exc_type
+        self.message = message
+        self.remote_traceback = remote_traceback
+        super().__init__(actor, rank, exc_type, message, remote_traceback)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.exc_type}: {self.message}\n"
+            f"  raised in actor {self.actor} at rank {self.rank}\n"
+            f"remote traceback:\n{self.remote_traceback.rstrip()}"
+        )
+
+
+class EndpointNotFoundError(DanausError, AttributeError):
+    """Your code's fault: the named endpoint does not exist; the message lists those that do."""
+
+
+class SerializationError(DanausError, TypeError):
+    """Your code's fault: an argument or result could not be pickled or unpickled.
+
+    Only the call that carried it fails; nothing else is affected.
+    """
+
+
+class SupervisionError(DanausError):
+    """Outside fault: the actor or proc you called failed, exited or was stopped.
+
+    Calls in flight to it fail with this error instead of waiting forever; later
+    calls fail at once.
+    """
+
+
+class ClosedError(DanausError):
+    """Your code's fault: the object (mesh, port, runtime) was already closed or stopped."""
+
+
+class ProtocolError(DanausError):
+    """A peer's fault: it sent a malformed, truncated or oversized frame.
+
+    Only that peer's connection is closed; the proc keeps serving everyone else.
+    """
+
+
+class AuthenticationError(ProtocolError):
+    """A peer's fault: it did not prove that it holds the job's secret key."""

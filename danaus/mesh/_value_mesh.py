@@ -1,0 +1,172 @@
+"""Values laid out on a :class:`Shape`, one per rank: what a mesh-wide call returns."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Generic, TypeVar
+
+from danaus.actors._point import Point
+from danaus.mesh._shape import Selector, Shape
+
+T = TypeVar("T")
+
+_EDGE = 3  # repr shows this many items at each end of a longer dim, with "..." between
+_VALUE_WIDTH = 40  # repr cuts each value's repr to this many characters
+
+
+def _short_repr(value: object) -> str:
+    text = repr(value)
+    if "\n" in text:  # e.g. a tensor: keep the mesh repr on one line
+        text = " ".join(line.strip() for line in text.splitlines())
+    if len(text) > _VALUE_WIDTH:
+        text = text[: _VALUE_WIDTH - 3] + "..."
+    return text
+
+
+class ValueMesh(Generic[T]):
+    """One value per rank of a :class:`Shape`, in row-major order of the shape.
+
+    A ``ValueMesh`` is immutable. Iterating it yields ``(point, value)`` pairs, the same
+    as :meth:`items`, where ``point`` is the :class:`Point` in this mesh's own (local)
+    coordinates; :meth:`values` gives the values alone.
+
+    Example:
+        >>> mesh = ValueMesh(Shape.from_sizes({"hosts": 2, "gpus": 2}), ["a", "b", "c", "d"])
+        >>> mesh.item(hosts=1, gpus=0)
+        'c'
+        >>> mesh.slice(gpus=1)
+        ValueMesh({'hosts': 2}, ['b', 'd'])
+
+    Args:
+        shape: Where the values lie.
+        values: One value per rank of ``shape``, in row-major order.
+
+    Raises:
+        ValueError: The number of values is not the number of ranks in ``shape``.
+    """
+
+    __slots__ = ("_shape", "_values")
+
+    def __init__(self, shape: Shape, values: Iterable[T]) -> None:
+        self._shape = shape
+        self._values = tuple(values)
+        if len(self._values) != len(shape):
+            raise ValueError(
+                f"{shape!r} has {len(shape)} ranks but {len(self._values)} values were given"
+            )
+
+    @classmethod
+    def from_ranks(cls, shape: Shape, results: Mapping[int, T]) -> ValueMesh[T]:
+        """Build a mesh from values keyed by local rank (``0 .. len(shape) - 1``).
+
+        Raises:
+            ValueError: Some local rank has no value, or a key is not a local rank.
+        """
+        n = len(shape)
+        missing = [r for r in range(n) if r not in results]
+        extra = [k for k in results if not (isinstance(k, int) and 0 <= k < n)]
+        if missing or extra:
+            raise ValueError(
+                f"results for {shape!r} must be keyed by local ranks 0..{n - 1}: "
+                f"missing {missing}, unexpected {extra}"
+            )
+        return ValueMesh(shape, [results[r] for r in range(n)])
+
+    @property
+    def shape(self) -> Shape:
+        """Where the values lie."""
+        return self._shape
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The size of each dim, outermost first."""
+        return self._shape.sizes
+
+    def size(self, dim: str) -> int:
+        """The size of ``dim``.
+
+        Raises:
+            ValueError: The mesh has no dim named ``dim``.
+        """
+        return self._shape.size(dim)
+
+    def item(self, **coords: int) -> T:
+        """The value at ``coords``, e.g. ``mesh.item(hosts=1, gpus=0)``.
+
+        Every dim of size greater than 1 needs a coordinate, so on a one-element mesh
+        ``mesh.item()`` returns its only value. Negative coordinates count from the end,
+        as in :meth:`slice`.
+
+        Raises:
+            ValueError: A dim is unknown, or a dim of size greater than 1 has no coordinate.
+            IndexError: A coordinate is out of range.
+            TypeError: A coordinate is not an integer.
+        """
+        for dim, c in coords.items():
+            if isinstance(c, slice):
+                raise TypeError(f"item() takes integer coordinates; use slice() for {dim}={c}")
+        # Slicing a row-major shape over local ranks leaves the chosen local rank as its
+        # offset: O(ndim), with the same checks and messages as slice().
+        local = Shape.from_sizes(self._shape.sizes).slice(**coords)
+        if len(local) != 1:
+            missing = {d: s for d, s in local.sizes.items() if s > 1}
+            raise ValueError(
+                f"item() needs a coordinate for each dim of size > 1; missing {missing} "
+                f"of a mesh with sizes {self.sizes}"
+            )
+        return self._values[local.offset]
+
+    def items(self) -> Iterator[tuple[Point, T]]:
+        """Each ``(point, value)`` pair, in row-major order; points are local."""
+        return zip(self._shape.points(), self._values, strict=True)
+
+    def values(self) -> list[T]:
+        """The values in row-major order (a fresh list)."""
+        return list(self._values)
+
+    def slice(self, **dims: Selector) -> ValueMesh[T]:
+        """Select part of the mesh, with the semantics of :meth:`Shape.slice`.
+
+        Returns:
+            A mesh over ``self.shape.slice(**dims)`` holding the selected values.
+        """
+        shape = self._shape.slice(**dims)
+        local = Shape.from_sizes(self._shape.sizes).slice(**dims)
+        return ValueMesh(shape, [self._values[i] for i in local.global_ranks()])
+
+    def __iter__(self) -> Iterator[tuple[Point, T]]:
+        """Each ``(point, value)`` pair, like :meth:`items`."""
+        return self.items()
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ValueMesh):
+            return NotImplemented
+        return self._shape == other._shape and self._values == other._values
+
+    def __hash__(self) -> int:
+        # Like a tuple's: a TypeError when some value is unhashable.
+        return hash((self._shape, self._values))
+
+    def __repr__(self) -> str:
+        return f"ValueMesh({self.sizes}, {self._render(0, 0)})"
+
+    def _render(self, dim: int, base: int) -> str:
+        sizes = list(self._shape.sizes.values())
+        if dim == len(sizes):
+            return _short_repr(self._values[base])
+        inner = 1
+        for s in sizes[dim + 1 :]:
+            inner *= s
+        size = sizes[dim]
+        if size <= 2 * _EDGE:
+            picks: list[int | None] = list(range(size))
+        else:
+            picks = [*range(_EDGE), None, *range(size - _EDGE, size)]
+        parts = ["..." if i is None else self._render(dim + 1, base + i * inner) for i in picks]
+        return "[" + ", ".join(parts) + "]"
+
+    def __reduce__(self) -> tuple[type[ValueMesh[T]], tuple[Shape, tuple[T, ...]]]:
+        return (ValueMesh, (self._shape, self._values))
