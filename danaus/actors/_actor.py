@@ -230,7 +230,8 @@ class ActorInstance:
 def _info(e: BaseException, actor: ActorInstance, include_tb: bool = True) -> ErrorInfo:
     from ._runtime import info_from_error
 
-    tb = "".join(traceback.format_exception(e)) if include_tb else ""
+    # Skip the runtime's own frame: the user's code starts one frame down.
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next if e.__traceback__ else None)) if include_tb else ""
     return info_from_error(e, actor.ctx.actor_id, actor.rank_text, tb)
 
 
@@ -257,7 +258,7 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> 
     from ._runtime import encode_error, info_from_error
 
     point = Point.from_rank(msg.rank, msg.sizes)
-    actor_id = f"{msg.mesh}.{msg.actor}[{msg.rank}]"
+    actor_id = f"{msg.mesh}[{msg.rank}].{msg.actor}[{msg.rank}]"
     if msg.actor in rt.actors:
         info = ErrorInfo("actor", actor_id, str(point), "ValueError",
                          f"an actor named {msg.actor!r} already lives in proc {rt.addr}", "")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import socket
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -129,8 +130,15 @@ class Connection(asyncio.BufferedProtocol):
     # ------------------------------------------------------------ lifecycle
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            n = config.socket_buffer_bytes
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, n)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, n)
+            except OSError:
+                pass
         if self.dialer:
             self._write_now(frame(_hs_encode(Hello(self._nonce, self.rt.addr))))
         else:
@@ -284,6 +292,12 @@ class Connection(asyncio.BufferedProtocol):
             self._parse()
         except ProtocolError as e:
             self._fail(e)
+            return
+        # Replies made while handling what just arrived go out now, not a loop turn later.
+        if self._wq:
+            if self._flush_handle is not None:
+                self._flush_handle.cancel()
+            self._flush()
 
     def eof_received(self) -> bool | None:
         if self._hlen >= 0 or self._start != self._end:
@@ -292,12 +306,26 @@ class Connection(asyncio.BufferedProtocol):
 
     def _parse(self) -> None:
         mv = self._mv
+        unpack = PREFIX.unpack_from
         while self.state is not State.CLOSED:
-            avail = self._end - self._start
+            start = self._start
+            avail = self._end - start
             if self._hlen < 0:
                 if avail < 12:
                     break
-                magic, hlen, nparts = PREFIX.unpack_from(mv, self._start)
+                magic, hlen, nparts = unpack(mv, start)
+                if (nparts == 0 and avail >= 12 + hlen and magic == MAGIC
+                        and self.state is State.OPEN and hlen <= config.max_header_bytes):
+                    # Fast path: a whole part-less message is in the buffer.
+                    s = start + 12
+                    self._start = s + hlen
+                    try:
+                        msg = self._decode(mv[s:s + hlen].tobytes())
+                    except msgspec.DecodeError as e:
+                        raise ProtocolError(
+                            f"undecodable message header from {self._peer_name()}: {e}") from e
+                    self.rt.dispatch(self, msg, [])
+                    continue
                 if magic != MAGIC:
                     raise ProtocolError(f"bad frame magic {bytes(magic)!r} from {self._peer_name()}")
                 limit = (config.max_header_bytes if self.state is State.OPEN

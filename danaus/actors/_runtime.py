@@ -184,6 +184,13 @@ class Runtime:
         if not task.cancelled() and task.exception() is not None:
             log.error("runtime task failed", exc_info=task.exception())
 
+    def on_loop(self) -> bool:
+        """True when called from this runtime's own loop."""
+        try:
+            return asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            return False
+
     # ------------------------------------------------------------ connections
 
     def connection(self, addr: str) -> Connection:
@@ -201,6 +208,9 @@ class Runtime:
 
     def expect(self, addr: str) -> Connection:
         """A placeholder for a proc we spawned that will dial us; queues frames until it does."""
+        conn = self.conns.get(addr)
+        if conn is not None and conn.state is State.OPEN:
+            return conn  # it dialed in already
         conn = Connection(self, dialer=False, peer=addr)
         self.conns[addr] = conn
         return conn
@@ -213,7 +223,15 @@ class Runtime:
                 await asyncio.wrap_future(ready)
             family, where = parse_addr(conn.peer)
             if family == "unix":
-                await self.loop.create_unix_connection(lambda: conn, where)
+                # Connect the socket ourselves: uvloop cannot take abstract (NUL) names.
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                try:
+                    await self.loop.sock_connect(sock, where)
+                except BaseException:
+                    sock.close()
+                    raise
+                await self.loop.create_unix_connection(lambda: conn, sock=sock)
             else:
                 transport, _ = await self.loop.create_connection(lambda: conn, *where)
                 sock = transport.get_extra_info("socket")
@@ -449,12 +467,19 @@ def background_runtime() -> Runtime:
     return bg.runtime
 
 
+_last: tuple[asyncio.AbstractEventLoop | None, Runtime | None] = (None, None)
+
+
 def current_runtime() -> Runtime:
     """The runtime of the running event loop, or the background one in sync code."""
+    global _last
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return background_runtime()
+    last_loop, last_rt = _last
+    if loop is last_loop and last_rt is not None:
+        return last_rt
     rt = _runtimes.get(loop)
     if rt is None:
         with _runtimes_lock:
@@ -462,6 +487,7 @@ def current_runtime() -> Runtime:
             if rt is None:
                 rt = Runtime(loop)
                 _runtimes[loop] = rt
+    _last = (loop, rt)
     return rt
 
 

@@ -35,19 +35,22 @@ _MAX_PLAIN_INT = 2**63
 def _is_plain(obj: object, depth: int = 0) -> bool:
     """True when msgpack round-trips ``obj`` to an equal object of the same types."""
     t = type(obj)
-    if t is int:
-        return -_MAX_PLAIN_INT <= obj < _MAX_PLAIN_INT  # type: ignore[operator]
     if t is str or t is float or t is bool or obj is None:
         return True
+    if t is int:
+        return -_MAX_PLAIN_INT <= obj < _MAX_PLAIN_INT  # type: ignore[operator]
     if depth > 8:
         return False
     if t is list:
-        return all(_is_plain(x, depth + 1) for x in obj)  # type: ignore[attr-defined]
+        for x in obj:  # type: ignore[attr-defined]
+            if not _is_plain(x, depth + 1):
+                return False
+        return True
     if t is dict:
-        return all(
-            type(k) is str and _is_plain(v, depth + 1)
-            for k, v in obj.items()  # type: ignore[attr-defined]
-        )
+        for k, v in obj.items():  # type: ignore[attr-defined]
+            if type(k) is not str or not _is_plain(v, depth + 1):
+                return False
+        return True
     if t is bytes:
         return len(obj) < 4096  # type: ignore[arg-type]
     return False

@@ -1,0 +1,22 @@
+"""The actor runtime of one proc: actors, endpoints, ports, futures, context."""
+
+from ._actor import Actor, Endpoint, endpoint
+from ._context import Context, context, current_rank, current_size
+from ._future import Future
+from ._point import Point
+from ._port import Channel, Port, PortReceiver
+
+__all__ = [
+    "Actor",
+    "Channel",
+    "Context",
+    "Endpoint",
+    "Future",
+    "Point",
+    "Port",
+    "PortReceiver",
+    "context",
+    "current_rank",
+    "current_size",
+    "endpoint",
+]

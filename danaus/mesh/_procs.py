@@ -1,0 +1,164 @@
+"""Starting proc processes on this host and watching them die.
+
+Each proc is ``python -m danaus.actors._proc``. It gets the job key on stdin and keeps
+stdin open as a lifeline; the kernel's parent-death signal backs that up. Every proc is
+also killed by an ``atexit`` hook, so none outlives the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future as ThreadFuture
+
+from ..config import config
+from ..errors import SupervisionError
+from ..actors._runtime import Runtime, peer_exit_reason, proc_ready, run_on
+
+log = logging.getLogger("danaus.procs")
+
+_live: set[subprocess.Popen[bytes]] = set()
+_live_lock = threading.Lock()
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exited with code {returncode}"
+
+
+class ProcHandle:
+    """One proc process: its address, ``Popen``, readiness and exit."""
+
+    def __init__(self, addr: str, rank: int, popen: subprocess.Popen[bytes]) -> None:
+        self.addr = addr
+        self.rank = rank
+        self.popen = popen
+        self.ready: ThreadFuture[None] = proc_ready.setdefault(addr, ThreadFuture())
+        self.exited: ThreadFuture[int] = ThreadFuture()
+
+    def __repr__(self) -> str:
+        return f"<ProcHandle {self.addr} pid={self.popen.pid} {self.state}>"
+
+    @property
+    def state(self) -> str:
+        if self.exited.done():
+            return describe_exit(self.exited.result())
+        return "running" if self.ready.done() else "starting"
+
+    def exit_reason(self) -> str | None:
+        code = self.popen.poll()
+        return None if code is None else describe_exit(code)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            try:
+                self.popen.kill()
+            except ProcessLookupError:
+                pass
+
+
+def start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None = None) -> ProcHandle:
+    """Start one proc that will listen on ``addr`` and dial ``rt`` when it is up."""
+    cmd = [sys.executable, "-m", "danaus.actors._proc", "--addr", addr,
+           "--parent", rt.addr, "--parent-pid", str(os.getpid())]
+    proc_env = dict(os.environ)
+    if env:
+        proc_env.update(env)
+    proc_ready[addr] = ThreadFuture()
+    popen = subprocess.Popen(cmd, stdin=subprocess.PIPE, env=proc_env, close_fds=True)
+    assert popen.stdin is not None
+    popen.stdin.write(rt.key.hex().encode() + b"\n")
+    popen.stdin.flush()
+    with _live_lock:
+        _live.add(popen)
+    handle = ProcHandle(addr, rank, popen)
+    peer_exit_reason[addr] = handle.exit_reason
+    run_on(rt, _watch, rt, handle)
+    return handle
+
+
+def _watch(rt: Runtime, h: ProcHandle) -> None:
+    """On ``rt``'s loop: expect the proc's dial, time out its start, notice its exit."""
+    loop = rt.loop
+    if not h.ready.done():
+        rt.expect(h.addr)
+    try:
+        pidfd = os.pidfd_open(h.popen.pid)
+    except (AttributeError, OSError):
+        pidfd = -1
+
+    def on_exit() -> None:
+        if pidfd >= 0:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        code = h.popen.wait()
+        with _live_lock:
+            _live.discard(h.popen)
+        if h.popen.stdin is not None:
+            try:
+                h.popen.stdin.close()
+            except OSError:
+                pass
+        if not h.exited.done():
+            h.exited.set_result(code)
+        why = describe_exit(code)
+        if not h.ready.done():
+            err = SupervisionError(f"proc {h.addr} {why} before it came up")
+            h.ready.set_exception(err)
+            rt.fail_peer(h.addr, err)
+
+    def start_expired() -> None:
+        if not h.ready.done():
+            log.error("proc %s did not come up within %s s; killing it", h.addr, config.proc_start_timeout)
+            h.kill()
+
+    if pidfd >= 0:
+        loop.add_reader(pidfd, on_exit)
+    else:  # no pidfd: a thread waits
+        def wait() -> None:
+            h.popen.wait()
+            loop.call_soon_threadsafe(on_exit)
+
+        threading.Thread(target=wait, daemon=True).start()
+    loop.call_later(config.proc_start_timeout, start_expired)
+
+
+async def wait_exited(h: ProcHandle, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for ``h`` to exit; True if it did."""
+    if h.exited.done() or h.popen.poll() is not None:
+        return True
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(h.exited), timeout)
+    except TimeoutError:
+        return h.popen.poll() is not None
+    return True
+
+
+def _kill_all() -> None:
+    with _live_lock:
+        procs = list(_live)
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.kill()
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+atexit.register(_kill_all)
