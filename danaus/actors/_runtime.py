@@ -116,6 +116,8 @@ def parse_addr(addr: str) -> tuple[str, Any]:
 proc_ready: dict[str, ThreadFuture[None]] = {}
 #: For procs this process spawned: a callable telling why the proc is gone, if it is.
 peer_exit_reason: dict[str, Callable[[], str | None]] = {}
+#: For procs this process spawned: resolves with the exit status when the proc exits.
+peer_exited: dict[str, ThreadFuture[int]] = {}
 
 _runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = weakref.WeakKeyDictionary()
 _runtimes_lock = threading.Lock()
@@ -264,10 +266,28 @@ class Runtime:
         if conn.peer is not None and self.conns.get(conn.peer) is conn:
             del self.conns[conn.peer]
         if conn.pending:
-            exc = self.peer_lost_error(conn.peer or "(unknown)", conn.close_reason)
             pending, conn.pending = conn.pending, {}
-            for port, rank in pending.items():
-                self.deliver(port, rank, ERROR, exc)
+            exited = peer_exited.get(conn.peer or "")
+            if exited is not None and not exited.done():
+                # A proc we spawned: its exit status (a signal, a code) makes a better
+                # error than "connection reset", and comes within moments.
+                self.spawn_task(self._fail_pending_after_exit(conn, pending, exited))
+            else:
+                self._fail_pending(conn, pending)
+
+    def _fail_pending(self, conn: Connection, pending: dict[int, int]) -> None:
+        exc = self.peer_lost_error(conn.peer or "(unknown)", conn.close_reason)
+        for port, rank in pending.items():
+            self.deliver(port, rank, ERROR, exc)
+
+    async def _fail_pending_after_exit(self, conn: Connection, pending: dict[int, int],
+                                       exited: ThreadFuture[int]) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(exited)), 0.5)
+        except TimeoutError:
+            pass  # alive but unreachable: say so
+        finally:
+            self._fail_pending(conn, pending)
 
     def peer_lost_error(self, peer: str, cause: BaseException | None) -> SupervisionError:
         why = None
@@ -489,6 +509,17 @@ def current_runtime() -> Runtime:
                 _runtimes[loop] = rt
     _last = (loop, rt)
     return rt
+
+
+async def close_loop_runtime(loop: asyncio.AbstractEventLoop) -> None:
+    """Close the runtime of ``loop`` if it has one (e.g. before the loop itself closes)."""
+    global _last
+    with _runtimes_lock:
+        rt = _runtimes.pop(loop, None)
+        if _last[0] is loop:
+            _last = (None, None)
+    if rt is not None:
+        await rt.aclose()
 
 
 def install_runtime(rt: Runtime) -> None:

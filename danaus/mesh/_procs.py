@@ -19,7 +19,7 @@ from concurrent.futures import Future as ThreadFuture
 
 from ..config import config
 from ..errors import SupervisionError
-from ..actors._runtime import Runtime, peer_exit_reason, proc_ready, run_on
+from ..actors._runtime import Runtime, peer_exit_reason, peer_exited, proc_ready, run_on
 
 log = logging.getLogger("danaus.procs")
 
@@ -73,6 +73,9 @@ def start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None = N
     cmd = [sys.executable, "-m", "danaus.actors._proc", "--addr", addr,
            "--parent", rt.addr, "--parent-pid", str(os.getpid())]
     proc_env = dict(os.environ)
+    # The procs import what the controller can: classes pickled by reference resolve.
+    paths = [os.path.abspath(p or os.getcwd()) for p in sys.path]
+    proc_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if os.path.isdir(p)))
     if env:
         proc_env.update(env)
     proc_ready[addr] = ThreadFuture()
@@ -84,6 +87,7 @@ def start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None = N
         _live.add(popen)
     handle = ProcHandle(addr, rank, popen)
     peer_exit_reason[addr] = handle.exit_reason
+    peer_exited[addr] = handle.exited
     run_on(rt, _watch, rt, handle)
     return handle
 

@@ -1,0 +1,51 @@
+"""Shared fixtures: a uvloop event loop per test, and no leftover procs after any test."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+
+def _children() -> list[int]:
+    """Pids of live (non-zombie) danaus procs whose parent is this process."""
+    me = str(os.getpid())
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[1] == me and fields[0] != "Z" and b"danaus.actors._proc" in cmd:
+            out.append(int(d))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_procs() -> Iterator[None]:
+    """Fail a test that leaves danaus procs running (and kill them)."""
+    before = set(_children())
+    yield
+    left = set(_children()) - before
+    if left:
+        from danaus.mesh._procs import _kill_all
+
+        _kill_all()
+        pytest.fail(f"test left procs running: {sorted(left)}")
+
+
+@pytest.fixture(autouse=True)
+async def close_runtime() -> AsyncIterator[None]:
+    """Close the runtime danaus made for this test's event loop, if it made one."""
+    yield
+    from danaus.actors._runtime import close_loop_runtime
+
+    await close_loop_runtime(asyncio.get_running_loop())

@@ -1,0 +1,106 @@
+"""Actor classes used by the integration tests (importable by procs)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from typing import Any
+
+from danaus import Actor, Port, context, current_rank, current_size, endpoint
+
+
+class Counter(Actor):
+    def __init__(self, start: int = 0) -> None:
+        self.value = start
+
+    @endpoint
+    def incr(self, n: int = 1) -> int:
+        self.value += n
+        return self.value
+
+    @endpoint
+    async def get(self) -> int:
+        return self.value
+
+
+class Recorder(Actor):
+    """Remembers the order in which messages arrived."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    @endpoint
+    def record(self, i: int) -> int:
+        self.seen.append(i)
+        return i
+
+    @endpoint
+    async def arecord(self, i: int) -> int:
+        await asyncio.sleep(0)  # let other messages arrive while this one is in progress
+        self.seen.append(i)
+        return i
+
+    @endpoint
+    def history(self) -> list[int]:
+        return self.seen
+
+
+class Echo(Actor):
+    @endpoint
+    def echo(self, x: Any) -> Any:
+        return x
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def whoami(self) -> dict[str, Any]:
+        ctx = context()
+        assert ctx.actor_instance is not None
+        return {
+            "rank": str(current_rank()),
+            "rank_int": current_rank().rank,
+            "coords": dict(current_rank()),
+            "size": current_size(),
+            "actor_id": ctx.actor_instance.actor_id,
+        }
+
+    @endpoint
+    def fail(self, msg: str) -> None:
+        raise ValueError(msg)
+
+    @endpoint
+    def unpicklable_result(self) -> Any:
+        return threading.Lock()
+
+    @endpoint
+    async def wait_forever(self) -> None:
+        await asyncio.Event().wait()
+
+    @endpoint
+    def exit_now(self, code: int) -> None:
+        os._exit(code)
+
+
+class Streamer(Actor):
+    @endpoint
+    def feed(self, port: Port[int], n: int) -> None:
+        for i in range(n):
+            port.send(i)
+
+    @endpoint
+    def feed_error(self, port: Port[int]) -> None:
+        port.send(1)
+        port.exception(KeyError("missing"))
+
+
+class BadInit(Actor):
+    def __init__(self, fail_rank: int) -> None:
+        if current_rank().rank == fail_rank:
+            raise RuntimeError(f"init failed on purpose at {current_rank()}")
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
