@@ -242,6 +242,11 @@ def _require_no_running_loop(name: str) -> None:
     )
 
 
+#: When set, the floor's child process is pinned to these CPUs (the caller pins itself),
+#: so a floor can be measured in the same placement as the benchmark it is compared with.
+CHILD_CPUS: set[int] | None = None
+
+
 def _abstract_name() -> str:
     """A fresh abstract-namespace socket name, without its leading NUL (argv can't hold one)."""
     return f"danaus-bench-{os.getpid()}-{os.urandom(6).hex()}"
@@ -259,6 +264,8 @@ def _child(*args: str) -> Iterator[subprocess.Popen[bytes]]:
         "from bench._floors import _child_main; _child_main(sys.argv[1:])"
     )
     proc = subprocess.Popen([sys.executable, "-c", boot, *args], stdin=subprocess.DEVNULL)
+    if CHILD_CPUS:
+        os.sched_setaffinity(proc.pid, CHILD_CPUS)
     try:
         yield proc
     except BaseException:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import functools
 import inspect
 import logging
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import msgspec
@@ -124,6 +125,10 @@ class ActorInstance:
         self.stopped = False
         self.queue: collections.deque[tuple[Connection, Call, list[Any]]] = collections.deque()
         self.task: asyncio.Task[None] | None = None
+        # The actor's own context: its endpoints run in it, with context() set.
+        token = current.set(self.context)
+        self.cv = contextvars.copy_context()
+        current.reset(token)
 
     def __repr__(self) -> str:
         state = "stopped" if self.stopped else ("busy" if self.busy else "idle")
@@ -149,28 +154,35 @@ class ActorInstance:
                 f"{describe_endpoints(type(self.obj))}", ""))
             return
         try:
-            args, kwargs = loads(msg.args, msg.pickled, parts,
-                                 lambda: f"arguments of {type(self.obj).__name__}.{msg.method}")
+            args, kwargs = loads(msg.args, msg.pickled, parts, _Describe(self, msg, "arguments"))
         except SerializationError as e:
             self._reply_error(conn, msg, _info(e, self, include_tb=False))
             return
-        token = current.set(self.context)
         try:
             if ep.is_async:
-                self.busy = True
-                self.task = self.rt.loop.create_task(self._run_async(conn, msg, ep.fn(self.obj, *args, **kwargs)))
+                # Run the coroutine eagerly: most finish without suspending, and then
+                # need no Task. One that suspends continues in a Task.
+                coro: Any = ep.fn(self.obj, *args, **kwargs)
+                try:
+                    first = self.cv.run(coro.send, None)
+                except StopIteration as stop:
+                    result = stop.value
+                else:
+                    self.busy = True
+                    self.task = self.rt.loop.create_task(
+                        self._resume(conn, msg, coro, first), context=self.cv)
+                    return
             else:
-                result = ep.fn(self.obj, *args, **kwargs)
-                if msg.reply:
-                    self._reply(conn, msg, result)
+                result = self.cv.run(ep.fn, self.obj, *args, **kwargs)
         except Exception as e:
             self._reply_error(conn, msg, _info(e, self))
-        finally:
-            current.reset(token)
+            return
+        if msg.reply:
+            self._reply(conn, msg, result)
 
-    async def _run_async(self, conn: Connection, msg: Call, coro: Awaitable[Any]) -> None:
+    async def _resume(self, conn: Connection, msg: Call, coro: Any, first: Any) -> None:
         try:
-            result = await coro
+            result = await _Continue(coro, first)
         except asyncio.CancelledError:
             if self.stopped:
                 self._reply_error(conn, msg, ErrorInfo(
@@ -185,11 +197,12 @@ class ActorInstance:
         finally:
             self.busy = False
             self.task = None
-        self._drain()
+        # Not from inside this task: it runs in the actor's context, which _run enters.
+        self.rt.loop.call_soon(self._drain)
 
     def _reply(self, conn: Connection, msg: Call, result: Any) -> None:
         try:
-            raw, pickled, parts = dumps(result, lambda: f"return value of {type(self.obj).__name__}.{msg.method}")
+            raw, pickled, parts = dumps(result, _Describe(self, msg, "return value"))
         except SerializationError as e:
             self._reply_error(conn, msg, _info(e, self, include_tb=False))
             return
@@ -207,7 +220,7 @@ class ActorInstance:
             self.task.cancel()
             try:
                 await self.task
-            except BaseException:  # noqa: BLE001 - its outcome was already replied
+            except BaseException:
                 pass
         while self.queue:
             conn, msg, _ = self.queue.popleft()
@@ -225,6 +238,50 @@ class ActorInstance:
                 log.exception("__cleanup__ of %s raised", self.ctx.actor_id)
             finally:
                 current.reset(token)
+
+
+class _Describe:
+    """Names a message's payload for an error message, built only if one is raised."""
+
+    __slots__ = ("actor", "msg", "what")
+
+    def __init__(self, actor: ActorInstance, msg: Call, what: str) -> None:
+        self.actor = actor
+        self.msg = msg
+        self.what = what
+
+    def __call__(self) -> str:
+        return f"{self.what} of {type(self.actor.obj).__name__}.{self.msg.method}"
+
+
+class _Continue:
+    """Drives a coroutine that was started eagerly, from inside a Task."""
+
+    __slots__ = ("coro", "first")
+
+    def __init__(self, coro: Any, first: Any) -> None:
+        self.coro = coro
+        self.first = first
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, value = self.coro, self.first
+        self.first = None
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as e:
+                try:
+                    value = coro.throw(e)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
 
 
 def _info(e: BaseException, actor: ActorInstance, include_tb: bool = True) -> ErrorInfo:

@@ -12,6 +12,7 @@ import asyncio
 import enum
 import logging
 import socket
+import struct
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,10 @@ class State(enum.Enum):
     HANDSHAKE = "handshake"
     OPEN = "open"
     CLOSED = "closed"
+
+
+# Module-level aliases: looking up an Enum member on its class is slow on Python 3.11.
+HANDSHAKE, OPEN, CLOSED = State.HANDSHAKE, State.OPEN, State.CLOSED
 
 
 class _PartPool:
@@ -95,7 +100,7 @@ class Connection(asyncio.BufferedProtocol):
         self.loop = runtime.loop
         self.dialer = dialer
         self.peer = peer
-        self.state = State.HANDSHAKE
+        self.state = HANDSHAKE
         self.transport: asyncio.Transport | None = None
         self.close_reason: BaseException | None = None
         #: reply port id -> rank of the callee, for calls whose reply comes back here
@@ -121,6 +126,7 @@ class Connection(asyncio.BufferedProtocol):
         self._wq: list[Buffer] = []
         self._wbytes = 0
         self._flush_handle: asyncio.Handle | None = None
+        self._reading = False  # inside buffer_updated: writes are flushed at its end
         self._backlog: list[Buffer] = []
 
     def __repr__(self) -> str:
@@ -145,7 +151,7 @@ class Connection(asyncio.BufferedProtocol):
             self._hs_timer = self.loop.call_later(config.handshake_timeout, self._handshake_expired)
 
     def _handshake_expired(self) -> None:
-        if self.state is State.HANDSHAKE:
+        if self.state is HANDSHAKE:
             self._fail(AuthenticationError(
                 f"peer {self._peer_name()} did not authenticate within "
                 f"{config.handshake_timeout} s"
@@ -154,8 +160,8 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._hs_timer is not None:
             self._hs_timer.cancel()
-        if self.state is not State.CLOSED:
-            self.state = State.CLOSED
+        if self.state is not CLOSED:
+            self.state = CLOSED
             if self.close_reason is None:
                 self.close_reason = exc or ConnectionResetError(f"connection to {self.peer} closed")
         self._direct = None
@@ -173,13 +179,13 @@ class Connection(asyncio.BufferedProtocol):
 
     def _fail(self, exc: BaseException) -> None:
         """Close this connection because of ``exc`` (logged); the proc keeps serving."""
-        if self.state is State.CLOSED:
+        if self.state is CLOSED:
             return
         if isinstance(exc, AuthenticationError):
             log.error("refused connection: %s", exc)
         elif isinstance(exc, ProtocolError):
             log.error("closing connection from %s: %s", self._peer_name(), exc)
-        self.state = State.CLOSED
+        self.state = CLOSED
         self.close_reason = exc
         if self.transport is not None:
             self.transport.abort()
@@ -210,20 +216,26 @@ class Connection(asyncio.BufferedProtocol):
     def send_encoded(self, header: bytes, parts: Sequence[Buffer] = ()) -> bool:
         """Queue one already-encoded header (shared by sends of one cast)."""
         state = self.state
-        if state is State.OPEN:
+        if state is OPEN:
             if parts:
                 bufs = frame(header, parts)
                 self._wq.extend(bufs)
                 self._wbytes += sum(memoryview(b).nbytes for b in bufs)
             else:
-                self._wq.append(PREFIX.pack(MAGIC, len(header), 0) + header)
-                self._wbytes += len(header) + 12
+                data = PREFIX.pack(MAGIC, len(header), 0) + header
+                if not self._wq and not self.pending and not self._reading:
+                    # A lone message (nothing queued, nothing in flight): send it now
+                    # rather than a loop turn later. Bursts still go out batched.
+                    self.transport.write(data)  # type: ignore[union-attr]
+                    return True
+                self._wq.append(data)
+                self._wbytes += len(data)
             if self._wbytes >= config.flush_bytes:
                 self._flush()
-            elif self._flush_handle is None:
+            elif self._flush_handle is None and not self._reading:
                 self._flush_handle = self.loop.call_soon(self._flush)
             return True
-        if state is State.HANDSHAKE:
+        if state is HANDSHAKE:
             self._backlog.extend(frame(header, parts))
             return True
         return False
@@ -234,7 +246,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _flush(self) -> None:
         self._flush_handle = None
-        if self._wq and self.transport is not None and self.state is not State.CLOSED:
+        if self._wq and self.transport is not None and self.state is not CLOSED:
             self.transport.writelines(self._wq)
         self._wq = []
         self._wbytes = 0
@@ -244,7 +256,7 @@ class Connection(asyncio.BufferedProtocol):
         self.transport.writelines(bufs)
 
     def _open(self) -> None:
-        self.state = State.OPEN
+        self.state = OPEN
         if self._hs_timer is not None:
             self._hs_timer.cancel()
             self._hs_timer = None
@@ -277,7 +289,7 @@ class Connection(asyncio.BufferedProtocol):
         self._end = unread
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self.state is State.CLOSED:
+        if self.state is CLOSED:
             return
         try:
             if self._direct is not None:
@@ -289,11 +301,14 @@ class Connection(asyncio.BufferedProtocol):
                 self._direct_buf = None
             else:
                 self._end += nbytes
+            self._reading = True
             self._parse()
         except ProtocolError as e:
             self._fail(e)
             return
-        # Replies made while handling what just arrived go out now, not a loop turn later.
+        finally:
+            self._reading = False
+        # Replies made while handling what just arrived go out now, in one write.
         if self._wq:
             if self._flush_handle is not None:
                 self._flush_handle.cancel()
@@ -307,7 +322,7 @@ class Connection(asyncio.BufferedProtocol):
     def _parse(self) -> None:
         mv = self._mv
         unpack = PREFIX.unpack_from
-        while self.state is not State.CLOSED:
+        while self.state is not CLOSED:
             start = self._start
             avail = self._end - start
             if self._hlen < 0:
@@ -315,7 +330,7 @@ class Connection(asyncio.BufferedProtocol):
                     break
                 magic, hlen, nparts = unpack(mv, start)
                 if (nparts == 0 and avail >= 12 + hlen and magic == MAGIC
-                        and self.state is State.OPEN and hlen <= config.max_header_bytes):
+                        and self.state is OPEN and hlen <= config.max_header_bytes):
                     # Fast path: a whole part-less message is in the buffer.
                     s = start + 12
                     self._start = s + hlen
@@ -328,11 +343,11 @@ class Connection(asyncio.BufferedProtocol):
                     continue
                 if magic != MAGIC:
                     raise ProtocolError(f"bad frame magic {bytes(magic)!r} from {self._peer_name()}")
-                limit = (config.max_header_bytes if self.state is State.OPEN
+                limit = (config.max_header_bytes if self.state is OPEN
                          else MAX_HANDSHAKE_HEADER)
                 if hlen > limit:
                     raise ProtocolError(f"frame header of {hlen} bytes exceeds the limit of {limit}")
-                if nparts > MAX_PARTS or (nparts and self.state is not State.OPEN):
+                if nparts > MAX_PARTS or (nparts and self.state is not OPEN):
                     raise ProtocolError(f"frame of {nparts} parts refused in state {self.state.value}")
                 need = 12 + 8 * nparts
                 if avail < need:
@@ -389,7 +404,7 @@ class Connection(asyncio.BufferedProtocol):
             self._hlen = -1
             self._header = None
             self._parts = []
-            if self.state is State.OPEN:
+            if self.state is OPEN:
                 try:
                     msg = self._decode(header)
                 except msgspec.DecodeError as e:
@@ -437,7 +452,5 @@ def struct_lens(mv: memoryview, offset: int, n: int) -> tuple[int, ...]:
     if n == 0:
         return ()
     if n == 1:
-        return PART_LEN.unpack_from(mv, offset)  # type: ignore[no-any-return]
-    import struct
-
+        return PART_LEN.unpack_from(mv, offset)
     return struct.unpack_from(f"<{n}Q", mv, offset)

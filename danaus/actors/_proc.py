@@ -47,7 +47,11 @@ async def _main(addr: str, parent: str, key: bytes) -> None:
             stdin_closed.set_result(None)
 
     loop.add_reader(0, on_stdin)
-    loop.add_signal_handler(signal.SIGTERM, lambda: rt.stop_requested.done() or rt.stop_requested.set_result(None))
+    def on_sigterm() -> None:
+        if not rt.stop_requested.done():
+            rt.stop_requested.set_result(None)
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
     await asyncio.wait([rt.stop_requested, stdin_closed], return_when=asyncio.FIRST_COMPLETED)
     await rt.aclose()
 

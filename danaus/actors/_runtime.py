@@ -32,7 +32,8 @@ from ..errors import (
     SupervisionError,
 )
 from . import _auth
-from ._connection import Connection, State
+from ._connection import CLOSED, HANDSHAKE, OPEN, Connection
+from ._future import Future
 from ._serialize import loads
 from ._wire import (
     CLOSE,
@@ -100,6 +101,18 @@ def encode_error(info: ErrorInfo) -> msgspec.Raw:
     return msgspec.Raw(_error_encode(info))
 
 
+def _A_REPLY() -> str:
+    return "a reply"
+
+
+def _settle(fut: Future[Any], status: int, value: Any) -> None:
+    if not fut.done():
+        if status == ERROR:
+            fut.set_exception(value)
+        else:
+            fut.set_result(value)
+
+
 def parse_addr(addr: str) -> tuple[str, Any]:
     """``unix:@name`` (abstract), ``unix:/path`` or ``tcp://host:port`` -> (family, address)."""
     if addr.startswith("unix:"):
@@ -133,7 +146,7 @@ class Runtime:
         self.key = key if key is not None else _auth.job_key()
         self.addr = addr or f"unix:@danaus-{JOB_ID}-c{os.getpid()}-{next(_counter)}"
         self.conns: dict[str, Connection] = {}
-        self.ports: dict[int, PortHandler] = {}
+        self.ports: dict[int, Any] = {}  # PortHandler, or a Future for one reply
         self.actors: dict[str, ActorInstance] = {}
         self.closed = False
         self.stop_requested: asyncio.Future[None] = loop.create_future()
@@ -198,7 +211,7 @@ class Runtime:
     def connection(self, addr: str) -> Connection:
         """The connection to ``addr``, dialing it if there is none yet."""
         conn = self.conns.get(addr)
-        if conn is not None and conn.state is not State.CLOSED:
+        if conn is not None and conn.state is not CLOSED:
             return conn
         if self.closed:
             raise ClosedError(f"runtime {self.addr} is closed")
@@ -211,7 +224,7 @@ class Runtime:
     def expect(self, addr: str) -> Connection:
         """A placeholder for a proc we spawned that will dial us; queues frames until it does."""
         conn = self.conns.get(addr)
-        if conn is not None and conn.state is State.OPEN:
+        if conn is not None and conn.state is OPEN:
             return conn  # it dialed in already
         conn = Connection(self, dialer=False, peer=addr)
         self.conns[addr] = conn
@@ -242,7 +255,7 @@ class Runtime:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            conn.state = State.CLOSED
+            conn.state = CLOSED
             conn.close_reason = e
             self.connection_lost(conn)
 
@@ -252,10 +265,10 @@ class Runtime:
         old = self.conns.get(conn.peer)
         if old is conn:
             return
-        if old is not None and old.transport is None and old.state is State.HANDSHAKE:
+        if old is not None and old.transport is None and old.state is HANDSHAKE:
             conn.adopt(old)  # a proc we spawned has dialed in
             self.conns[conn.peer] = conn
-        elif old is None or old.state is State.CLOSED:
+        elif old is None or old.state is CLOSED:
             self.conns[conn.peer] = conn
         ready = proc_ready.get(conn.peer)
         if ready is not None and not ready.done():
@@ -304,7 +317,7 @@ class Runtime:
         if conn is not None:
             conn.close_reason = exc
             if conn.transport is None:
-                conn.state = State.CLOSED
+                conn.state = CLOSED
                 self.connection_lost(conn)
             else:
                 conn._fail(exc)
@@ -319,9 +332,20 @@ class Runtime:
     def close_port(self, pid: int) -> None:
         self.ports.pop(pid, None)
 
+    def open_future_port(self, fut: Future[Any]) -> int:
+        """A port whose one value (or error) resolves ``fut`` directly."""
+        pid = next(self._port_ids)
+        self.ports[pid] = fut
+        return pid
+
     def deliver(self, port: int, rank: int, status: int, value: Any) -> None:
         handler = self.ports.get(port)
-        if handler is not None and handler(rank, status, value):
+        if handler is None:
+            return
+        if type(handler) is Future:
+            del self.ports[port]
+            _settle(handler, status, value)
+        elif handler(rank, status, value):
             self.ports.pop(port, None)
 
     # ------------------------------------------------------------ dispatch
@@ -329,33 +353,37 @@ class Runtime:
     def dispatch(self, conn: Connection, msg: Message, parts: list[Any]) -> None:
         t = type(msg)
         if t is Result:
-            assert isinstance(msg, Result)
-            conn.pending.pop(msg.port, None)
-            handler = self.ports.get(msg.port)
+            port = msg.port  # type: ignore[union-attr]
+            conn.pending.pop(port, None)
+            handler = self.ports.get(port)
             if handler is None:
                 return  # a reply nobody waits for any more (e.g. a timed-out call)
+            assert isinstance(msg, Result)
             status = msg.status
             try:
                 if status == OK:
-                    value = loads(msg.value, msg.pickled, parts, lambda: "a reply")
+                    value = loads(msg.value, msg.pickled, parts, _A_REPLY)
                 elif status == ERROR:
                     value = error_from_info(_error_decode(msg.value))
                 else:
                     value = None
             except (SerializationError, msgspec.DecodeError) as e:
                 status, value = ERROR, SerializationError(str(e))
-            if handler(msg.rank, status, value):
-                self.ports.pop(msg.port, None)
+            if type(handler) is Future:
+                del self.ports[port]
+                _settle(handler, status, value)
+            elif handler(msg.rank, status, value):
+                self.ports.pop(port, None)
         elif t is Call:
-            assert isinstance(msg, Call)
-            actor = self.actors.get(msg.actor)
+            actor = self.actors.get(msg.actor)  # type: ignore[union-attr]
             if actor is None:
+                assert isinstance(msg, Call)
                 self.reply_error(conn, msg.reply, -1, ErrorInfo(
                     "supervision", msg.actor, "", "SupervisionError",
                     f"no actor named {msg.actor!r} in proc {self.addr} "
                     f"(it has: {sorted(self.actors) or 'none'})", ""))
             else:
-                actor.deliver(conn, msg, parts)
+                actor.deliver(conn, msg, parts)  # type: ignore[arg-type]
         elif t is Spawn:
             assert isinstance(msg, Spawn)
             from ._actor import spawn_actor
@@ -469,7 +497,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         except ImportError:
             pass
         else:
-            return uvloop.new_event_loop()  # type: ignore[no-any-return]
+            return uvloop.new_event_loop()
     return asyncio.new_event_loop()
 
 

@@ -28,27 +28,27 @@ from ._wire import Buffer
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
 
-_PLAIN_ATOMS = (type(None), bool, int, float, str)
-_MAX_PLAIN_INT = 2**63
+_ATOMS = frozenset({str, int, float, bool, type(None)})
 
 
 def _is_plain(obj: object, depth: int = 0) -> bool:
-    """True when msgpack round-trips ``obj`` to an equal object of the same types."""
+    """True when msgpack round-trips ``obj`` to an equal object of the same types.
+
+    (An int too large for msgpack is caught when encoding, which then falls back to pickle.)
+    """
     t = type(obj)
-    if t is str or t is float or t is bool or obj is None:
+    if t in _ATOMS:
         return True
-    if t is int:
-        return -_MAX_PLAIN_INT <= obj < _MAX_PLAIN_INT  # type: ignore[operator]
     if depth > 8:
         return False
     if t is list:
         for x in obj:  # type: ignore[attr-defined]
-            if not _is_plain(x, depth + 1):
+            if type(x) not in _ATOMS and not _is_plain(x, depth + 1):
                 return False
         return True
     if t is dict:
         for k, v in obj.items():  # type: ignore[attr-defined]
-            if type(k) is not str or not _is_plain(v, depth + 1):
+            if type(k) is not str or (type(v) not in _ATOMS and not _is_plain(v, depth + 1)):
                 return False
         return True
     if t is bytes:
@@ -183,7 +183,10 @@ def dumps(obj: object, what: Callable[[], str]) -> tuple[msgspec.Raw, bool, list
         SerializationError: ``obj`` cannot be pickled; the message names what and why.
     """
     if _is_plain(obj):
-        return msgspec.Raw(_encode(obj)), False, []
+        try:
+            return msgspec.Raw(_encode(obj)), False, []
+        except OverflowError:
+            pass  # an int beyond 64 bits: pickle keeps it exact
     try:
         data, buffers = _pickle(obj)
     except Exception as e:  # anything a __reduce__ may raise

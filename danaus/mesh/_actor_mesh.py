@@ -162,17 +162,18 @@ class ActorEndpoint(Generic[A]):
         raw, pickled, parts = enc
         actor = mesh._name
         method = self._name
+        ready = rt is mesh._spawn_rt or mesh._init.done()
+        if ready and len(targets) == 1 and rt.on_loop():
+            rank, addr = targets[0]
+            rt.send_call(addr, actor, method, port, rank, raw, pickled, parts)
+            return
 
         def go() -> None:
             for rank, addr in targets:
                 rt.send_call(addr, actor, method, port, rank, raw, pickled, parts)
 
-        if rt is mesh._spawn_rt or mesh._init.done():
-            if len(targets) == 1 and rt.on_loop():
-                rank, addr = targets[0]
-                rt.send_call(addr, actor, method, port, rank, raw, pickled, parts)
-            else:
-                run_on(rt, go)
+        if ready:
+            run_on(rt, go)
         else:  # spawned from another loop: wait for the spawn before the first message
             mesh._init.add_done_callback(lambda _: run_on(rt, go))
 
@@ -191,16 +192,7 @@ class ActorEndpoint(Generic[A]):
         enc = self._encode(args, kwargs)
         rt = current_runtime()
         fut: Future[Any] = Future(loop=rt.loop)
-
-        def on_reply(rank: int, status: int, value: Any) -> bool:
-            if not fut.done():
-                if status == ERROR:
-                    fut.set_exception(value)
-                else:
-                    fut.set_result(value)
-            return True
-
-        self._send(rt, targets, rt.open_port(on_reply), enc)
+        self._send(rt, targets, rt.open_future_port(fut), enc)
         return fut
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:

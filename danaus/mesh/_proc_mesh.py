@@ -186,4 +186,4 @@ def this_proc() -> ProcMesh:
     raise NotImplementedError("this_proc() is not available yet; use this_host().spawn_procs()")
 
 
-from ._actor_mesh import ActorMesh  # noqa: E402,F401
+from ._actor_mesh import ActorMesh  # noqa: E402

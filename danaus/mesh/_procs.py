@@ -17,9 +17,9 @@ import sys
 import threading
 from concurrent.futures import Future as ThreadFuture
 
+from ..actors._runtime import Runtime, peer_exit_reason, peer_exited, proc_ready, run_on
 from ..config import config
 from ..errors import SupervisionError
-from ..actors._runtime import Runtime, peer_exit_reason, peer_exited, proc_ready, run_on
 
 log = logging.getLogger("danaus.procs")
 
@@ -138,12 +138,13 @@ def _watch(rt: Runtime, h: ProcHandle) -> None:
     loop.call_later(config.proc_start_timeout, start_expired)
 
 
-async def wait_exited(h: ProcHandle, timeout: float) -> bool:
-    """Wait up to ``timeout`` s for ``h`` to exit; True if it did."""
+async def wait_exited(h: ProcHandle, deadline: float) -> bool:
+    """Wait up to ``deadline`` s for ``h`` to exit; True if it did."""
     if h.exited.done() or h.popen.poll() is not None:
         return True
     try:
-        await asyncio.wait_for(asyncio.wrap_future(h.exited), timeout)
+        async with asyncio.timeout(deadline):
+            await asyncio.shield(asyncio.wrap_future(h.exited))
     except TimeoutError:
         return h.popen.poll() is not None
     return True

@@ -138,7 +138,7 @@ async def test_unpicklable_argument_fails_only_that_call() -> None:
 async def test_unpicklable_result_fails_only_that_call() -> None:
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         echo = procs.spawn("echo", Echo)
-        with pytest.raises(SerializationError, match="return value of Echo.unpicklable_result"):
+        with pytest.raises(SerializationError, match=r"return value of Echo\.unpicklable_result"):
             await echo.unpicklable_result.call_one()
         assert await echo.echo.call_one(1) == 1
 
@@ -186,7 +186,7 @@ async def test_init_that_raises_fails_the_spawn_naming_the_rank() -> None:
 
 async def test_spawn_rejects_a_non_actor_class() -> None:
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
-        with pytest.raises(TypeError, match="subclass of danaus.Actor"):
+        with pytest.raises(TypeError, match=r"subclass of danaus\.Actor"):
             procs.spawn("x", dict)  # type: ignore[type-var]
 
 
