@@ -45,6 +45,7 @@ log = logging.getLogger("danaus.connection")
 _RECV_BUFFER = 256 << 10
 #: Parts at least this large are received into their own buffer directly.
 _DIRECT_PART = 64 << 10
+_NO_PARTS: list[Any] = []  # shared, never mutated: the parts of a part-less frame
 _hs_encode = msgspec.msgpack.Encoder().encode
 _hs_decode = msgspec.msgpack.Decoder(Handshake).decode
 
@@ -322,6 +323,28 @@ class Connection(asyncio.BufferedProtocol):
     def _parse(self) -> None:
         mv = self._mv
         unpack = PREFIX.unpack_from
+        if self._hlen < 0 and self.state is OPEN:
+            # Fast path: whole part-less messages lying in the buffer.
+            start, end = self._start, self._end
+            decode, dispatch = self._decode, self.rt.dispatch
+            max_header = config.max_header_bytes
+            while end - start >= 12:
+                magic, hlen, nparts = unpack(mv, start)
+                if nparts or magic != MAGIC or hlen > max_header or end - start < 12 + hlen:
+                    break
+                s = start + 12
+                start = self._start = s + hlen
+                try:
+                    msg = decode(mv[s:start].tobytes())
+                except msgspec.DecodeError as e:
+                    raise ProtocolError(
+                        f"undecodable message header from {self._peer_name()}: {e}") from e
+                dispatch(self, msg, _NO_PARTS)
+                if self.state is not OPEN:
+                    return
+            if start == end:
+                self._start = self._end = 0
+                return
         while self.state is not CLOSED:
             start = self._start
             avail = self._end - start
@@ -329,18 +352,6 @@ class Connection(asyncio.BufferedProtocol):
                 if avail < 12:
                     break
                 magic, hlen, nparts = unpack(mv, start)
-                if (nparts == 0 and avail >= 12 + hlen and magic == MAGIC
-                        and self.state is OPEN and hlen <= config.max_header_bytes):
-                    # Fast path: a whole part-less message is in the buffer.
-                    s = start + 12
-                    self._start = s + hlen
-                    try:
-                        msg = self._decode(mv[s:s + hlen].tobytes())
-                    except msgspec.DecodeError as e:
-                        raise ProtocolError(
-                            f"undecodable message header from {self._peer_name()}: {e}") from e
-                    self.rt.dispatch(self, msg, [])
-                    continue
                 if magic != MAGIC:
                     raise ProtocolError(f"bad frame magic {bytes(magic)!r} from {self._peer_name()}")
                 limit = (config.max_header_bytes if self.state is OPEN

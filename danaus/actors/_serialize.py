@@ -194,6 +194,23 @@ def dumps(obj: object, what: Callable[[], str]) -> tuple[msgspec.Raw, bool, list
     return msgspec.Raw(_encode(data)), True, [b.raw() for b in buffers]
 
 
+def dumps_args(
+    args: tuple[Any, ...], kwargs: dict[str, Any], what: Callable[[], str]
+) -> tuple[msgspec.Raw, bool, list[Buffer]]:
+    """Encode a call's arguments; the receiver's ``loads`` gives ``[args, kwargs]``."""
+    for a in args:
+        if type(a) not in _ATOMS and not _is_plain(a, 1):
+            break
+    else:
+        if not kwargs or _is_plain(kwargs):
+            try:
+                # The tuples become msgpack arrays: the receiver unpacks them with *args.
+                return msgspec.Raw(_encode((args, kwargs))), False, []
+            except OverflowError:
+                pass
+    return dumps((args, kwargs), what)
+
+
 def loads(raw: msgspec.Raw | bytes, pickled: bool, parts: list[Any], what: Callable[[], str]) -> Any:
     """Decode what :func:`dumps` made.
 

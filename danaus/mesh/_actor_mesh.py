@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from ..actors._actor import Actor, describe_endpoints, endpoints_of
 from ..actors._future import Future
 from ..actors._runtime import Runtime, current_runtime, run_on
-from ..actors._serialize import dumps
+from ..actors._serialize import dumps, dumps_args
 from ..actors._wire import ERROR, Spawn
 from ..errors import EndpointNotFoundError
 from ._shape import Selector, Shape
@@ -153,8 +153,10 @@ class ActorEndpoint(Generic[A]):
         return f"<endpoint {self._mesh._cls.__name__}.{self._name} of {self._mesh!r}>"
 
     def _encode(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, bool, list[Any]]:
-        return dumps([list(args), kwargs],
-                     lambda: f"arguments of {self._mesh._cls.__name__}.{self._name}")
+        return dumps_args(args, kwargs, self._describe_args)
+
+    def _describe_args(self) -> str:
+        return f"arguments of {self._mesh._cls.__name__}.{self._name}"
 
     def _send(self, rt: Runtime, targets: list[tuple[int, str]], port: int,
               enc: tuple[Any, bool, list[Any]]) -> None:

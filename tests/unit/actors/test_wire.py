@@ -411,6 +411,15 @@ async def test_correct_handshake_opens_the_connection(
     assert errors(logs) == []
 
 
+async def test_call_in_the_same_write_as_auth_is_served(dial: Dial) -> None:
+    peer = await dial()
+    challenge = await peer.hello()
+
+    peer.send(wire(Auth(proof(KEY, b"dialer", challenge.nonce, peer.nonce))) + ghost_call(7))
+
+    assert_ghost_error(await read_result(peer.reader), 7)
+
+
 async def test_each_connection_gets_a_fresh_challenge(dial: Dial) -> None:
     a, b = await dial(), await dial()
 
@@ -530,14 +539,39 @@ async def test_eof_in_the_middle_of_a_frame_is_logged_as_truncated(
     assert any("truncated frame" in m for m in errors(logs))
 
 
-async def test_call_with_parts_is_parsed_and_the_next_frame_too(dial: Dial) -> None:
+def record_dispatch(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, list[Any]]]:
+    """Record each message the runtime dispatches, with its parts as received."""
+    seen: list[tuple[Any, list[Any]]] = []
+    dispatch = runtime.dispatch
+
+    def recorder(conn: Connection, msg: Any, parts: list[Any]) -> None:
+        seen.append((msg, list(parts)))
+        dispatch(conn, msg, parts)
+
+    monkeypatch.setattr(runtime, "dispatch", recorder)
+    return seen
+
+
+def assert_parts_received(received: list[Any], sent: list[bytes]) -> None:
+    assert [bytes(p) for p in received] == sent
+    # Writable buffers: numpy arrays and tensors are rebuilt on them without a copy.
+    assert all(isinstance(p, bytearray) for p in received)
+
+
+async def test_call_with_parts_is_parsed_and_the_next_frame_too(
+    runtime: Runtime, dial: Dial, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = record_dispatch(runtime, monkeypatch)
     peer = await dial()
     await peer.handshake()
-    parts = [b"a" * (300 << 10), b"b" * 5, b"", b"c" * (2 << 20)]
+    parts = [b"a" * (300 << 10), b"b" * 5, b"", bytes(range(256)) * (8 << 10)]
     peer.send(ghost_call(7, parts) + ghost_call(8))
 
     assert_ghost_error(await read_result(peer.reader), 7)
     assert_ghost_error(await read_result(peer.reader), 8)
+    assert [m.reply for m, _ in seen] == [7, 8]
+    assert_parts_received(seen[0][1], parts)
+    assert seen[1][1] == []
 
 
 # ---------------------------------------------------------------- the runtime as dialer
@@ -721,11 +755,12 @@ async def test_frames_fed_one_byte_at_a_time_are_parsed(acceptor: Any) -> None:
 
 @pytest.mark.parametrize("chunk", [1, 7, 4093, 1 << 20])
 async def test_frames_with_large_parts_and_headers_fed_in_chunks_are_parsed(
-    acceptor: Any, chunk: int
+    runtime: Runtime, acceptor: Any, chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    seen = record_dispatch(runtime, monkeypatch)
     conn, transport = acceptor
     handshake_fed(conn, transport, chunk=chunk)
-    parts = [b"a" * 100, b"b" * (70 << 10), b"", b"c" * ((1 << 20) + 3)]
+    parts = [b"a" * 100, bytes(range(256)) * 280, b"", bytes(range(251)) * 4200]
     huge_header = wire(Call("ghost", "m" * (400 << 10), 9, encode_plain([[], {}])))
     data = ghost_call(7, parts) + huge_header + ghost_call(8)
     if chunk == 1:
@@ -735,6 +770,10 @@ async def test_frames_with_large_parts_and_headers_fed_in_chunks_are_parsed(
 
     ports = [r.port for r in fed_results(transport)]
     assert ports == ([7, 8] if chunk == 1 else [7, 9, 8])
+    assert [m.reply for m, _ in seen] == ports
+    assert_parts_received(seen[0][1], parts[:2] if chunk == 1 else parts)
+    if chunk != 1:
+        assert len(seen[1][0].method) == 400 << 10
     assert not transport.aborted
 
 
