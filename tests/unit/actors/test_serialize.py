@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from danaus.actors._serialize import dumps, loads
+from danaus.actors._serialize import dumps, dumps_args, loads
 from danaus.config import config
 from danaus.errors import SerializationError
 
@@ -345,19 +345,93 @@ def test_large_bytes_alone_travel_out_of_band() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="_mark_large_bytes recurses into tuples and dicts but not lists, while "
-    "ActorEndpoint._encode sends arguments as [list(args), kwargs]: large bytes "
-    "arguments of every endpoint call are copied into the pickle",
+    reason="_mark_large_bytes (danaus/actors/_serialize.py) says it handles a top-level "
+    "tuple/list/dict but only recurses into tuples and dicts: large bytes in a list, "
+    "e.g. an endpoint returning [blob, blob], are copied into the pickle",
 )
-def test_large_bytes_in_endpoint_arguments_travel_out_of_band() -> None:
-    big = b"\x05" * BIG
-    args = [[big], {}]  # the shape ActorEndpoint._encode gives dumps
+def test_large_bytes_in_a_list_travel_out_of_band() -> None:
+    value = [b"\x05" * BIG, b"\x06" * BIG]
 
-    out, _, parts, raw = roundtrip(args)
+    out, _, parts, raw = roundtrip(value)
 
-    assert out == args
-    assert len(parts) == 1
+    assert out == value
+    assert len(parts) == 2
     assert len(raw) < 1024
+
+
+# ---------------------------------------------------------------- call arguments
+
+
+def roundtrip_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, bool, list[Any], bytes]:
+    raw, pickled, parts = dumps_args(args, kwargs, what)
+    value = loads(bytes(raw), pickled, [bytearray(p) for p in parts], what)
+    return value, pickled, parts, bytes(raw)
+
+
+def call_with(value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """What the receiving actor does with the decoded arguments."""
+    args, kwargs = value
+
+    def endpoint(*a: Any, **k: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return a, k
+
+    return endpoint(*args, **kwargs)
+
+
+def test_plain_arguments_travel_unpickled() -> None:
+    def boom() -> str:
+        raise AssertionError("what() is only for error messages")
+
+    raw, pickled, parts = dumps_args((1, "a", [2.5, None], {"x": b"y"}), {"k": True}, boom)
+
+    assert pickled is False
+    assert parts == []
+    args, kwargs = call_with(loads(raw, pickled, parts, boom))
+    assert_same(list(args), [1, "a", [2.5, None], {"x": b"y"}])
+    assert_same(kwargs, {"k": True})
+
+
+def test_no_arguments_travel_unpickled() -> None:
+    value, pickled, parts, _ = roundtrip_args((), {})
+
+    assert pickled is False
+    assert parts == []
+    assert call_with(value) == ((), {})
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [(1, 2), {1, 2}, 2**64, -(2**63) - 1, Point(1, 2), b"x" * 5000],
+    ids=repr,
+)
+def test_non_plain_arguments_are_pickled_and_keep_their_types(arg: Any) -> None:
+    value, pickled, _, _ = roundtrip_args((1, arg), {"kw": arg})
+
+    assert pickled is True
+    args, kwargs = call_with(value)
+    assert type(args[1]) is type(arg)
+    assert args == (1, arg)
+    assert kwargs == {"kw": arg}
+
+
+def test_large_bytes_and_tensor_arguments_travel_out_of_band() -> None:
+    blob = bytes(range(256)) * (BIG // 256)
+    t = torch.arange(BIG // 4, dtype=torch.float32)
+
+    value, pickled, parts, raw = roundtrip_args((blob,), {"t": t})
+
+    assert pickled is True
+    assert len(parts) == 2
+    assert len(raw) < 1024
+    args, kwargs = call_with(value)
+    assert type(args[0]) is bytes
+    assert args[0] == blob
+    assert torch.equal(kwargs["t"], t)
+
+
+def test_unpicklable_argument_raises_serialization_error_naming_what() -> None:
+    with pytest.raises(SerializationError, match=re.escape(WHAT)):
+        dumps_args((1,), {"lock": threading.Lock()}, what)
 
 
 # ---------------------------------------------------------------- torch

@@ -1,0 +1,51 @@
+"""The public surface: every name exported once, and imports point down the layers only."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pathlib
+
+import pytest
+
+import danaus
+
+ROOT = pathlib.Path(danaus.__file__).parent
+LAYERS = ["actors", "mesh", "rdma", "tensor_engine"]  # a layer may import only those before it
+
+
+@pytest.mark.parametrize("module", ["danaus", "danaus.actors", "danaus.mesh"])
+def test_all_names_exist_once(module: str) -> None:
+    mod = importlib.import_module(module)
+    names = mod.__all__
+    assert len(names) == len(set(names))
+    for name in names:
+        assert hasattr(mod, name), f"{module}.__all__ names {name} but it is missing"
+
+
+def test_monarch_names_are_exported() -> None:
+    for name in ["Actor", "endpoint", "this_host", "context", "current_rank", "current_size",
+                 "Channel", "Port", "Future", "ValueMesh", "ActorError", "SupervisionError"]:
+        assert name in danaus.__all__
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            parts = path.relative_to(ROOT).parts
+            base = list(parts[: len(parts) - node.level])
+            out.add(".".join(base + ([node.module] if node.module else [])))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("danaus."):
+            out.add(node.module.removeprefix("danaus."))
+    return out
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_layers_import_downwards_only(layer: str) -> None:
+    forbidden = LAYERS[LAYERS.index(layer) + 1:]
+    for path in (ROOT / layer).rglob("*.py"):
+        for target in _imports(path):
+            top = target.split(".")[0]
+            assert top not in forbidden, f"{path.relative_to(ROOT)} imports {target}"
