@@ -33,11 +33,16 @@ def set_job_key(key: bytes) -> None:
 
 
 def new_nonce() -> bytes:
-    return os.urandom(16)
+    return os.urandom(NONCE_BYTES)
+
+
+NONCE_BYTES = 16
 
 
 def proof(key: bytes, side: bytes, mine: bytes, theirs: bytes) -> bytes:
-    return hmac.new(key, side + b"|" + mine + b"|" + theirs, hashlib.sha256).digest()
+    """HMAC over the side label and both nonces, each length-prefixed (unambiguous)."""
+    msg = b"".join(len(f).to_bytes(2, "big") + f for f in (side, mine, theirs))
+    return hmac.new(key, msg, hashlib.sha256).digest()
 
 
 def verify(key: bytes, side: bytes, mine: bytes, theirs: bytes, mac: bytes) -> bool:

@@ -437,12 +437,16 @@ class Connection(asyncio.BufferedProtocol):
             ) from e
         key = self.rt.key
         if not self.dialer and isinstance(msg, Hello) and not self._peer_nonce:
+            if len(msg.nonce) != _auth.NONCE_BYTES:
+                raise AuthenticationError(
+                    f"peer {self._peer_name()} sent a {len(msg.nonce)}-byte nonce "
+                    f"(expected {_auth.NONCE_BYTES})")
             self._peer_nonce = msg.nonce
             self.peer = msg.addr
             mac = _auth.proof(key, b"acceptor", msg.nonce, self._nonce)
             self._write_now(frame(_hs_encode(Challenge(self._nonce, mac))))
         elif self.dialer and isinstance(msg, Challenge) and not self._peer_nonce:
-            if not _auth.verify(key, b"acceptor", self._nonce, msg.nonce, msg.mac):
+            if len(msg.nonce) != _auth.NONCE_BYTES or not _auth.verify(key, b"acceptor", self._nonce, msg.nonce, msg.mac):
                 raise AuthenticationError(f"peer {self.peer} failed to prove the job key")
             self._peer_nonce = msg.nonce
             self._write_now(frame(_hs_encode(Auth(_auth.proof(key, b"dialer", msg.nonce, self._nonce)))))

@@ -89,7 +89,7 @@ def _reduce_tensor(obj: Any) -> Any:
         return NotImplemented
     if type(obj) not in (torch.Tensor, torch.nn.Parameter):
         return NotImplemented
-    t = obj.detach()
+    t = obj.detach().resolve_conj().resolve_neg()
     if not t.is_contiguous():
         t = t.contiguous()
     raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else bytearray()
@@ -117,6 +117,8 @@ def _mark_large_bytes(obj: object) -> object:
         return _LargeBytes(obj) if len(obj) >= threshold else obj
     if type(obj) is tuple:
         return tuple(_mark_large_bytes(x) for x in obj)
+    if type(obj) is list:
+        return [_mark_large_bytes(x) for x in obj]
     if type(obj) is dict:
         return {k: _mark_large_bytes(v) for k, v in obj.items()}
     return obj

@@ -343,12 +343,6 @@ def test_large_bytes_alone_travel_out_of_band() -> None:
     assert out == big
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_mark_large_bytes (danaus/actors/_serialize.py) says it handles a top-level "
-    "tuple/list/dict but only recurses into tuples and dicts: large bytes in a list, "
-    "e.g. an endpoint returning [blob, blob], are copied into the pickle",
-)
 def test_large_bytes_in_a_list_travel_out_of_band() -> None:
     value = [b"\x05" * BIG, b"\x06" * BIG]
 
@@ -578,12 +572,6 @@ def test_module_with_parameters_round_trips() -> None:
     assert torch.equal(out.bias, layer.bias)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_reduce_tensor calls .view(torch.uint8) on a conjugate view (x.conj() of a "
-    "complex tensor), which torch refuses: dumps raises SerializationError although "
-    "plain pickle handles such tensors",
-)
 def test_conjugate_view_tensor_round_trips() -> None:
     t = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64).conj()
     pickle.dumps(t)  # plain pickle accepts it
