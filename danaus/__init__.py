@@ -25,9 +25,10 @@ from .errors import (
     SerializationError,
     SupervisionError,
 )
-from .mesh import ActorMesh, HostMesh, ProcMesh, Shape, ValueMesh, this_host
+from .mesh import Accumulator, ActorMesh, HostMesh, ProcMesh, Shape, ValueMesh, this_host
 
 __all__ = [
+    "Accumulator",
     "Actor",
     "ActorError",
     "ActorMesh",

@@ -42,6 +42,8 @@ class Config:
     flush_bytes: int = 4096
     #: Socket buffer size for control connections (bytes).
     socket_buffer_bytes: int = 4 << 20
+    #: How long dialing a peer keeps retrying while it refuses (it may be starting) (s).
+    connect_timeout: float = 30.0
     #: How long a spawned proc may take to come up before its spawn fails (s).
     proc_start_timeout: float = 60.0
     #: How long ``stop()`` waits for procs to exit before killing them (s).
@@ -49,6 +51,9 @@ class Config:
     #: Hex-encoded shared secret for authenticating connections across hosts; when
     #: empty, the controller makes a fresh one per job and hands it to its procs.
     auth_key: str = ""
+    #: Fan-out of the tree that casts to a mesh go down (0: the sender sends to every
+    #: actor itself). Meshes up to this size are always sent to directly.
+    cast_fanout: int = 16
     #: Use uvloop for event loops danaus creates, when it is importable.
     use_uvloop: bool = True
 

@@ -125,6 +125,9 @@ class ActorInstance:
         self.stopped = False
         self.queue: collections.deque[tuple[Connection, Call, list[Any]]] = collections.deque()
         self.task: asyncio.Task[None] | None = None
+        #: per sender: the next sequence number to handle, and those that came early
+        self.expect: dict[str, int] = {}
+        self.held: dict[tuple[str, int], tuple[Connection, Call, list[Any]] | None] = {}
         # The actor's own context: its endpoints run in it, with context() set.
         token = current.set(self.context)
         self.cv = contextvars.copy_context()
@@ -134,7 +137,40 @@ class ActorInstance:
         state = "stopped" if self.stopped else ("busy" if self.busy else "idle")
         return f"<ActorInstance {self.ctx.actor_id} {state} queued={len(self.queue)}>"
 
-    def deliver(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
+    def deliver(self, conn: Connection, msg: Call, parts: list[Any], sender: str | None = None) -> None:
+        """Take a message; ``sender`` (default: the connection's peer) orders it by ``msg.seq``."""
+        seq = msg.seq
+        if not seq:
+            self._accept(conn, msg, parts)
+            return
+        if sender is None:
+            sender = conn.peer or ""
+        expected = self.expect.get(sender, 1)
+        if seq != expected:
+            if seq > expected:  # an earlier one is still on its way (through a cast tree)
+                self.held[(sender, seq)] = (conn, msg, parts)
+            return  # seq < expected: already handled or skipped
+        self._accept(conn, msg, parts)
+        self._release(sender, seq + 1)
+
+    def skip(self, sender: str, seq: int) -> None:
+        """``seq`` from ``sender`` will never come: stop waiting for it."""
+        expected = self.expect.get(sender, 1)
+        if seq == expected:
+            self._release(sender, seq + 1)
+        elif seq > expected:
+            self.held[(sender, seq)] = None
+
+    def _release(self, sender: str, nxt: int) -> None:
+        held = self.held
+        while held and (sender, nxt) in held:
+            item = held.pop((sender, nxt))
+            if item is not None:
+                self._accept(*item)
+            nxt += 1
+        self.expect[sender] = nxt
+
+    def _accept(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
         if self.busy or self.queue:
             self.queue.append((conn, msg, parts))
         else:
@@ -303,8 +339,11 @@ class _FailedActor:
         self.rank = rank
         self.stopped = False
 
-    def deliver(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
+    def deliver(self, conn: Connection, msg: Call, parts: list[Any], sender: str | None = None) -> None:
         self.rt.reply_error(conn, msg.reply, self.rank, self.info)
+
+    def skip(self, sender: str, seq: int) -> None:
+        pass
 
     async def stop(self) -> None:
         self.stopped = True
@@ -315,7 +354,8 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> 
     from ._runtime import encode_error, info_from_error
 
     point = Point.from_rank(msg.rank, msg.sizes)
-    actor_id = f"{msg.mesh}[{msg.rank}].{msg.actor}[{msg.rank}]"
+    name = msg.actor.split(".", 1)[0]  # the wire key is "name.job.n", unique per spawn
+    actor_id = f"{msg.mesh}[{msg.rank}].{name}[{msg.rank}]"
     if msg.actor in rt.actors:
         info = ErrorInfo("actor", actor_id, str(point), "ValueError",
                          f"an actor named {msg.actor!r} already lives in proc {rt.addr}", "")
@@ -326,7 +366,7 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> 
         cls, args, kwargs = loads(msg.payload, msg.pickled, parts,
                                   lambda: f"actor class and arguments of {actor_id}")
         obj = cls.__new__(cls)
-        ctx = ActorContext(actor_id, msg.actor, point, rt.addr, obj)
+        ctx = ActorContext(actor_id, name, point, rt.addr, obj)
         ctx_holder.append(ctx)
         token = current.set(Context(ctx))
         try:

@@ -104,8 +104,10 @@ class Connection(asyncio.BufferedProtocol):
         self.state = HANDSHAKE
         self.transport: asyncio.Transport | None = None
         self.close_reason: BaseException | None = None
-        #: reply port id -> rank of the callee, for calls whose reply comes back here
-        self.pending: dict[int, int] = {}
+        self.was_open = False
+        #: reply port id -> rank of the callee (or the ranks of a cast subtree), for
+        #: calls whose reply comes back here; failed if the connection is lost
+        self.pending: dict[int, Any] = {}
         self._encoder = msgspec.msgpack.Encoder()
         self._decode = msgspec.msgpack.Decoder(Message).decode
         self._nonce = _auth.new_nonce()
@@ -258,6 +260,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _open(self) -> None:
         self.state = OPEN
+        self.was_open = True
         if self._hs_timer is not None:
             self._hs_timer.cancel()
             self._hs_timer = None

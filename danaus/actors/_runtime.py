@@ -28,6 +28,7 @@ from ..errors import (
     ClosedError,
     DanausError,
     EndpointNotFoundError,
+    ProtocolError,
     SerializationError,
     SupervisionError,
 )
@@ -44,6 +45,7 @@ from ._wire import (
     ErrorInfo,
     Message,
     Result,
+    SeqSkip,
     Spawn,
     StopActor,
     StopProc,
@@ -132,6 +134,17 @@ peer_exit_reason: dict[str, Callable[[], str | None]] = {}
 #: For procs this process spawned: resolves with the exit status when the proc exits.
 peer_exited: dict[str, ThreadFuture[int]] = {}
 
+#: Message handlers that layers above register (``register_extension``).
+_extensions: dict[type, Callable[[Runtime, Connection, Any, list[Any]], None]] = {}
+
+
+def register_extension(msg_type: type, handler: Callable[[Runtime, Connection, Any, list[Any]], None]) -> None:
+    """Let a higher layer handle a message type of the wire union (e.g. the mesh's Cast)."""
+    _extensions[msg_type] = handler
+    for rt in all_runtimes():
+        rt.extensions[msg_type] = handler
+
+
 _runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = weakref.WeakKeyDictionary()
 _runtimes_lock = threading.Lock()
 _counter = itertools.count()
@@ -151,6 +164,15 @@ class Runtime:
         self.closed = False
         self.stop_requested: asyncio.Future[None] = loop.create_future()
         self._port_ids = itertools.count(1)
+        #: peers whose connection was lost, and why: sends to them fail at once
+        self.lost: dict[str, BaseException | None] = {}
+        #: cast tree nodes in this proc waiting for a subtree, by port
+        self.gathers: dict[int, Any] = {}
+        #: next sequence number per (proc address, actor) we send to
+        self.seqs: dict[tuple[str, str], int] = {}
+        #: handlers of message types defined by higher layers (the mesh's Cast)
+        self.extensions: dict[type, Callable[[Runtime, Connection, Any, list[Any]], None]] = dict(
+            _extensions)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._all_conns: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
@@ -215,6 +237,11 @@ class Runtime:
             return conn
         if self.closed:
             raise ClosedError(f"runtime {self.addr} is closed")
+        if addr in self.lost:
+            conn = Connection(self, dialer=True, peer=addr)
+            conn.state = CLOSED
+            conn.close_reason = self.lost[addr]
+            return conn
         conn = Connection(self, dialer=True, peer=addr)
         self.conns[addr] = conn
         self._all_conns.add(conn)
@@ -237,27 +264,42 @@ class Runtime:
             if ready is not None and not ready.done():
                 await asyncio.wrap_future(ready)
             family, where = parse_addr(conn.peer)
-            if family == "unix":
-                # Connect the socket ourselves: uvloop cannot take abstract (NUL) names.
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.setblocking(False)
+            # A peer we never reached may still be starting (a proc of a mesh spawned a
+            # moment ago, dialed by its neighbour in a cast): retry refusals, bounded.
+            deadline = self.loop.time() + config.connect_timeout
+            delay = 0.002
+            while True:
                 try:
-                    await self.loop.sock_connect(sock, where)
-                except BaseException:
-                    sock.close()
-                    raise
-                await self.loop.create_unix_connection(lambda: conn, sock=sock)
-            else:
-                transport, _ = await self.loop.create_connection(lambda: conn, *where)
-                sock = transport.get_extra_info("socket")
-                if sock is not None:
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    await self._connect(conn, family, where)
+                    break
+                except (ConnectionRefusedError, FileNotFoundError):
+                    if self.loop.time() + delay > deadline:
+                        raise
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 0.1)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             conn.state = CLOSED
             conn.close_reason = e
             self.connection_lost(conn)
+
+    async def _connect(self, conn: Connection, family: str, where: Any) -> None:
+        if family == "unix":
+            # Connect the socket ourselves: uvloop cannot take abstract (NUL) names.
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                await self.loop.sock_connect(sock, where)
+            except BaseException:
+                sock.close()
+                raise
+            await self.loop.create_unix_connection(lambda: conn, sock=sock)
+        else:
+            transport, _ = await self.loop.create_connection(lambda: conn, *where)
+            tsock = transport.get_extra_info("socket")
+            if tsock is not None:
+                tsock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def connection_open(self, conn: Connection) -> None:
         """Handshake done: route messages for the peer's address over ``conn``."""
@@ -278,6 +320,10 @@ class Runtime:
         self._all_conns.discard(conn)
         if conn.peer is not None and self.conns.get(conn.peer) is conn:
             del self.conns[conn.peer]
+            if conn.was_open or conn.dialer:
+                # A peer that went away (or could not be reached) stays gone: addresses
+                # are never reused, so later sends fail at once instead of redialing.
+                self.lost[conn.peer] = conn.close_reason
         if conn.pending:
             pending, conn.pending = conn.pending, {}
             exited = peer_exited.get(conn.peer or "")
@@ -288,12 +334,13 @@ class Runtime:
             else:
                 self._fail_pending(conn, pending)
 
-    def _fail_pending(self, conn: Connection, pending: dict[int, int]) -> None:
+    def _fail_pending(self, conn: Connection, pending: dict[int, Any]) -> None:
         exc = self.peer_lost_error(conn.peer or "(unknown)", conn.close_reason)
-        for port, rank in pending.items():
-            self.deliver(port, rank, ERROR, exc)
+        for port, ranks in pending.items():
+            for rank in ranks if isinstance(ranks, list) else (ranks,):
+                self.deliver(port, rank, ERROR, exc)
 
-    async def _fail_pending_after_exit(self, conn: Connection, pending: dict[int, int],
+    async def _fail_pending_after_exit(self, conn: Connection, pending: dict[int, Any],
                                        exited: ThreadFuture[int]) -> None:
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(exited)), 0.5)
@@ -395,6 +442,16 @@ class Runtime:
         elif t is StopProc:
             assert isinstance(msg, StopProc)
             self.spawn_task(self._stop_proc(conn, msg))
+        elif t is SeqSkip:
+            assert isinstance(msg, SeqSkip)
+            actor = self.actors.get(msg.actor)
+            if actor is not None:
+                actor.skip(conn.peer or "", msg.seq)
+        else:
+            handler = self.extensions.get(t)
+            if handler is None:
+                raise ProtocolError(f"no handler for message {t.__name__} from {conn.peer}")
+            handler(self, conn, msg, parts)
 
     def reply_error(self, conn: Connection, port: int, rank: int, info: ErrorInfo) -> None:
         if port:
@@ -425,7 +482,10 @@ class Runtime:
                   args: msgspec.Raw, pickled: bool, parts: Sequence[Buffer]) -> None:
         """Send one call to ``actor`` at ``addr``; its reply (if ``reply``) comes to that port."""
         conn = self.connection(addr)
-        if not conn.send(Call(actor, method, reply, args, pickled), parts):
+        key = (addr, actor)
+        seq = self.seqs.get(key, 0) + 1
+        self.seqs[key] = seq
+        if not conn.send(Call(actor, method, reply, args, pickled, seq), parts):
             if reply:
                 self.deliver(reply, rank, ERROR, self.peer_lost_error(addr, conn.close_reason))
             return

@@ -79,6 +79,9 @@ class Call(msgspec.Struct, tag=16, array_like=True, frozen=True):
     reply: int
     args: msgspec.Raw
     pickled: bool = False
+    #: Per (sender, actor) sequence number from 1; the actor handles a sender's messages
+    #: in this order even when some took another path (a cast tree). 0: unordered.
+    seq: int = 0
 
 
 class Result(msgspec.Struct, tag=17, array_like=True, frozen=True):
@@ -124,7 +127,52 @@ class StopProc(msgspec.Struct, tag=20, array_like=True, frozen=True):
     reply: int
 
 
-Message: TypeAlias = Call | Result | Spawn | StopActor | StopProc
+#: ``Cast.mode`` values: how results travel back.
+CAST_NONE, CAST_GATHER, CAST_REDUCE = 0, 1, 2
+
+
+class Cast(msgspec.Struct, tag=21, array_like=True, frozen=True):
+    """Call ``method`` on actor ``actor`` at every target, down a fan-out tree of procs.
+
+    The receiving proc holds ``targets[0]``; it forwards the rest, split into at most
+    ``fanout`` subtrees, to the first proc of each. ``targets`` are ``(rank, addr, seq)``.
+    Results go to port ``reply`` at ``reply_to`` (``""``: back over the arriving
+    connection), gathered or reduced on the way up the tree.
+    ``args`` and the frame's parts are as in :class:`Call`.
+    """
+
+    actor: str
+    method: str
+    targets: list[tuple[int, str, int]]
+    reply: int
+    reply_to: str
+    sender: str
+    mode: int
+    fanout: int
+    args: msgspec.Raw
+    pickled: bool = False
+    #: For CAST_REDUCE: ``(identity, combine)``, encoded like ``args``.
+    reducer: msgspec.Raw = msgspec.Raw(b"\xc0")
+    reducer_pickled: bool = False
+
+
+class Gathered(msgspec.Struct, tag=22, array_like=True, frozen=True):
+    """Results of a subtree for port ``port``: ``(rank, status, value, pickled, nparts)``
+    each, their out-of-band parts following in the frame in the same order."""
+
+    port: int
+    entries: list[tuple[int, int, msgspec.Raw, bool, int]]
+
+
+class SeqSkip(msgspec.Struct, tag=23, array_like=True, frozen=True):
+    """Sequence number ``seq`` from this sender to ``actor`` will never arrive (it was
+    lost with a failed cast subtree): do not wait for it."""
+
+    actor: str
+    seq: int
+
+
+Message: TypeAlias = Call | Result | Spawn | StopActor | StopProc | Cast | Gathered | SeqSkip
 
 
 class ErrorInfo(msgspec.Struct, array_like=True, frozen=True):

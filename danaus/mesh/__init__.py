@@ -1,8 +1,8 @@
 """Meshes: hosts, procs and actors laid out as named multi-dimensional meshes."""
 
-from ._actor_mesh import ActorEndpoint, ActorMesh
+from ._actor_mesh import Accumulator, ActorEndpoint, ActorMesh
 from ._proc_mesh import HostMesh, ProcMesh, this_host
 from ._shape import Shape
 from ._value_mesh import ValueMesh
 
-__all__ = ["ActorEndpoint", "ActorMesh", "HostMesh", "ProcMesh", "Shape", "ValueMesh", "this_host"]
+__all__ = ["Accumulator", "ActorEndpoint", "ActorMesh", "HostMesh", "ProcMesh", "Shape", "ValueMesh", "this_host"]

@@ -4,46 +4,59 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import msgspec
+
 from ..actors._actor import Actor, describe_endpoints, endpoints_of
 from ..actors._future import Future
-from ..actors._runtime import Runtime, current_runtime, run_on
+from ..actors._runtime import JOB_ID, Runtime, current_runtime, run_on
 from ..actors._serialize import dumps, dumps_args
-from ..actors._wire import ERROR, Spawn
+from ..actors._wire import CAST_GATHER, CAST_NONE, CAST_REDUCE, ERROR, Spawn
+from ..config import config
 from ..errors import EndpointNotFoundError
+from ._cast import send_cast
 from ._shape import Selector, Shape
 from ._value_mesh import ValueMesh
 
 if TYPE_CHECKING:
     from ._proc_mesh import ProcMesh
 
-__all__ = ["ActorEndpoint", "ActorMesh"]
+__all__ = ["Accumulator", "ActorEndpoint", "ActorMesh"]
 
 A = TypeVar("A", bound=Actor)
 _spawn_ids = itertools.count()
+
+
+def _resolved() -> ThreadFuture[None]:
+    f: ThreadFuture[None] = ThreadFuture()
+    f.set_result(None)
+    return f
 
 
 class ActorMesh(Generic[A]):
     """One actor of class ``A`` in each proc of a proc mesh.
 
     ``mesh.method`` is an :class:`ActorEndpoint` with the adverbs ``call``,
-    ``call_one``, ``choose``, ``stream`` and ``broadcast``.
+    ``call_one``, ``choose``, ``stream`` and ``broadcast``. A mesh is a reference: pass
+    it (or a slice of it) to another actor, and that actor can call it too.
     """
 
-    def __init__(self, procs: ProcMesh, name: str, cls: type[A], shape: Shape,
-                 initialized: ThreadFuture[None], spawn_rt: Runtime) -> None:
-        self._procs = procs
+    def __init__(self, name: str, wire: str, cls: type[A], shape: Shape,
+                 addrs: dict[int, str], initialized: ThreadFuture[None],
+                 spawn_rt: Runtime | None, procs: ProcMesh | None) -> None:
         self._name = name
+        self._wire = wire  # unique per spawn: the actor's key in its procs
         self._cls = cls
         self._shape = shape
+        self._addrs = addrs  # global rank -> proc address
         self._init = initialized
         self._spawn_rt = spawn_rt
-        self._rr = 0
-        procs_ = procs._procs
-        self._targets_list = [(g, procs_[g].addr) for g in shape.global_ranks()]
+        self._procs = procs
+        self._targets_list = [(g, addrs[g]) for g in shape.global_ranks()]
+        self._inflight: dict[int, int] = {}
 
     @classmethod
     def _spawn(cls, procs: ProcMesh, name: str, actor_cls: type[A], args: tuple[Any, ...],
@@ -53,7 +66,7 @@ class ActorMesh(Generic[A]):
         rt = current_runtime()
         init: ThreadFuture[None] = ThreadFuture()
         handles = procs._handles()
-        shape = procs.shape
+        wire = f"{name}.{JOB_ID}.{next(_spawn_ids)}"
         errors: list[BaseException] = []
         left = [len(handles)]
 
@@ -72,17 +85,21 @@ class ActorMesh(Generic[A]):
         def send() -> None:
             port = rt.open_port(on_reply)
             sizes = procs._root.sizes
-            mesh_name = f"{procs.name}"
             for h in handles:
                 conn = rt.connection(h.addr)
-                msg = Spawn(name, port, mesh_name, h.rank, sizes, raw, pickled)
+                msg = Spawn(wire, port, procs.name, h.rank, sizes, raw, pickled)
                 if conn.send(msg, parts):
                     conn.pending[port] = h.rank
                 else:
                     rt.deliver(port, h.rank, ERROR, rt.peer_lost_error(h.addr, conn.close_reason))
 
         run_on(rt, send)
-        return cls(procs, name, actor_cls, shape, init, rt)
+        addrs = {h.rank: h.addr for h in procs._procs}
+        return cls(name, wire, actor_cls, procs.shape, addrs, init, rt, procs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        addrs = {g: self._addrs[g] for g, _ in self._targets_list}
+        return (_rebuild, (self._name, self._wire, self._cls, self._shape, addrs))
 
     def __repr__(self) -> str:
         return f"ActorMesh({self._name}: {self._cls.__name__}, {self._shape.sizes})"
@@ -112,10 +129,25 @@ class ActorMesh(Generic[A]):
     def __len__(self) -> int:
         return len(self._shape)
 
+    def _with_shape(self, shape: Shape) -> ActorMesh[A]:
+        return ActorMesh(self._name, self._wire, self._cls, shape, self._addrs, self._init,
+                         self._spawn_rt, self._procs)
+
     def slice(self, **dims: Selector) -> ActorMesh[A]:
         """The actors at the selected ranks (an int drops a dim, a ``slice`` keeps it)."""
-        return ActorMesh(self._procs, self._name, self._cls, self._shape.slice(**dims),
-                         self._init, self._spawn_rt)
+        return self._with_shape(self._shape.slice(**dims))
+
+    def split(self, dim: str, into: dict[str, int]) -> ActorMesh[A]:
+        """Split ``dim`` into several dims whose sizes multiply to its size."""
+        return self._with_shape(self._shape.split(dim, into))
+
+    def flatten(self, name: str) -> ActorMesh[A]:
+        """All dims as one named dim."""
+        return self._with_shape(self._shape.flatten(name))
+
+    def rename(self, **renames: str) -> ActorMesh[A]:
+        """Rename dims: ``mesh.rename(procs="gpus")``."""
+        return self._with_shape(self._shape.rename(**renames))
 
     @property
     def initialized(self) -> Future[None]:
@@ -138,8 +170,17 @@ class ActorMesh(Generic[A]):
         self._init.add_done_callback(done)
         return fut
 
+    def __await__(self) -> Any:
+        """``await procs.spawn(...)`` waits for every ``__init__`` and gives the mesh."""
+        yield from self.initialized.__await__()
+        return self
+
     def _targets(self) -> list[tuple[int, str]]:
         return self._targets_list
+
+
+def _rebuild(name: str, wire: str, cls: type[Any], shape: Shape, addrs: dict[int, str]) -> ActorMesh[Any]:
+    return ActorMesh(name, wire, cls, shape, addrs, _resolved(), None, None)
 
 
 class ActorEndpoint(Generic[A]):
@@ -159,20 +200,33 @@ class ActorEndpoint(Generic[A]):
         return f"arguments of {self._mesh._cls.__name__}.{self._name}"
 
     def _send(self, rt: Runtime, targets: list[tuple[int, str]], port: int,
-              enc: tuple[Any, bool, list[Any]]) -> None:
+              enc: tuple[Any, bool, list[Any]], mode: int = CAST_GATHER,
+              reducer: tuple[msgspec.Raw, bool] | None = None) -> None:
         mesh = self._mesh
         raw, pickled, parts = enc
-        actor = mesh._name
+        actor = mesh._wire
         method = self._name
         ready = rt is mesh._spawn_rt or mesh._init.done()
         if ready and len(targets) == 1 and rt.on_loop():
             rank, addr = targets[0]
             rt.send_call(addr, actor, method, port, rank, raw, pickled, parts)
             return
+        fanout = config.cast_fanout
 
         def go() -> None:
-            for rank, addr in targets:
-                rt.send_call(addr, actor, method, port, rank, raw, pickled, parts)
+            if fanout and len(targets) > fanout:
+                seqs = rt.seqs
+                tree = []
+                for rank, addr in targets:
+                    key = (addr, actor)
+                    seq = seqs.get(key, 0) + 1
+                    seqs[key] = seq
+                    tree.append((rank, addr, seq))
+                send_cast(rt, actor, method, tree, port, mode if port else CAST_NONE, fanout,
+                          raw, pickled, parts, reducer)
+            else:
+                for rank, addr in targets:
+                    rt.send_call(addr, actor, method, port, rank, raw, pickled, parts)
 
         if ready:
             run_on(rt, go)
@@ -181,13 +235,13 @@ class ActorEndpoint(Generic[A]):
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call the one actor of this mesh; ``ValueError`` if it holds more or fewer."""
-        n = len(self._mesh._targets_list)
-        if n != 1:
+        targets = self._mesh._targets_list
+        if len(targets) != 1:
             raise ValueError(
-                f"call_one needs a mesh of exactly one actor, {self._mesh!r} has {n}: "
+                f"call_one needs a mesh of exactly one actor, {self._mesh!r} has {len(targets)}: "
                 "use call(), or slice the mesh first"
             )
-        return self._call_single(self._mesh._targets(), args, kwargs)
+        return self._call_single(targets, args, kwargs)
 
     def _call_single(self, targets: list[tuple[int, str]], args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> Future[Any]:
@@ -198,34 +252,56 @@ class ActorEndpoint(Generic[A]):
         return fut
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
-        """Call one actor of the mesh, chosen round robin, and return its result."""
-        targets = self._mesh._targets()
-        i = self._mesh._rr % len(targets)
-        self._mesh._rr += 1
-        return self._call_single([targets[i]], args, kwargs)
+        """Call one actor of the mesh and return its result.
+
+        The actor with the fewest calls from this caller still in flight through
+        ``choose`` is picked; ties go round robin.
+        """
+        mesh = self._mesh
+        targets = mesh._targets_list
+        inflight = mesh._inflight
+        start = getattr(mesh, "_rr", 0)
+        mesh._rr = start + 1  # type: ignore[attr-defined]
+        n = len(targets)
+        best = min(range(n), key=lambda i: (inflight.get(targets[(start + i) % n][0], 0), i))
+        target = targets[(start + best) % n]
+        rank = target[0]
+        inflight[rank] = inflight.get(rank, 0) + 1
+        fut = self._call_single([target], args, kwargs)
+
+        def done(_: Any) -> None:
+            inflight[rank] -= 1
+
+        fut.add_done_callback(done)
+        return fut
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[Any]]:
         """Call every actor; the result is a :class:`ValueMesh` of their return values.
 
-        Raises (when awaited) the first ``ActorError`` or ``SupervisionError`` that comes back.
+        Raises (when awaited) the first ``ActorError`` or ``SupervisionError`` that comes
+        back, once every actor has answered.
         """
         enc = self._encode(args, kwargs)
         rt = current_runtime()
         fut: Future[ValueMesh[Any]] = Future(loop=rt.loop)
         shape = self._mesh._shape
-        targets = self._mesh._targets()
+        targets = self._mesh._targets_list
         index = {g: i for i, (g, _) in enumerate(targets)}
         values: list[Any] = [None] * len(targets)
         left = [len(targets)]
+        error: list[BaseException] = []
 
         def on_reply(rank: int, status: int, value: Any) -> bool:
             left[0] -= 1
             if status == ERROR:
-                if not fut.done():
-                    fut.set_exception(value)
+                if not error:
+                    error.append(value)
             else:
                 values[index[rank]] = value
-                if left[0] == 0 and not fut.done():
+            if left[0] == 0 and not fut.done():
+                if error:
+                    fut.set_exception(error[0])
+                else:
                     fut.set_result(ValueMesh(shape, values))
             return left[0] == 0
 
@@ -235,16 +311,65 @@ class ActorEndpoint(Generic[A]):
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every actor and do not wait (fire and forget)."""
         enc = self._encode(args, kwargs)
-        self._send(current_runtime(), self._mesh._targets(), 0, enc)
+        self._send(current_runtime(), self._mesh._targets_list, 0, enc, CAST_NONE)
 
     def stream(self, *args: Any, **kwargs: Any) -> _Stream:
         """Call every actor; iterate the results in arrival order (async or sync ``for``)."""
         enc = self._encode(args, kwargs)
         rt = current_runtime()
-        targets = self._mesh._targets()
+        targets = self._mesh._targets_list
         s = _Stream(rt, len(targets))
         self._send(rt, targets, rt.open_port(s._on_reply), enc)
         return s
+
+
+class Accumulator(Generic[A]):
+    """Reduce an endpoint's results over a mesh: ``Accumulator(mesh.value, 0, operator.add)``.
+
+    Results are combined on the way up the casting tree (so ``combine`` must be
+    associative), and the caller gets ``combine(identity, reduced)``.
+    """
+
+    def __init__(self, endpoint: ActorEndpoint[A], identity: Any,
+                 combine: Callable[[Any, Any], Any]) -> None:
+        self._endpoint = endpoint
+        self._identity = identity
+        self._combine = combine
+
+    def accumulate(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        ep = self._endpoint
+        enc = ep._encode(args, kwargs)
+        rt = current_runtime()
+        fut: Future[Any] = Future(loop=rt.loop)
+        targets = ep._mesh._targets_list
+        acc = [self._identity]
+        left = [len(targets)]
+        combine = self._combine
+
+        def on_reply(rank: int, status: int, value: Any) -> bool:
+            left[0] -= 1
+            if fut.done():
+                return left[0] <= 0
+            if status == ERROR:
+                fut.set_exception(value)
+            else:
+                try:
+                    acc[0] = combine(acc[0], value)
+                except Exception as e:
+                    fut.set_exception(e)
+            if left[0] <= 0 and not fut.done():
+                fut.set_result(acc[0])
+            return left[0] <= 0
+
+        reducer = dumps((self._identity, combine), lambda: "the accumulator's combine function")
+        port = rt.open_port(on_reply)
+        if config.cast_fanout and len(targets) > config.cast_fanout:
+            # Each top-level subtree answers once, with its reduced value.
+            from ._cast import split
+
+            left[0] = len(split(targets, config.cast_fanout))  # type: ignore[arg-type]
+        ep._send(rt, targets, port, enc, CAST_REDUCE, (reducer[0], reducer[1]))
+        return fut
 
 
 class _Stream:
@@ -292,4 +417,3 @@ class _Stream:
     def __iter__(self) -> Iterator[Any]:
         for _ in range(self._n):
             yield self._next().get()
-

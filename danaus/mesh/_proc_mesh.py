@@ -104,7 +104,20 @@ class ProcMesh:
         return len(self._shape)
 
     def slice(self, **dims: Selector) -> ProcMesh:
+        """The procs at the selected ranks (an int drops a dim, a ``slice`` keeps it)."""
         return ProcMesh(self._shape.slice(**dims), self._procs, self.name, self._root)
+
+    def split(self, dim: str, into: Mapping[str, int]) -> ProcMesh:
+        """Split ``dim`` into several dims whose sizes multiply to its size."""
+        return ProcMesh(self._shape.split(dim, into), self._procs, self.name, self._root)
+
+    def flatten(self, name: str) -> ProcMesh:
+        """All dims as one named dim."""
+        return ProcMesh(self._shape.flatten(name), self._procs, self.name, self._root)
+
+    def rename(self, **renames: str) -> ProcMesh:
+        """Rename dims: ``procs.rename(procs="gpus")``."""
+        return ProcMesh(self._shape.rename(**renames), self._procs, self.name, self._root)
 
     def _handles(self) -> list[ProcHandle]:
         return [self._procs[g] for g in self._shape.global_ranks()]

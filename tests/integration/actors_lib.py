@@ -104,3 +104,23 @@ class BadInit(Actor):
     @endpoint
     def ping(self) -> str:
         return "pong"
+
+
+class Caller(Actor):
+    """Calls other meshes it was handed (actor-to-actor)."""
+
+    @endpoint
+    async def call_mesh(self, mesh: Any, value: int) -> list[int]:
+        return (await mesh.incr.call(value)).values()
+
+    @endpoint
+    async def call_each(self, mesh: Any) -> list[int]:
+        return [await mesh.slice(procs=i).get.call_one() for i in range(len(mesh))]
+
+    @endpoint
+    async def sum_values(self, mesh: Any) -> int:
+        import operator
+
+        from danaus import Accumulator
+
+        return await Accumulator(mesh.get, 0, operator.add).accumulate()

@@ -1,0 +1,270 @@
+"""Casting down a fan-out tree of procs, and gathering (or reducing) on the way back up.
+
+A call on a mesh of N actors costs the sender at most ``fanout`` sends: each proc that
+receives a :class:`Cast` handles its own actor and forwards the rest of its subtree,
+split into at most ``fanout`` parts. Replies come back up the same tree: each proc sends
+its parent one :class:`Gathered` with its whole subtree's results (or, for an
+``Accumulator``, one reduced value), never decoding user values on the way unless it
+has to reduce them. Per-sender order is kept by sequence numbers (see ``ActorInstance``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from ..actors._connection import Connection
+from ..actors._runtime import (
+    Runtime,
+    encode_error,
+    error_from_info,
+    info_from_error,
+    register_extension,
+)
+from ..actors._serialize import dumps, loads
+from ..actors._wire import (
+    CAST_NONE,
+    CAST_REDUCE,
+    ERROR,
+    OK,
+    Call,
+    Cast,
+    ErrorInfo,
+    Gathered,
+    Result,
+    SeqSkip,
+)
+from ..errors import SerializationError
+
+log = logging.getLogger("danaus.cast")
+
+Target = tuple[int, str, int]  # (rank, proc address, sequence number)
+_error_decode = msgspec.msgpack.Decoder(ErrorInfo).decode
+
+
+def split(targets: Sequence[Target], fanout: int) -> list[list[Target]]:
+    """Cut ``targets`` into at most ``fanout`` contiguous, near-equal subtrees."""
+    n = len(targets)
+    k = min(fanout, n)
+    out = []
+    start = 0
+    for i in range(k):
+        size = n // k + (1 if i < n % k else 0)
+        out.append(list(targets[start:start + size]))
+        start += size
+    return out
+
+
+def send_cast(rt: Runtime, actor: str, method: str, targets: list[Target], port: int,
+              mode: int, fanout: int, args: msgspec.Raw, pickled: bool, parts: Sequence[Any],
+              reducer: tuple[msgspec.Raw, bool] | None = None) -> None:
+    """From the sender: start a cast over ``targets`` (results to local ``port``)."""
+    red_raw, red_pickled = reducer or (msgspec.Raw(b"\xc0"), False)
+    for chunk in split(targets, fanout):
+        head = chunk[0][1]
+        conn = rt.connection(head)
+        msg = Cast(actor, method, chunk, port, "", rt.addr, mode, fanout, args, pickled,
+                   red_raw, red_pickled)
+        if not conn.send(msg, parts):
+            exc = rt.peer_lost_error(head, conn.close_reason)
+            for rank, _, _ in chunk:
+                rt.deliver(port, rank, ERROR, exc)
+            _skip_lost(rt, actor, rt.addr, chunk)
+        elif port:
+            conn.pending[port] = [rank for rank, _, _ in chunk]
+
+
+def _skip_lost(rt: Runtime, actor: str, sender: str, chunk: list[Target]) -> None:
+    """Tell the actors of a subtree whose cast was lost not to wait for its sequence number."""
+    if sender != rt.addr:
+        return  # only the original sender may skip its own sequence numbers
+    for _, addr, seq in chunk:
+        if seq:
+            rt.connection(addr).send(SeqSkip(actor, seq))
+
+
+class _Reply:
+    """Stands in for a connection: catches the local actor's reply to a cast."""
+
+    def __init__(self, node: _Node, peer: str) -> None:
+        self.node = node
+        self.peer = peer
+
+    def send(self, msg: Result, parts: Sequence[Any] = ()) -> bool:
+        self.node.add(msg.rank, msg.status, msg.value, msg.pickled, list(parts))
+        return True
+
+
+class _Node:
+    """One proc's part of a cast: its own actor's result plus its subtrees'."""
+
+    def __init__(self, rt: Runtime, conn: Connection, msg: Cast, expected: int) -> None:
+        self.rt = rt
+        self.conn = conn
+        self.msg = msg
+        self.left = expected
+        self.entries: list[tuple[int, int, msgspec.Raw, bool, int]] = []
+        self.parts: list[Any] = []
+        self.acc: Any = _NOTHING
+        self.error: tuple[int, msgspec.Raw] | None = None
+        self._combine: Any = None
+
+    def add(self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Any]) -> None:
+        if self.msg.mode == CAST_REDUCE:
+            self._reduce(rank, status, value, pickled, parts)
+        else:
+            self.entries.append((rank, status, value, pickled, len(parts)))
+            self.parts.extend(parts)
+        self.left -= 1
+        if self.left == 0:
+            self._finish()
+
+    def add_gathered(self, msg: Gathered, parts: list[Any]) -> None:
+        i = 0
+        for rank, status, value, pickled, n in msg.entries:
+            if self.msg.mode == CAST_REDUCE:
+                self._reduce(rank, status, value, pickled, parts[i:i + n])
+            else:
+                self.entries.append((rank, status, value, pickled, n))
+                self.parts.extend(parts[i:i + n])
+            i += n
+        self.left -= 1
+        if self.left == 0:
+            self._finish()
+
+    def add_failure(self, rank: int, exc: BaseException) -> None:
+        """One rank of a lost subtree (its connection dropped): record its error."""
+        raw = encode_error(info_from_error(exc))
+        if self.msg.mode == CAST_REDUCE:
+            if self.error is None:
+                self.error = (rank, raw)
+        else:
+            self.entries.append((rank, ERROR, raw, False, 0))
+
+    def subtree_lost(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self._finish()
+
+    def _reduce(self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Any]) -> None:
+        if self.error is not None:
+            return
+        if status == ERROR:
+            self.error = (rank, value)
+            return
+        try:
+            v = loads(value, pickled, parts, lambda: f"result of {self.msg.method} at rank {rank}")
+            if self.acc is _NOTHING:
+                self.acc = v
+            else:
+                if self._combine is None:
+                    _, self._combine = loads(self.msg.reducer, self.msg.reducer_pickled, [],
+                                             lambda: "the accumulator's combine function")
+                self.acc = self._combine(self.acc, v)
+        except Exception as e:
+            self.error = (rank, encode_error(info_from_error(e)))
+
+    def _finish(self) -> None:
+        msg = self.msg
+        if msg.mode == CAST_REDUCE:
+            if self.error is not None:
+                rank, raw = self.error
+                entries = [(rank, ERROR, raw, False, 0)]
+                parts: list[Any] = []
+            else:
+                try:
+                    raw, pickled, parts = dumps(self.acc, lambda: f"reduced result of {msg.method}")
+                    entries = [(msg.targets[0][0], OK, raw, pickled, len(parts))]
+                except SerializationError as e:
+                    entries = [(msg.targets[0][0], ERROR, encode_error(info_from_error(e)), False, 0)]
+                    parts = []
+        else:
+            entries, parts = self.entries, self.parts
+        out = Gathered(msg.reply, entries)
+        if msg.reply_to:
+            self.rt.connection(msg.reply_to).send(out, parts)
+        else:
+            self.conn.send(out, parts)
+
+
+_NOTHING = object()
+
+
+def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Any]) -> None:
+    """In a proc: handle our own target of ``msg`` and forward the rest down the tree."""
+    rank, _, seq = msg.targets[0]
+    subtrees = split(msg.targets[1:], msg.fanout)
+    node: _Node | None = None
+    if msg.mode != CAST_NONE and msg.reply:
+        node = _Node(rt, conn, msg, 1 + len(subtrees))
+    for chunk in subtrees:
+        head = chunk[0][1]
+        child = rt.connection(head)
+        child_port = 0
+        if node is not None:
+            child_port = rt.open_port(_SubtreeLoss(node, len(chunk)))
+            rt.gathers[child_port] = node
+        fwd = Cast(msg.actor, msg.method, chunk, child_port, rt.addr if child_port else "",
+                   msg.sender, msg.mode if child_port else CAST_NONE, msg.fanout, msg.args,
+                   msg.pickled, msg.reducer, msg.reducer_pickled)
+        if not child.send(fwd, parts):
+            exc = rt.peer_lost_error(head, child.close_reason)
+            for r, _, _ in chunk:
+                rt.deliver(child_port, r, ERROR, exc)
+        elif child_port:
+            child.pending[child_port] = [r for r, _, _ in chunk]
+    actor = rt.actors.get(msg.actor)
+    reply_to: Any = _Reply(node, msg.sender) if node is not None else conn
+    call = Call(msg.actor, msg.method, 1 if node is not None else 0, msg.args, msg.pickled, seq)
+    if actor is None:
+        info = ErrorInfo("supervision", msg.actor, "", "SupervisionError",
+                         f"no actor named {msg.actor!r} in proc {rt.addr}", "")
+        if node is not None:
+            node.add(rank, ERROR, encode_error(info), False, [])
+        return
+    actor.deliver(reply_to, call, parts, msg.sender)
+
+
+class _SubtreeLoss:
+    """Port handler at a tree node for one subtree: called per rank if its connection drops
+    (its results, when they come, arrive as one Gathered, handled by handle_gathered)."""
+
+    def __init__(self, node: _Node, ranks: int) -> None:
+        self.node = node
+        self.ranks = ranks
+
+    def __call__(self, rank: int, status: int, value: Any) -> bool:
+        self.node.add_failure(rank, value)
+        self.ranks -= 1
+        if self.ranks == 0:
+            self.node.subtree_lost()
+            return True
+        return False
+
+
+def handle_gathered(rt: Runtime, conn: Connection, msg: Gathered, parts: list[Any]) -> None:
+    """Results of a subtree: into a tree node's gather, or the sender's port."""
+    conn.pending.pop(msg.port, None)
+    node = rt.gathers.pop(msg.port, None)
+    if node is not None:
+        rt.close_port(msg.port)
+        node.add_gathered(msg, parts)
+        return
+    i = 0
+    for rank, status, raw, pickled, n in msg.entries:
+        try:
+            if status == OK:
+                value = loads(raw, pickled, parts[i:i + n], lambda: "a reply")
+            else:
+                value = error_from_info(_error_decode(raw))
+        except (SerializationError, msgspec.DecodeError) as e:
+            status, value = ERROR, SerializationError(str(e))
+        i += n
+        rt.deliver(msg.port, rank, status, value)
+
+
+register_extension(Cast, handle_cast)
+register_extension(Gathered, handle_gathered)
