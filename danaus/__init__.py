@@ -25,7 +25,16 @@ from .errors import (
     SerializationError,
     SupervisionError,
 )
-from .mesh import Accumulator, ActorMesh, HostMesh, ProcMesh, Shape, ValueMesh, this_host
+from .mesh import (
+    Accumulator,
+    ActorMesh,
+    HostMesh,
+    ProcMesh,
+    Shape,
+    ValueMesh,
+    attach_to_hosts,
+    this_host,
+)
 
 __all__ = [
     "Accumulator",
@@ -50,6 +59,7 @@ __all__ = [
     "Shape",
     "SupervisionError",
     "ValueMesh",
+    "attach_to_hosts",
     "config",
     "context",
     "current_rank",

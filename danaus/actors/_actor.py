@@ -9,7 +9,7 @@ import functools
 import inspect
 import logging
 import traceback
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import msgspec
@@ -196,18 +196,13 @@ class ActorInstance:
             return
         try:
             if ep.is_async:
-                # Run the coroutine eagerly: most finish without suspending, and then
-                # need no Task. One that suspends continues in a Task.
+                # A Task per call, in the actor's context (so asyncio.timeout,
+                # current_task and TaskGroup work); the actor is busy until it is done.
                 coro: Any = ep.fn(self.obj, *args, **kwargs)
-                try:
-                    first = self.cv.run(coro.send, None)
-                except StopIteration as stop:
-                    result = stop.value
-                else:
-                    self.busy = True
-                    self.task = self.rt.loop.create_task(
-                        self._resume(conn, msg, coro, first), context=self.cv)
-                    return
+                self.busy = True
+                self.task = task = self.rt.loop.create_task(coro, context=self.cv)
+                task.add_done_callback(functools.partial(self._async_done, conn, msg))
+                return
             else:
                 result = self.cv.run(ep.fn, self.obj, *args, **kwargs)
         except Exception as e:
@@ -216,25 +211,18 @@ class ActorInstance:
         if msg.reply:
             self._reply(conn, msg, result)
 
-    async def _resume(self, conn: Connection, msg: Call, coro: Any, first: Any) -> None:
-        try:
-            result = await _Continue(coro, first)
-        except asyncio.CancelledError:
-            if self.stopped:
-                self._reply_error(conn, msg, ErrorInfo(
-                    "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
-                    f"actor {self.ctx.actor_id} was stopped while handling {msg.method}", ""))
-            raise
-        except Exception as e:
-            self._reply_error(conn, msg, _info(e, self))
-        else:
-            if msg.reply:
-                self._reply(conn, msg, result)
-        finally:
-            self.busy = False
-            self.task = None
-        # Not from inside this task: it runs in the actor's context, which _run enters.
-        self.rt.loop.call_soon(self._drain)
+    def _async_done(self, conn: Connection, msg: Call, task: asyncio.Task[Any]) -> None:
+        self.busy = False
+        self.task = None
+        if task.cancelled():
+            self._reply_error(conn, msg, ErrorInfo(
+                "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
+                f"actor {self.ctx.actor_id} was stopped while handling {msg.method}", ""))
+        elif (exc := task.exception()) is not None:
+            self._reply_error(conn, msg, _info(exc, self))
+        elif msg.reply:
+            self._reply(conn, msg, task.result())
+        self._drain()
 
     def _reply(self, conn: Connection, msg: Call, result: Any) -> None:
         try:
@@ -254,10 +242,7 @@ class ActorInstance:
         self.stopped = True
         if self.task is not None:
             self.task.cancel()
-            try:
-                await self.task
-            except BaseException:
-                pass
+            await asyncio.wait([self.task])  # its outcome is replied by _async_done
         while self.queue:
             conn, msg, _ = self.queue.popleft()
             self._reply_error(conn, msg, ErrorInfo(
@@ -288,36 +273,6 @@ class _Describe:
 
     def __call__(self) -> str:
         return f"{self.what} of {type(self.actor.obj).__name__}.{self.msg.method}"
-
-
-class _Continue:
-    """Drives a coroutine that was started eagerly, from inside a Task."""
-
-    __slots__ = ("coro", "first")
-
-    def __init__(self, coro: Any, first: Any) -> None:
-        self.coro = coro
-        self.first = first
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, value = self.coro, self.first
-        self.first = None
-        while True:
-            try:
-                sent = yield value
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as e:
-                try:
-                    value = coro.throw(e)
-                except StopIteration as stop:
-                    return stop.value
-            else:
-                try:
-                    value = coro.send(sent)
-                except StopIteration as stop:
-                    return stop.value
 
 
 def _info(e: BaseException, actor: ActorInstance, include_tb: bool = True) -> ErrorInfo:

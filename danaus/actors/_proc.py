@@ -28,11 +28,14 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-async def _main(addr: str, parent: str, key: bytes) -> None:
+async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> None:
+    import socket
+
     from ._runtime import Runtime, install_runtime
 
     loop = asyncio.get_running_loop()
-    rt = Runtime(loop, addr=addr, key=key)
+    sock = socket.socket(fileno=listen_fd) if listen_fd is not None else None
+    rt = Runtime(loop, addr=addr, key=key, sock=sock)
     install_runtime(rt)
     rt.connection(parent)  # dialing the spawner tells it we are up
     stdin_closed = loop.create_future()
@@ -61,6 +64,8 @@ def main() -> None:
     parser.add_argument("--addr", required=True)
     parser.add_argument("--parent", required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--listen-fd", type=int, default=None,
+                        help="an inherited socket, already bound to --addr and listening")
     ns = parser.parse_args()
     _die_with_parent(ns.parent_pid)
     line = sys.stdin.buffer.readline()
@@ -75,7 +80,7 @@ def main() -> None:
     del config
     loop = new_event_loop()
     try:
-        loop.run_until_complete(_main(ns.addr, ns.parent, key))
+        loop.run_until_complete(_main(ns.addr, ns.parent, key, ns.listen_fd))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

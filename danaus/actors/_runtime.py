@@ -154,7 +154,7 @@ class Runtime:
     """Connections, ports and actors of one event loop. Use :func:`current_runtime`."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, addr: str | None = None,
-                 key: bytes | None = None) -> None:
+                 key: bytes | None = None, sock: socket.socket | None = None) -> None:
         self.loop = loop
         self.key = key if key is not None else _auth.job_key()
         self.addr = addr or f"unix:@danaus-{JOB_ID}-c{os.getpid()}-{next(_counter)}"
@@ -176,7 +176,12 @@ class Runtime:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._all_conns: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
-        self._sock = self._bind(self.addr)
+        self._sock = sock if sock is not None else self._bind(self.addr)
+        self._sock.setblocking(False)
+        if self.addr.startswith("tcp://") and self.addr.endswith(":0"):
+            host, port = self._sock.getsockname()[:2]  # port 0: the kernel picked one
+            self.addr = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        self.on_lost: list[Callable[[str], None]] = []
         self.spawn_task(self._serve())
 
     def __repr__(self) -> str:
@@ -324,6 +329,8 @@ class Runtime:
                 # A peer that went away (or could not be reached) stays gone: addresses
                 # are never reused, so later sends fail at once instead of redialing.
                 self.lost[conn.peer] = conn.close_reason
+                for callback in self.on_lost:
+                    callback(conn.peer)
         if conn.pending:
             pending, conn.pending = conn.pending, {}
             exited = peer_exited.get(conn.peer or "")

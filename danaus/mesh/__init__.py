@@ -1,8 +1,18 @@
 """Meshes: hosts, procs and actors laid out as named multi-dimensional meshes."""
 
 from ._actor_mesh import Accumulator, ActorEndpoint, ActorMesh
-from ._proc_mesh import HostMesh, ProcMesh, this_host
+from ._proc_mesh import HostMesh, ProcMesh, attach_to_hosts, this_host
 from ._shape import Shape
 from ._value_mesh import ValueMesh
 
-__all__ = ["Accumulator", "ActorEndpoint", "ActorMesh", "HostMesh", "ProcMesh", "Shape", "ValueMesh", "this_host"]
+__all__ = [
+    "Accumulator",
+    "ActorEndpoint",
+    "ActorMesh",
+    "HostMesh",
+    "ProcMesh",
+    "Shape",
+    "ValueMesh",
+    "attach_to_hosts",
+    "this_host",
+]

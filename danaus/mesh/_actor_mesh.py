@@ -16,7 +16,7 @@ from ..actors._runtime import JOB_ID, Runtime, current_runtime, run_on
 from ..actors._serialize import dumps, dumps_args
 from ..actors._wire import CAST_GATHER, CAST_NONE, CAST_REDUCE, ERROR, Spawn
 from ..config import config
-from ..errors import EndpointNotFoundError
+from ..errors import EndpointNotFoundError, SerializationError, SupervisionError
 from ._cast import send_cast
 from ._shape import Selector, Shape
 from ._value_mesh import ValueMesh
@@ -45,18 +45,36 @@ class ActorMesh(Generic[A]):
     """
 
     def __init__(self, name: str, wire: str, cls: type[A], shape: Shape,
-                 addrs: dict[int, str], initialized: ThreadFuture[None],
-                 spawn_rt: Runtime | None, procs: ProcMesh | None) -> None:
+                 addrs: dict[int, str] | None, initialized: ThreadFuture[None],
+                 spawn_rt: Runtime | None, procs: ProcMesh | None,
+                 sent: ThreadFuture[None] | None = None) -> None:
         self._name = name
         self._wire = wire  # unique per spawn: the actor's key in its procs
         self._cls = cls
         self._shape = shape
-        self._addrs = addrs  # global rank -> proc address
-        self._init = initialized
+        self._addrs = addrs  # global rank -> proc address (None: ask the procs, later)
+        self._init = initialized  # every __init__ ran
+        self._sent = sent or initialized  # the Spawn messages are on their way
         self._spawn_rt = spawn_rt
         self._procs = procs
-        self._targets_list = [(g, addrs[g]) for g in shape.global_ranks()]
+        self._ranks = shape.global_ranks()
+        self._tl: list[tuple[int, str]] | None = None
         self._inflight: dict[int, int] = {}
+        self._rr = 0
+
+    @property
+    def _targets_list(self) -> list[tuple[int, str]]:
+        """(global rank, proc address) of each actor; only once the procs are started."""
+        if self._tl is None:
+            self._tl = [(g, self._addr_of(g)) for g in self._ranks]
+        return self._tl
+
+    def _addr_of(self, rank: int) -> str:
+        if self._addrs is not None:
+            return self._addrs[rank]
+        assert self._procs is not None
+        addr: str | None = self._procs._procs[rank].addr
+        return addr or ""  # "": the proc never started (its host agent failed)
 
     @classmethod
     def _spawn(cls, procs: ProcMesh, name: str, actor_cls: type[A], args: tuple[Any, ...],
@@ -65,6 +83,7 @@ class ActorMesh(Generic[A]):
                                     lambda: f"actor class {actor_cls.__name__} and its arguments")
         rt = current_runtime()
         init: ThreadFuture[None] = ThreadFuture()
+        sent: ThreadFuture[None] = ThreadFuture()
         handles = procs._handles()
         wire = f"{name}.{JOB_ID}.{next(_spawn_ids)}"
         errors: list[BaseException] = []
@@ -86,19 +105,27 @@ class ActorMesh(Generic[A]):
             port = rt.open_port(on_reply)
             sizes = procs._root.sizes
             for h in handles:
+                if h.addr is None:  # the proc never started
+                    rt.deliver(port, h.rank, ERROR, SupervisionError(f"proc {h} did not start"))
+                    continue
                 conn = rt.connection(h.addr)
                 msg = Spawn(wire, port, procs.name, h.rank, sizes, raw, pickled)
                 if conn.send(msg, parts):
                     conn.pending[port] = h.rank
                 else:
                     rt.deliver(port, h.rank, ERROR, rt.peer_lost_error(h.addr, conn.close_reason))
+            sent.set_result(None)
 
-        run_on(rt, send)
-        addrs = {h.rank: h.addr for h in procs._procs}
-        return cls(name, wire, actor_cls, procs.shape, addrs, init, rt, procs)
+        # Remote procs learn their addresses from their host agent: spawn once they have.
+        procs._started.add_done_callback(lambda _: run_on(rt, send))
+        return cls(name, wire, actor_cls, procs.shape, None, init, rt, procs, sent)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        addrs = {g: self._addrs[g] for g, _ in self._targets_list}
+        if not self._sent.done():
+            raise SerializationError(
+                f"{self!r} cannot be passed on before its procs have started: "
+                "`await mesh.initialized` first")
+        addrs = dict(self._targets_list)
         return (_rebuild, (self._name, self._wire, self._cls, self._shape, addrs))
 
     def __repr__(self) -> str:
@@ -131,7 +158,7 @@ class ActorMesh(Generic[A]):
 
     def _with_shape(self, shape: Shape) -> ActorMesh[A]:
         return ActorMesh(self._name, self._wire, self._cls, shape, self._addrs, self._init,
-                         self._spawn_rt, self._procs)
+                         self._spawn_rt, self._procs, self._sent)
 
     def slice(self, **dims: Selector) -> ActorMesh[A]:
         """The actors at the selected ranks (an int drops a dim, a ``slice`` keeps it)."""
@@ -183,6 +210,11 @@ def _rebuild(name: str, wire: str, cls: type[Any], shape: Shape, addrs: dict[int
     return ActorMesh(name, wire, cls, shape, addrs, _resolved(), None, None)
 
 
+def mesh_ref(name: str, cls: type[A], shape: Shape, addrs: dict[int, str]) -> ActorMesh[A]:
+    """A reference to actors that exist already under the wire name ``name`` (host agents)."""
+    return ActorMesh(name, name, cls, shape, addrs, _resolved(), None, None)
+
+
 class ActorEndpoint(Generic[A]):
     """An endpoint of every actor in a mesh, with Monarch's adverbs."""
 
@@ -199,21 +231,31 @@ class ActorEndpoint(Generic[A]):
     def _describe_args(self) -> str:
         return f"arguments of {self._mesh._cls.__name__}.{self._name}"
 
-    def _send(self, rt: Runtime, targets: list[tuple[int, str]], port: int,
+    def _send(self, rt: Runtime, ranks: list[int], port: int,
               enc: tuple[Any, bool, list[Any]], mode: int = CAST_GATHER,
               reducer: tuple[msgspec.Raw, bool] | None = None) -> None:
         mesh = self._mesh
         raw, pickled, parts = enc
         actor = mesh._wire
         method = self._name
-        ready = rt is mesh._spawn_rt or mesh._init.done()
-        if ready and len(targets) == 1 and rt.on_loop():
-            rank, addr = targets[0]
-            rt.send_call(addr, actor, method, port, rank, raw, pickled, parts)
+        # After our own Spawn went out, the connection keeps our calls behind it; from
+        # another runtime (another loop or proc), wait until the actors exist.
+        gate = mesh._sent if rt is mesh._spawn_rt else mesh._init
+        ready = gate.done()
+        if ready and len(ranks) == 1 and rt.on_loop() and (addr := mesh._addr_of(ranks[0])):
+            rt.send_call(addr, actor, method, port, ranks[0], raw, pickled, parts)
             return
         fanout = config.cast_fanout
 
         def go() -> None:
+            targets = []
+            for r in ranks:
+                a = mesh._addr_of(r)
+                if a:
+                    targets.append((r, a))
+                elif port:
+                    rt.deliver(port, r, ERROR, SupervisionError(
+                        f"the proc of rank {r} of {mesh!r} never started"))
             if fanout and len(targets) > fanout:
                 seqs = rt.seqs
                 tree = []
@@ -230,25 +272,25 @@ class ActorEndpoint(Generic[A]):
 
         if ready:
             run_on(rt, go)
-        else:  # spawned from another loop: wait for the spawn before the first message
-            mesh._init.add_done_callback(lambda _: run_on(rt, go))
+        else:
+            gate.add_done_callback(lambda _: run_on(rt, go))
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call the one actor of this mesh; ``ValueError`` if it holds more or fewer."""
-        targets = self._mesh._targets_list
-        if len(targets) != 1:
+        ranks = self._mesh._ranks
+        if len(ranks) != 1:
             raise ValueError(
-                f"call_one needs a mesh of exactly one actor, {self._mesh!r} has {len(targets)}: "
+                f"call_one needs a mesh of exactly one actor, {self._mesh!r} has {len(ranks)}: "
                 "use call(), or slice the mesh first"
             )
-        return self._call_single(targets, args, kwargs)
+        return self._call_single(ranks, args, kwargs)
 
-    def _call_single(self, targets: list[tuple[int, str]], args: tuple[Any, ...],
+    def _call_single(self, ranks: list[int], args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> Future[Any]:
         enc = self._encode(args, kwargs)
         rt = current_runtime()
         fut: Future[Any] = Future(loop=rt.loop)
-        self._send(rt, targets, rt.open_future_port(fut), enc)
+        self._send(rt, ranks, rt.open_future_port(fut), enc)
         return fut
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
@@ -258,16 +300,15 @@ class ActorEndpoint(Generic[A]):
         ``choose`` is picked; ties go round robin.
         """
         mesh = self._mesh
-        targets = mesh._targets_list
+        ranks = mesh._ranks
         inflight = mesh._inflight
-        start = getattr(mesh, "_rr", 0)
-        mesh._rr = start + 1  # type: ignore[attr-defined]
-        n = len(targets)
-        best = min(range(n), key=lambda i: (inflight.get(targets[(start + i) % n][0], 0), i))
-        target = targets[(start + best) % n]
-        rank = target[0]
+        start = mesh._rr
+        mesh._rr = start + 1
+        n = len(ranks)
+        best = min(range(n), key=lambda i: (inflight.get(ranks[(start + i) % n], 0), i))
+        rank = ranks[(start + best) % n]
         inflight[rank] = inflight.get(rank, 0) + 1
-        fut = self._call_single([target], args, kwargs)
+        fut = self._call_single([rank], args, kwargs)
 
         def done(_: Any) -> None:
             inflight[rank] -= 1
@@ -285,10 +326,10 @@ class ActorEndpoint(Generic[A]):
         rt = current_runtime()
         fut: Future[ValueMesh[Any]] = Future(loop=rt.loop)
         shape = self._mesh._shape
-        targets = self._mesh._targets_list
-        index = {g: i for i, (g, _) in enumerate(targets)}
-        values: list[Any] = [None] * len(targets)
-        left = [len(targets)]
+        ranks = self._mesh._ranks
+        index = {g: i for i, g in enumerate(ranks)}
+        values: list[Any] = [None] * len(ranks)
+        left = [len(ranks)]
         error: list[BaseException] = []
 
         def on_reply(rank: int, status: int, value: Any) -> bool:
@@ -305,21 +346,21 @@ class ActorEndpoint(Generic[A]):
                     fut.set_result(ValueMesh(shape, values))
             return left[0] == 0
 
-        self._send(rt, targets, rt.open_port(on_reply), enc)
+        self._send(rt, ranks, rt.open_port(on_reply), enc)
         return fut
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every actor and do not wait (fire and forget)."""
         enc = self._encode(args, kwargs)
-        self._send(current_runtime(), self._mesh._targets_list, 0, enc, CAST_NONE)
+        self._send(current_runtime(), self._mesh._ranks, 0, enc, CAST_NONE)
 
     def stream(self, *args: Any, **kwargs: Any) -> _Stream:
         """Call every actor; iterate the results in arrival order (async or sync ``for``)."""
         enc = self._encode(args, kwargs)
         rt = current_runtime()
-        targets = self._mesh._targets_list
-        s = _Stream(rt, len(targets))
-        self._send(rt, targets, rt.open_port(s._on_reply), enc)
+        ranks = self._mesh._ranks
+        s = _Stream(rt, len(ranks))
+        self._send(rt, ranks, rt.open_port(s._on_reply), enc)
         return s
 
 
@@ -341,9 +382,9 @@ class Accumulator(Generic[A]):
         enc = ep._encode(args, kwargs)
         rt = current_runtime()
         fut: Future[Any] = Future(loop=rt.loop)
-        targets = ep._mesh._targets_list
+        ranks = ep._mesh._ranks
         acc = [self._identity]
-        left = [len(targets)]
+        left = [len(ranks)]
         combine = self._combine
 
         def on_reply(rank: int, status: int, value: Any) -> bool:
@@ -363,12 +404,10 @@ class Accumulator(Generic[A]):
 
         reducer = dumps((self._identity, combine), lambda: "the accumulator's combine function")
         port = rt.open_port(on_reply)
-        if config.cast_fanout and len(targets) > config.cast_fanout:
+        if config.cast_fanout and len(ranks) > config.cast_fanout:
             # Each top-level subtree answers once, with its reduced value.
-            from ._cast import split
-
-            left[0] = len(split(targets, config.cast_fanout))  # type: ignore[arg-type]
-        ep._send(rt, targets, port, enc, CAST_REDUCE, (reducer[0], reducer[1]))
+            left[0] = min(config.cast_fanout, len(ranks))
+        ep._send(rt, ranks, port, enc, CAST_REDUCE, (reducer[0], reducer[1]))
         return fut
 
 

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future as ThreadFuture
 from typing import Any, TypeVar
 
 from ..actors._actor import Actor
 from ..actors._future import Future
 from ..actors._runtime import JOB_ID, current_runtime, run_on
 from ..config import config
-from ..errors import ClosedError
-from ._procs import ProcHandle, start_proc, wait_exited
+from ..errors import ClosedError, SupervisionError
+from ._host_agent import AGENT, HostAgent
+from ._procs import ProcHandle, RemoteProcHandle, start_proc, wait_exited
 from ._shape import Selector, Shape
 
-__all__ = ["HostMesh", "ProcMesh", "this_host", "this_proc"]
+__all__ = ["HostMesh", "ProcMesh", "attach_to_hosts", "this_host"]
 
 log = logging.getLogger("danaus.mesh")
 A = TypeVar("A", bound=Actor)
@@ -24,18 +27,39 @@ _names = itertools.count()
 
 
 class HostMesh:
-    """A set of hosts that can start procs. ``this_host()`` is the local one."""
+    """A set of hosts that can start procs.
 
-    def __init__(self, shape: Shape, name: str = "local") -> None:
+    ``this_host()`` is the controller's own host (a mesh with no dims);
+    ``attach_to_hosts([...])`` gives a mesh with dim ``hosts`` of hosts that each run
+    a host agent.
+    """
+
+    def __init__(self, shape: Shape, name: str = "local", agents: ActorMesh[Any] | None = None) -> None:
         self._shape = shape
         self.name = name
+        self._agents = agents
 
     def __repr__(self) -> str:
         return f"HostMesh({self.name}, {self._shape.sizes})"
 
     @property
+    def shape(self) -> Shape:
+        return self._shape
+
+    @property
     def sizes(self) -> dict[str, int]:
         return self._shape.sizes
+
+    def __len__(self) -> int:
+        return len(self._shape)
+
+    def slice(self, **dims: Selector) -> HostMesh:
+        """The hosts at the selected ranks."""
+        shape = self._shape.slice(**dims)
+        agents = self._agents
+        if agents is not None:
+            agents = agents._with_shape(shape)
+        return HostMesh(shape, self.name, agents)
 
     def spawn_procs(self, per_host: Mapping[str, int] | None = None, *, name: str = "procs",
                     env: Mapping[str, str] | None = None) -> ProcMesh:
@@ -55,13 +79,71 @@ class HostMesh:
                 raise ValueError(f"per_host[{dim!r}] must be a positive int, got {size!r}")
             if dim in self._shape.sizes:
                 raise ValueError(f"dim {dim!r} is already a dim of the host mesh")
-        sizes = {**self._shape.sizes, **per_host}
-        shape = Shape.from_sizes(sizes)
+        host_sizes = self._shape.sizes
+        shape = Shape.from_sizes({**host_sizes, **per_host})
         rt = current_runtime()
         uid = f"{name}{next(_names)}"
-        handles = [start_proc(rt, f"unix:@danaus-{JOB_ID}-{uid}-{r}", r, dict(env or {}))
-                   for r in range(len(shape))]
-        return ProcMesh(shape, handles, name)
+        env = dict(env or {})
+        if self._agents is None:
+            handles: list[Any] = [start_proc(rt, f"unix:@danaus-{JOB_ID}-{uid}-{r}", r, env)
+                                  for r in range(len(shape))]
+            return ProcMesh(shape, handles, name, started=_resolved())
+        return self._spawn_remote(rt, shape, name, env)
+
+    def _spawn_remote(self, rt: Any, shape: Shape, name: str, env: dict[str, str]) -> ProcMesh:
+        agents = self._agents
+        assert agents is not None
+        per = len(shape) // len(self._shape)
+        started: ThreadFuture[None] = ThreadFuture()
+        handles: list[Any] = []
+        by_host: list[tuple[str, list[RemoteProcHandle]]] = []
+        for h, (_, agent_addr) in enumerate(agents._targets_list):
+            group = [RemoteProcHandle(h * per + i, agent_addr) for i in range(per)]
+            handles.extend(group)
+            by_host.append((agent_addr, group))
+        left = [len(by_host)]
+
+        def on_host(i: int, fut: Any) -> None:
+            _, group = by_host[i]
+            exc = fut.exception()
+            if exc is None:
+                for handle, (addr, pid) in zip(group, fut.result(), strict=True):
+                    handle.started(addr, pid)
+            else:
+                for handle in group:
+                    handle.failed(SupervisionError(f"host agent {by_host[i][0]} could not start "
+                                                   f"procs: {exc}"))
+            left[0] -= 1
+            if left[0] == 0:
+                started.set_result(None)
+
+        for i, (agent_addr, group) in enumerate(by_host):
+            one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: agent_addr})
+            fut = one.spawn_procs.call_one(rt.addr, [g.rank for g in group], env)
+            fut.add_done_callback(functools.partial(on_host, i))
+        return ProcMesh(shape, handles, name, started=started)
+
+
+def attach_to_hosts(addrs: Sequence[str], *, key_file: str | None = None) -> HostMesh:
+    """A mesh of the hosts whose host agents listen at ``addrs`` (``tcp://host:port``).
+
+    Every connection authenticates with the job key, which must be the agents' key:
+    set ``DANAUS_AUTH_KEY`` (hex) in the controller's environment, or pass ``key_file``
+    (a file holding the key as hex, as ``danaus new-key`` writes it).
+    """
+    from ._host_agent import agent_addrs, read_key_file, use_key
+
+    addrs = agent_addrs(addrs)
+    if not addrs:
+        raise ValueError("attach_to_hosts needs at least one host agent address")
+    if key_file is not None:
+        use_key(read_key_file(key_file))
+    elif not config.auth_key:
+        raise ValueError("attach_to_hosts needs the agents' key: set DANAUS_AUTH_KEY (hex) "
+                         "or pass key_file=")
+    shape = Shape.from_sizes({"hosts": len(addrs)})
+    agents = mesh_ref(AGENT, HostAgent, shape, dict(enumerate(addrs)))
+    return HostMesh(shape, "hosts", agents)
 
 
 def this_host() -> HostMesh:
@@ -76,12 +158,14 @@ class ProcMesh:
     with your program; they are killed when the controller exits in any case.
     """
 
-    def __init__(self, shape: Shape, procs: list[ProcHandle], name: str,
-                 root: ProcMesh | None = None) -> None:
+    def __init__(self, shape: Shape, procs: list[Any], name: str,
+                 root: ProcMesh | None = None, started: ThreadFuture[None] | None = None) -> None:
         self._shape = shape
-        self._procs = procs  # indexed by global rank
+        self._procs = procs  # ProcHandle / RemoteProcHandle, indexed by global rank
         self.name = name
         self._root = root or self
+        self._started: ThreadFuture[None] = (
+            started if started is not None else self._root._started)
         self._stopped = False
 
     def __repr__(self) -> str:
@@ -103,29 +187,54 @@ class ProcMesh:
     def __len__(self) -> int:
         return len(self._shape)
 
+    def _with_shape(self, shape: Shape) -> ProcMesh:
+        return ProcMesh(shape, self._procs, self.name, self._root)
+
     def slice(self, **dims: Selector) -> ProcMesh:
         """The procs at the selected ranks (an int drops a dim, a ``slice`` keeps it)."""
-        return ProcMesh(self._shape.slice(**dims), self._procs, self.name, self._root)
+        return self._with_shape(self._shape.slice(**dims))
 
     def split(self, dim: str, into: Mapping[str, int]) -> ProcMesh:
         """Split ``dim`` into several dims whose sizes multiply to its size."""
-        return ProcMesh(self._shape.split(dim, into), self._procs, self.name, self._root)
+        return self._with_shape(self._shape.split(dim, into))
 
     def flatten(self, name: str) -> ProcMesh:
         """All dims as one named dim."""
-        return ProcMesh(self._shape.flatten(name), self._procs, self.name, self._root)
+        return self._with_shape(self._shape.flatten(name))
 
     def rename(self, **renames: str) -> ProcMesh:
         """Rename dims: ``procs.rename(procs="gpus")``."""
-        return ProcMesh(self._shape.rename(**renames), self._procs, self.name, self._root)
+        return self._with_shape(self._shape.rename(**renames))
 
-    def _handles(self) -> list[ProcHandle]:
+    def _handles(self) -> list[Any]:
         return [self._procs[g] for g in self._shape.global_ranks()]
 
     @property
+    def initialized(self) -> Future[None]:
+        """Resolves once every proc is up (raises ``SupervisionError`` if one failed)."""
+        rt = current_runtime()
+        fut: Future[None] = Future(loop=rt.loop)
+        handles = self._handles()
+
+        def check() -> None:
+            if fut.done():
+                return
+            for h in handles:
+                if not h.ready.done():
+                    h.ready.add_done_callback(lambda _: run_on(rt, check))
+                    return
+                if h.ready.exception() is not None:
+                    fut.set_exception(h.ready.exception())
+                    return
+            fut.set_result(None)
+
+        self._started.add_done_callback(lambda _: run_on(rt, check))
+        return fut
+
+    @property
     def pids(self) -> list[int]:
-        """OS process ids of the procs, in rank order."""
-        return [h.popen.pid for h in self._handles()]
+        """Process ids of the procs, in rank order (each on its own host; -1 if not started)."""
+        return [h.pid for h in self._handles()]
 
     # actors
     def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
@@ -165,9 +274,13 @@ class ProcMesh:
 
         self._stopped = True
         rt = current_runtime()
+        local = [h for h in self._procs if isinstance(h, ProcHandle)]
+        remote = [h for h in self._procs if isinstance(h, RemoteProcHandle)]
+        if remote:
+            await self._stop_remote(remote)
         waits = []
-        for h in self._procs:
-            if h.popen.poll() is not None:
+        for h in local:
+            if not h.is_alive():
                 pass
             elif h.ready.done() and h.ready.exception() is None:
                 rt.connection(h.addr).send(StopProc(0))
@@ -175,11 +288,30 @@ class ProcMesh:
                 h.kill()  # never came up: nothing to stop cleanly
             waits.append(wait_exited(h, config.stop_timeout))
         exited = await asyncio.gather(*waits)
-        for h, ok in zip(self._procs, exited, strict=True):
+        for h, ok in zip(local, exited, strict=True):
             if not ok:
                 log.warning("proc %s did not stop within %s s; killing it", h.addr, config.stop_timeout)
                 h.kill()
-        await asyncio.gather(*(wait_exited(h, config.stop_timeout) for h in self._procs))
+        await asyncio.gather(*(wait_exited(h, config.stop_timeout) for h in local))
+
+    async def _stop_remote(self, handles: list[RemoteProcHandle]) -> None:
+        """Ask each host agent to stop (and reap) its procs of this mesh."""
+        await asyncio.wrap_future(self._started)
+        by_agent: dict[str, list[str]] = {}
+        for h in handles:
+            if h.addr is not None:
+                by_agent.setdefault(h.agent, []).append(h.addr)
+        calls = []
+        for agent_addr, addrs in by_agent.items():
+            one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: agent_addr})
+            calls.append(one.stop_procs.call_one(addrs))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for agent_addr, r in zip(by_agent, results, strict=True):
+            if isinstance(r, BaseException):
+                log.warning("host agent %s could not stop its procs: %s", agent_addr, r)
+        for h in handles:
+            if not h.exited.done():
+                h.exited.set_result(0)
 
     async def __aenter__(self) -> ProcMesh:
         return self
@@ -194,9 +326,10 @@ class ProcMesh:
         self.stop().get()
 
 
-def this_proc() -> ProcMesh:
-    """Not supported yet: actors live in procs started with ``spawn_procs``."""
-    raise NotImplementedError("this_proc() is not available yet; use this_host().spawn_procs()")
+def _resolved() -> ThreadFuture[None]:
+    f: ThreadFuture[None] = ThreadFuture()
+    f.set_result(None)
+    return f
 
 
-from ._actor_mesh import ActorMesh  # noqa: E402
+from ._actor_mesh import ActorMesh, mesh_ref  # noqa: E402

@@ -12,6 +12,7 @@ import atexit
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -51,6 +52,13 @@ class ProcHandle:
         return f"<ProcHandle {self.addr} pid={self.popen.pid} {self.state}>"
 
     @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    @property
     def state(self) -> str:
         if self.exited.done():
             return describe_exit(self.exited.result())
@@ -68,10 +76,77 @@ class ProcHandle:
                 pass
 
 
+class RemoteProcHandle:
+    """A proc that a host agent started on another host for us.
+
+    Its address is known once the agent answers; the agent reaps it.
+    """
+
+    def __init__(self, rank: int, agent: str) -> None:
+        self.addr: str | None = None
+        self.rank = rank
+        self.agent = agent
+        self._pid = -1
+        self.ready: ThreadFuture[None] = ThreadFuture()
+        self.exited: ThreadFuture[int] = ThreadFuture()
+
+    def __repr__(self) -> str:
+        return f"<RemoteProcHandle rank={self.rank} {self.addr or 'starting'} via {self.agent}>"
+
+    @property
+    def pid(self) -> int:
+        """The proc's pid on its host (-1 until it started)."""
+        return self._pid
+
+    def started(self, addr: str, pid: int) -> None:
+        self.addr = addr
+        self._pid = pid
+        if not self.ready.done():
+            self.ready.set_result(None)
+
+    def failed(self, exc: BaseException) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(exc)
+        if not self.exited.done():
+            self.exited.set_result(-1)
+
+    def is_alive(self) -> bool:
+        return not self.exited.done()
+
+    @property
+    def state(self) -> str:
+        if self.exited.done():
+            return "stopped"
+        return "running" if self.ready.done() else "starting"
+
+    def exit_reason(self) -> str | None:
+        return None
+
+    def kill(self) -> None:
+        """Killing a remote proc goes through its agent: see ``ProcMesh.stop``."""
+
+
 def start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None = None) -> ProcHandle:
-    """Start one proc that will listen on ``addr`` and dial ``rt`` when it is up."""
+    """Start one proc that will listen on ``addr`` and dial ``rt`` when it is up.
+
+    ``tcp://HOST:0`` picks a free port: the socket is bound here and handed to the proc,
+    so the address is known at once and no other process can take the port meanwhile.
+    """
+    sock = None
+    pass_fds: tuple[int, ...] = ()
+    extra: list[str] = []
+    if addr.startswith("tcp://") and addr.endswith(":0"):
+        host = addr[len("tcp://"):].rpartition(":")[0].strip("[]")
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        sock.listen(512)
+        port = sock.getsockname()[1]
+        addr = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        pass_fds = (sock.fileno(),)
+        extra = ["--listen-fd", str(sock.fileno())]
     cmd = [sys.executable, "-m", "danaus.actors._proc", "--addr", addr,
-           "--parent", rt.addr, "--parent-pid", str(os.getpid())]
+           "--parent", rt.addr, "--parent-pid", str(os.getpid()), *extra]
     proc_env = dict(os.environ)
     # The procs import what the controller can: classes pickled by reference resolve.
     paths = [os.path.abspath(p or os.getcwd()) for p in sys.path]
@@ -79,7 +154,12 @@ def start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None = N
     if env:
         proc_env.update(env)
     proc_ready[addr] = ThreadFuture()
-    popen = subprocess.Popen(cmd, stdin=subprocess.PIPE, env=proc_env, close_fds=True)
+    try:
+        popen = subprocess.Popen(cmd, stdin=subprocess.PIPE, env=proc_env, close_fds=True,
+                                 pass_fds=pass_fds)
+    finally:
+        if sock is not None:
+            sock.close()  # the proc holds its own copy
     assert popen.stdin is not None
     popen.stdin.write(rt.key.hex().encode() + b"\n")
     popen.stdin.flush()

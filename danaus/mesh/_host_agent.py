@@ -1,0 +1,186 @@
+"""Multi-host: a host agent on each host starts procs there for a controller.
+
+Run ``danaus host-agent --listen tcp://ADDR:PORT`` on every host (with the same
+``DANAUS_AUTH_KEY`` or ``--key-file`` as the controller); the controller calls
+``attach_to_hosts(["tcp://h1:26600", ...])`` and gets a ``HostMesh`` with dim ``hosts``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Sequence
+from concurrent.futures import Future as ThreadFuture
+from typing import Any
+
+from ..actors._actor import Actor, ActorInstance, endpoint
+from ..actors._auth import set_job_key
+from ..actors._context import ActorContext
+from ..actors._point import Point
+from ..actors._runtime import Runtime, all_runtimes, install_runtime, new_event_loop, parse_addr
+from ..config import config
+from ..errors import ClosedError
+from ._procs import ProcHandle, start_proc, wait_exited
+
+log = logging.getLogger("danaus.host_agent")
+
+#: The wire name of the agent actor in its process.
+AGENT = "host_agent"
+
+
+class HostAgent(Actor):
+    """Starts and stops procs on its host for the controllers that attach to it.
+
+    Procs started for a controller are killed when that controller's connection is lost,
+    so none outlives it.
+    """
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.procs: dict[str, ProcHandle] = {}  # by address
+        self.owners: dict[str, set[str]] = {}  # controller address -> proc addresses
+        self._watching = False
+
+    def _owner_lost(self, owner: str) -> None:
+        for addr in self.owners.pop(owner, set()):
+            h = self.procs.pop(addr, None)
+            if h is not None:
+                log.warning("controller %s is gone: killing its proc %s", owner, addr)
+                h.kill()
+
+    @endpoint
+    async def spawn_procs(self, owner: str, ranks: list[int], env: dict[str, str]) -> list[tuple[str, int]]:
+        """Start one proc per rank; return ``(address, pid)`` of each once all are up."""
+        from ..actors._runtime import current_runtime
+
+        rt = current_runtime()
+        if not self._watching:
+            rt.on_lost.append(self._owner_lost)
+            self._watching = True
+        handles = [start_proc(rt, f"tcp://{self.host}:0", r, env) for r in ranks]
+        for h in handles:
+            self.procs[h.addr] = h
+            self.owners.setdefault(owner, set()).add(h.addr)
+        try:
+            async with asyncio.timeout(config.proc_start_timeout):
+                await asyncio.gather(*(asyncio.wrap_future(h.ready) for h in handles))
+        except BaseException:
+            for h in handles:
+                h.kill()
+            raise
+        return [(h.addr, h.pid) for h in handles]
+
+    @endpoint
+    async def stop_procs(self, addrs: list[str]) -> None:
+        """Stop these procs (a clean stop, then a kill after ``stop_timeout``) and reap them."""
+        from ..actors._runtime import current_runtime
+        from ..actors._wire import StopProc
+
+        rt = current_runtime()
+        handles = [self.procs.pop(a) for a in addrs if a in self.procs]
+        for h in handles:
+            if h.is_alive() and h.ready.done() and h.ready.exception() is None:
+                rt.connection(h.addr).send(StopProc(0))
+            else:
+                h.kill()
+        done = await asyncio.gather(*(wait_exited(h, config.stop_timeout) for h in handles))
+        for h, ok in zip(handles, done, strict=True):
+            if not ok:
+                h.kill()
+        await asyncio.gather(*(wait_exited(h, config.stop_timeout) for h in handles))
+        for owned in self.owners.values():
+            owned.difference_update(addrs)
+
+    @endpoint
+    def kill_proc(self, addr: str, sig: int = signal.SIGKILL) -> bool:
+        """Send ``sig`` to one of our procs (fault injection); False if it is not ours."""
+        h = self.procs.get(addr)
+        if h is None or not h.is_alive():
+            return False
+        os.kill(h.pid, sig)
+        return True
+
+    @endpoint
+    def info(self) -> dict[str, Any]:
+        return {"host": self.host, "pid": os.getpid(), "procs": len(self.procs)}
+
+
+def read_key_file(path: str) -> bytes:
+    """A key file holds the job key as hex (``danaus new-key > key``)."""
+    with open(path) as f:
+        text = f.read().strip()
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise ValueError(f"key file {path} must hold the key as hex (make one with `danaus new-key`)") from None
+
+
+async def serve(listen: str, key: bytes, ready: ThreadFuture[str] | None = None) -> None:
+    """Run a host agent on ``listen`` until SIGTERM/SIGINT."""
+    family, where = parse_addr(listen)
+    if family != "tcp":
+        raise ValueError(f"a host agent listens on tcp://ADDR:PORT, not {listen!r}")
+    loop = asyncio.get_running_loop()
+    set_job_key(key)
+    rt = Runtime(loop, addr=listen, key=key)
+    install_runtime(rt)
+    host = where[0]
+    agent = HostAgent(host)
+    ctx = ActorContext(f"{host}.{AGENT}", AGENT, Point({}, {}), rt.addr, agent)
+    rt.actors[AGENT] = ActorInstance(rt, AGENT, ctx, agent)
+    stop: asyncio.Future[None] = loop.create_future()
+
+    def on_signal() -> None:
+        if not stop.done():
+            stop.set_result(None)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    log.info("danaus host agent listening on %s (pid %d)", rt.addr, os.getpid())
+    print(f"danaus host agent listening on {rt.addr}", flush=True)
+    if ready is not None:
+        ready.set_result(rt.addr)
+    try:
+        await stop
+    finally:
+        for h in list(agent.procs.values()):
+            h.kill()
+        await rt.aclose()
+
+
+def main_host_agent(listen: str, key_file: str | None) -> None:
+    if key_file:
+        key = read_key_file(key_file)
+    elif config.auth_key:
+        key = bytes.fromhex(config.auth_key)
+    else:
+        raise SystemExit("danaus host-agent: set DANAUS_AUTH_KEY (hex) or pass --key-file; "
+                         "the controller must use the same key")
+    logging.basicConfig(level=os.environ.get("DANAUS_LOG_LEVEL", "WARNING"),
+                        format="[host-agent %(name)s] %(levelname)s %(message)s")
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(serve(listen, key))
+    finally:
+        loop.close()
+
+
+def use_key(key: bytes) -> None:
+    """Make ``key`` the job key of this controller (before any runtime exists)."""
+    if any(rt.key != key for rt in all_runtimes()):
+        raise ClosedError(
+            "a danaus runtime already runs with another key: give the key (DANAUS_AUTH_KEY or "
+            "key_file=) before spawning or attaching anything")
+    set_job_key(key)
+
+
+def agent_addrs(addrs: Sequence[str]) -> list[str]:
+    out = []
+    for a in addrs:
+        family, _ = parse_addr(a)
+        if family != "tcp":
+            raise ValueError(f"host agents are reached over tcp://ADDR:PORT, not {a!r}")
+        out.append(a)
+    return out

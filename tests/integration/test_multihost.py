@@ -1,0 +1,162 @@
+"""Multi-host for real on one machine: host agents on 127.0.0.2 and 127.0.0.3."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from danaus import SupervisionError, attach_to_hosts
+from danaus.actors import _auth
+from danaus.config import config
+
+from .actors_lib import Counter, Echo
+
+KEY = os.urandom(32).hex()
+
+
+def _agent_children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(d))
+    return out
+
+
+@pytest.fixture(scope="module")
+def agents() -> Iterator[list[tuple[str, subprocess.Popen[str]]]]:
+    env = dict(os.environ, DANAUS_AUTH_KEY=KEY, PYTHONPATH=os.getcwd())
+    procs = [subprocess.Popen([sys.executable, "-m", "danaus", "host-agent", "--listen",
+                               f"tcp://127.0.0.{i}:0"], stdout=subprocess.PIPE, text=True, env=env)
+             for i in (2, 3)]
+    out = []
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            line = p.stdout.readline()  # printed once it listens
+            assert "listening on tcp://" in line, line
+            out.append((line.split()[-1], p))
+        yield out
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=10)
+            if p.stdout is not None:
+                p.stdout.close()
+
+
+@pytest.fixture
+def keyed(agents: list[tuple[str, subprocess.Popen[str]]]) -> Iterator[list[str]]:
+    """Run the test's controller with the agents' key."""
+    old_cfg, old_key = config.auth_key, _auth._key
+    config.auth_key = KEY
+    _auth._key = bytes.fromhex(KEY)
+    yield [a for a, _ in agents]
+    config.auth_key, _auth._key = old_cfg, old_key
+
+
+async def test_procs_across_two_hosts_know_their_2d_rank(keyed: list[str]) -> None:
+    hosts = attach_to_hosts(keyed)
+    assert hosts.sizes == {"hosts": 2}
+    async with hosts.spawn_procs(per_host={"gpus": 2}) as procs:
+        assert procs.sizes == {"hosts": 2, "gpus": 2}
+        echo = procs.spawn("echo", Echo)
+        who = await asyncio.wait_for(echo.whoami.call(), 30)
+        assert who.item(hosts=0, gpus=1)["rank"] == "{'hosts': 0/2, 'gpus': 1/2}"
+        assert who.item(hosts=1, gpus=0)["rank"] == "{'hosts': 1/2, 'gpus': 0/2}"
+        pids = procs.pids
+        assert len(set(pids)) == 4 and all(p > 0 for p in pids)
+
+
+async def test_calls_slicing_and_tree_casting_across_hosts(keyed: list[str]) -> None:
+    old = config.cast_fanout
+    config.cast_fanout = 2
+    try:
+        async with attach_to_hosts(keyed).spawn_procs(per_host={"procs": 3}) as procs:
+            counters = procs.spawn("counter", Counter, 1)
+            assert (await asyncio.wait_for(counters.incr.call(1), 30)).values() == [2] * 6
+            assert await counters.slice(hosts=1, procs=2).get.call_one() == 2
+            second = counters.slice(hosts=1)
+            assert (await second.incr.call(10)).values() == [12] * 3
+            assert (await counters.get.call()).values() == [2, 2, 2, 12, 12, 12]
+    finally:
+        config.cast_fanout = old
+
+
+async def test_stop_leaves_no_procs_on_the_agents(keyed: list[str],
+                                                  agents: list[tuple[str, subprocess.Popen[str]]]) -> None:
+    procs = attach_to_hosts(keyed).spawn_procs(per_host={"procs": 2})
+    await asyncio.wait_for(procs.initialized, 30)
+    started = [pid for _, agent in agents for pid in _agent_children(agent.pid)]
+    assert set(procs.pids) <= set(started)
+    await asyncio.wait_for(procs.stop(), 30)
+    left = {pid for _, agent in agents for pid in _agent_children(agent.pid)}
+    assert not left & set(procs.pids)
+
+
+async def test_a_slice_of_hosts_spawns_only_there(keyed: list[str]) -> None:
+    async with attach_to_hosts(keyed).slice(hosts=slice(1, 2)).spawn_procs(per_host={"procs": 2}) as procs:
+        echo = procs.spawn("echo", Echo)
+        who = await asyncio.wait_for(echo.whoami.call(), 30)
+        assert [w["rank"] for w in who.values()] == ["{'hosts': 0/1, 'procs': 0/2}",
+                                                     "{'hosts': 0/1, 'procs': 1/2}"]
+
+
+def test_attach_without_a_key_is_a_clear_error(agents: list[tuple[str, subprocess.Popen[str]]]) -> None:
+    old = config.auth_key
+    config.auth_key = ""
+    try:
+        with pytest.raises(ValueError, match="DANAUS_AUTH_KEY"):
+            attach_to_hosts([a for a, _ in agents])
+    finally:
+        config.auth_key = old
+
+
+async def test_wrong_key_is_refused_by_the_agent(agents: list[tuple[str, subprocess.Popen[str]]]) -> None:
+    old_cfg, old_key = config.auth_key, _auth._key
+    config.auth_key = os.urandom(32).hex()
+    _auth._key = bytes.fromhex(config.auth_key)
+    try:
+        procs = attach_to_hosts([agents[0][0]]).spawn_procs(per_host={"procs": 1})
+        with pytest.raises(SupervisionError):
+            await asyncio.wait_for(procs.initialized, 30)
+    finally:
+        config.auth_key, _auth._key = old_cfg, old_key
+
+
+CONTROLLER = """
+import asyncio, os, sys
+from danaus import attach_to_hosts
+async def main():
+    procs = attach_to_hosts(sys.argv[1:]).spawn_procs(per_host={"procs": 2})
+    await procs.initialized
+    print(" ".join(map(str, procs.pids)), flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+def test_procs_on_agents_die_with_their_controller(agents: list[tuple[str, subprocess.Popen[str]]]) -> None:
+    from .test_robustness import _wait_gone
+
+    env = dict(os.environ, DANAUS_AUTH_KEY=KEY)
+    with subprocess.Popen([sys.executable, "-c", CONTROLLER, *[a for a, _ in agents]],
+                          stdout=subprocess.PIPE, text=True, env=env) as ctl:
+        assert ctl.stdout is not None
+        pids = [int(p) for p in ctl.stdout.readline().split()]
+        assert len(pids) == 4
+        ctl.kill()
+        ctl.wait(timeout=10)
+    assert _wait_gone(pids, timeout=10) == []
+    assert all(agent.poll() is None for _, agent in agents)  # the agents keep serving
