@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from . import bench_runtime
+from . import bench_mesh, bench_runtime
 
 
 def main() -> None:
     print("== actor runtime (issue 2) ==")
     bench_runtime.main()
+    print("\n== meshes (issue 3) ==")
+    bench_mesh.main()
 
 
 if __name__ == "__main__":

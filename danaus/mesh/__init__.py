@@ -3,6 +3,7 @@
 from ._actor_mesh import Accumulator, ActorEndpoint, ActorMesh
 from ._proc_mesh import HostMesh, ProcMesh, attach_to_hosts, this_host
 from ._shape import Shape
+from ._slurm import SlurmJob
 from ._value_mesh import ValueMesh
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "HostMesh",
     "ProcMesh",
     "Shape",
+    "SlurmJob",
     "ValueMesh",
     "attach_to_hosts",
     "this_host",
