@@ -6,7 +6,6 @@ between two processes) measured in the same run.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 

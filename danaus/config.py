@@ -44,6 +44,8 @@ class Config:
     socket_buffer_bytes: int = 4 << 20
     #: How long dialing a peer keeps retrying while it refuses (it may be starting) (s).
     connect_timeout: float = 30.0
+    #: How long a proc holds messages for an actor whose Spawn has not arrived yet (s).
+    spawn_wait: float = 30.0
     #: How long a spawned proc may take to come up before its spawn fails (s).
     proc_start_timeout: float = 60.0
     #: How long ``stop()`` waits for procs to exit before killing them (s).

@@ -335,6 +335,8 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> 
             info = ErrorInfo("actor", actor_id, str(point), info.exc_type, info.message, tb)
         rt.actors[msg.actor] = _FailedActor(rt, actor_id, msg.rank, info)  # type: ignore[assignment]
         conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
+        rt.release_actor(msg.actor)
         return
     rt.actors[msg.actor] = ActorInstance(rt, msg.actor, ctx_holder[0], obj)
     conn.send(Result(msg.reply, CLOSE, msgspec.Raw(b"\xc0"), False, msg.rank))
+    rt.release_actor(msg.actor)

@@ -166,6 +166,11 @@ class Runtime:
         self._port_ids = itertools.count(1)
         #: peers whose connection was lost, and why: sends to them fail at once
         self.lost: dict[str, BaseException | None] = {}
+        #: messages that arrived before their actor's Spawn, by actor; and actors whose
+        #: wait expired, or that were stopped (messages for those fail at once)
+        self.awaiting: dict[str, list[Callable[[], None]]] = {}
+        self.expired: set[str] = set()
+        self.gone_actors: set[str] = set()
         #: cast tree nodes in this proc waiting for a subtree, by port
         self.gathers: dict[int, Any] = {}
         #: next sequence number per (proc address, actor) we send to
@@ -432,10 +437,8 @@ class Runtime:
             actor = self.actors.get(msg.actor)  # type: ignore[union-attr]
             if actor is None:
                 assert isinstance(msg, Call)
-                self.reply_error(conn, msg.reply, -1, ErrorInfo(
-                    "supervision", msg.actor, "", "SupervisionError",
-                    f"no actor named {msg.actor!r} in proc {self.addr} "
-                    f"(it has: {sorted(self.actors) or 'none'})", ""))
+                if not self.await_actor(msg.actor, lambda: self.dispatch(conn, msg, parts)):
+                    self.reply_error(conn, msg.reply, -1, self.no_actor(msg.actor))
             else:
                 actor.deliver(conn, msg, parts)  # type: ignore[arg-type]
         elif t is Spawn:
@@ -460,6 +463,38 @@ class Runtime:
                 raise ProtocolError(f"no handler for message {t.__name__} from {conn.peer}")
             handler(self, conn, msg, parts)
 
+    def await_actor(self, actor: str, retry: Callable[[], None]) -> bool:
+        """Hold a message for ``actor`` until its Spawn arrives (it may have come another
+        way, e.g. down a cast tree, and overtaken the Spawn), at most ``spawn_wait`` s.
+
+        Returns False when there is nothing to wait for: fail the message now.
+        """
+        if "." not in actor or actor in self.gone_actors or actor in self.expired:
+            return False  # not a spawned actor's key ("name.job.n"), or known gone
+        waiting = self.awaiting.get(actor)
+        if waiting is None:
+            waiting = self.awaiting[actor] = []
+
+            def expire() -> None:
+                if actor in self.awaiting:
+                    self.expired.add(actor)
+                    self.release_actor(actor)
+
+            self.loop.call_later(config.spawn_wait, expire)
+        waiting.append(retry)
+        return True
+
+    def release_actor(self, actor: str) -> None:
+        """``actor`` exists now (or never will): redeliver what waited for it, in order."""
+        for retry in self.awaiting.pop(actor, []):
+            retry()
+
+    def no_actor(self, actor: str) -> ErrorInfo:
+        why = "it was stopped" if actor in self.gone_actors else (
+            f"it has: {sorted(self.actors) or 'none'}")
+        return ErrorInfo("supervision", actor, "", "SupervisionError",
+                         f"no actor named {actor!r} in proc {self.addr} ({why})", "")
+
     def reply_error(self, conn: Connection, port: int, rank: int, info: ErrorInfo) -> None:
         if port:
             conn.send(Result(port, ERROR, encode_error(info), False, rank))
@@ -468,6 +503,7 @@ class Runtime:
 
     async def _stop_actor(self, conn: Connection, msg: StopActor) -> None:
         actor = self.actors.pop(msg.actor, None)
+        self.gone_actors.add(msg.actor)
         if actor is not None:
             await actor.stop()
         if msg.reply:

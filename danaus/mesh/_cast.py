@@ -195,6 +195,9 @@ _NOTHING = object()
 
 def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Any]) -> None:
     """In a proc: handle our own target of ``msg`` and forward the rest down the tree."""
+    if msg.actor not in rt.actors and rt.await_actor(
+            msg.actor, lambda: handle_cast(rt, conn, msg, parts)):
+        return  # the cast overtook the actor's Spawn: handle it once the actor exists
     rank, _, seq = msg.targets[0]
     subtrees = split(msg.targets[1:], msg.fanout)
     node: _Node | None = None
@@ -220,10 +223,8 @@ def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Any]) -> N
     reply_to: Any = _Reply(node, msg.sender) if node is not None else conn
     call = Call(msg.actor, msg.method, 1 if node is not None else 0, msg.args, msg.pickled, seq)
     if actor is None:
-        info = ErrorInfo("supervision", msg.actor, "", "SupervisionError",
-                         f"no actor named {msg.actor!r} in proc {rt.addr}", "")
         if node is not None:
-            node.add(rank, ERROR, encode_error(info), False, [])
+            node.add(rank, ERROR, encode_error(rt.no_actor(msg.actor)), False, [])
         return
     actor.deliver(reply_to, call, parts, msg.sender)
 

@@ -246,6 +246,8 @@ class ProcMesh:
         """
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise TypeError(f"spawn needs a subclass of danaus.Actor, got {cls!r}")
+        if not name or "." in name or "[" in name:
+            raise ValueError(f"actor mesh name {name!r} must be non-empty, without '.' or '['")
         if self._root._stopped:
             raise ClosedError(f"{self!r} was stopped")
         from ._actor_mesh import ActorMesh
