@@ -46,6 +46,12 @@ class Config:
     connect_timeout: float = 30.0
     #: How long a proc holds messages for an actor whose Spawn has not arrived yet (s).
     spawn_wait: float = 30.0
+    #: A connection quiet this long gets a ping (s).
+    heartbeat_interval: float = 2.0
+    #: A peer that says nothing (not even a pong) this long is declared dead: its
+    #: connection closes and calls waiting on it fail (s). Must exceed the longest time
+    #: a sync endpoint blocks its proc's loop.
+    heartbeat_timeout: float = 30.0
     #: How long a spawned proc may take to come up before its spawn fails (s).
     proc_start_timeout: float = 60.0
     #: How long ``stop()`` waits for procs to exit before killing them (s).

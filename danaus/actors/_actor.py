@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 
 import msgspec
 
-from ..errors import SerializationError
+from ..errors import SerializationError, SupervisionError
 from ._context import ActorContext, Context, current
 from ._point import Point
 from ._serialize import dumps, loads
@@ -112,29 +112,39 @@ def describe_endpoints(cls: type) -> str:
 class ActorInstance:
     """One live actor in this proc and its mailbox."""
 
-    def __init__(self, rt: Runtime, name: str, ctx: ActorContext, obj: Any) -> None:
+    def __init__(self, rt: Runtime, name: str, ctx: ActorContext, obj: Any,
+                 mesh: str = "", owner_addr: str = "") -> None:
         self.rt = rt
-        self.name = name
+        self.name = name  # the wire key
         self.ctx = ctx
         self.context = Context(ctx)
         self.obj = obj
+        self.mesh = mesh
+        self.owner_addr = owner_addr  # where this actor's failures are reported
         self.rank = ctx.rank.rank
         self.rank_text = str(ctx.rank)
         self.endpoints = endpoints_of(type(obj))
         self.busy = False
         self.stopped = False
-        self.queue: collections.deque[tuple[Connection, Call, list[Any]]] = collections.deque()
+        #: why this actor failed (an endpoint raised with no caller, or it left a failure
+        #: of a mesh it owns unhandled); then every message fails with SupervisionError
+        self.failed: str | None = None
+        #: proc meshes spawned by this actor: stopped when it stops
+        self.owned: list[Any] = []
+        self.queue: collections.deque[tuple[Any, Any, Any]] = collections.deque()
         self.task: asyncio.Task[None] | None = None
         #: per sender: the next sequence number to handle, and those that came early
         self.expect: dict[str, int] = {}
         self.held: dict[tuple[str, int], tuple[Connection, Call, list[Any]] | None] = {}
+        object.__setattr__(ctx, "runtime_actor", self)  # frozen dataclass: set once, here
         # The actor's own context: its endpoints run in it, with context() set.
         token = current.set(self.context)
         self.cv = contextvars.copy_context()
         current.reset(token)
 
     def __repr__(self) -> str:
-        state = "stopped" if self.stopped else ("busy" if self.busy else "idle")
+        state = ("stopped" if self.stopped else "failed" if self.failed
+                 else "busy" if self.busy else "idle")
         return f"<ActorInstance {self.ctx.actor_id} {state} queued={len(self.queue)}>"
 
     def deliver(self, conn: Connection, msg: Call, parts: list[Any], sender: str | None = None) -> None:
@@ -179,9 +189,17 @@ class ActorInstance:
     def _drain(self) -> None:
         while self.queue and not self.busy and not self.stopped:
             conn, msg, parts = self.queue.popleft()
-            self._run(conn, msg, parts)
+            if conn is None:
+                msg()  # a supervision event, in mailbox order
+            else:
+                self._run(conn, msg, parts)
 
     def _run(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
+        if self.failed is not None:
+            self._reply_error(conn, msg, ErrorInfo(
+                "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
+                f"actor {self.ctx.actor_id} failed earlier: {self.failed}", ""))
+            return
         ep = self.endpoints.get(msg.method)
         if ep is None:
             self._reply_error(conn, msg, ErrorInfo(
@@ -233,7 +251,61 @@ class ActorInstance:
         conn.send(Result(msg.reply, OK, raw, pickled, self.rank), parts)
 
     def _reply_error(self, conn: Connection, msg: Call, info: ErrorInfo) -> None:
-        self.rt.reply_error(conn, msg.reply, self.rank, info)
+        if msg.reply:
+            self.rt.reply_error(conn, msg.reply, self.rank, info)
+        elif info.kind == "actor" and self.failed is None:
+            # Nobody waits for this result (broadcast): the actor has failed.
+            self.fail(f"{info.exc_type}: {info.message} in {msg.method} (called with "
+                      f"broadcast, so no caller saw it)\n{info.traceback}", "actor")
+        else:
+            log.error("%s: %s (no caller waited for this result)", self.ctx.actor_id, info.message)
+
+    def fail(self, report: str, kind: str) -> None:
+        """Mark this actor failed and report it to the owner of its mesh."""
+        from ._wire import Failure
+
+        self.failed = report.splitlines()[0] if report else kind
+        log.error("actor %s failed: %s", self.ctx.actor_id, report)
+        if self.owner_addr:
+            self.rt.connection(self.owner_addr).send(
+                Failure("", self.mesh, self.name, [self.rank], report, kind))
+
+    def supervise(self, failure: Any, escalate_report: str) -> None:
+        """Give ``failure`` (of a mesh this actor owns) to ``__supervise__``, in mailbox order.
+
+        A falsy return (or none, or an exception) leaves it unhandled: this actor then
+        fails too, and its own owner hears of it.
+        """
+        def run() -> None:
+            fn = getattr(self.obj, "__supervise__", None)
+            if fn is None:
+                self.fail(escalate_report, "unhandled")
+                return
+            try:
+                r = self.cv.run(fn, failure)
+            except Exception as e:
+                self.fail(f"__supervise__ raised {type(e).__name__}: {e}; {escalate_report}",
+                          "unhandled")
+                return
+            if inspect.isawaitable(r):
+                self.busy = True
+                self.task = task = self.rt.loop.create_task(_await(r), context=self.cv)
+
+                def done(t: asyncio.Task[Any]) -> None:
+                    self.busy = False
+                    self.task = None
+                    if t.cancelled() or t.exception() is not None or not t.result():
+                        self.fail(escalate_report, "unhandled")
+                    self._drain()
+
+                task.add_done_callback(done)
+            elif not r:
+                self.fail(escalate_report, "unhandled")
+
+        if self.busy or self.queue:
+            self.queue.append((None, run, None))
+        else:
+            run()
 
     async def stop(self) -> None:
         """Stop: pending messages fail with ``SupervisionError``; ``__cleanup__`` runs."""
@@ -245,14 +317,20 @@ class ActorInstance:
             await asyncio.wait([self.task])  # its outcome is replied by _async_done
         while self.queue:
             conn, msg, _ = self.queue.popleft()
-            self._reply_error(conn, msg, ErrorInfo(
-                "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
-                f"actor {self.ctx.actor_id} was stopped before handling {msg.method}", ""))
+            if conn is not None and msg.reply:
+                self._reply_error(conn, msg, ErrorInfo(
+                    "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
+                    f"actor {self.ctx.actor_id} was stopped before handling {msg.method}", ""))
+        for mesh in self.owned:  # meshes this actor spawned stop with it
+            try:
+                await mesh.stop()
+            except Exception:
+                log.exception("stopping %r, owned by %s", mesh, self.ctx.actor_id)
         cleanup = getattr(self.obj, "__cleanup__", None)
         if cleanup is not None:
             token = current.set(self.context)
             try:
-                r = cleanup(None)
+                r = cleanup(None if self.failed is None else SupervisionError(self.failed))
                 if inspect.isawaitable(r):
                     await r
             except Exception:
@@ -273,6 +351,10 @@ class _Describe:
 
     def __call__(self) -> str:
         return f"{self.what} of {type(self.actor.obj).__name__}.{self.msg.method}"
+
+
+async def _await(r: Any) -> Any:
+    return await r
 
 
 def _info(e: BaseException, actor: ActorInstance, include_tb: bool = True) -> ErrorInfo:
@@ -316,18 +398,13 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> 
                          f"an actor named {msg.actor!r} already lives in proc {rt.addr}", "")
         conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
         return
-    ctx_holder: list[Any] = []
     try:
         cls, args, kwargs = loads(msg.payload, msg.pickled, parts,
                                   lambda: f"actor class and arguments of {actor_id}")
         obj = cls.__new__(cls)
         ctx = ActorContext(actor_id, name, point, rt.addr, obj)
-        ctx_holder.append(ctx)
-        token = current.set(Context(ctx))
-        try:
-            obj.__init__(*args, **kwargs)
-        finally:
-            current.reset(token)
+        inst = ActorInstance(rt, msg.actor, ctx, obj, msg.mesh, msg.owner_addr)
+        inst.cv.run(obj.__init__, *args, **kwargs)
     except Exception as e:
         tb = "".join(traceback.format_exception(e))
         info = info_from_error(e, actor_id, str(point), tb)
@@ -337,6 +414,6 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> 
         conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
         rt.release_actor(msg.actor)
         return
-    rt.actors[msg.actor] = ActorInstance(rt, msg.actor, ctx_holder[0], obj)
+    rt.actors[msg.actor] = inst
     conn.send(Result(msg.reply, CLOSE, msgspec.Raw(b"\xc0"), False, msg.rank))
     rt.release_actor(msg.actor)

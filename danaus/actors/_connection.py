@@ -105,6 +105,10 @@ class Connection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.close_reason: BaseException | None = None
         self.was_open = False
+        #: reads so far, and when the heartbeat last saw the count change
+        self.reads = 0
+        self.seen_reads = -1
+        self.quiet_since = 0.0
         #: reply port id -> rank of the callee (or the ranks of a cast subtree), for
         #: calls whose reply comes back here; failed if the connection is lost
         self.pending: dict[int, Any] = {}
@@ -295,6 +299,7 @@ class Connection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self.state is CLOSED:
             return
+        self.reads += 1  # the heartbeat sees whether the peer said anything lately
         try:
             if self._direct is not None:
                 self._direct_filled += nbytes

@@ -28,6 +28,8 @@ class ActorContext:
     rank: Point
     proc_addr: str
     instance: Any = field(repr=False, default=None)
+    #: the ActorInstance (runtime side): owner of the meshes spawned in its endpoints
+    runtime_actor: Any = field(repr=False, default=None, compare=False)
 
 
 @dataclass(frozen=True)

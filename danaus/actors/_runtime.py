@@ -44,6 +44,8 @@ from ._wire import (
     Call,
     ErrorInfo,
     Message,
+    Ping,
+    Pong,
     Result,
     SeqSkip,
     Spawn,
@@ -59,6 +61,7 @@ log = logging.getLogger("danaus.runtime")
 #: A short random id for this controller's job; names its procs' socket addresses.
 JOB_ID = secrets.token_hex(4)
 _error_decode = msgspec.msgpack.Decoder(ErrorInfo).decode
+_PING, _PONG = Ping(), Pong()
 _error_encode = msgspec.msgpack.Encoder().encode
 
 
@@ -188,6 +191,7 @@ class Runtime:
             self.addr = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         self.on_lost: list[Callable[[str], None]] = []
         self.spawn_task(self._serve())
+        loop.call_later(config.heartbeat_interval, self._heartbeat)
 
     def __repr__(self) -> str:
         return f"<Runtime {self.addr} conns={len(self.conns)} actors={len(self.actors)}>"
@@ -207,6 +211,31 @@ class Runtime:
         sock.listen(512)
         sock.setblocking(False)
         return sock
+
+    def _heartbeat(self) -> None:
+        """Ping quiet connections; drop those that stayed silent past the deadline.
+
+        A proc that is alive at the socket level but frozen (SIGSTOP, a deadlock in C
+        code) stops answering, and its callers' pending calls fail instead of hanging.
+        A sync endpoint that blocks its proc's loop longer than ``heartbeat_timeout``
+        looks the same: keep long work off the loop, or raise the timeout.
+        """
+        if self.closed:
+            return
+        now = self.loop.time()
+        for conn in list(self.conns.values()):
+            if conn.state is not OPEN:
+                continue
+            if conn.reads != conn.seen_reads:
+                conn.seen_reads = conn.reads
+                conn.quiet_since = now
+            elif now - conn.quiet_since > config.heartbeat_timeout:
+                conn._fail(SupervisionError(
+                    f"peer {conn.peer} did not answer for {config.heartbeat_timeout} s "
+                    "(frozen, stopped, or partitioned)"))
+            elif now - conn.quiet_since >= config.heartbeat_interval:
+                conn.send(_PING)
+        self.loop.call_later(config.heartbeat_interval, self._heartbeat)
 
     async def _serve(self) -> None:
         if self._sock.family == socket.AF_UNIX:
@@ -452,6 +481,10 @@ class Runtime:
         elif t is StopProc:
             assert isinstance(msg, StopProc)
             self.spawn_task(self._stop_proc(conn, msg))
+        elif t is Ping:
+            conn.send(_PONG)
+        elif t is Pong:
+            pass  # its arrival counted as a read
         elif t is SeqSkip:
             assert isinstance(msg, SeqSkip)
             actor = self.actors.get(msg.actor)

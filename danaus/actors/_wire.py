@@ -112,6 +112,8 @@ class Spawn(msgspec.Struct, tag=18, array_like=True, frozen=True):
     sizes: dict[str, int]
     payload: msgspec.Raw
     pickled: bool = True
+    #: where failures of this actor are reported: the spawning runtime's address
+    owner_addr: str = ""
 
 
 class StopActor(msgspec.Struct, tag=19, array_like=True, frozen=True):
@@ -172,7 +174,31 @@ class SeqSkip(msgspec.Struct, tag=23, array_like=True, frozen=True):
     seq: int
 
 
-Message: TypeAlias = Call | Result | Spawn | StopActor | StopProc | Cast | Gathered | SeqSkip
+class Ping(msgspec.Struct, tag=24, array_like=True, frozen=True):
+    """Are you alive? (sent on connections that have been quiet for a while)"""
+
+
+class Pong(msgspec.Struct, tag=25, array_like=True, frozen=True):
+    """Alive."""
+
+
+class Failure(msgspec.Struct, tag=26, array_like=True, frozen=True):
+    """A failure event for the owner of mesh ``mesh``: ``ranks`` failed, ``report`` says how.
+
+    ``owner`` is the wire key of the owning actor in the receiving proc ("" for the
+    controller); ``actor`` the failed actor mesh's wire key ("" for a proc mesh).
+    """
+
+    owner: str
+    mesh: str
+    actor: str
+    ranks: list[int]
+    report: str
+    kind: str = "actor"  # "actor" (raised, no caller), "init", "proc" (exited or lost)
+
+
+Message: TypeAlias = (Call | Result | Spawn | StopActor | StopProc | Cast | Gathered | SeqSkip
+                      | Ping | Pong | Failure)
 
 
 class ErrorInfo(msgspec.Struct, array_like=True, frozen=True):

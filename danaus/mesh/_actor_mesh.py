@@ -14,15 +14,22 @@ from ..actors._actor import Actor, describe_endpoints, endpoints_of
 from ..actors._future import Future
 from ..actors._runtime import JOB_ID, Runtime, current_runtime, run_on
 from ..actors._serialize import dumps, dumps_args
-from ..actors._wire import CAST_GATHER, CAST_NONE, CAST_REDUCE, ERROR, Spawn
+from ..actors._wire import CAST_GATHER, CAST_NONE, CAST_REDUCE, ERROR, Spawn, StopActor
 from ..config import config
-from ..errors import EndpointNotFoundError, SerializationError, SupervisionError
+from ..errors import ActorError, EndpointNotFoundError, SerializationError, SupervisionError
 from ._cast import send_cast
 from ._shape import Selector, Shape
+from ._supervision import MeshState, actor_states
 from ._value_mesh import ValueMesh
 
 if TYPE_CHECKING:
     from ._proc_mesh import ProcMesh
+
+
+def current_owner() -> Any:
+    from ._proc_mesh import current_owner as owner
+
+    return owner()
 
 __all__ = ["Accumulator", "ActorEndpoint", "ActorMesh"]
 
@@ -47,7 +54,7 @@ class ActorMesh(Generic[A]):
     def __init__(self, name: str, wire: str, cls: type[A], shape: Shape,
                  addrs: dict[int, str] | None, initialized: ThreadFuture[None],
                  spawn_rt: Runtime | None, procs: ProcMesh | None,
-                 sent: ThreadFuture[None] | None = None) -> None:
+                 sent: ThreadFuture[None] | None = None, state: MeshState | None = None) -> None:
         self._name = name
         self._wire = wire  # unique per spawn: the actor's key in its procs
         self._cls = cls
@@ -61,6 +68,7 @@ class ActorMesh(Generic[A]):
         self._tl: list[tuple[int, str]] | None = None
         self._inflight: dict[int, int] = {}
         self._rr = 0
+        self._state = state if state is not None else MeshState(name, shape, None)
 
     @property
     def _targets_list(self) -> list[tuple[int, str]]:
@@ -88,10 +96,18 @@ class ActorMesh(Generic[A]):
         wire = f"{name}.{JOB_ID}.{next(_spawn_ids)}"
         errors: list[BaseException] = []
         left = [len(handles)]
+        root = procs._root
+        state = MeshState(name, root.shape, current_owner())
+        actor_states[wire] = state
+        root._actor_states.append(state)
+        for r, why in root._state.failed.items():
+            state.failed[r] = why  # procs that died before this spawn
 
         def on_reply(rank: int, status: int, value: Any) -> bool:
             if status == ERROR:
                 errors.append(value)
+                kind = "init" if isinstance(value, ActorError) else "proc"
+                state.fail([rank], str(value), kind)
             left[0] -= 1
             if left[0] == 0:
                 if errors:
@@ -109,7 +125,7 @@ class ActorMesh(Generic[A]):
                     rt.deliver(port, h.rank, ERROR, SupervisionError(f"proc {h} did not start"))
                     continue
                 conn = rt.connection(h.addr)
-                msg = Spawn(wire, port, procs.name, h.rank, sizes, raw, pickled)
+                msg = Spawn(wire, port, procs.name, h.rank, sizes, raw, pickled, rt.addr)
                 if conn.send(msg, parts):
                     conn.pending[port] = h.rank
                 else:
@@ -118,7 +134,7 @@ class ActorMesh(Generic[A]):
 
         # Remote procs learn their addresses from their host agent: spawn once they have.
         procs._started.add_done_callback(lambda _: run_on(rt, send))
-        return cls(name, wire, actor_cls, procs.shape, None, init, rt, procs, sent)
+        return cls(name, wire, actor_cls, procs.shape, None, init, rt, procs, sent, state)
 
     def __reduce__(self) -> tuple[Any, ...]:
         if not self._sent.done():
@@ -158,7 +174,7 @@ class ActorMesh(Generic[A]):
 
     def _with_shape(self, shape: Shape) -> ActorMesh[A]:
         return ActorMesh(self._name, self._wire, self._cls, shape, self._addrs, self._init,
-                         self._spawn_rt, self._procs, self._sent)
+                         self._spawn_rt, self._procs, self._sent, self._state)
 
     def slice(self, **dims: Selector) -> ActorMesh[A]:
         """The actors at the selected ranks (an int drops a dim, a ``slice`` keeps it)."""
@@ -205,6 +221,56 @@ class ActorMesh(Generic[A]):
     def _targets(self) -> list[tuple[int, str]]:
         return self._targets_list
 
+    @property
+    def failed_ranks(self) -> dict[str, str]:
+        """Failed actors of this mesh (or slice): ``{str(point): reason}``."""
+        mine = set(self._ranks)
+        st = self._state
+        return {str(st.point(r)): why for r, why in st.failed.items() if r in mine}
+
+    def stop(self) -> Future[None]:
+        """Stop these actors (``__cleanup__`` runs); later calls raise ``SupervisionError``.
+
+        Stops the whole actor mesh, also when called on a slice. The procs keep running.
+        """
+        rt = current_runtime()
+        fut: Future[None] = Future(loop=rt.loop)
+        state = self._state
+        mesh = self
+
+        def go() -> None:
+            state.stopped = "stopped by its owner"
+            ranks = [r for r in mesh._all_ranks() if r not in state.failed]
+            if not ranks:
+                fut.set_result(None)
+                return
+            left = [len(ranks)]
+
+            def on_reply(rank: int, status: int, value: Any) -> bool:
+                left[0] -= 1
+                if left[0] == 0 and not fut.done():
+                    fut.set_result(None)  # stopped, or its proc is gone: either way, done
+                return left[0] == 0
+
+            port = rt.open_port(on_reply)
+            for r in ranks:
+                addr = mesh._addr_of(r)
+                conn = rt.connection(addr) if addr else None
+                if conn is not None and conn.send(StopActor(mesh._wire, port)):
+                    conn.pending[port] = r
+                else:
+                    rt.deliver(port, r, ERROR, None)
+
+        gate = self._sent if rt is self._spawn_rt else self._init
+        gate.add_done_callback(lambda _: run_on(rt, go))
+        return fut
+
+    def _all_ranks(self) -> list[int]:
+        if self._procs is not None:
+            return [h.rank for h in self._procs._root._procs]
+        assert self._addrs is not None
+        return list(self._addrs)
+
 
 def _rebuild(name: str, wire: str, cls: type[Any], shape: Shape, addrs: dict[int, str]) -> ActorMesh[Any]:
     return ActorMesh(name, wire, cls, shape, addrs, _resolved(), None, None)
@@ -240,6 +306,18 @@ class ActorEndpoint(Generic[A]):
         method = self._name
         # After our own Spawn went out, the connection keeps our calls behind it; from
         # another runtime (another loop or proc), wait until the actors exist.
+        state = mesh._state
+        if state.failed or state.stopped:  # fail those ranks at once, send to the rest
+            live = []
+            for r in ranks:
+                err = state.error_for(r)
+                if err is None:
+                    live.append(r)
+                elif port:
+                    run_on(rt, rt.deliver, port, r, ERROR, err)
+            ranks = live
+            if not ranks:
+                return
         gate = mesh._sent if rt is mesh._spawn_rt else mesh._init
         ready = gate.done()
         if ready and len(ranks) == 1 and rt.on_loop() and (addr := mesh._addr_of(ranks[0])):

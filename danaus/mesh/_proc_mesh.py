@@ -11,6 +11,7 @@ from concurrent.futures import Future as ThreadFuture
 from typing import Any, TypeVar
 
 from ..actors._actor import Actor
+from ..actors._context import context
 from ..actors._future import Future
 from ..actors._runtime import JOB_ID, current_runtime, run_on
 from ..config import config
@@ -18,6 +19,7 @@ from ..errors import ClosedError, SupervisionError
 from ._host_agent import AGENT, HostAgent
 from ._procs import ProcHandle, RemoteProcHandle, start_proc, wait_exited
 from ._shape import Selector, Shape
+from ._supervision import MeshState
 
 __all__ = ["HostMesh", "ProcMesh", "attach_to_hosts", "this_host"]
 
@@ -167,6 +169,25 @@ class ProcMesh:
         self._started: ThreadFuture[None] = (
             started if started is not None else self._root._started)
         self._stopped = False
+        if root is None:
+            self._owner = current_owner()
+            self._state = MeshState(name, shape, self._owner)
+            self._actor_states: list[MeshState] = []
+            if self._owner is not None:
+                self._owner.owned.append(self)  # stopped when its owner stops
+            rt = current_runtime()
+            if _on_peer_lost not in rt.on_lost:
+                rt.on_lost.append(_on_peer_lost)
+            for h in procs:
+                if isinstance(h, ProcHandle):
+                    _proc_index[h.addr] = (self, h.rank)
+                    h.exit_callbacks.append(functools.partial(self._proc_exited, h.rank))
+                else:
+                    h.on_started.append(functools.partial(_index_remote, self))
+        else:
+            self._owner = root._owner
+            self._state = root._state
+            self._actor_states = root._actor_states
 
     def __repr__(self) -> str:
         state = "stopped" if self._root._stopped else "running"
@@ -186,6 +207,29 @@ class ProcMesh:
 
     def __len__(self) -> int:
         return len(self._shape)
+
+    # supervision
+    def _proc_exited(self, rank: int, why: str) -> None:
+        self._proc_failed(rank, f"proc {self._procs[rank].addr} {why}")
+
+    def _proc_failed(self, rank: int, report: str) -> None:
+        """A proc of this mesh is gone: its actors failed; tell their owners."""
+        root = self._root
+        if root._stopped:
+            return
+        for state in root._actor_states:
+            state.fail([rank], report, "proc")
+        if not root._actor_states:
+            root._state.fail([rank], report, "proc")
+        else:
+            root._state.failed.setdefault(rank, report)
+
+    @property
+    def failed_ranks(self) -> dict[str, str]:
+        """Failed procs of this mesh: ``{str(point): reason}``."""
+        state = self._root._state
+        return {str(state.point(r)): why for r, why in state.failed.items()
+                if r in set(self._shape.global_ranks())}
 
     def _with_shape(self, shape: Shape) -> ProcMesh:
         return ProcMesh(shape, self._procs, self.name, self._root)
@@ -326,6 +370,49 @@ class ProcMesh:
 
     def __exit__(self, *exc: object) -> None:
         self.stop().get()
+
+
+#: procs this process spawned, by address: which mesh and rank (for lost connections)
+_proc_index: dict[str, tuple[ProcMesh, int]] = {}
+
+
+def _index_remote(mesh: ProcMesh, h: RemoteProcHandle) -> None:
+    if h.addr is not None:
+        _proc_index[h.addr] = (mesh, h.rank)
+
+
+def _on_peer_lost(addr: str) -> None:
+    """A connection to ``addr`` was lost: if it was one of our procs (or a host agent),
+    those procs failed. A local proc that is still alive (frozen: it stopped answering
+    heartbeats) is killed, so it cannot come back as a zombie member of the mesh."""
+    entry = _proc_index.pop(addr, None)
+    if entry is not None:
+        mesh, rank = entry
+        h = mesh._procs[rank]
+        if isinstance(h, ProcHandle):
+            rt = current_runtime()
+            rt.spawn_task(_lost_local(mesh, rank, h))
+        else:
+            mesh._proc_failed(rank, f"proc {addr} is unreachable: connection lost")
+        return
+    for mesh, rank in [e for a, e in list(_proc_index.items())
+                       if isinstance(e[0]._procs[e[1]], RemoteProcHandle)
+                       and e[0]._procs[e[1]].agent == addr]:
+        _proc_index.pop(mesh._procs[rank].addr, None)
+        mesh._proc_failed(rank, f"its host agent {addr} is gone")
+
+
+async def _lost_local(mesh: ProcMesh, rank: int, h: ProcHandle) -> None:
+    if not await wait_exited(h, 0.5):
+        h.kill()  # alive but silent: frozen or wedged
+        mesh._proc_failed(rank, f"proc {h.addr} stopped answering (no heartbeat); killed it")
+    # else: its exit callback reported the exit status
+
+
+def current_owner() -> Any:
+    """The ActorInstance whose endpoint is running now (None on the controller)."""
+    ctx = context().actor_instance
+    return None if ctx is None else ctx.runtime_actor
 
 
 def _resolved() -> ThreadFuture[None]:

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future as ThreadFuture
 
 from ..actors._runtime import Runtime, peer_exit_reason, peer_exited, proc_ready, run_on
@@ -47,6 +48,8 @@ class ProcHandle:
         self.popen = popen
         self.ready: ThreadFuture[None] = proc_ready.setdefault(addr, ThreadFuture())
         self.exited: ThreadFuture[int] = ThreadFuture()
+        #: called (on the spawning loop) with the exit description when the proc exits
+        self.exit_callbacks: list[Callable[[str], None]] = []
 
     def __repr__(self) -> str:
         return f"<ProcHandle {self.addr} pid={self.popen.pid} {self.state}>"
@@ -89,6 +92,7 @@ class RemoteProcHandle:
         self._pid = -1
         self.ready: ThreadFuture[None] = ThreadFuture()
         self.exited: ThreadFuture[int] = ThreadFuture()
+        self.on_started: list[Callable[[RemoteProcHandle], None]] = []
 
     def __repr__(self) -> str:
         return f"<RemoteProcHandle rank={self.rank} {self.addr or 'starting'} via {self.agent}>"
@@ -101,6 +105,8 @@ class RemoteProcHandle:
     def started(self, addr: str, pid: int) -> None:
         self.addr = addr
         self._pid = pid
+        for callback in self.on_started:
+            callback(self)
         if not self.ready.done():
             self.ready.set_result(None)
 
@@ -197,6 +203,11 @@ def _watch(rt: Runtime, h: ProcHandle) -> None:
         if not h.exited.done():
             h.exited.set_result(code)
         why = describe_exit(code)
+        for callback in h.exit_callbacks:
+            try:
+                callback(why)
+            except Exception:
+                log.exception("exit callback of %s", h.addr)
         if not h.ready.done():
             err = SupervisionError(f"proc {h.addr} {why} before it came up")
             h.ready.set_exception(err)

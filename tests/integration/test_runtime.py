@@ -180,7 +180,7 @@ async def test_init_that_raises_fails_the_spawn_naming_the_rank() -> None:
             await asyncio.wait_for(actors.initialized, 10)
         assert info.value.rank == "{'procs': 1/2}"
         assert await actors.slice(procs=0).ping.call_one() == "pong"
-        with pytest.raises(SupervisionError, match="failed to start"):
+        with pytest.raises(SupervisionError, match=r"rank \{'procs': 1/2\} failed: .*init failed on purpose"):
             await actors.slice(procs=1).ping.call_one()
 
 

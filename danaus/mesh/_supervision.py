@@ -1,0 +1,150 @@
+"""Supervision: failures become events for the owner of the mesh that failed.
+
+Every mesh has an owner: the actor that spawned it (from inside an endpoint or
+``__init__``), or the controller. A proc that exits or is killed, a connection that is
+lost (or a peer that stops answering heartbeats), an actor whose ``__init__`` raised,
+and an endpoint that raised while nobody waited for its result (``broadcast``) each
+become a :class:`MeshFailure` for that owner:
+
+- an owner actor's ``__supervise__(failure)`` (sync or async) runs in its mailbox; a
+  truthy return handles it. Otherwise the owner actor has failed too, and its own owner
+  hears of that, and so on up.
+- at the top, the controller's fault hook (:func:`set_unhandled_fault_hook`) gets it.
+  The default hook logs the report at ERROR. It does not exit the controller (Monarch's
+  does), because danaus is meant to live inside servers.
+
+Either way the failed ranks are marked: calls to them fail at once with
+``SupervisionError``, and slices without failed ranks keep working.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..actors._connection import Connection
+from ..actors._point import Point
+from ..actors._runtime import Runtime, register_extension
+from ..actors._wire import Failure
+from ..errors import SupervisionError
+from ._shape import Shape
+
+__all__ = ["MeshFailure", "set_unhandled_fault_hook"]
+
+log = logging.getLogger("danaus.supervision")
+
+
+class MeshFailure:
+    """What failed, where, and how.
+
+    Attributes:
+        mesh: the failed mesh's name (an actor mesh, or a proc mesh with no actors).
+        ranks: the failed ranks, as points of the mesh.
+        report: a readable account: the remote traceback, the exit signal or code.
+        kind: ``"proc"`` (exited, killed, unreachable), ``"init"`` (``__init__`` raised),
+            ``"actor"`` (an endpoint raised with no caller waiting), ``"unhandled"`` (an
+            owner actor left a failure of its own meshes unhandled).
+    """
+
+    def __init__(self, mesh: str, ranks: Sequence[Point], report: str, kind: str) -> None:
+        self.mesh = mesh
+        self.ranks = list(ranks)
+        self.report = report
+        self.kind = kind
+
+    def __str__(self) -> str:
+        ranks = ", ".join(str(r) for r in self.ranks)
+        return f"mesh {self.mesh!r} failed at {ranks} ({self.kind}): {self.report}"
+
+    def __repr__(self) -> str:
+        return f"MeshFailure({self.mesh!r}, {[str(r) for r in self.ranks]}, kind={self.kind!r})"
+
+
+def _default_hook(failure: MeshFailure) -> None:
+    log.error("unhandled failure: %s", failure)
+
+
+_hook: Callable[[MeshFailure], object] = _default_hook
+_hook_lock = threading.Lock()
+
+
+def set_unhandled_fault_hook(
+    fn: Callable[[MeshFailure], object] | None,
+) -> Callable[[MeshFailure], object]:
+    """Set what the controller does with failures no actor handled; returns the previous.
+
+    ``None`` restores the default, which logs at ERROR (and keeps the controller running).
+    The hook runs on the event loop that owns the mesh: it must not block.
+    """
+    global _hook
+    with _hook_lock:
+        old, _hook = _hook, fn or _default_hook
+    return old
+
+
+class MeshState:
+    """Failure state of one mesh, shared by all its slices."""
+
+    def __init__(self, name: str, shape: Shape, owner: Any) -> None:
+        self.name = name
+        self.shape = shape  # of the whole mesh: global ranks index it
+        self.owner = owner  # an ActorInstance, or None for the controller
+        self.failed: dict[int, str] = {}
+        self.stopped: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<MeshState {self.name} failed={sorted(self.failed)} stopped={self.stopped}>"
+
+    def error_for(self, rank: int) -> SupervisionError | None:
+        """The error a call to ``rank`` fails with at once, if it must."""
+        if self.stopped is not None:
+            return SupervisionError(f"mesh {self.name!r} was stopped ({self.stopped})")
+        why = self.failed.get(rank)
+        if why is not None:
+            return SupervisionError(f"mesh {self.name!r} rank {self.point(rank)} failed: {why}")
+        return None
+
+    def point(self, rank: int) -> Point:
+        return Point.from_rank(rank, self.shape.sizes)
+
+    def fail(self, ranks: Sequence[int], report: str, kind: str) -> None:
+        """Mark ``ranks`` failed and give the owner a :class:`MeshFailure` (once per rank)."""
+        if self.stopped is not None:
+            return
+        new = [r for r in ranks if r not in self.failed]
+        if not new:
+            return
+        summary = report.strip().splitlines()[0] if report.strip() else kind
+        for r in new:
+            self.failed[r] = summary
+        failure = MeshFailure(self.name, [self.point(r) for r in new], report, kind)
+        route(self.owner, failure)
+
+
+def route(owner: Any, failure: MeshFailure) -> None:
+    """Give ``failure`` to ``owner`` (an ActorInstance) or, at the top, to the hook."""
+    if owner is None or owner.stopped:
+        try:
+            _hook(failure)
+        except Exception:
+            log.exception("the unhandled-fault hook raised on %s", failure)
+        return
+    owner.supervise(failure, f"{owner.ctx.actor_id} did not handle a failure of a mesh it "
+                             f"owns: {failure}")
+
+
+#: actor meshes spawned by this process, by wire key: where Failure messages land
+actor_states: dict[str, MeshState] = {}
+
+
+def handle_failure(rt: Runtime, conn: Connection, msg: Failure, parts: list[Any]) -> None:
+    state = actor_states.get(msg.actor)
+    if state is None:
+        log.error("failure of unknown mesh %s (%s): %s", msg.mesh, msg.actor, msg.report)
+        return
+    state.fail(msg.ranks, msg.report, msg.kind)
+
+
+register_extension(Failure, handle_failure)
