@@ -386,6 +386,29 @@ class _FailedActor:
         self.stopped = True
 
 
+def install_actor(rt: Runtime, key: str, obj: Any) -> ActorInstance:
+    """Register an already-built actor under ``key`` (system actors: a proc's control
+    actor, a host agent)."""
+    ctx = ActorContext(f"{rt.addr}.{key}", key, Point({}, {}), rt.addr, obj)
+    inst = ActorInstance(rt, key, ctx, obj)
+    rt.actors[key] = inst
+    return inst
+
+
+class ProcControl(Actor):
+    """Every proc's system actor (key ``__proc__``): settings the controller changes live."""
+
+    @endpoint
+    def set_log_level(self, level: int) -> None:
+        logging.getLogger().setLevel(level)
+
+    @endpoint
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
 def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> None:
     """Handle a Spawn message: build the actor, run its ``__init__``, reply."""
     from ._runtime import encode_error, info_from_error

@@ -37,6 +37,9 @@ async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> No
     sock = socket.socket(fileno=listen_fd) if listen_fd is not None else None
     rt = Runtime(loop, addr=addr, key=key, sock=sock)
     install_runtime(rt)
+    from ._actor import ProcControl, install_actor
+
+    install_actor(rt, "__proc__", ProcControl())
     rt.connection(parent)  # dialing the spawner tells it we are up
     stdin_closed = loop.create_future()
 
@@ -73,7 +76,7 @@ def main() -> None:
         sys.exit("danaus proc: no job key on stdin")
     key = bytes.fromhex(line.decode().strip())
     logging.basicConfig(level=os.environ.get("DANAUS_LOG_LEVEL", "WARNING"),
-                        format=f"[%(name)s {ns.addr}] %(levelname)s %(message)s")
+                        format="%(levelname)s %(name)s: %(message)s")
     from ..config import config
     from ._runtime import new_event_loop
 

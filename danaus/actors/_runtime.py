@@ -376,10 +376,10 @@ class Runtime:
                 self._fail_pending(conn, pending)
 
     def _fail_pending(self, conn: Connection, pending: dict[int, Any]) -> None:
-        exc = self.peer_lost_error(conn.peer or "(unknown)", conn.close_reason)
         for port, ranks in pending.items():
             for rank in ranks if isinstance(ranks, list) else (ranks,):
-                self.deliver(port, rank, ERROR, exc)
+                self.deliver(port, rank, ERROR,
+                             self.peer_lost_error(conn.peer or "(unknown)", conn.close_reason, rank))
 
     async def _fail_pending_after_exit(self, conn: Connection, pending: dict[int, Any],
                                        exited: ThreadFuture[int]) -> None:
@@ -390,14 +390,21 @@ class Runtime:
         finally:
             self._fail_pending(conn, pending)
 
-    def peer_lost_error(self, peer: str, cause: BaseException | None) -> SupervisionError:
+    def peer_lost_error(self, peer: str, cause: BaseException | None,
+                        rank: int = -1) -> SupervisionError:
         why = None
         describe = peer_exit_reason.get(peer)
         if describe is not None:
             why = describe()
         if why is None:
-            why = f"connection lost ({type(cause).__name__}: {cause})" if cause else "connection lost"
-        return SupervisionError(f"proc at {peer} failed: {why}")
+            if isinstance(cause, SupervisionError):
+                why = str(cause)
+            elif cause:
+                why = f"connection lost ({type(cause).__name__}: {cause})"
+            else:
+                why = "connection lost"
+        who = f"rank {rank}: " if rank >= 0 else ""
+        return SupervisionError(f"{who}proc at {peer} failed: {why}")
 
     def fail_peer(self, addr: str, exc: BaseException) -> None:
         """Fail everything waiting on ``addr`` (e.g. a placeholder whose proc never came up)."""

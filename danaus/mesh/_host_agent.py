@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import Any
 
-from ..actors._actor import Actor, ActorInstance, endpoint
+from ..actors._actor import Actor, endpoint, install_actor
 from ..actors._auth import set_job_key
-from ..actors._context import ActorContext
-from ..actors._point import Point
+from ..actors._port import Port
 from ..actors._runtime import Runtime, all_runtimes, install_runtime, new_event_loop, parse_addr
 from ..config import config
 from ..errors import ClosedError
+from ._logs import LineSink
 from ._procs import ProcHandle, start_proc, wait_exited
 
 log = logging.getLogger("danaus.host_agent")
@@ -51,15 +51,30 @@ class HostAgent(Actor):
                 h.kill()
 
     @endpoint
-    async def spawn_procs(self, owner: str, ranks: list[int], env: dict[str, str]) -> list[tuple[str, int]]:
-        """Start one proc per rank; return ``(address, pid)`` of each once all are up."""
+    async def spawn_procs(self, owner: str, ranks: list[int], env: dict[str, str],
+                          log_port: Port[tuple[int, str, str]] | None = None) -> list[tuple[str, int]]:
+        """Start one proc per rank; return ``(address, pid)`` of each once all are up.
+
+        Their output lines go to ``log_port`` as ``(rank, "out" | "err", line)``.
+        """
         from ..actors._runtime import current_runtime
 
         rt = current_runtime()
         if not self._watching:
             rt.on_lost.append(self._owner_lost)
             self._watching = True
-        handles = [start_proc(rt, f"tcp://{self.host}:0", r, env) for r in ranks]
+
+        def sink_for(rank: int) -> LineSink | None:
+            if log_port is None:
+                return None
+            port = log_port
+
+            def sink(stream: str, line: str) -> None:
+                port.send((rank, stream, line))
+
+            return sink
+
+        handles = [start_proc(rt, f"tcp://{self.host}:0", r, env, sink_for(r)) for r in ranks]
         for h in handles:
             self.procs[h.addr] = h
             self.owners.setdefault(owner, set()).add(h.addr)
@@ -128,8 +143,7 @@ async def serve(listen: str, key: bytes, ready: ThreadFuture[str] | None = None)
     install_runtime(rt)
     host = where[0]
     agent = HostAgent(host)
-    ctx = ActorContext(f"{host}.{AGENT}", AGENT, Point({}, {}), rt.addr, agent)
-    rt.actors[AGENT] = ActorInstance(rt, AGENT, ctx, agent)
+    install_actor(rt, AGENT, agent)
     stop: asyncio.Future[None] = loop.create_future()
 
     def on_signal() -> None:

@@ -10,13 +10,16 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import Any, TypeVar
 
-from ..actors._actor import Actor
+from ..actors._actor import Actor, ProcControl
 from ..actors._context import context
 from ..actors._future import Future
+from ..actors._port import Port
 from ..actors._runtime import JOB_ID, current_runtime, run_on
+from ..actors._wire import OK
 from ..config import config
 from ..errors import ClosedError, SupervisionError
 from ._host_agent import AGENT, HostAgent
+from ._logs import LogOptions, printer
 from ._procs import ProcHandle, RemoteProcHandle, start_proc, wait_exited
 from ._shape import Selector, Shape
 from ._supervision import MeshState
@@ -86,13 +89,17 @@ class HostMesh:
         rt = current_runtime()
         uid = f"{name}{next(_names)}"
         env = dict(env or {})
+        options = LogOptions()
         if self._agents is None:
-            handles: list[Any] = [start_proc(rt, f"unix:@danaus-{JOB_ID}-{uid}-{r}", r, env)
-                                  for r in range(len(shape))]
-            return ProcMesh(shape, handles, name, started=_resolved())
-        return self._spawn_remote(rt, shape, name, env)
+            handles: list[Any] = [
+                start_proc(rt, f"unix:@danaus-{JOB_ID}-{uid}-{r}", r, env,
+                           printer(f"{name} {r}", options))
+                for r in range(len(shape))]
+            return ProcMesh(shape, handles, name, started=_resolved(), log_options=options)
+        return self._spawn_remote(rt, shape, name, env, options)
 
-    def _spawn_remote(self, rt: Any, shape: Shape, name: str, env: dict[str, str]) -> ProcMesh:
+    def _spawn_remote(self, rt: Any, shape: Shape, name: str, env: dict[str, str],
+                      options: LogOptions) -> ProcMesh:
         agents = self._agents
         assert agents is not None
         per = len(shape) // len(self._shape)
@@ -119,11 +126,20 @@ class HostMesh:
             if left[0] == 0:
                 started.set_result(None)
 
+        sinks = [printer(f"{name} {r}", options) for r in range(len(shape))]
+
+        def on_line(rank: int, status: int, value: Any) -> bool:
+            if status == OK:
+                r, stream, line = value
+                sinks[r](stream, line)
+            return False  # open for as long as the procs live
+
+        log_port: Port[tuple[int, str, str]] = Port(rt.addr, rt.open_port(on_line))
         for i, (agent_addr, group) in enumerate(by_host):
             one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: agent_addr})
-            fut = one.spawn_procs.call_one(rt.addr, [g.rank for g in group], env)
+            fut = one.spawn_procs.call_one(rt.addr, [g.rank for g in group], env, log_port)
             fut.add_done_callback(functools.partial(on_host, i))
-        return ProcMesh(shape, handles, name, started=started)
+        return ProcMesh(shape, handles, name, started=started, log_options=options)
 
 
 def attach_to_hosts(addrs: Sequence[str], *, key_file: str | None = None) -> HostMesh:
@@ -161,7 +177,8 @@ class ProcMesh:
     """
 
     def __init__(self, shape: Shape, procs: list[Any], name: str,
-                 root: ProcMesh | None = None, started: ThreadFuture[None] | None = None) -> None:
+                 root: ProcMesh | None = None, started: ThreadFuture[None] | None = None,
+                 log_options: LogOptions | None = None) -> None:
         self._shape = shape
         self._procs = procs  # ProcHandle / RemoteProcHandle, indexed by global rank
         self.name = name
@@ -169,6 +186,7 @@ class ProcMesh:
         self._started: ThreadFuture[None] = (
             started if started is not None else self._root._started)
         self._stopped = False
+        self._log: LogOptions = log_options or (root._log if root is not None else LogOptions())
         if root is None:
             self._owner = current_owner()
             self._state = MeshState(name, shape, self._owner)
@@ -207,6 +225,23 @@ class ProcMesh:
 
     def __len__(self) -> int:
         return len(self._shape)
+
+    def logging_option(self, stream_to_client: bool | None = None,
+                       level: int | None = None) -> None:
+        """Whether the procs' output lines reach the controller, and their log level.
+
+        Args:
+            stream_to_client: print the procs' stdout/stderr here, prefixed
+                ``[mesh rank]`` (the default), or drop them.
+            level: the procs' root ``logging`` level (e.g. ``logging.INFO``).
+        """
+        if stream_to_client is not None:
+            self._log.stream_to_client = stream_to_client
+        if level is not None:
+            self._log.level = level
+            control = ActorMesh("__proc__", "__proc__", ProcControl, self._shape, None,
+                                self._started, None, self._root)
+            control.set_log_level.broadcast(level)
 
     # supervision
     def _proc_exited(self, rank: int, why: str) -> None:

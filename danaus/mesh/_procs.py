@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import logging
 import os
 import signal
@@ -22,6 +23,7 @@ from concurrent.futures import Future as ThreadFuture
 from ..actors._runtime import Runtime, peer_exit_reason, peer_exited, proc_ready, run_on
 from ..config import config
 from ..errors import SupervisionError
+from ._logs import LineReader, LineSink
 
 log = logging.getLogger("danaus.procs")
 
@@ -132,7 +134,8 @@ class RemoteProcHandle:
         """Killing a remote proc goes through its agent: see ``ProcMesh.stop``."""
 
 
-def start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None = None) -> ProcHandle:
+def start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None = None,
+               sink: LineSink | None = None) -> ProcHandle:
     """Start one proc that will listen on ``addr`` and dial ``rt`` when it is up.
 
     ``tcp://HOST:0`` picks a free port: the socket is bound here and handed to the proc,
@@ -154,6 +157,7 @@ def start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None = N
     cmd = [sys.executable, "-m", "danaus.actors._proc", "--addr", addr,
            "--parent", rt.addr, "--parent-pid", str(os.getpid()), *extra]
     proc_env = dict(os.environ)
+    proc_env["PYTHONUNBUFFERED"] = "1"  # every line reaches the pipe at once, also before a crash
     # The procs import what the controller can: classes pickled by reference resolve.
     paths = [os.path.abspath(p or os.getcwd()) for p in sys.path]
     proc_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if os.path.isdir(p)))
@@ -161,8 +165,9 @@ def start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None = N
         proc_env.update(env)
     proc_ready[addr] = ThreadFuture()
     try:
+        out = subprocess.PIPE if sink is not None else None
         popen = subprocess.Popen(cmd, stdin=subprocess.PIPE, env=proc_env, close_fds=True,
-                                 pass_fds=pass_fds)
+                                 pass_fds=pass_fds, stdout=out, stderr=out)
     finally:
         if sock is not None:
             sock.close()  # the proc holds its own copy
@@ -174,15 +179,21 @@ def start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None = N
     handle = ProcHandle(addr, rank, popen)
     peer_exit_reason[addr] = handle.exit_reason
     peer_exited[addr] = handle.exited
-    run_on(rt, _watch, rt, handle)
+    run_on(rt, _watch, rt, handle, sink)
     return handle
 
 
-def _watch(rt: Runtime, h: ProcHandle) -> None:
-    """On ``rt``'s loop: expect the proc's dial, time out its start, notice its exit."""
+def _watch(rt: Runtime, h: ProcHandle, sink: LineSink | None) -> None:
+    """On ``rt``'s loop: expect the proc's dial, time out its start, notice its exit,
+    forward its output."""
     loop = rt.loop
     if not h.ready.done():
         rt.expect(h.addr)
+    if sink is not None:
+        for stream, pipe in (("out", h.popen.stdout), ("err", h.popen.stderr)):
+            if pipe is not None:
+                rt.spawn_task(loop.connect_read_pipe(
+                    functools.partial(LineReader, stream, sink), pipe))
     try:
         pidfd = os.pidfd_open(h.popen.pid)
     except (AttributeError, OSError):
