@@ -29,10 +29,12 @@ from .mesh import (
     Accumulator,
     ActorMesh,
     HostMesh,
+    MeshFailure,
     ProcMesh,
     Shape,
     ValueMesh,
     attach_to_hosts,
+    set_unhandled_fault_hook,
     this_host,
 )
 
@@ -50,6 +52,7 @@ __all__ = [
     "EndpointNotFoundError",
     "Future",
     "HostMesh",
+    "MeshFailure",
     "Point",
     "Port",
     "PortReceiver",
@@ -65,5 +68,6 @@ __all__ = [
     "current_rank",
     "current_size",
     "endpoint",
+    "set_unhandled_fault_hook",
     "this_host",
 ]

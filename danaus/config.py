@@ -62,6 +62,8 @@ class Config:
     #: Fan-out of the tree that casts to a mesh go down (0: the sender sends to every
     #: actor itself). Meshes up to this size are always sent to directly.
     cast_fanout: int = 16
+    #: Messages an actor may have waiting before it stops reading from their senders.
+    mailbox_limit: int = 10_000
     #: Use uvloop for event loops danaus creates, when it is importable.
     use_uvloop: bool = True
 

@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 
 import msgspec
 
+from ..config import config
 from ..errors import SerializationError, SupervisionError
+from ._connection import Connection
 from ._context import ActorContext, Context, current
 from ._point import Point
 from ._serialize import dumps, loads
 from ._wire import CLOSE, OK, Call, ErrorInfo, Result, Spawn
 
 if TYPE_CHECKING:
-    from ._connection import Connection
     from ._runtime import Runtime
 
 __all__ = ["Actor", "Endpoint", "endpoint"]
@@ -131,6 +132,8 @@ class ActorInstance:
         self.failed: str | None = None
         #: proc meshes spawned by this actor: stopped when it stops
         self.owned: list[Any] = []
+        #: connections we stopped reading from while the mailbox is full
+        self.holding: set[Connection] = set()
         self.queue: collections.deque[tuple[Any, Any, Any]] = collections.deque()
         self.task: asyncio.Task[None] | None = None
         #: per sender: the next sequence number to handle, and those that came early
@@ -183,6 +186,11 @@ class ActorInstance:
     def _accept(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
         if self.busy or self.queue:
             self.queue.append((conn, msg, parts))
+            if len(self.queue) >= config.mailbox_limit and isinstance(conn, Connection):
+                # Backpressure: stop reading from this sender until the mailbox drains;
+                # its socket fills, then its own writes pause (see ActorEndpoint.post).
+                conn.hold_reading(self)
+                self.holding.add(conn)
         else:
             self._run(conn, msg, parts)
 
@@ -193,6 +201,10 @@ class ActorInstance:
                 msg()  # a supervision event, in mailbox order
             else:
                 self._run(conn, msg, parts)
+        if self.holding and (len(self.queue) <= config.mailbox_limit // 2 or self.stopped):
+            for c in self.holding:
+                c.release_reading(self)
+            self.holding.clear()
 
     def _run(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
         if self.failed is not None:

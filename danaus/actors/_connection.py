@@ -134,6 +134,9 @@ class Connection(asyncio.BufferedProtocol):
         self._wbytes = 0
         self._flush_handle: asyncio.Handle | None = None
         self._reading = False  # inside buffer_updated: writes are flushed at its end
+        self.write_paused = False
+        self._writable_waiters: list[asyncio.Future[None]] = []
+        self._read_holders: set[object] = set()
         self._backlog: list[Buffer] = []
 
     def __repr__(self) -> str:
@@ -173,6 +176,7 @@ class Connection(asyncio.BufferedProtocol):
                 self.close_reason = exc or ConnectionResetError(f"connection to {self.peer} closed")
         self._direct = None
         self._direct_buf = None
+        self.resume_writing()  # wake writers: their sends now fail
         self.rt.connection_lost(self)
 
     def _peer_name(self) -> str:
@@ -204,6 +208,47 @@ class Connection(asyncio.BufferedProtocol):
         self._flush()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+
+    # ------------------------------------------------------------ flow control
+
+    def pause_writing(self) -> None:
+        """The transport's buffer passed its high-water mark: the peer is not keeping up."""
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        waiters, self._writable_waiters = self._writable_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def writable(self) -> None:
+        """Wait while this connection's outgoing buffer is over its high-water mark."""
+        self._flush()
+        while self.write_paused and self.state is not CLOSED:
+            w = self.loop.create_future()
+            self._writable_waiters.append(w)
+            await w
+
+    def hold_reading(self, holder: object) -> None:
+        """Stop reading from the peer until every holder lets go (a full mailbox)."""
+        if not self._read_holders and self.transport is not None:
+            self.transport.pause_reading()
+        self._read_holders.add(holder)
+
+    def release_reading(self, holder: object) -> None:
+        if holder not in self._read_holders:
+            return
+        self._read_holders.discard(holder)
+        if not self._read_holders and self.transport is not None and self.state is not CLOSED:
+            self.transport.resume_reading()
+            self.loop.call_soon(self._resume_parse)
+
+    def _resume_parse(self) -> None:
+        """Parse what stayed in the buffer while reading was held."""
+        if self._read_holders or self.state is CLOSED or self._direct is not None:
+            return
+        self.buffer_updated(0)
 
     def adopt(self, placeholder: Connection) -> None:
         """Take over frames and pending replies queued on a placeholder for this peer."""
@@ -348,8 +393,8 @@ class Connection(asyncio.BufferedProtocol):
                     raise ProtocolError(
                         f"undecodable message header from {self._peer_name()}: {e}") from e
                 dispatch(self, msg, _NO_PARTS)
-                if self.state is not OPEN:
-                    return
+                if self.state is not OPEN or self._read_holders:
+                    return  # closed, or a full mailbox: the rest waits in the buffer
             if start == end:
                 self._start = self._end = 0
                 return
@@ -429,6 +474,8 @@ class Connection(asyncio.BufferedProtocol):
                 except msgspec.DecodeError as e:
                     raise ProtocolError(f"undecodable message header from {self._peer_name()}: {e}") from e
                 self.rt.dispatch(self, msg, parts)
+                if self._read_holders:
+                    return
             else:
                 self._handshake(header)
         if self._start == self._end:

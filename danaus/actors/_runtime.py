@@ -368,7 +368,9 @@ class Runtime:
         if conn.pending:
             pending, conn.pending = conn.pending, {}
             exited = peer_exited.get(conn.peer or "")
-            if exited is not None and not exited.done():
+            if isinstance(conn.close_reason, SupervisionError):
+                self._fail_pending(conn, pending)  # we gave up on it (no heartbeat): say so
+            elif exited is not None and not exited.done():
                 # A proc we spawned: its exit status (a signal, a code) makes a better
                 # error than "connection reset", and comes within moments.
                 self.spawn_task(self._fail_pending_after_exit(conn, pending, exited))
@@ -394,7 +396,7 @@ class Runtime:
                         rank: int = -1) -> SupervisionError:
         why = None
         describe = peer_exit_reason.get(peer)
-        if describe is not None:
+        if describe is not None and not isinstance(cause, SupervisionError):
             why = describe()
         if why is None:
             if isinstance(cause, SupervisionError):

@@ -4,6 +4,7 @@ from ._actor_mesh import Accumulator, ActorEndpoint, ActorMesh
 from ._proc_mesh import HostMesh, ProcMesh, attach_to_hosts, this_host
 from ._shape import Shape
 from ._slurm import SlurmJob
+from ._supervision import MeshFailure, set_unhandled_fault_hook
 from ._value_mesh import ValueMesh
 
 __all__ = [
@@ -11,10 +12,12 @@ __all__ = [
     "ActorEndpoint",
     "ActorMesh",
     "HostMesh",
+    "MeshFailure",
     "ProcMesh",
     "Shape",
     "SlurmJob",
     "ValueMesh",
     "attach_to_hosts",
+    "set_unhandled_fault_hook",
     "this_host",
 ]

@@ -432,6 +432,24 @@ class ActorEndpoint(Generic[A]):
         enc = self._encode(args, kwargs)
         self._send(current_runtime(), self._mesh._ranks, 0, enc, CAST_NONE)
 
+    async def post(self, *args: Any, **kwargs: Any) -> None:
+        """``broadcast`` with backpressure: send, then wait while the way to these actors
+        is backed up (their mailboxes are full, or they read slower than we send).
+
+        A loop of ``await mesh.method.post(x)`` keeps the sender's memory bounded however
+        slow the receivers are; a loop of ``broadcast`` queues without bound.
+        """
+        rt = current_runtime()
+        if not rt.on_loop():
+            raise RuntimeError("post() is for async code on the calling loop; use broadcast()")
+        self.broadcast(*args, **kwargs)
+        mesh = self._mesh
+        for r in mesh._ranks:
+            addr = mesh._addr_of(r)
+            conn = rt.conns.get(addr) if addr else None
+            if conn is not None and conn.write_paused:
+                await conn.writable()
+
     def stream(self, *args: Any, **kwargs: Any) -> _Stream:
         """Call every actor; iterate the results in arrival order (async or sync ``for``)."""
         enc = self._encode(args, kwargs)

@@ -354,6 +354,9 @@ class ProcMesh:
         from ..actors._wire import StopProc
 
         self._stopped = True
+        for state in self._actor_states:
+            state.stopped = state.stopped or f"its proc mesh {self.name!r} was stopped"
+        self._state.stopped = "stopped by its owner"
         rt = current_runtime()
         local = [h for h in self._procs if isinstance(h, ProcHandle)]
         remote = [h for h in self._procs if isinstance(h, RemoteProcHandle)]

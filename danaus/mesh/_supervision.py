@@ -80,7 +80,7 @@ def set_unhandled_fault_hook(
     """
     global _hook
     with _hook_lock:
-        old, _hook = _hook, fn or _default_hook
+        old, _hook = _hook, _default_hook if fn is None else fn
     return old
 
 

@@ -124,3 +124,92 @@ class Caller(Actor):
         from danaus import Accumulator
 
         return await Accumulator(mesh.get, 0, operator.add).accumulate()
+
+
+class Parent(Actor):
+    """Owns a child mesh; records the failures it is told about."""
+
+    def __init__(self, handle: bool, port: Port[str] | None = None) -> None:
+        self.handle = handle
+        self.port = port
+        self.failures: list[str] = []
+        self.children: Any = None
+        self.procs: Any = None
+
+    @endpoint
+    async def spawn_children(self, n: int) -> list[int]:
+        from danaus import this_host
+
+        self.procs = this_host().spawn_procs(per_host={"procs": n}, name="kids")
+        self.children = self.procs.spawn("child", Echo)
+        await self.children.initialized
+        return self.procs.pids
+
+    @endpoint
+    async def call_children(self) -> list[Any]:
+        return (await self.children.echo.call(1)).values()
+
+    @endpoint
+    async def call_child(self, rank: int) -> Any:
+        return await self.children.slice(procs=rank).echo.call_one(rank)
+
+    @endpoint
+    def seen(self) -> list[str]:
+        return self.failures
+
+    def __supervise__(self, failure: Any) -> bool:
+        self.failures.append(f"{failure.mesh}|{[str(r) for r in failure.ranks]}|{failure.kind}|"
+                             f"{failure.report}")
+        if self.port is not None:
+            self.port.send(self.failures[-1])
+        return self.handle
+
+
+class Cleaner(Actor):
+    def __init__(self, port: Port[str]) -> None:
+        self.port = port
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    @endpoint
+    def boom(self) -> None:
+        raise RuntimeError("nobody is listening")
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        self.port.send(f"cleanup {current_rank()} exc={type(exc).__name__ if exc else None}")
+
+
+class Sink(Actor):
+    """Receives a stream of (sender, i) slowly, and remembers the order."""
+
+    def __init__(self) -> None:
+        self.got: dict[str, list[int]] = {}
+        self.max_depth = 0
+
+    @endpoint
+    async def take(self, sender: str, i: int) -> None:
+        inst = context().actor_instance.runtime_actor  # type: ignore[union-attr]
+        self.max_depth = max(self.max_depth, len(inst.queue))
+        self.got.setdefault(sender, []).append(i)
+        if i % 64 == 0:
+            await asyncio.sleep(0)  # suspend now and then, so messages queue up
+
+    @endpoint
+    def ack(self) -> None:
+        pass
+
+    @endpoint
+    def report(self) -> dict[str, Any]:
+        return {"got": self.got, "max_depth": self.max_depth}
+
+
+class Source(Actor):
+    @endpoint
+    async def pump(self, sink: Any, n: int) -> int:
+        me = str(current_rank())
+        for i in range(n):
+            await sink.take.post(me, i)
+        await sink.ack.call_one()  # per-sender order: every post was handled before this
+        return n
