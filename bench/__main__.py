@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import bench_mesh, bench_runtime
+from . import bench_mesh, bench_runtime, bench_supervision
 
 
 def main() -> None:
@@ -10,6 +10,8 @@ def main() -> None:
     bench_runtime.main()
     print("\n== meshes (issue 3) ==")
     bench_mesh.main()
+    print("\n== supervision (issue 4) ==")
+    bench_supervision.main()
 
 
 if __name__ == "__main__":

@@ -153,18 +153,23 @@ class ActorInstance:
     def deliver(self, conn: Connection, msg: Call, parts: list[Any], sender: str | None = None) -> None:
         """Take a message; ``sender`` (default: the connection's peer) orders it by ``msg.seq``."""
         seq = msg.seq
-        if not seq:
+        if seq:
+            if sender is None:
+                sender = conn.peer or ""
+            expected = self.expect.get(sender, 1)
+            if seq != expected:
+                if seq > expected:  # an earlier one is still on its way (a cast tree)
+                    self.held[(sender, seq)] = (conn, msg, parts)
+                return  # seq < expected: already handled or skipped
+            self.expect[sender] = seq + 1
+            if self.held:
+                self._accept(conn, msg, parts)
+                self._release(sender, seq + 1)
+                return
+        if self.busy or self.queue:
             self._accept(conn, msg, parts)
-            return
-        if sender is None:
-            sender = conn.peer or ""
-        expected = self.expect.get(sender, 1)
-        if seq != expected:
-            if seq > expected:  # an earlier one is still on its way (through a cast tree)
-                self.held[(sender, seq)] = (conn, msg, parts)
-            return  # seq < expected: already handled or skipped
-        self._accept(conn, msg, parts)
-        self._release(sender, seq + 1)
+        else:
+            self._run(conn, msg, parts)
 
     def skip(self, sender: str, seq: int) -> None:
         """``seq`` from ``sender`` will never come: stop waiting for it."""

@@ -176,8 +176,8 @@ class Runtime:
         self.gone_actors: set[str] = set()
         #: cast tree nodes in this proc waiting for a subtree, by port
         self.gathers: dict[int, Any] = {}
-        #: next sequence number per (proc address, actor) we send to
-        self.seqs: dict[tuple[str, str], int] = {}
+        #: last sequence number sent, per proc address and actor
+        self.seqs: dict[str, dict[str, int]] = {}
         #: handlers of message types defined by higher layers (the mesh's Cast)
         self.extensions: dict[type, Callable[[Runtime, Connection, Any, list[Any]], None]] = dict(
             _extensions)
@@ -567,9 +567,10 @@ class Runtime:
                   args: msgspec.Raw, pickled: bool, parts: Sequence[Buffer]) -> None:
         """Send one call to ``actor`` at ``addr``; its reply (if ``reply``) comes to that port."""
         conn = self.connection(addr)
-        key = (addr, actor)
-        seq = self.seqs.get(key, 0) + 1
-        self.seqs[key] = seq
+        seqs = self.seqs.get(addr)
+        if seqs is None:
+            seqs = self.seqs[addr] = {}
+        seq = seqs[actor] = seqs.get(actor, 0) + 1
         if not conn.send(Call(actor, method, reply, args, pickled, seq), parts):
             if reply:
                 self.deliver(reply, rank, ERROR, self.peer_lost_error(addr, conn.close_reason))
@@ -665,14 +666,20 @@ _last: tuple[asyncio.AbstractEventLoop | None, Runtime | None] = (None, None)
 
 def current_runtime() -> Runtime:
     """The runtime of the running event loop, or the background one in sync code."""
+    return runtime_here()[0]
+
+
+def runtime_here() -> tuple[Runtime, bool]:
+    """``(runtime, on its loop)``: the running loop's runtime and True, or the
+    background runtime and False (sync code, which must hand work to that loop)."""
     global _last
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        return background_runtime()
+        return background_runtime(), False
     last_loop, last_rt = _last
     if loop is last_loop and last_rt is not None:
-        return last_rt
+        return last_rt, True
     rt = _runtimes.get(loop)
     if rt is None:
         with _runtimes_lock:
@@ -681,7 +688,7 @@ def current_runtime() -> Runtime:
                 rt = Runtime(loop)
                 _runtimes[loop] = rt
     _last = (loop, rt)
-    return rt
+    return rt, True
 
 
 async def close_loop_runtime(loop: asyncio.AbstractEventLoop) -> None:

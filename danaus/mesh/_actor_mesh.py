@@ -12,7 +12,7 @@ import msgspec
 
 from ..actors._actor import Actor, describe_endpoints, endpoints_of
 from ..actors._future import Future
-from ..actors._runtime import JOB_ID, Runtime, current_runtime, run_on
+from ..actors._runtime import JOB_ID, Runtime, current_runtime, run_on, runtime_here
 from ..actors._serialize import dumps, dumps_args
 from ..actors._wire import CAST_GATHER, CAST_NONE, CAST_REDUCE, ERROR, Spawn, StopActor
 from ..config import config
@@ -66,9 +66,12 @@ class ActorMesh(Generic[A]):
         self._procs = procs
         self._ranks = shape.global_ranks()
         self._tl: list[tuple[int, str]] | None = None
+        self._known: dict[int, str] = {}  # proc addresses learnt so far
         self._inflight: dict[int, int] = {}
         self._rr = 0
         self._state = state if state is not None else MeshState(name, shape, None)
+        #: the runtime for which the spawn gate is known open (skips checking it again)
+        self._open_for: Runtime | None = None
 
     @property
     def _targets_list(self) -> list[tuple[int, str]]:
@@ -78,11 +81,17 @@ class ActorMesh(Generic[A]):
         return self._tl
 
     def _addr_of(self, rank: int) -> str:
-        if self._addrs is not None:
-            return self._addrs[rank]
-        assert self._procs is not None
-        addr: str | None = self._procs._procs[rank].addr
-        return addr or ""  # "": the proc never started (its host agent failed)
+        addrs = self._addrs
+        if addrs is not None:
+            return addrs[rank]
+        addr = self._known.get(rank)
+        if addr is None:
+            assert self._procs is not None
+            addr = self._procs._procs[rank].addr
+            if not addr:
+                return ""  # the proc never started (its host agent failed)
+            self._known[rank] = addr
+        return addr
 
     @classmethod
     def _spawn(cls, procs: ProcMesh, name: str, actor_cls: type[A], args: tuple[Any, ...],
@@ -299,7 +308,9 @@ class ActorEndpoint(Generic[A]):
 
     def _send(self, rt: Runtime, ranks: list[int], port: int,
               enc: tuple[Any, bool, list[Any]], mode: int = CAST_GATHER,
-              reducer: tuple[msgspec.Raw, bool] | None = None) -> None:
+              reducer: tuple[msgspec.Raw, bool] | None = None, here: bool | None = None) -> None:
+        if here is None:
+            here = rt.on_loop()
         mesh = self._mesh
         raw, pickled, parts = enc
         actor = mesh._wire
@@ -318,9 +329,15 @@ class ActorEndpoint(Generic[A]):
             ranks = live
             if not ranks:
                 return
+        if here and len(ranks) == 1 and mesh._open_for is rt:
+            rank = ranks[0]  # the hot path: one actor, already spawned, from its loop
+            rt.send_call(mesh._addr_of(rank), actor, method, port, rank, raw, pickled, parts)
+            return
         gate = mesh._sent if rt is mesh._spawn_rt else mesh._init
         ready = gate.done()
-        if ready and len(ranks) == 1 and rt.on_loop() and (addr := mesh._addr_of(ranks[0])):
+        if ready and mesh._open_for is None and here:
+            mesh._open_for = rt
+        if ready and len(ranks) == 1 and here and (addr := mesh._addr_of(ranks[0])):
             rt.send_call(addr, actor, method, port, ranks[0], raw, pickled, parts)
             return
         fanout = config.cast_fanout
@@ -335,12 +352,10 @@ class ActorEndpoint(Generic[A]):
                     rt.deliver(port, r, ERROR, SupervisionError(
                         f"the proc of rank {r} of {mesh!r} never started"))
             if fanout and len(targets) > fanout:
-                seqs = rt.seqs
                 tree = []
                 for rank, addr in targets:
-                    key = (addr, actor)
-                    seq = seqs.get(key, 0) + 1
-                    seqs[key] = seq
+                    seqs = rt.seqs.setdefault(addr, {})
+                    seq = seqs[actor] = seqs.get(actor, 0) + 1
                     tree.append((rank, addr, seq))
                 send_cast(rt, actor, method, tree, port, mode if port else CAST_NONE, fanout,
                           raw, pickled, parts, reducer)
@@ -366,9 +381,9 @@ class ActorEndpoint(Generic[A]):
     def _call_single(self, ranks: list[int], args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> Future[Any]:
         enc = self._encode(args, kwargs)
-        rt = current_runtime()
+        rt, here = runtime_here()
         fut: Future[Any] = Future(loop=rt.loop)
-        self._send(rt, ranks, rt.open_future_port(fut), enc)
+        self._send(rt, ranks, rt.open_future_port(fut), enc, here=here)
         return fut
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:

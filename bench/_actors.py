@@ -1,0 +1,48 @@
+"""Actors the benchmarks spawn (importable by the procs)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from danaus import Actor, context, current_rank, endpoint
+
+
+class Waiter(Actor):
+    @endpoint
+    async def wait_forever(self) -> None:
+        await asyncio.Event().wait()
+
+
+class Sink(Actor):
+    """Takes (sender, i) messages, suspending now and then so its mailbox fills."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.max_depth = 0
+
+    @endpoint
+    async def take(self, sender: str, i: int) -> None:
+        inst = context().actor_instance.runtime_actor  # type: ignore[union-attr]
+        self.max_depth = max(self.max_depth, len(inst.queue))
+        self.count += 1
+        if i % 64 == 0:
+            await asyncio.sleep(0)
+
+    @endpoint
+    def ack(self) -> None:
+        pass
+
+    @endpoint
+    def report(self) -> dict[str, Any]:
+        return {"count": self.count, "max_depth": self.max_depth}
+
+
+class Source(Actor):
+    @endpoint
+    async def pump(self, sink: Any, n: int) -> int:
+        me = str(current_rank())
+        for i in range(n):
+            await sink.take.post(me, i)
+        await sink.ack.call_one()
+        return n
