@@ -64,6 +64,8 @@ class Config:
     cast_fanout: int = 16
     #: Messages an actor may have waiting before it stops reading from their senders.
     mailbox_limit: int = 10_000
+    #: Force one data-plane backend ("ibverbs", "shm" or "tcp"); empty: best available.
+    rdma_backend: str = ""
     #: Use uvloop for event loops danaus creates, when it is importable.
     use_uvloop: bool = True
 

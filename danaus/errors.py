@@ -14,6 +14,12 @@ __all__ = [
     "DanausError",
     "EndpointNotFoundError",
     "ProtocolError",
+    "RDMABackendUnavailableError",
+    "RDMABufferDroppedError",
+    "RDMABufferError",
+    "RDMAError",
+    "RDMAOwnerError",
+    "RDMATransferError",
     "SerializationError",
     "SupervisionError",
 ]
@@ -92,3 +98,32 @@ class ProtocolError(DanausError):
 
 class AuthenticationError(ProtocolError):
     """A peer's fault: it did not prove that it holds the job's secret key."""
+
+
+class RDMAError(DanausError):
+    """Base of the data plane's errors (``danaus.rdma``)."""
+
+
+class RDMABufferError(RDMAError, ValueError):
+    """Your code's fault: a buffer or destination that cannot be used as given
+    (not contiguous, not writable, wrong size, range outside the buffer)."""
+
+
+class RDMABufferDroppedError(RDMAError):
+    """Your code's fault: the buffer was dropped (``await buf.drop()``) before this use."""
+
+
+class RDMAOwnerError(RDMAError, SupervisionError):
+    """Outside fault: the proc that owns the buffer died or became unreachable mid-transfer.
+
+    The destination is then reported as not (fully) written.
+    """
+
+
+class RDMABackendUnavailableError(RDMAError):
+    """Setup problem: the backend asked for (``DANAUS_RDMA_BACKEND``) cannot run here."""
+
+
+class RDMATransferError(RDMAError):
+    """Outside fault: the transport failed the transfer (e.g. an ibverbs work completion
+    error); the destination is not (fully) written."""

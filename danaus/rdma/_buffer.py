@@ -1,0 +1,254 @@
+"""``RDMABuffer``: memory that other procs read and write without control messages."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..actors._future import Future
+from ..actors._runtime import Runtime, runtime_here
+from ..errors import RDMABufferDroppedError, RDMABufferError
+from ._handle import BufferHandle
+from ._manager import manager
+from ._memory import byte_view
+
+__all__ = ["RDMAAction", "RDMABuffer", "backends", "get_rdma_backend"]
+
+
+def _run(rt: Runtime, here: bool, make: Callable[[], Awaitable[Any]]) -> Future[Any]:
+    """Run ``make()`` on ``rt``'s loop; a Future for its outcome (awaitable, or ``.get()``)."""
+    fut: Future[Any] = Future(loop=rt.loop)
+
+    def start() -> None:
+        task = rt.spawn_task(make())
+
+        def done(t: asyncio.Task[Any]) -> None:
+            if fut.done():
+                return
+            if t.cancelled():
+                fut.cancel()
+            elif (exc := t.exception()) is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(t.result())
+
+        task.add_done_callback(done)
+
+    if here:
+        start()
+    else:
+        rt.loop.call_soon_threadsafe(start)
+    return fut
+
+
+def _done(rt: Runtime) -> Future[None]:
+    fut: Future[None] = Future(loop=rt.loop)
+    fut.set_result(None)
+    return fut
+
+
+def _is_cuda(obj: Any) -> bool:
+    if "torch" not in sys.modules:
+        return False
+    import torch
+
+    return isinstance(obj, torch.Tensor) and obj.device.type == "cuda"
+
+
+class RDMABuffer:
+    """Bytes registered for one-sided transfers: ``RDMABuffer(tensor_or_array_or_memoryview)``.
+
+    Nothing is copied at registration; the object is kept alive until :meth:`drop`. The
+    buffer is a small picklable handle (owner proc, id, size, per-backend keys): pass it
+    to another actor, which then ``await buf.read_into(dst)`` or ``write_from(src)``.
+    Bytes move on the data plane (ibverbs, shm or tcp), never in control messages.
+
+    CUDA tensors: registered directly on ibverbs with GPUDirect where the device offers
+    it; otherwise staged through pinned host memory by the owner (see the README).
+    """
+
+    def __init__(self, data: Any) -> None:
+        rt, _ = runtime_here()
+        self._rt_addr = rt.addr
+        self._cuda = None
+        if _is_cuda(data):
+            import torch
+
+            if data.dim() != 1 or not data.is_contiguous():
+                raise RDMABufferError("a CUDA tensor must be 1-D and contiguous; view others "
+                                      "with t.view(torch.uint8).flatten()")
+            staging = torch.empty(data.numel() * data.element_size(), dtype=torch.uint8,
+                                  pin_memory=True)
+            staging.copy_(data.view(torch.uint8))
+            self._cuda = data
+            data = staging
+        view, addr, keepalive = byte_view(data, writable=False, what="an RDMABuffer's memory")
+        self._handle: BufferHandle = manager(rt).register(view, addr, (keepalive, data))
+        self._local = True
+
+    @classmethod
+    def _from_handle(cls, handle: BufferHandle) -> RDMABuffer:
+        self = cls.__new__(cls)
+        self._handle = handle
+        self._rt_addr = ""
+        self._cuda = None
+        self._local = False
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self._cuda is not None:
+            self._sync_out()
+        return (RDMABuffer._from_handle, (self._handle,))
+
+    def __repr__(self) -> str:
+        h = self._handle
+        return f"RDMABuffer({h.size} bytes, id {h.buf_id} at {h.owner})"
+
+    def _sync_out(self) -> None:
+        """CUDA: refresh the pinned staging copy from the device (owner side)."""
+        import torch
+
+        assert self._cuda is not None
+        buf = manager().buffers.get(self._handle.buf_id)
+        if buf is not None:
+            staging = buf.keepalive[1]
+            staging.copy_(self._cuda.view(torch.uint8))
+
+    @property
+    def handle(self) -> BufferHandle:
+        return self._handle
+
+    @property
+    def owner(self) -> str:
+        """The control-plane address of the proc that registered the memory."""
+        return self._handle.owner
+
+    def size(self) -> int:
+        """The number of bytes."""
+        return self._handle.size
+
+    def _range(self, n: int, offset: int, what: str) -> None:
+        size = self._handle.size
+        if offset < 0 or offset > size:
+            raise RDMABufferError(f"offset {offset} is outside the buffer of {size} bytes")
+        if n != size - offset:
+            raise RDMABufferError(
+                f"{what} has {n} bytes but the buffer range [{offset}, {size}) has "
+                f"{size - offset}: they must match")
+
+    def read_into(self, dst: Any, *, offset: int = 0) -> Future[None]:
+        """Copy the buffer's bytes from ``offset`` to its end into ``dst``.
+
+        ``dst`` (a writable, contiguous tensor, array or memoryview) must hold exactly that
+        many bytes. Await it, or ``.get()`` in sync code.
+
+        Raises:
+            RDMABufferError: ``dst`` is not contiguous, not writable, or of another size.
+            RDMABufferDroppedError: the buffer was dropped.
+            RDMAOwnerError: the owner died or became unreachable (``dst`` not fully written).
+        """
+        view, _, keep = byte_view(dst, writable=True, what="read_into's destination")
+        self._range(view.nbytes, offset, "read_into's destination")
+        rt, here = runtime_here()
+        handle = self._handle
+
+        if here:  # small same-host transfers complete right here: no task, no loop turn
+            mgr = manager(rt)
+            backend = mgr.backend_for(handle)
+            if backend.move_now(handle, offset, view, write=False):
+                return _done(rt)
+
+        async def go(keep: Any = keep) -> None:  # keep: dst stays alive until done
+            mgr = manager(rt)
+            if handle.owner == rt.addr and handle.buf_id not in mgr.buffers:
+                raise RDMABufferDroppedError(f"buffer {handle.buf_id} was dropped")
+            await mgr.backend_for(handle).read(handle, offset, view)
+
+        return _run(rt, here, go)
+
+    def write_from(self, src: Any, *, offset: int = 0) -> Future[None]:
+        """Copy ``src`` into the buffer from ``offset`` to its end (sizes must match).
+
+        Raises: as :meth:`read_into`.
+        """
+        view, _, keep = byte_view(src, writable=False, what="write_from's source")
+        self._range(view.nbytes, offset, "write_from's source")
+        rt, here = runtime_here()
+        handle = self._handle
+
+        if here:  # small same-host transfers complete right here: no task, no loop turn
+            mgr = manager(rt)
+            backend = mgr.backend_for(handle)
+            if backend.move_now(handle, offset, view, write=True):
+                return _done(rt)
+
+        async def go(keep: Any = keep) -> None:  # keep: src stays alive until done
+            mgr = manager(rt)
+            if handle.owner == rt.addr and handle.buf_id not in mgr.buffers:
+                raise RDMABufferDroppedError(f"buffer {handle.buf_id} was dropped")
+            await mgr.backend_for(handle).write(handle, offset, view)
+
+        return _run(rt, here, go)
+
+    def drop(self) -> Future[None]:
+        """Release the registration; later transfers raise ``RDMABufferDroppedError``."""
+        rt, here = runtime_here()
+        handle = self._handle
+
+        async def go() -> None:
+            mgr = manager(rt)
+            if handle.owner == rt.addr:
+                mgr.drop(handle.buf_id)
+            else:
+                await mgr.exchange_drop(handle)
+
+        return _run(rt, here, go)
+
+
+class RDMAAction:
+    """A batch of transfers submitted together:
+    ``await RDMAAction().read_into(buf, dst).write_from(buf2, src).submit()``.
+
+    The transfers run concurrently; the result raises the first error, after all ended.
+    """
+
+    def __init__(self) -> None:
+        self._ops: list[Callable[[], Future[None]]] = []
+
+    def read_into(self, buf: RDMABuffer, dst: Any, *, offset: int = 0) -> RDMAAction:
+        byte_view(dst, writable=True, what="read_into's destination")  # fail now, not later
+        self._ops.append(lambda: buf.read_into(dst, offset=offset))
+        return self
+
+    def write_from(self, buf: RDMABuffer, src: Any, *, offset: int = 0) -> RDMAAction:
+        byte_view(src, writable=False, what="write_from's source")
+        self._ops.append(lambda: buf.write_from(src, offset=offset))
+        return self
+
+    def submit(self) -> Future[None]:
+        rt, here = runtime_here()
+        ops = list(self._ops)
+
+        async def go() -> None:
+            results = await asyncio.gather(*(op() for op in ops), return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+
+        return _run(rt, here, go)
+
+
+def backends() -> list[str]:
+    """The backends available in this process, best first."""
+    from ._manager import PREFERENCE
+
+    mgr = manager()
+    return [n for n in PREFERENCE if n in mgr.backends]
+
+
+def get_rdma_backend(buf: RDMABuffer | BufferHandle) -> str:
+    """The backend a transfer between this process and ``buf`` would use."""
+    handle = buf.handle if isinstance(buf, RDMABuffer) else buf
+    return manager().backend_for(handle).name

@@ -1,0 +1,258 @@
+"""The RDMA manager of one proc: registrations, the validity table, the backends.
+
+Every proc (and the controller) that creates an ``RDMABuffer`` or moves bytes gets one
+manager per runtime. Owner side, it keeps each registered buffer alive and reachable; a
+system actor ``__rdma__`` answers other procs' setup requests. Reader side, it picks the
+backend for each peer (logged once per peer) and holds the backends' client state.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import os
+import socket
+from typing import Any
+
+from ..actors._actor import Actor, endpoint, install_actor
+from ..actors._future import Future
+from ..actors._runtime import Runtime, current_runtime
+from ..actors._serialize import dumps_args
+from ..config import config
+from ..errors import (
+    RDMABackendUnavailableError,
+    RDMABufferDroppedError,
+    RDMABufferError,
+    RDMAOwnerError,
+    SupervisionError,
+)
+from ._backend import Backend, LocalBuffer
+from ._handle import BufferHandle
+
+log = logging.getLogger("danaus.rdma")
+
+#: the order backends are preferred in, best first
+PREFERENCE = ("ibverbs", "shm", "tcp")
+
+
+def host_id() -> str:
+    """Procs on one machine (one kernel) share this id."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}:{boot}"
+
+
+class _Slots:
+    """Validity words: slot i holds a buffer's id while it is registered, 0 after.
+
+    Readers on the same host read them with process_vm_readv before and after a
+    one-sided transfer. The arrays never move (new chunks are added, none freed).
+    """
+
+    CHUNK = 4096
+
+    def __init__(self) -> None:
+        self.chunks: list[Any] = []
+        self.free: list[tuple[int, int]] = []
+
+    def take(self, buf_id: int) -> tuple[int, int, int]:
+        if not self.free:
+            chunk = (ctypes.c_uint64 * self.CHUNK)()
+            self.chunks.append(chunk)
+            c = len(self.chunks) - 1
+            self.free.extend((c, i) for i in range(self.CHUNK - 1, -1, -1))
+        c, i = self.free.pop()
+        self.chunks[c][i] = buf_id
+        return c, i, ctypes.addressof(self.chunks[c]) + 8 * i
+
+    def release(self, c: int, i: int) -> None:
+        self.chunks[c][i] = 0
+        self.free.append((c, i))
+
+
+class RDMAManager:
+    """Per-runtime state of the data plane. Use :func:`manager`."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.host = host_id()
+        self.pid = os.getpid()
+        self.buffers: dict[int, LocalBuffer] = {}
+        self._slot_of: dict[int, tuple[int, int]] = {}
+        self._slots = _Slots()
+        self._ids = itertools.count(1)
+        self._chosen: dict[str, str] = {}  # peer -> backend name (logged once)
+        self.backends: dict[str, Backend] = {}
+        self.unavailable: dict[str, str] = {}
+        self._data_addr = ""
+        from ._shm import ShmBackend
+        from ._tcp import TcpBackend
+
+        classes: list[type[Backend]] = [ShmBackend, TcpBackend]
+        if not _truthy(os.environ.get("DANAUS_RDMA_DISABLE_IBVERBS")):
+            try:
+                from ._ibverbs import IbverbsBackend
+
+                classes.insert(0, IbverbsBackend)
+            except ImportError as e:
+                self.unavailable["ibverbs"] = f"not built: {e}"
+        else:
+            self.unavailable["ibverbs"] = "disabled by DANAUS_RDMA_DISABLE_IBVERBS"
+        for cls in classes:
+            why = cls.probe()
+            if why is not None:
+                self.unavailable[cls.name] = why
+                continue
+            try:
+                self.backends[cls.name] = _make(cls, self)
+            except Exception as e:  # a backend that cannot start is unavailable, not fatal
+                self.unavailable[cls.name] = f"failed to start: {type(e).__name__}: {e}"
+        install_actor(rt, "__rdma__", _RDMAService(self))
+
+    def __repr__(self) -> str:
+        return f"<RDMAManager {self.rt.addr} buffers={len(self.buffers)} backends={list(self.backends)}>"
+
+    @property
+    def data_addr(self) -> str:
+        tcp = self.backends.get("tcp")
+        return getattr(tcp, "listen_addr", "") if tcp is not None else ""
+
+    # ------------------------------------------------------------ owner side
+
+    def register(self, view: memoryview, addr: int, keepalive: Any) -> BufferHandle:
+        buf_id = next(self._ids)
+        buf = LocalBuffer(buf_id, view, addr, keepalive)
+        c, i, valid_addr = self._slots.take(buf_id)
+        self._slot_of[buf_id] = (c, i)
+        for name, backend in self.backends.items():
+            keys = backend.register(buf)
+            if keys:
+                buf.keys[name] = keys
+        self.buffers[buf_id] = buf
+        return BufferHandle(self.rt.addr, self.pid, self.host, buf_id, addr, buf.size,
+                            valid_addr, self.data_addr, buf.keys)
+
+    def drop(self, buf_id: int) -> None:
+        buf = self.buffers.pop(buf_id, None)
+        if buf is None:
+            return
+        c, i = self._slot_of.pop(buf_id)
+        self._slots.release(c, i)
+        for backend in self.backends.values():
+            backend.unregister(buf)
+
+    def local(self, buf_id: int, offset: int, n: int) -> memoryview:
+        """Owner side: the registered bytes ``[offset, offset + n)`` of a buffer."""
+        buf = self.buffers.get(buf_id)
+        if buf is None:
+            raise RDMABufferDroppedError(f"buffer {buf_id} of {self.rt.addr} was dropped")
+        if offset < 0 or offset + n > buf.size:
+            raise RDMABufferError(f"range [{offset}, {offset + n}) is outside buffer {buf_id} "
+                                  f"of {buf.size} bytes")
+        return buf.view[offset:offset + n]
+
+    # ------------------------------------------------------------ reader side
+
+    def backend_for(self, handle: BufferHandle) -> Backend:
+        """The best backend that reaches ``handle`` from here (or the forced one)."""
+        forced = os.environ.get("DANAUS_RDMA_BACKEND") or config.rdma_backend
+        if forced:
+            backend = self.backends.get(forced)
+            if backend is None:
+                why = self.unavailable.get(forced, f"no backend named {forced!r}; "
+                                                   f"known: {', '.join(PREFERENCE)}")
+                raise RDMABackendUnavailableError(f"DANAUS_RDMA_BACKEND={forced} cannot run here: {why}")
+            if not backend.reaches(handle):
+                raise RDMABackendUnavailableError(
+                    f"DANAUS_RDMA_BACKEND={forced} cannot reach the buffer of {handle.owner}")
+            return backend
+        for name in PREFERENCE:
+            backend = self.backends.get(name)
+            if backend is not None and backend.reaches(handle):
+                if self._chosen.get(handle.owner) != name:
+                    self._chosen[handle.owner] = name
+                    log.info("rdma: %s -> %s uses the %s backend", self.rt.addr, handle.owner, name)
+                return backend
+        raise RDMABackendUnavailableError(
+            f"no backend reaches the buffer of {handle.owner} from {self.rt.addr} "
+            f"(available here: {list(self.backends)}; not: {self.unavailable})")
+
+    async def exchange(self, owner: str, backend: str, request: dict[str, Any]) -> dict[str, Any]:
+        """Ask the owner proc's manager (``serve``); its answer, or RDMAOwnerError."""
+        rt = self.rt
+        fut: Future[Any] = Future(loop=rt.loop)
+        raw, pickled, parts = dumps_args((backend, request), {}, lambda: "an RDMA setup request")
+        rt.send_call(owner, "__rdma__", "serve", rt.open_future_port(fut), -1, raw, pickled, parts)
+        try:
+            result: dict[str, Any] = await fut
+        except SupervisionError as e:
+            raise RDMAOwnerError(f"the owner of the buffer ({owner}) is gone: {e}") from e
+        return result
+
+    async def exchange_drop(self, handle: BufferHandle) -> None:
+        """Drop a buffer owned by another proc (through its ``__rdma__`` actor)."""
+        rt = self.rt
+        fut: Future[Any] = Future(loop=rt.loop)
+        raw, pickled, parts = dumps_args((handle.buf_id,), {}, lambda: "a drop request")
+        rt.send_call(handle.owner, "__rdma__", "drop", rt.open_future_port(fut), -1, raw,
+                     pickled, parts)
+        try:
+            await fut
+        except SupervisionError as e:
+            raise RDMAOwnerError(f"the owner of the buffer ({handle.owner}) is gone: {e}") from e
+
+    async def aclose(self) -> None:
+        for backend in self.backends.values():
+            await backend.aclose()
+
+
+class _RDMAService(Actor):
+    """System actor ``__rdma__``: answers other procs' requests for this proc's manager."""
+
+    def __init__(self, mgr: RDMAManager) -> None:
+        self.mgr = mgr
+
+    @endpoint
+    async def serve(self, backend: str, request: dict[str, Any]) -> dict[str, Any]:
+        b = self.mgr.backends.get(backend)
+        if b is None:
+            raise RDMABackendUnavailableError(
+                f"backend {backend} is not available in {self.mgr.rt.addr}: "
+                f"{self.mgr.unavailable.get(backend, 'unknown backend')}")
+        return await b.serve(request)
+
+    @endpoint
+    def drop(self, buf_id: int) -> None:
+        self.mgr.drop(buf_id)
+
+
+def _make(cls: type[Backend], mgr: RDMAManager) -> Backend:
+    if cls.name == "ibverbs":
+        from ._ibverbs import make_ibverbs_backend
+
+        backend: Backend = make_ibverbs_backend(mgr.exchange)
+        return backend
+    return cls(mgr)  # type: ignore[call-arg]
+
+
+def _truthy(v: str | None) -> bool:
+    return v is not None and v.strip().lower() not in ("0", "false", "no", "off", "")
+
+
+_managers: dict[int, RDMAManager] = {}
+
+
+def manager(rt: Runtime | None = None) -> RDMAManager:
+    """The RDMA manager of ``rt`` (default: the current runtime), made on first use."""
+    rt = rt or current_runtime()
+    mgr = _managers.get(id(rt))
+    if mgr is None or mgr.rt is not rt:
+        mgr = _managers[id(rt)] = RDMAManager(rt)
+    return mgr
+
+
+
