@@ -190,6 +190,8 @@ class Runtime:
             host, port = self._sock.getsockname()[:2]  # port 0: the kernel picked one
             self.addr = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         self.on_lost: list[Callable[[str], None]] = []
+        #: coroutines to run when the runtime closes (layers above: the RDMA manager)
+        self.closers: list[Callable[[], Any]] = []
         self.spawn_task(self._serve())
         loop.call_later(config.heartbeat_interval, self._heartbeat)
 
@@ -587,6 +589,11 @@ class Runtime:
         self.closed = True
         for actor in list(self.actors.values()):
             await actor.stop()
+        for closer in self.closers:
+            try:
+                await closer()
+            except Exception:
+                log.exception("closing %r", closer)
         self.actors.clear()
         for conn in list(self._all_conns) + list(self.conns.values()):
             conn.close()

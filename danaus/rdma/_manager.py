@@ -112,6 +112,7 @@ class RDMAManager:
             except Exception as e:  # a backend that cannot start is unavailable, not fatal
                 self.unavailable[cls.name] = f"failed to start: {type(e).__name__}: {e}"
         install_actor(rt, "__rdma__", _RDMAService(self))
+        rt.closers.append(self.aclose)
 
     def __repr__(self) -> str:
         return f"<RDMAManager {self.rt.addr} buffers={len(self.buffers)} backends={list(self.backends)}>"
@@ -208,6 +209,7 @@ class RDMAManager:
     async def aclose(self) -> None:
         for backend in self.backends.values():
             await backend.aclose()
+        _managers.pop(id(self.rt), None)
 
 
 class _RDMAService(Actor):

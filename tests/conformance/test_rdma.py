@@ -1,0 +1,219 @@
+"""One RDMA conformance suite, run over every backend.
+
+``ibverbs`` cases need an RDMA NIC and skip themselves where there is none (the backend's
+logic is unit-tested against a labelled fake device in tests/unit/rdma).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from danaus import Actor, endpoint, this_host
+from danaus.errors import (
+    RDMABackendUnavailableError,
+    RDMABufferDroppedError,
+    RDMABufferError,
+    RDMAOwnerError,
+)
+from danaus.rdma import RDMAAction, RDMABuffer, get_rdma_backend
+
+N = 1 << 20
+
+
+def _ibverbs_missing() -> str | None:
+    from danaus.rdma._manager import manager
+
+    try:
+        from danaus.rdma._ibverbs import IbverbsBackend
+    except ImportError as e:
+        return f"ibverbs backend not importable: {e}"
+    del manager
+    return IbverbsBackend.probe()
+
+
+@pytest.fixture(params=["shm", "tcp", "ibverbs"])
+def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    name: str = request.param
+    if name == "ibverbs" and (why := _ibverbs_missing()):
+        pytest.skip(f"needs an RDMA NIC (ibverbs device): {why}")
+    old = os.environ.get("DANAUS_RDMA_BACKEND")
+    os.environ["DANAUS_RDMA_BACKEND"] = name
+    yield name
+    if old is None:
+        os.environ.pop("DANAUS_RDMA_BACKEND", None)
+    else:
+        os.environ["DANAUS_RDMA_BACKEND"] = old
+
+
+class Owner(Actor):
+    """Holds registered buffers in its proc."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, Any] = {}
+        self.bufs: dict[str, RDMABuffer] = {}
+
+    @endpoint
+    def make(self, name: str, n: int, kind: str = "numpy") -> RDMABuffer:
+        a: Any = (np.arange(n, dtype=np.uint64).view(np.uint8)[:n].copy() if kind == "numpy"
+                  else torch.arange(n // 4, dtype=torch.float32))
+        self.arrays[name] = a
+        self.bufs[name] = RDMABuffer(a if kind == "numpy" else a)
+        return self.bufs[name]
+
+    @endpoint
+    def digest(self, name: str) -> bytes:
+        a = self.arrays[name]
+        return bytes(a.numpy().tobytes() if isinstance(a, torch.Tensor) else a.tobytes())
+
+    @endpoint
+    async def drop(self, name: str) -> None:
+        await self.bufs[name].drop()
+
+    @endpoint
+    async def read_from(self, buf: RDMABuffer) -> bytes:
+        dst = np.empty(buf.size(), np.uint8)
+        await buf.read_into(dst)
+        return dst.tobytes()
+
+
+@pytest.fixture(scope="module")
+def owner_mesh() -> Iterator[Any]:
+    with this_host().spawn_procs(per_host={"procs": 2}, name="rdma") as procs:
+        mesh = procs.spawn("owner", Owner)
+        mesh.initialized.get(timeout=30)
+        yield mesh
+
+
+def _expected(n: int) -> bytes:
+    return np.arange(n, dtype=np.uint64).view(np.uint8)[:n].tobytes()
+
+
+async def test_read_into_numpy_torch_and_memoryview(backend: str, owner_mesh: Any) -> None:
+    buf = await owner_mesh.slice(procs=0).make.call_one("r", N)
+    assert buf.size() == N and get_rdma_backend(buf) == backend
+    dst = np.empty(N, np.uint8)
+    await asyncio.wait_for(buf.read_into(dst), 20)
+    assert dst.tobytes() == _expected(N)
+    t = torch.empty(N, dtype=torch.uint8)
+    await buf.read_into(t)
+    assert t.numpy().tobytes() == _expected(N)
+    mv = memoryview(bytearray(N - 100))
+    await buf.read_into(mv, offset=100)
+    assert bytes(mv) == _expected(N)[100:]
+
+
+async def test_write_from_with_offset(backend: str, owner_mesh: Any) -> None:
+    one = owner_mesh.slice(procs=1)
+    buf = await one.make.call_one("w", N)
+    src = np.full(N - 4096, 7, np.uint8)
+    await asyncio.wait_for(buf.write_from(src, offset=4096), 20)
+    got = await one.digest.call_one("w")
+    assert got[:4096] == _expected(N)[:4096] and got[4096:] == src.tobytes()
+
+
+async def test_large_transfer_is_exact(backend: str, owner_mesh: Any) -> None:
+    n = 24 << 20
+    buf = await owner_mesh.slice(procs=0).make.call_one("big", n)
+    dst = np.empty(n, np.uint8)
+    await asyncio.wait_for(buf.read_into(dst), 60)
+    assert dst.tobytes() == _expected(n)
+
+
+async def test_a_tensor_buffer_written_from_a_tensor(backend: str, owner_mesh: Any) -> None:
+    one = owner_mesh.slice(procs=0)
+    buf = await one.make.call_one("t", 4096, "torch")
+    src = torch.linspace(0, 1, 1024)
+    await buf.write_from(src)
+    assert await one.digest.call_one("t") == src.numpy().tobytes()
+
+
+async def test_bad_destinations_raise_buffer_errors(backend: str, owner_mesh: Any) -> None:
+    buf = await owner_mesh.slice(procs=0).make.call_one("bad", 4096)
+    with pytest.raises(RDMABufferError, match="must match"):
+        buf.read_into(np.empty(4095, np.uint8))
+    with pytest.raises(RDMABufferError, match="must match"):
+        buf.read_into(np.empty(4097, np.uint8))
+    with pytest.raises(RDMABufferError, match="contiguous"):
+        buf.read_into(torch.empty(64, 128, dtype=torch.uint8).T)
+    with pytest.raises(RDMABufferError, match="writable"):
+        buf.read_into(b"\0" * 4096)
+    with pytest.raises(RDMABufferError, match="outside"):
+        buf.read_into(np.empty(10, np.uint8), offset=5000)
+    dst = np.empty(4096, np.uint8)
+    await buf.read_into(dst)  # the buffer still works
+    assert dst.tobytes() == _expected(4096)
+
+
+async def test_dropped_buffer_raises_and_the_owner_keeps_serving(backend: str, owner_mesh: Any) -> None:
+    zero = owner_mesh.slice(procs=0)
+    buf = await zero.make.call_one("d", 8192)
+    keep = await zero.make.call_one("k", 8192)
+    await zero.drop.call_one("d")
+    with pytest.raises(RDMABufferDroppedError):
+        await asyncio.wait_for(buf.read_into(np.empty(8192, np.uint8)), 20)
+    with pytest.raises(RDMABufferDroppedError):
+        await asyncio.wait_for(buf.write_from(np.empty(8192, np.uint8)), 20)
+    dst = np.empty(8192, np.uint8)
+    await keep.read_into(dst)
+    assert dst.tobytes() == _expected(8192)
+    await keep.drop()  # a reader may drop it too
+    with pytest.raises(RDMABufferDroppedError):
+        await keep.read_into(dst)
+
+
+async def test_batched_action(backend: str, owner_mesh: Any) -> None:
+    a = await owner_mesh.slice(procs=0).make.call_one("a", 4096)
+    b = await owner_mesh.slice(procs=1).make.call_one("b", 8192)
+    da, db = np.empty(4096, np.uint8), np.empty(8192, np.uint8)
+    await RDMAAction().read_into(a, da).read_into(b, db).submit()
+    assert da.tobytes() == _expected(4096) and db.tobytes() == _expected(8192)
+
+
+async def test_a_proc_reads_a_buffer_the_controller_owns(backend: str, owner_mesh: Any) -> None:
+    data = np.arange(N, dtype=np.uint8)
+    buf = RDMABuffer(data)
+    assert buf.owner.startswith("unix:")
+    got = await owner_mesh.slice(procs=1).read_from.call_one(buf)
+    assert got == data.tobytes()
+    await buf.drop()
+
+
+def test_sync_code_uses_get(backend: str, owner_mesh: Any) -> None:
+    buf = owner_mesh.slice(procs=0).make.call_one("s", 4096).get(timeout=20)
+    dst = np.empty(4096, np.uint8)
+    buf.read_into(dst).get(timeout=20)
+    assert dst.tobytes() == _expected(4096)
+
+
+async def test_owner_death_mid_transfer_reports_failure(backend: str) -> None:
+    from danaus.mesh import set_unhandled_fault_hook
+
+    old = set_unhandled_fault_hook(lambda f: None)
+    try:
+        async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+            owner = await procs.spawn("owner", Owner)
+            buf = await owner.make.call_one("x", 64 << 20)
+            os.kill(procs.pids[0], 9)
+            with pytest.raises(RDMAOwnerError):
+                await asyncio.wait_for(buf.read_into(np.empty(64 << 20, np.uint8)), 20)
+    finally:
+        set_unhandled_fault_hook(old)
+
+
+def test_forcing_an_unavailable_backend_is_a_clear_error(owner_mesh: Any) -> None:
+    if _ibverbs_missing() is None:
+        pytest.skip("this machine has an RDMA NIC, so ibverbs is available")
+    buf = owner_mesh.slice(procs=0).make.call_one("f", 4096).get(timeout=20)
+    os.environ["DANAUS_RDMA_BACKEND"] = "ibverbs"
+    try:
+        with pytest.raises(RDMABackendUnavailableError, match="ibverbs cannot run here"):
+            buf.read_into(np.empty(4096, np.uint8)).get(timeout=20)
+    finally:
+        del os.environ["DANAUS_RDMA_BACKEND"]
