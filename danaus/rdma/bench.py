@@ -12,7 +12,6 @@ in the same run: memcpy of the same size, and a raw one-way TCP loopback transfe
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import socket

@@ -64,7 +64,7 @@ class Owner(Actor):
         a: Any = (np.arange(n, dtype=np.uint64).view(np.uint8)[:n].copy() if kind == "numpy"
                   else torch.arange(n // 4, dtype=torch.float32))
         self.arrays[name] = a
-        self.bufs[name] = RDMABuffer(a if kind == "numpy" else a)
+        self.bufs[name] = RDMABuffer(a)
         return self.bufs[name]
 
     @endpoint
