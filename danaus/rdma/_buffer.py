@@ -85,7 +85,9 @@ class RDMABuffer:
             self._cuda = data
             data = staging
         view, addr, keepalive = byte_view(data, writable=False, what="an RDMABuffer's memory")
-        self._handle: BufferHandle = manager(rt).register(view, addr, (keepalive, data))
+        mgr = manager(rt)
+        self._handle: BufferHandle = mgr.register(view, addr, (keepalive, data),
+                                                  cuda=self._cuda)
         self._local = True
 
     @classmethod
@@ -98,23 +100,11 @@ class RDMABuffer:
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
-        if self._cuda is not None:
-            self._sync_out()
         return (RDMABuffer._from_handle, (self._handle,))
 
     def __repr__(self) -> str:
         h = self._handle
         return f"RDMABuffer({h.size} bytes, id {h.buf_id} at {h.owner})"
-
-    def _sync_out(self) -> None:
-        """CUDA: refresh the pinned staging copy from the device (owner side)."""
-        import torch
-
-        assert self._cuda is not None
-        buf = manager().buffers.get(self._handle.buf_id)
-        if buf is not None:
-            staging = buf.keepalive[1]
-            staging.copy_(self._cuda.view(torch.uint8))
 
     @property
     def handle(self) -> BufferHandle:
@@ -154,7 +144,7 @@ class RDMABuffer:
         rt, here = runtime_here()
         handle = self._handle
 
-        if here:  # small same-host transfers complete right here: no task, no loop turn
+        if here and "cuda" not in handle.keys:  # small same-host ones finish right here
             mgr = manager(rt)
             backend = mgr.backend_for(handle)
             if backend.move_now(handle, offset, view, write=False):
@@ -164,6 +154,8 @@ class RDMABuffer:
             mgr = manager(rt)
             if handle.owner == rt.addr and handle.buf_id not in mgr.buffers:
                 raise RDMABufferDroppedError(f"buffer {handle.buf_id} was dropped")
+            if "cuda" in handle.keys:  # device memory: the owner refreshes its staging copy
+                await mgr.exchange(handle.owner, "cuda", {"op": "out", "buf": handle.buf_id})
             await mgr.backend_for(handle).read(handle, offset, view)
 
         return _run(rt, here, go)
@@ -178,7 +170,7 @@ class RDMABuffer:
         rt, here = runtime_here()
         handle = self._handle
 
-        if here:  # small same-host transfers complete right here: no task, no loop turn
+        if here and "cuda" not in handle.keys:  # small same-host ones finish right here
             mgr = manager(rt)
             backend = mgr.backend_for(handle)
             if backend.move_now(handle, offset, view, write=True):
@@ -189,6 +181,8 @@ class RDMABuffer:
             if handle.owner == rt.addr and handle.buf_id not in mgr.buffers:
                 raise RDMABufferDroppedError(f"buffer {handle.buf_id} was dropped")
             await mgr.backend_for(handle).write(handle, offset, view)
+            if "cuda" in handle.keys:  # device memory: the owner copies the staging bytes in
+                await mgr.exchange(handle.owner, "cuda", {"op": "in", "buf": handle.buf_id})
 
         return _run(rt, here, go)
 

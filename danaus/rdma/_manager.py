@@ -124,7 +124,10 @@ class RDMAManager:
 
     # ------------------------------------------------------------ owner side
 
-    def register(self, view: memoryview, addr: int, keepalive: Any) -> BufferHandle:
+    def register(self, view: memoryview, addr: int, keepalive: Any,
+                 cuda: Any = None) -> BufferHandle:
+        """Owner side: make these bytes reachable. With ``cuda`` (a CUDA tensor), the bytes
+        are its pinned host staging copy, refreshed and written back on request."""
         buf_id = next(self._ids)
         buf = LocalBuffer(buf_id, view, addr, keepalive)
         c, i, valid_addr = self._slots.take(buf_id)
@@ -133,6 +136,9 @@ class RDMAManager:
             keys = backend.register(buf)
             if keys:
                 buf.keys[name] = keys
+        if cuda is not None:
+            buf.state["cuda"] = cuda
+            buf.keys["cuda"] = {"staged": 1}
         self.buffers[buf_id] = buf
         return BufferHandle(self.rt.addr, self.pid, self.host, buf_id, addr, buf.size,
                             valid_addr, self.data_addr, buf.keys)
@@ -220,12 +226,29 @@ class _RDMAService(Actor):
 
     @endpoint
     async def serve(self, backend: str, request: dict[str, Any]) -> dict[str, Any]:
+        if backend == "cuda":
+            return self._stage(request)
         b = self.mgr.backends.get(backend)
         if b is None:
             raise RDMABackendUnavailableError(
                 f"backend {backend} is not available in {self.mgr.rt.addr}: "
                 f"{self.mgr.unavailable.get(backend, 'unknown backend')}")
         return await b.serve(request)
+
+    def _stage(self, request: dict[str, Any]) -> dict[str, Any]:
+        """CUDA staging: copy device -> pinned host ("out", before a read) or back ("in")."""
+        import torch
+
+        buf = self.mgr.buffers.get(int(request["buf"]))
+        if buf is None:
+            raise RDMABufferDroppedError(f"buffer {request['buf']} was dropped")
+        device, staging = buf.state["cuda"], buf.keepalive[1]
+        if request["op"] == "out":
+            staging.copy_(device.view(torch.uint8))
+        else:
+            device.view(torch.uint8).copy_(staging)
+        torch.cuda.synchronize(device.device)
+        return {}
 
     @endpoint
     def drop(self, buf_id: int) -> None:

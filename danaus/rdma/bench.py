@@ -63,7 +63,7 @@ class Reader(Actor):
         rows = []
         full = buf.size()
         for size in sizes:
-            view = memoryview(self.dst)[:size]
+            view = memoryview(self.dst)[:size]  # type: ignore[arg-type]
             offset = full - size
             for op in ops:
                 fn = buf.read_into if op == "read" else buf.write_from

@@ -217,3 +217,19 @@ def test_forcing_an_unavailable_backend_is_a_clear_error(owner_mesh: Any) -> Non
             buf.read_into(np.empty(4096, np.uint8)).get(timeout=20)
     finally:
         del os.environ["DANAUS_RDMA_BACKEND"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none on this machine")
+async def test_cuda_tensor_staged_through_pinned_memory(owner_mesh: Any) -> None:
+    dev = torch.arange(4096, dtype=torch.uint8, device="cuda")
+    buf = RDMABuffer(dev)
+    got = await owner_mesh.slice(procs=0).read_from.call_one(buf)
+    assert got == dev.cpu().numpy().tobytes()
+    dev.add_(1)  # a later read sees the device's new bytes
+    assert await owner_mesh.slice(procs=0).read_from.call_one(buf) == dev.cpu().numpy().tobytes()
+    await buf.write_from(torch.zeros(4096, dtype=torch.uint8))
+    assert int(dev.sum()) == 0
+    dst = torch.empty(4096, dtype=torch.uint8, device="cuda")
+    with pytest.raises(RDMABufferError):
+        buf.read_into(dst)  # a raw CUDA destination needs staging too: clear error
+    await buf.drop()
