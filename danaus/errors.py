@@ -20,6 +20,7 @@ __all__ = [
     "RDMAError",
     "RDMAOwnerError",
     "RDMATransferError",
+    "RemoteException",
     "SerializationError",
     "SupervisionError",
 ]
@@ -127,3 +128,22 @@ class RDMABackendUnavailableError(RDMAError):
 class RDMATransferError(RDMAError):
     """Outside fault: the transport failed the transfer (e.g. an ibverbs work completion
     error); the destination is not (fully) written."""
+
+
+class RemoteException(ActorError):
+    """Remote code's fault: a tensor-engine operation failed on a worker.
+
+    Raised when a result of the failed operation (or of anything that depended on it) is
+    fetched. Besides ``ActorError``'s fields, ``issued_at`` is the controller line that
+    issued the operation. The workers keep running.
+    """
+
+    def __init__(self, actor: str, rank: str, exc_type: str, message: str,
+                 remote_traceback: str, issued_at: str = "") -> None:
+        super().__init__(actor, rank, exc_type, message, remote_traceback)
+        self.issued_at = issued_at
+        self.args = (actor, rank, exc_type, message, remote_traceback, issued_at)
+
+    def __str__(self) -> str:
+        where = f"\n  issued on the controller at {self.issued_at}" if self.issued_at else ""
+        return super().__str__().replace("\nremote traceback:", f"{where}\nremote traceback:", 1)

@@ -250,9 +250,12 @@ class ActorInstance:
         self.busy = False
         self.task = None
         if task.cancelled():
-            self._reply_error(conn, msg, ErrorInfo(
-                "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
-                f"actor {self.ctx.actor_id} was stopped while handling {msg.method}", ""))
+            if not msg.reply:
+                pass  # stopped while handling a broadcast: nobody to tell
+            else:
+                self._reply_error(conn, msg, ErrorInfo(
+                    "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
+                    f"actor {self.ctx.actor_id} was stopped while handling {msg.method}", ""))
         elif (exc := task.exception()) is not None:
             self._reply_error(conn, msg, _info(exc, self))
         elif msg.reply:

@@ -226,6 +226,16 @@ class ProcMesh:
     def __len__(self) -> int:
         return len(self._shape)
 
+    def activate(self) -> Any:
+        """``with procs.activate():`` torch calls make distributed tensors on these procs.
+
+        Needs ``import danaus.tensor_engine`` (which imports torch) first.
+        """
+        if activate_hook is None:
+            raise RuntimeError("procs.activate() needs the tensor engine: "
+                               "`import danaus.tensor_engine` first")
+        return activate_hook(self)
+
     def logging_option(self, stream_to_client: bool | None = None,
                        level: int | None = None) -> None:
         """Whether the procs' output lines reach the controller, and their log level.
@@ -409,6 +419,9 @@ class ProcMesh:
     def __exit__(self, *exc: object) -> None:
         self.stop().get()
 
+
+#: set by danaus.tensor_engine when imported (the mesh layer does not import it)
+activate_hook: Any = None
 
 #: procs this process spawned, by address: which mesh and rank (for lost connections)
 _proc_index: dict[str, tuple[ProcMesh, int]] = {}

@@ -275,6 +275,9 @@ class Device(Protocol):
     """What the ibverbs backend needs of a device: the real :class:`Verbs` or the fake."""
 
     name: str
+    port: int
+    lid: int
+    gid: str
     cq_depth: int
     supports_dmabuf: bool
 

@@ -1,0 +1,625 @@
+"""The ``ibverbs`` backend: one-sided RDMA READ/WRITE over RC queue pairs.
+
+The owner registers each buffer as a memory region over the buffer's own memory and puts
+its rkey and address in the handle; a reader connects one RC queue pair per owner (set up
+once, through ``exchange`` to the owner's :meth:`IbverbsBackend.serve`), registers its own
+destination or source memory, and posts one signalled work request per chunk. The owner's
+event loop does nothing during a transfer.
+
+Completions are polled on a thread of the backend's own (pyverbs' verbs hold the GIL, so
+it backs off when the queue is empty) and handed to the event loop with
+``call_soon_threadsafe``; everything else runs on the loop.
+
+An error completion puts an RC queue pair in the error state, so the connection to that
+owner is dropped (its other work requests are flushed) and the next transfer sets up a
+new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import itertools
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import (
+    ClosedError,
+    RDMABackendUnavailableError,
+    RDMABufferError,
+    RDMAError,
+    RDMAOwnerError,
+    RDMATransferError,
+    SupervisionError,
+)
+from . import _verbs
+from ._backend import Backend, Exchange, LocalBuffer
+from ._handle import BufferHandle
+from ._verbs import Completion, Device, QPInfo, QueuePair, Region
+
+__all__ = ["IbverbsBackend", "State", "make_ibverbs_backend"]
+
+log = logging.getLogger("danaus.rdma")
+
+_OWNER_ACCESS = _verbs.ACCESS_LOCAL_WRITE | _verbs.ACCESS_REMOTE_READ | _verbs.ACCESS_REMOTE_WRITE
+_POLL_BATCH = 64
+_SPIN_POLLS = 64  # empty polls that only yield the GIL before the poller starts sleeping
+_MAX_POLL_SLEEP = 1e-3
+
+
+class State(enum.Enum):
+    """Lifecycle of an :class:`IbverbsBackend`."""
+
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+@dataclass(eq=False)
+class _LocalMR:
+    """A reader-side registration of local memory, cached.
+
+    ``view`` keeps the memory alive, and so at the same address mapping the same pages,
+    for as long as the region exists: a freed and reused address would otherwise leave the
+    region pinning the old pages.
+    """
+
+    key: tuple[int, int, int]
+    region: Region
+    view: memoryview
+    inuse: int = 0
+
+
+@dataclass(eq=False)
+class _Transfer:
+    what: str  # for messages: "RDMA READ of 4096 bytes at offset 0 of buffer 3 of <owner>"
+    opcode: int
+    local: _LocalMR
+    local_addr: int
+    remote_addr: int
+    rkey: int
+    length: int
+    future: asyncio.Future[None]
+    posted: int = 0  # bytes posted
+    outstanding: int = 0  # work requests posted, not completed
+    error: RDMAError | None = None
+    finished: bool = False
+
+    @property
+    def all_posted(self) -> bool:
+        return self.error is not None or self.posted >= self.length
+
+
+@dataclass(eq=False)
+class _Conn:
+    """The reader's RC queue pair to one owner."""
+
+    owner: str
+    qp: QueuePair
+    credits: int  # free send-queue slots
+    queue: collections.deque[_Transfer] = field(default_factory=collections.deque)
+    outstanding: int = 0
+    broken: str | None = None  # why, once broken
+
+
+class IbverbsBackend(Backend):
+    """Moves bytes with RDMA READ/WRITE over RC queue pairs (pyverbs).
+
+    Args:
+        device: the adapter (:class:`~danaus.rdma._verbs.Verbs`) or a stand-in with the
+            same methods. The backend owns it and closes it in :meth:`aclose`.
+        exchange: reaches the owner proc's manager, whose ``serve`` answers setup requests.
+        chunk_bytes: bytes per work request.
+        transfer_timeout: a transfer not complete after this many seconds fails with
+            ``RDMATransferError`` and resets its queue pair (``None``: no limit).
+        sq_depth: work requests in flight per queue pair.
+        mr_cache: local memory regions kept registered for reuse. Each keeps its memory
+            alive (a reference to the memoryview) until evicted or :meth:`aclose`.
+    """
+
+    name = "ibverbs"
+
+    def __init__(self, device: Device, exchange: Exchange, *, chunk_bytes: int = 1 << 20,
+                 transfer_timeout: float | None = 60.0, sq_depth: int = 128,
+                 mr_cache: int = 64) -> None:
+        if chunk_bytes <= 0 or sq_depth <= 0 or mr_cache <= 0:
+            raise ValueError("chunk_bytes, sq_depth and mr_cache must be positive")
+        self.device = device
+        self.chunk_bytes = chunk_bytes
+        self.transfer_timeout = transfer_timeout
+        self.state = State.OPEN
+        self._exchange = exchange
+        self._sq_depth = sq_depth
+        self._mr_cache = mr_cache
+        self._token = secrets.token_hex(8)  # who we are to owners
+        self._conns: dict[str, _Conn] = {}
+        self._draining: set[_Conn] = set()  # broken, waiting for their flushes
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._served: dict[str, QueuePair] = {}  # reader token -> our queue pair
+        self._owned: dict[int, Region] = {}  # buf_id -> region
+        self._local: collections.OrderedDict[tuple[int, int, int], _LocalMR] = (
+            collections.OrderedDict())
+        self._inflight: dict[int, tuple[_Conn, _Transfer]] = {}
+        self._wr_ids = itertools.count(1)
+        self._cq_credits = device.cq_depth
+        self._poller: _Poller | None = None
+
+    def __repr__(self) -> str:
+        return (f"<IbverbsBackend {self.state.value} device={self.device.name} "
+                f"peers={len(self._conns)} served={len(self._served)} "
+                f"local_mrs={len(self._local)} in_flight={len(self._inflight)}>")
+
+    @classmethod
+    def probe(cls) -> str | None:
+        if _truthy(os.environ.get("DANAUS_RDMA_DISABLE_IBVERBS")):
+            return "disabled by DANAUS_RDMA_DISABLE_IBVERBS"
+        try:
+            from pyverbs.pyverbs_error import PyverbsError
+        except ImportError as e:
+            return f"pyverbs is not importable ({e})"
+        try:
+            names = _verbs.device_names()
+        except PyverbsError as e:
+            return f"no RDMA device ({e})"
+        if not names:
+            return "no RDMA device (the ibverbs device list is empty)"
+        return None
+
+    # ------------------------------------------------------------ owner side
+
+    def register(self, buf: LocalBuffer) -> dict[str, int | str]:
+        if self.state is State.CLOSED:
+            return {}
+        if buf.size == 0:
+            region = None
+        else:
+            access = _verbs.ACCESS_REMOTE_READ if buf.view.readonly else _OWNER_ACCESS
+            try:
+                if _is_cuda(buf.keepalive):
+                    region = self._register_cuda(buf.addr, buf.size, access)
+                else:
+                    region = self.device.register(buf.addr, buf.size, access)
+            except Exception as e:  # e.g. the pinned-memory limit: other backends move it
+                log.warning("ibverbs: buffer %d (%d bytes) not registered: %s: %s",
+                            buf.buf_id, buf.size, type(e).__name__, e)
+                return {}
+            buf.state[self.name] = region
+            self._owned[buf.buf_id] = region
+        return {
+            "rkey": region.rkey if region else 0,
+            "addr": region.addr if region else buf.addr,
+            "device": self.device.name,
+            "gid": self.device.gid,
+            "lid": self.device.lid,
+            "port": self.device.port,
+        }
+
+    def _register_cuda(self, ptr: int, size: int, access: int) -> Region:
+        if not self.device.supports_dmabuf:
+            raise OSError(f"device {self.device.name} cannot register CUDA memory (no dma-buf)")
+        fd, offset = _verbs.cuda_dmabuf(ptr, size)
+        try:
+            return self.device.register_dmabuf(fd, offset, size, access)
+        finally:
+            os.close(fd)  # the region holds its own reference to the dma-buf
+
+    def unregister(self, buf: LocalBuffer) -> None:
+        region = buf.state.pop(self.name, None)
+        self._owned.pop(buf.buf_id, None)
+        if region is not None and self.state is State.OPEN:
+            self._deregister(region)
+
+    async def serve(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Owner side: a reader's queue pair info in, ours (connected to it) out."""
+        self._check_open()
+        if request.get("op") != "connect":
+            raise RDMATransferError(f"unknown ibverbs setup request {request.get('op')!r}")
+        peer = str(request["peer"])
+        remote = QPInfo.from_dict(request["qp"])
+        old = self._served.pop(peer, None)
+        if old is not None:  # the reader dropped it (it failed): it asks for a new one
+            self._destroy_qp(old)
+        qp = self.device.create_qp(1)  # the owner's side only answers
+        try:
+            self.device.connect(qp, remote)
+        except BaseException:
+            self._destroy_qp(qp)
+            raise
+        self._served[peer] = qp
+        return {"qp": self.device.local_info(qp).to_dict()}
+
+    # ------------------------------------------------------------ reader side
+
+    def reaches(self, handle: BufferHandle) -> bool:
+        return self.state is State.OPEN and self.name in handle.keys
+
+    async def read(self, handle: BufferHandle, offset: int, dst: memoryview) -> None:
+        await self._transfer(handle, offset, dst, _verbs.WR_RDMA_READ)
+
+    async def write(self, handle: BufferHandle, offset: int, src: memoryview) -> None:
+        await self._transfer(handle, offset, src, _verbs.WR_RDMA_WRITE)
+
+    async def _transfer(self, handle: BufferHandle, offset: int, view: memoryview,
+                        opcode: int) -> None:
+        self._check_open()
+        keys = handle.keys.get(self.name)
+        if keys is None:
+            raise RDMABackendUnavailableError(
+                f"buffer {handle.buf_id} of {handle.owner} is not registered with ibverbs")
+        view = _byte_view(view)
+        n = view.nbytes
+        if offset < 0 or offset + n > handle.size:
+            raise RDMABufferError(f"range [{offset}, {offset + n}) is outside buffer "
+                                  f"{handle.buf_id} of {handle.size} bytes")
+        reading = opcode == _verbs.WR_RDMA_READ
+        if reading and view.readonly:
+            raise RDMABufferError("the destination of a read is read-only")
+        if n == 0:
+            return
+        conn = await self._connection(handle.owner)
+        loop = asyncio.get_running_loop()
+        if self._poller is None:
+            self._poller = _Poller(self.device, loop, self._on_completions, self._on_poll_error)
+        addr = _address(view)
+        local = self._acquire_local(view, addr, _verbs.ACCESS_LOCAL_WRITE if reading else 0)
+        what = (f"RDMA {'READ' if reading else 'WRITE'} of {n} bytes at offset {offset} "
+                f"of buffer {handle.buf_id} of {handle.owner}")
+        t = _Transfer(what, opcode, local, addr, int(keys["addr"]) + offset, int(keys["rkey"]),
+                      n, loop.create_future())
+        conn.queue.append(t)
+        self._pump(conn)
+        try:
+            async with asyncio.timeout(self.transfer_timeout):
+                await t.future
+        except TimeoutError:
+            self._abandon(t, conn)
+            self._break(conn, f"a transfer on it timed out after {self.transfer_timeout} s")
+            raise RDMATransferError(f"{what} timed out after {self.transfer_timeout} s; "
+                                    f"its queue pair was reset") from None
+        except asyncio.CancelledError:
+            # work requests already posted finish in the background, into memory that
+            # stays referenced (the local region) until they complete
+            self._abandon(t, conn)
+            raise
+
+    async def _connection(self, owner: str) -> _Conn:
+        conn = self._conns.get(owner)
+        if conn is not None:
+            return conn
+        async with self._locks.setdefault(owner, asyncio.Lock()):
+            conn = self._conns.get(owner)
+            if conn is not None:
+                return conn
+            self._check_open()
+            try:
+                qp = self.device.create_qp(self._sq_depth)
+            except Exception as e:
+                raise RDMATransferError(f"creating a queue pair failed: {e}") from e
+            try:
+                request = {"op": "connect", "peer": self._token,
+                           "qp": self.device.local_info(qp).to_dict()}
+                answer = await self._exchange(owner, self.name, request)
+                self._check_open()
+                self.device.connect(qp, QPInfo.from_dict(answer["qp"]))
+            except BaseException as e:
+                if self.state is State.OPEN:
+                    self._destroy_qp(qp)
+                if isinstance(e, RDMAError | ClosedError) or not isinstance(e, Exception):
+                    raise
+                if isinstance(e, SupervisionError):
+                    raise RDMAOwnerError(f"the owner of the buffer ({owner}) is gone: {e}") from e
+                raise RDMATransferError(f"queue-pair setup with {owner} failed: "
+                                        f"{type(e).__name__}: {e}") from e
+            conn = self._conns[owner] = _Conn(owner, qp, self._sq_depth)
+            return conn
+
+    def _acquire_local(self, view: memoryview, addr: int, need: int) -> _LocalMR:
+        n = view.nbytes
+        access = 0 if view.readonly else _verbs.ACCESS_LOCAL_WRITE
+        entry = self._local.get((addr, n, access))
+        if entry is None:  # a larger region holding this range will do
+            for e in self._local.values():
+                r = e.region
+                if r.addr <= addr and addr + n <= r.addr + r.length and r.access & need == need:
+                    entry = e
+                    break
+        if entry is None:
+            try:
+                region = self.device.register(addr, n, access)
+            except Exception as e:
+                raise RDMATransferError(
+                    f"registering {n} bytes of local memory at {addr:#x} failed: {e}") from e
+            entry = _LocalMR((addr, n, access), region, view)
+            self._local[entry.key] = entry
+        self._local.move_to_end(entry.key)
+        entry.inuse += 1
+        self._evict()
+        return entry
+
+    def _evict(self) -> None:
+        while len(self._local) > self._mr_cache:
+            victim = next((e for e in self._local.values() if e.inuse == 0), None)
+            if victim is None:
+                return
+            del self._local[victim.key]
+            self._deregister(victim.region)
+
+    # ------------------------------------------------------------ posting and completions
+
+    def _pump(self, conn: _Conn) -> None:
+        """Post the queued chunks of ``conn`` that its send queue and the CQ have room for."""
+        while conn.queue:
+            t = conn.queue[0]
+            if conn.broken is not None and t.error is None:
+                t.error = RDMATransferError(f"{t.what} failed: {conn.broken}")
+            if t.all_posted:
+                conn.queue.popleft()
+                self._finish(t)
+                continue
+            if conn.credits <= 0 or self._cq_credits <= 0 or self._poller is None:
+                return
+            n = min(self.chunk_bytes, t.length - t.posted)
+            wr_id = next(self._wr_ids)
+            wr = _verbs.rdma_work_request(wr_id, t.opcode, t.local_addr + t.posted, n,
+                                          t.local.region.lkey, t.remote_addr + t.posted, t.rkey)
+            self._inflight[wr_id] = (conn, t)
+            conn.credits -= 1
+            conn.outstanding += 1
+            t.outstanding += 1
+            self._cq_credits -= 1
+            self._poller.expect(1)
+            try:
+                self.device.post_send(conn.qp, wr)
+            except Exception as e:
+                del self._inflight[wr_id]
+                conn.credits += 1
+                conn.outstanding -= 1
+                t.outstanding -= 1
+                self._cq_credits += 1
+                self._poller.expect(-1)
+                self._break(conn, f"posting a work request failed: {type(e).__name__}: {e}")
+                continue
+            t.posted += n
+
+    def _on_completions(self, completions: list[Completion]) -> None:
+        """On the loop: account for completions polled by the poller thread."""
+        touched: dict[int, _Conn] = {}
+        for c in completions:
+            entry = self._inflight.pop(c.wr_id, None)
+            if entry is None:
+                continue
+            conn, t = entry
+            conn.credits += 1
+            conn.outstanding -= 1
+            t.outstanding -= 1
+            self._cq_credits += 1
+            if c.status != _verbs.WC_SUCCESS:
+                if t.error is None:
+                    if c.status == _verbs.WC_WR_FLUSH_ERR and conn.broken is not None:
+                        why = conn.broken
+                    else:
+                        why = (f"work completion {_verbs.status_text(c.status)}, "
+                               f"vendor error {c.vendor_err:#x}")
+                    t.error = RDMATransferError(f"{t.what} failed: {why}")
+                self._break(conn, f"the queue pair to {conn.owner} failed with "
+                                  f"{_verbs.WC_STATUS_NAMES.get(c.status, c.status)}")
+            self._finish(t)
+            touched[id(conn)] = conn
+        for conn in touched.values():
+            self._pump(conn)
+            self._drop_if_drained(conn)
+        for conn in list(self._conns.values()):  # CQ room may have been what they lacked
+            if conn.queue and id(conn) not in touched:
+                self._pump(conn)
+
+    def _on_poll_error(self, exc: BaseException) -> None:
+        """On the loop: the poller thread died; fail what waits on it."""
+        self._poller = None
+        why = f"polling the completion queue failed: {type(exc).__name__}: {exc}"
+        inflight, self._inflight = self._inflight, {}
+        for conn, t in inflight.values():
+            conn.outstanding -= 1
+            t.outstanding -= 1
+            self._cq_credits += 1
+            if t.error is None:
+                t.error = RDMATransferError(f"{t.what} failed: {why}")
+        for conn in [*self._conns.values(), *self._draining]:
+            self._break(conn, why)
+            self._drop_if_drained(conn)
+        for _, t in inflight.values():
+            self._finish(t)
+
+    def _finish(self, t: _Transfer) -> None:
+        if t.finished or t.outstanding > 0 or not t.all_posted:
+            return
+        t.finished = True
+        t.local.inuse -= 1
+        if not t.future.done():
+            if t.error is not None:
+                t.future.set_exception(t.error)
+            else:
+                t.future.set_result(None)
+        self._evict()
+
+    def _abandon(self, t: _Transfer, conn: _Conn) -> None:
+        """The caller stopped waiting: post no more of ``t``."""
+        if t.error is None:
+            t.error = RDMATransferError(f"{t.what} was abandoned")
+        if t in conn.queue:
+            conn.queue.remove(t)
+        self._finish(t)
+
+    def _break(self, conn: _Conn, why: str) -> None:
+        """Stop using ``conn``'s queue pair: error it (flushing what is posted) and fail
+        its queued transfers; the next transfer to its owner connects anew."""
+        if conn.broken is not None:
+            return
+        conn.broken = why
+        if self._conns.get(conn.owner) is conn:
+            del self._conns[conn.owner]
+        self._draining.add(conn)
+        try:
+            self.device.set_error(conn.qp)
+        except Exception as e:
+            log.warning("ibverbs: could not move the queue pair to %s to the error state: %s",
+                        conn.owner, e)
+        self._pump(conn)
+
+    def _drop_if_drained(self, conn: _Conn) -> None:
+        if conn in self._draining and conn.outstanding == 0:
+            self._draining.discard(conn)
+            self._destroy_qp(conn.qp)
+
+    # ------------------------------------------------------------ teardown
+
+    async def aclose(self) -> None:
+        """Fail transfers still waiting, destroy queue pairs and regions, stop polling."""
+        if self.state is State.CLOSED:
+            return
+        self.state = State.CLOSED
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            poller.stop()
+            await asyncio.to_thread(poller.join)
+        transfers = {id(t): t for _, t in self._inflight.values()}
+        for conn in [*self._conns.values(), *self._draining]:
+            transfers.update((id(t), t) for t in conn.queue)
+        for t in transfers.values():
+            if not t.future.done():
+                t.future.set_exception(
+                    RDMATransferError(f"{t.what} failed: the ibverbs backend was closed"))
+        qps = [c.qp for c in [*self._conns.values(), *self._draining]]
+        qps += self._served.values()
+        self._conns.clear()
+        self._draining.clear()
+        self._served.clear()
+        self._inflight.clear()
+        for qp in qps:  # first: after this the device touches no memory
+            self._destroy_qp(qp)
+        for entry in self._local.values():
+            self._deregister(entry.region)
+        self._local.clear()
+        for region in self._owned.values():
+            self._deregister(region)
+        self._owned.clear()
+        self.device.close()
+
+    def _check_open(self) -> None:
+        if self.state is State.CLOSED:
+            raise ClosedError("the ibverbs backend was closed")
+
+    def _destroy_qp(self, qp: QueuePair) -> None:
+        try:
+            self.device.destroy_qp(qp)
+        except Exception as e:
+            log.warning("ibverbs: destroying queue pair %#x failed: %s", qp.qpn, e)
+
+    def _deregister(self, region: Region) -> None:
+        try:
+            self.device.deregister(region)
+        except Exception as e:
+            log.warning("ibverbs: deregistering a memory region failed: %s", e)
+
+
+class _Poller:
+    """Polls the completion queue on a thread and hands completions to the event loop.
+
+    It polls only while work requests are outstanding (``expect``); when the queue is
+    empty it yields the GIL, then sleeps a little longer each time, up to 1 ms.
+    """
+
+    def __init__(self, device: Device, loop: asyncio.AbstractEventLoop,
+                 deliver: Callable[[list[Completion]], None],
+                 on_error: Callable[[BaseException], None]) -> None:
+        self._device = device
+        self._loop = loop
+        self._deliver = deliver
+        self._on_error = on_error
+        self._cond = threading.Condition()
+        self._expected = 0
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"danaus-ibverbs-cq-{device.name}")
+        self._thread.start()
+
+    def expect(self, n: int) -> None:
+        with self._cond:
+            self._expected += n
+            if self._expected > 0:
+                self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def _run(self) -> None:
+        idle = 0
+        while True:
+            with self._cond:
+                while self._expected <= 0 and not self._stopping:
+                    self._cond.wait()
+                    idle = 0
+                if self._stopping:
+                    return
+            try:
+                completions = self._device.poll_cq(_POLL_BATCH)
+            except Exception as e:
+                self._call(self._on_error, e)
+                return
+            if completions:
+                idle = 0
+                with self._cond:
+                    self._expected -= len(completions)
+                if not self._call(self._deliver, completions):
+                    return
+            else:
+                idle += 1
+                time.sleep(0 if idle < _SPIN_POLLS
+                           else min(_MAX_POLL_SLEEP, 2e-5 * (idle - _SPIN_POLLS + 1)))
+
+    def _call(self, fn: Callable[[Any], None], arg: Any) -> bool:
+        try:
+            self._loop.call_soon_threadsafe(fn, arg)
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            return False
+        return True
+
+
+def make_ibverbs_backend(exchange: Exchange, *, device: str | None = None, port: int = 1,
+                         gid_index: int = 0) -> IbverbsBackend:
+    """The backend over the real device ``device`` (default: the first one)."""
+    return IbverbsBackend(_verbs.Verbs(device, port=port, gid_index=gid_index), exchange)
+
+
+def _byte_view(view: memoryview) -> memoryview:
+    if not isinstance(view, memoryview):
+        view = memoryview(view)
+    if not view.c_contiguous:
+        raise RDMABufferError("ibverbs transfers need C-contiguous memory")
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    return view
+
+
+def _address(view: memoryview) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
+def _is_cuda(obj: Any) -> bool:
+    return bool(getattr(obj, "is_cuda", False))
+
+
+def _truthy(v: str | None) -> bool:
+    return v is not None and v.strip().lower() not in ("", "0", "false", "no", "off")

@@ -1,0 +1,233 @@
+"""The tensor-engine worker: one actor per proc, running the controller's commands on its
+shard, in order, off the proc's event loop (one executor thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import traceback
+from typing import Any
+
+import torch
+
+from ..actors import Actor, current_rank, endpoint
+from ..errors import RemoteException
+
+
+class Ref:
+    """Stands for the worker-side tensor with id ``i`` in a command's arguments."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Ref, (self.i,))
+
+    def __repr__(self) -> str:
+        return f"Ref({self.i})"
+
+
+class Gen:
+    """A random generator to make on the worker: ``Generator().manual_seed(seed + rank)``."""
+
+    __slots__ = ("seed",)
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Gen, (self.seed,))
+
+
+class Failed:
+    """What a result id holds when its operation failed (or depended on one that did)."""
+
+    def __init__(self, exc_type: str, message: str, tb: str, issued_at: str) -> None:
+        self.exc_type = exc_type
+        self.message = message
+        self.tb = tb
+        self.issued_at = issued_at
+
+
+#: command kinds
+CALL, FREE, SEED, REDUCE, GET_ATTR, SET_ATTR, CONST = range(7)
+
+
+def _resolve(obj: Any, table: dict[int, Any]) -> Any:
+    t = type(obj)
+    if t is Ref:
+        v = table[obj.i]
+        if type(v) is Failed:
+            raise _Propagate(v)
+        return v
+    if t is tuple or t is list:
+        return t(_resolve(x, table) for x in obj)
+    if t is dict:
+        return {k: _resolve(v, table) for k, v in obj.items()}
+    return obj
+
+
+class _Propagate(Exception):
+    def __init__(self, failed: Failed) -> None:
+        self.failed = failed
+
+
+_REDUCE_OPS = {"sum": "SUM", "avg": "SUM", "min": "MIN", "max": "MAX"}
+
+
+class TensorWorker(Actor):
+    """Holds this proc's shards in a table and runs the command stream on them."""
+
+    def __init__(self, rendezvous: str, world: int, sizes: dict[str, int]) -> None:
+        self.rank = current_rank().rank
+        self.world = world
+        self.sizes = sizes
+        self.rendezvous = rendezvous
+        self.table: dict[int, Any] = {}
+        self.groups: dict[tuple[str, ...], Any] = {}
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tensor-worker")
+        self.device = torch.device("cuda", torch.cuda.current_device()) \
+            if torch.cuda.is_available() else torch.device("cpu")
+        torch.manual_seed(self.rank)
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+    @endpoint
+    async def run(self, cmds: list[tuple[Any, ...]]) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.pool, self._execute, cmds)
+
+    @endpoint
+    async def fetch(self, i: int) -> Any:
+        def get() -> Any:
+            v = self.table.get(i)
+            if v is None:
+                raise KeyError(f"no tensor {i} on this worker (freed?)")
+            if type(v) is Failed:
+                raise RemoteException(f"tensor_worker[{self.rank}]", str(current_rank_text(self)),
+                                      v.exc_type, v.message, v.tb, v.issued_at)
+            return v.detach().cpu() if isinstance(v, torch.Tensor) else v
+
+        return await asyncio.get_running_loop().run_in_executor(self.pool, get)
+
+    @endpoint
+    async def stats(self) -> dict[str, int]:
+        return {"live": len(self.table)}
+
+    # ------------------------------------------------------------ execution
+
+    def _execute(self, cmds: list[tuple[Any, ...]]) -> None:
+        table = self.table
+        for cmd in cmds:
+            kind = cmd[0]
+            if kind == FREE:
+                for i in cmd[1]:
+                    table.pop(i, None)
+                continue
+            if kind == SEED:
+                torch.manual_seed(int(cmd[1]) * 1_000_003 + self.rank)
+                continue
+            out_ids, where = cmd[-2], cmd[-1]
+            try:
+                result = self._one(kind, cmd)
+            except _Propagate as p:
+                for i in out_ids:
+                    table[i] = p.failed
+                continue
+            except Exception as e:
+                failed = Failed(type(e).__qualname__, str(e),
+                                "".join(traceback.format_exception(e)), where)
+                for i in out_ids:
+                    table[i] = failed
+                continue
+            if len(out_ids) == 1:
+                table[out_ids[0]] = result
+            elif out_ids:
+                for i, r in zip(out_ids, result, strict=True):
+                    table[i] = r
+
+    def _one(self, kind: int, cmd: tuple[Any, ...]) -> Any:
+        table = self.table
+        if kind == CALL:
+            _, func, args, kwargs, grad, _, _ = cmd
+            args = _resolve(args, table)
+            kwargs = _resolve(kwargs, table)
+            if "device" in kwargs and kwargs["device"] is None:
+                kwargs["device"] = self.device
+            gen = kwargs.get("generator")
+            if type(gen) is Gen:
+                kwargs["generator"] = torch.Generator(self.device).manual_seed(gen.seed + self.rank)
+            with torch.set_grad_enabled(grad):
+                return func(*args, **kwargs)
+        if kind == CONST:
+            _, value, _, _ = cmd
+            return value.to(self.device) if isinstance(value, torch.Tensor) else value
+        if kind == GET_ATTR:
+            _, src, name, _, _ = cmd
+            return getattr(_resolve(Ref(src), table), name)
+        if kind == SET_ATTR:
+            _, dst, name, value, _, _ = cmd
+            setattr(_resolve(Ref(dst), table), name, _resolve(value, table))
+            return None
+        if kind == REDUCE:
+            _, src, dims, op, scatter, _, _ = cmd
+            return self._reduce(_resolve(Ref(src), table), tuple(dims), op, scatter)
+        raise ValueError(f"unknown command kind {kind}")
+
+    def _group(self, dims: tuple[str, ...]) -> tuple[Any, int, int]:
+        """The process group of the ranks that differ from ours only along ``dims``."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
+                                    init_method=self.rendezvous, rank=self.rank,
+                                    world_size=self.world)
+        names = list(self.sizes)
+        key = tuple(sorted(dims, key=names.index))
+        if key not in self.groups:
+            # Every worker creates every group of this kind, in the same order.
+            from itertools import product
+
+            others = [d for d in names if d not in key]
+            mine = None
+            for fixed in product(*(range(self.sizes[d]) for d in others)):
+                coords = dict(zip(others, fixed, strict=True))
+                ranks = []
+                for varying in product(*(range(self.sizes[d]) for d in key)):
+                    coords.update(zip(key, varying, strict=True))
+                    r = 0
+                    for d in names:
+                        r = r * self.sizes[d] + coords[d]
+                    ranks.append(r)
+                g = dist.new_group(ranks)
+                if self.rank in ranks:
+                    mine = (g, len(ranks), ranks.index(self.rank))
+            self.groups[key] = mine
+        return self.groups[key]  # type: ignore[no-any-return]
+
+    def _reduce(self, t: torch.Tensor, dims: tuple[str, ...], op: str, scatter: bool) -> torch.Tensor:
+        import torch.distributed as dist
+
+        group, n, index = self._group(dims)
+        if op == "stack":
+            parts = [torch.empty_like(t) for _ in range(n)]
+            dist.all_gather(parts, t.contiguous(), group=group)
+            out = torch.stack(parts)
+            return out[index] if scatter else out
+        out = t.detach().clone().contiguous()
+        dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]), group=group)
+        if op == "avg":
+            out /= n
+        if scatter:
+            out = out.chunk(n)[index].clone()
+        return out
+
+
+def current_rank_text(worker: TensorWorker) -> str:
+    from ..actors._point import Point
+
+    return str(Point.from_rank(worker.rank, worker.sizes))
