@@ -29,6 +29,7 @@ from ..errors import (
     DanausError,
     EndpointNotFoundError,
     ProtocolError,
+    RemoteException,
     SerializationError,
     SupervisionError,
 )
@@ -76,6 +77,9 @@ def error_from_info(info: ErrorInfo) -> DanausError:
     kind = info.kind
     if kind == "actor":
         return ActorError(info.actor, info.rank, info.exc_type, info.message, info.traceback)
+    if kind == "remote":
+        return RemoteException(info.actor, info.rank, info.exc_type, info.message,
+                               info.traceback, info.issued_at)
     cls: type[DanausError] = {
         "supervision": SupervisionError,
         "serialization": SerializationError,
@@ -95,6 +99,9 @@ def info_from_error(exc: BaseException, actor: str = "", rank: str = "", tb: str
         kind = "endpoint"
     elif isinstance(exc, ClosedError):
         kind = "closed"
+    if isinstance(exc, RemoteException):
+        return ErrorInfo("remote", exc.actor, exc.rank, exc.exc_type, exc.message,
+                         exc.remote_traceback, exc.issued_at)
     if isinstance(exc, ActorError):
         return ErrorInfo("actor", exc.actor, exc.rank, exc.exc_type, exc.message, exc.remote_traceback)
     t = type(exc)

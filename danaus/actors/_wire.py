@@ -204,12 +204,13 @@ Message: TypeAlias = (Call | Result | Spawn | StopActor | StopProc | Cast | Gath
 class ErrorInfo(msgspec.Struct, array_like=True, frozen=True):
     """A remote exception, as plain data (never a pickle, so it always decodes)."""
 
-    kind: str  # "actor", "supervision", "serialization", "endpoint", "closed"
+    kind: str  # "actor", "remote", "supervision", "serialization", "endpoint", "closed"
     actor: str
     rank: str
     exc_type: str
     message: str
     traceback: str
+    issued_at: str = ""  # "remote" (tensor engine): the controller line that issued the op
 
 
 def frame(header: bytes, parts: Sequence[Buffer] = ()) -> list[Buffer]:

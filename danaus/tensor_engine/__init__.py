@@ -40,9 +40,12 @@ def inspect(t: DTensor, **coords: int) -> torch.Tensor:
     """The value of one shard, synchronously (sync code only; ``await fetch_shard`` in async)."""
     try:
         asyncio.get_running_loop()
+        in_loop = True
     except RuntimeError:
-        return fetch_shard(t, **coords).get()
-    raise RuntimeError("inspect() blocks; inside an event loop use `await fetch_shard(t, ...)`")
+        in_loop = False
+    if in_loop:
+        raise RuntimeError("inspect() blocks; inside an event loop use `await fetch_shard(t, ...)`")
+    return fetch_shard(t, **coords).get()
 
 
 def remote(fn: Callable[..., Any] | None = None, *,

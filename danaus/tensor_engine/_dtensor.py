@@ -119,7 +119,21 @@ class _Mode(TorchFunctionMode):
         self.client = client
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        return _dispatch(self.client, func, args, kwargs or {})
+        kwargs = kwargs or {}
+        if (getattr(func, "__name__", "") not in _FACTORIES
+                and not _has_tensor(args) and not _has_tensor(kwargs)):
+            return func(*args, **kwargs)  # no tensor in, none made: local (grad mode, dtypes)
+        return _dispatch(self.client, func, args, kwargs)
+
+
+def _has_tensor(obj: Any) -> bool:
+    if isinstance(obj, (DTensor, torch.Tensor)):
+        return True
+    if type(obj) in (tuple, list):
+        return any(_has_tensor(x) for x in obj)
+    if type(obj) is dict:
+        return any(_has_tensor(x) for x in obj.values())
+    return False
 
 
 @contextlib.contextmanager

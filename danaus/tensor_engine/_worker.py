@@ -145,7 +145,8 @@ class TensorWorker(Actor):
                     table[i] = failed
                 continue
             if len(out_ids) == 1:
-                table[out_ids[0]] = result
+                if result is not None:  # None: an in-place op (__setitem__) on that id
+                    table[out_ids[0]] = result
             elif out_ids:
                 for i, r in zip(out_ids, result, strict=True):
                     table[i] = r

@@ -1,0 +1,674 @@
+"""An HTTP model server (aiohttp) on a danaus mesh: streaming, live reload, failover.
+
+Run it::
+
+    python -m examples.inference_server.server --port 8080 --replicas 2
+
+Routes:
+
+- ``POST /generate`` ``{"prompt": "...", "max_tokens": 64, "stream": true}``: the tokens
+  as Server-Sent Events (``data: "c"`` per token, then ``event: done``), or one JSON
+  answer with ``"stream": false``. 503 when no replica can answer.
+- ``GET /health``: each replica's state; 200 while at least one replica serves.
+- ``GET /metrics``: request counts and latency quantiles, Prometheus text format.
+- ``POST /reload`` ``{"train_steps": 0}``: the trainer (optionally trains, then)
+  publishes its weights as an ``RDMABuffer``; every replica reads them into its
+  parameters. Answers the bytes moved and the time.
+
+danaus lives inside aiohttp's event loop: the meshes are spawned in the app's startup
+hook and stopped in its cleanup hook, every danaus call is awaited, nothing blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import enum
+import functools
+import itertools
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from danaus import (
+    ActorMesh,
+    Channel,
+    DanausError,
+    MeshFailure,
+    ProcMesh,
+    SupervisionError,
+    set_unhandled_fault_hook,
+    this_host,
+)
+from danaus.rdma import RDMABuffer
+
+from .model import Replica, Trainer
+
+__all__ = ["SERVER", "InferenceServer", "Unavailable", "main", "make_app"]
+
+log = logging.getLogger("inference_server")
+_mesh_ids = itertools.count()
+
+MAX_TOKENS = 512
+MAX_PROMPT = 2000
+
+
+class Unavailable(Exception):
+    """No replica could answer this request (it died, or the server is draining): 503."""
+
+
+class State(enum.Enum):
+    NEW = "new"
+    STARTING = "starting"
+    SERVING = "serving"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+class Generation:
+    """One actor mesh of ``size`` replicas, one per proc.
+
+    Requests are spread with ``choose()`` over the healthy replicas. A generation is
+    never repaired: when a replica dies, the survivors keep serving while a whole new
+    generation starts; the new one is swapped in, and the old one drains and stops.
+    """
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.name = f"replica{next(_mesh_ids)}"
+        self.size = size
+        self.procs: ProcMesh = this_host().spawn_procs(per_host={"replicas": size},
+                                                       name=self.name)
+        self.replicas: ActorMesh[Replica] = self.procs.spawn(self.name, Replica, seed)
+        self.failed: dict[int, str] = {}
+        #: what requests choose() over: all replicas, or the longest healthy run of them
+        self.route: ActorMesh[Replica] | None = self.replicas
+        self.inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def __repr__(self) -> str:
+        return (f"<Generation {self.name} size={self.size} failed={sorted(self.failed)} "
+                f"inflight={self.inflight}>")
+
+    def fail(self, ranks: Sequence[int], why: str) -> None:
+        for r in ranks:
+            self.failed.setdefault(r, why)
+        # choose() balances by calls in flight, and calls to a dead rank fail at once,
+        # so a dead rank would look idle and win every time: route around it. A slice
+        # is a contiguous (or strided) run of ranks, so take the longest healthy run.
+        best: tuple[int, int] = (0, 0)
+        start = 0
+        for r in range(self.size + 1):
+            if r == self.size or r in self.failed:
+                if r - start > best[1] - best[0]:
+                    best = (start, r)
+                start = r + 1
+        lo, hi = best
+        self.route = self.replicas.slice(replicas=slice(lo, hi)) if hi > lo else None
+
+    def begin(self) -> None:
+        self.inflight += 1
+        self._idle.clear()
+
+    def end(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
+
+    async def drained(self) -> None:
+        await self._idle.wait()
+
+
+class Metrics:
+    """Counters and a window of recent latencies, rendered in Prometheus text format."""
+
+    QUANTILES = (0.5, 0.9, 0.99)
+
+    def __init__(self, window: int = 4096) -> None:
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.latency: collections.deque[float] = collections.deque(maxlen=window)
+        self.first_token: collections.deque[float] = collections.deque(maxlen=window)
+        self.latency_sum = 0.0
+        self.latency_count = 0
+        self.tokens = 0
+        self.replica_failures = 0
+        self.respawns = 0
+        self.reloads = 0
+        self.reload_bytes = 0
+
+    def observe(self, status: int | str, seconds: float) -> None:
+        self.requests[str(status)] += 1
+        if status == 200:
+            self.latency.append(seconds)
+            self.latency_sum += seconds
+            self.latency_count += 1
+
+    def render(self, healthy: int, size: int) -> str:
+        lines = [
+            "# HELP inference_requests_total POST /generate requests by HTTP status "
+            "(499: the client went away).",
+            "# TYPE inference_requests_total counter",
+            *(f'inference_requests_total{{status="{s}"}} {n}'
+              for s, n in sorted(self.requests.items())),
+        ]
+        for name, window, what in (
+                ("inference_request_latency_seconds", self.latency,
+                 "Time from request to last token (successful requests)."),
+                ("inference_first_token_seconds", self.first_token,
+                 "Time from request to first token.")):
+            lines += [f"# HELP {name} {what}", f"# TYPE {name} summary"]
+            ordered = sorted(window)
+            for q in self.QUANTILES:
+                lines.append(f'{name}{{quantile="{q}"}} {_quantile(ordered, q):.6f}')
+            if name == "inference_request_latency_seconds":
+                lines += [f"{name}_sum {self.latency_sum:.6f}",
+                          f"{name}_count {self.latency_count}"]
+            else:
+                lines += [f"{name}_sum {sum(ordered):.6f}", f"{name}_count {len(ordered)}"]
+        for name, kind, value, what in (
+                ("inference_tokens_total", "counter", self.tokens, "Tokens streamed."),
+                ("inference_replica_failures_total", "counter", self.replica_failures,
+                 "Replicas that died."),
+                ("inference_replica_respawns_total", "counter", self.respawns,
+                 "Replacement replica meshes swapped in."),
+                ("inference_reloads_total", "counter", self.reloads, "Weight reloads."),
+                ("inference_reload_bytes_total", "counter", self.reload_bytes,
+                 "Bytes moved by weight reloads."),
+                ("inference_replicas_healthy", "gauge", healthy, "Replicas serving now."),
+                ("inference_replicas", "gauge", size, "Replicas configured.")):
+            lines += [f"# HELP {name} {what}", f"# TYPE {name} {kind}", f"{name} {value}"]
+        return "\n".join(lines) + "\n"
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile of sorted samples (NaN when there are none)."""
+    if not ordered:
+        return math.nan
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+class InferenceServer:
+    """The danaus side of the app: replica generations, the trainer, supervision.
+
+    Args:
+        replicas: how many model replicas (procs) serve requests.
+        seed: the replicas' initial weights.
+        trainer_seed: the trainer's weights (different, so a reload shows).
+        drain_timeout: how long a replaced generation may finish its requests.
+        spawn_timeout: how long a generation (or the trainer) may take to start.
+    """
+
+    def __init__(self, replicas: int = 2, *, seed: int = 0, trainer_seed: int = 1,
+                 drain_timeout: float = 10.0, spawn_timeout: float = 60.0) -> None:
+        if replicas < 1:
+            raise ValueError(f"replicas must be at least 1, got {replicas}")
+        self.size = replicas
+        self.seed = seed
+        self.trainer_seed = trainer_seed
+        self.drain_timeout = drain_timeout
+        self.spawn_timeout = spawn_timeout
+        self.state = State.NEW
+        self.metrics = Metrics()
+        self._gen: Generation | None = None
+        self._gens: dict[str, Generation] = {}  # every generation not yet stopped
+        self._trainer_procs: ProcMesh | None = None
+        self._trainer: ActorMesh[Trainer] | None = None
+        self._trainer_failed: str | None = None
+        self._weights: tuple[int, RDMABuffer] | None = None  # what every replica should hold
+        self._reload_lock = asyncio.Lock()
+        self._wake = asyncio.Event()  # a replica of the serving generation failed
+        self._changed = asyncio.Condition()  # a generation was swapped in or retired
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._prev_hook: Any = None
+
+    def __repr__(self) -> str:
+        return f"<InferenceServer {self.state.value} {self._gen!r}>"
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Spawn the replicas and the trainer; returns once all are up."""
+        if self.state is not State.NEW:
+            raise RuntimeError(f"{self!r} was started already")
+        self.state = State.STARTING
+        self._prev_hook = set_unhandled_fault_hook(self._on_failure)
+        try:
+            self._gen = self._spawn_generation()
+            self._trainer_procs = this_host().spawn_procs(name=f"trainer{next(_mesh_ids)}")
+            self._trainer = self._trainer_procs.spawn(self._trainer_procs.name, Trainer,
+                                                      self.trainer_seed)
+            async with asyncio.timeout(self.spawn_timeout):
+                await asyncio.gather(self._gen.replicas.initialized, self._trainer.initialized)
+        except BaseException:
+            await self.aclose()
+            raise
+        self.state = State.SERVING
+        self._spawn_task(self._supervise())
+        log.info("serving with %d replicas (%s)", self.size, self._gen.name)
+
+    def drain(self) -> None:
+        """Refuse new requests (503); those in flight go on."""
+        if self.state in (State.STARTING, State.SERVING):
+            self.state = State.DRAINING
+
+    async def aclose(self) -> None:
+        """Stop every mesh (in-flight requests to them fail with 503)."""
+        if self.state is State.STOPPED:
+            return
+        self.state = State.STOPPED
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        meshes = [g.procs for g in self._gens.values()]
+        if self._trainer_procs is not None:
+            meshes.append(self._trainer_procs)
+        await asyncio.gather(*(m.stop() for m in meshes))
+        self._gens.clear()
+        set_unhandled_fault_hook(self._prev_hook)
+
+    async def __aenter__(self) -> InferenceServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("server task %s failed", task.get_coro(), exc_info=exc)
+
+    # -- supervision -------------------------------------------------------------
+
+    def _spawn_generation(self) -> Generation:
+        gen = Generation(self.size, self.seed)
+        self._gens[gen.name] = gen
+        return gen
+
+    def _on_failure(self, failure: MeshFailure) -> None:
+        """The controller's fault hook: runs on this loop, must not block."""
+        gen = self._gens.get(failure.mesh)
+        summary = failure.report.strip().splitlines()[0] if failure.report.strip() else failure.kind
+        if gen is not None:
+            log.warning("replica failed: %s", failure)
+            gen.fail([p.rank for p in failure.ranks], summary)
+            self.metrics.replica_failures += len(failure.ranks)
+            self._wake.set()
+        elif self._trainer_procs is not None and failure.mesh == self._trainer_procs.name:
+            log.error("the trainer failed: %s", failure)
+            self._trainer_failed = summary
+        elif self._prev_hook is not None:
+            self._prev_hook(failure)
+
+    async def _supervise(self) -> None:
+        """Replace the serving generation whenever one of its replicas has died."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._gen is not None and self._gen.failed:
+                try:
+                    await self._replace()
+                except (DanausError, TimeoutError) as e:
+                    log.error("could not start replacement replicas (%s); retrying in 1 s", e)
+                    await asyncio.sleep(1.0)
+
+    async def _replace(self) -> None:
+        old = self._gen
+        assert old is not None
+        new = self._spawn_generation()
+        log.info("replacing %s (failed ranks %s) with %s", old.name, sorted(old.failed), new.name)
+        try:
+            async with asyncio.timeout(self.spawn_timeout):
+                await new.replicas.initialized
+                await self._load_weights(new)
+        except BaseException:
+            self._spawn_task(self._retire(new, drain=False))
+            raise
+        self._gen = new
+        self.metrics.respawns += 1
+        async with self._changed:
+            self._changed.notify_all()
+        self._spawn_task(self._retire(old))
+
+    async def _load_weights(self, gen: Generation) -> None:
+        """Bring a new generation to the weights the serving one holds."""
+        async with self._reload_lock:
+            if self._weights is not None:
+                version, buf = self._weights
+                await gen.replicas.reload.call(buf, version)
+
+    async def _retire(self, gen: Generation, drain: bool = True) -> None:
+        """Let ``gen``'s requests finish (bounded by ``drain_timeout``), then stop it."""
+        if drain:
+            try:
+                async with asyncio.timeout(self.drain_timeout):
+                    await gen.drained()
+            except TimeoutError:
+                log.warning("%s still had %d requests after %s s; stopping it", gen.name,
+                            gen.inflight, self.drain_timeout)
+        try:
+            await gen.procs.stop()
+        finally:
+            self._gens.pop(gen.name, None)
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def wait_recovered(self) -> None:
+        """Wait until every replica of the serving generation is healthy and nothing
+        replaced is still running (bound it with ``asyncio.timeout``)."""
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: self._gen is not None and not self._gen.failed and len(self._gens) == 1)
+
+    # -- requests ----------------------------------------------------------------
+
+    async def tokens(self, prompt: str, max_tokens: int) -> AsyncIterator[str]:
+        """The tokens of one request, as its replica produces them.
+
+        Raises:
+            Unavailable: no healthy replica, the server drains, or the replica died.
+        """
+        if self.state is not State.SERVING:
+            raise Unavailable(f"the server is {self.state.value}")
+        gen = self._gen
+        assert gen is not None
+        route = gen.route
+        if route is None:
+            raise Unavailable(f"no healthy replica ({len(gen.failed)} failed; respawning)")
+        port, receiver = Channel.open()
+        gen.begin()
+        call = route.generate.choose(prompt, max_tokens, port)
+        nxt = None
+        sent = 0
+        try:
+            while True:
+                nxt = receiver.recv()
+                if not nxt.done():
+                    await asyncio.wait((nxt, call), return_when=asyncio.FIRST_COMPLETED)
+                if nxt.done():
+                    yield nxt.result()
+                    sent += 1
+                    continue
+                nxt.cancel()
+                # The call ended before the next token came: its reply holds every
+                # token, so finish from it (no end marker needed); or it failed.
+                try:
+                    rest = call.result()[sent:]
+                except SupervisionError as e:
+                    raise Unavailable(str(e).splitlines()[0]) from e
+                for tok in rest:
+                    yield tok
+                return
+        finally:
+            if nxt is not None and not nxt.done():
+                nxt.cancel()
+            receiver.close()
+            gen.end()
+            if call.done():
+                if not call.cancelled():
+                    call.exception()  # retrieved: no "never retrieved" noise
+            else:  # the client left: the replica finishes anyway; drop its answer
+                call.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    async def health(self) -> tuple[int, dict[str, Any]]:
+        gen = self._gen
+        if gen is None:
+            return 503, {"status": self.state.value, "replicas": []}
+        pids = gen.procs.pids
+        replicas: list[dict[str, Any]] = []
+        for rank in range(gen.size):
+            entry: dict[str, Any] = {"rank": rank, "pid": pids[rank]}
+            if rank in gen.failed:
+                entry.update(state="failed", reason=gen.failed[rank])
+            else:
+                try:
+                    async with asyncio.timeout(2.0):
+                        entry.update(await gen.replicas.slice(replicas=rank).state.call_one())
+                    entry["state"] = "healthy"
+                except TimeoutError:
+                    entry["state"] = "busy"  # alive, but its mailbox is long
+                except SupervisionError as e:
+                    entry.update(state="failed", reason=str(e).splitlines()[0])
+            replicas.append(entry)
+        healthy = sum(r["state"] != "failed" for r in replicas)
+        status = ("ok" if healthy == gen.size and self.state is State.SERVING
+                  else self.state.value if self.state is not State.SERVING else "degraded")
+        body = {
+            "status": status,
+            "generation": gen.name,
+            "replacing": len(self._gens) > 1 or bool(gen.failed),
+            "weights_version": self._weights[0] if self._weights else 0,
+            "trainer": "failed: " + self._trainer_failed if self._trainer_failed else "ok",
+            "replicas": replicas,
+        }
+        return (200 if healthy and self.state is State.SERVING else 503), body
+
+    async def reload(self, train_steps: int = 0) -> dict[str, Any]:
+        """Have the trainer publish its weights and every serving replica read them.
+
+        Each replica handles the reload after the requests already queued to it, so
+        nothing in flight is dropped or sees mixed weights.
+
+        Raises:
+            Unavailable: the trainer is gone, or a replica died during the reload (its
+                replacement loads the new weights when it starts).
+        """
+        if self.state is not State.SERVING or self._trainer is None:
+            raise Unavailable(f"the server is {self.state.value}")
+        t0 = time.perf_counter()
+        async with self._reload_lock:
+            try:
+                if train_steps:
+                    await self._trainer.train.call_one(train_steps)
+                version, buf = await self._trainer.publish.call_one()
+            except SupervisionError as e:
+                raise Unavailable(f"the trainer is gone: {e}") from e
+            self._weights = (version, buf)
+            gen = self._gen
+            assert gen is not None
+            t1 = time.perf_counter()
+            if gen.route is None:
+                results = []  # nobody to load; the replacement generation will
+            else:
+                try:
+                    results = (await gen.route.reload.call(buf, version)).values()
+                except SupervisionError as e:
+                    raise Unavailable(f"a replica died during the reload: {e}") from e
+        moved = sum(r["bytes"] for r in results)
+        self.metrics.reloads += 1
+        self.metrics.reload_bytes += moved
+        return {
+            "version": version,
+            "replicas": len(results),
+            "bytes": moved,
+            "bytes_per_replica": buf.size(),
+            "transfer_seconds": [r["seconds"] for r in results],
+            "reload_seconds": time.perf_counter() - t1,
+            "seconds": time.perf_counter() - t0,
+        }
+
+    def healthy(self) -> int:
+        gen = self._gen
+        return 0 if gen is None else gen.size - len(gen.failed)
+
+
+# -- HTTP -------------------------------------------------------------------------
+
+SERVER = web.AppKey("server", InferenceServer)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+async def _parse(request: web.Request) -> tuple[str, int, bool]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text="the body must be JSON") from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text="the body must be a JSON object")
+    prompt = body.get("prompt", "")
+    n = body.get("max_tokens", 64)
+    stream = body.get("stream", True)
+    if not isinstance(prompt, str) or len(prompt) > MAX_PROMPT:
+        raise web.HTTPBadRequest(text=f"prompt must be a string of at most {MAX_PROMPT} chars")
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_TOKENS:
+        raise web.HTTPBadRequest(text=f"max_tokens must be an int in 1..{MAX_TOKENS}")
+    if not isinstance(stream, bool):
+        raise web.HTTPBadRequest(text="stream must be true or false")
+    return prompt, n, stream
+
+
+def _sse(data: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(data)}\n\n".encode()
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    server = request.app[SERVER]
+    metrics = server.metrics
+    prompt, max_tokens, stream = await _parse(request)
+    t0 = time.perf_counter()
+    tokens = server.tokens(prompt, max_tokens)
+    text: list[str] = []
+    try:
+        # Headers wait for the first token, so a request that fails before it gets a
+        # real 503; once streaming, a failure can only be an `error` event.
+        try:
+            text.append(await anext(tokens))
+        except Unavailable as e:
+            metrics.observe(503, time.perf_counter() - t0)
+            return _error(503, str(e))
+        metrics.first_token.append(time.perf_counter() - t0)
+        if not stream:
+            try:
+                text.extend([tok async for tok in tokens])
+            except Unavailable as e:
+                metrics.observe(503, time.perf_counter() - t0)
+                return _error(503, str(e))
+            metrics.tokens += len(text)
+            metrics.observe(200, time.perf_counter() - t0)
+            return web.json_response({"text": "".join(text), "tokens": len(text)})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        try:
+            await resp.write(_sse(text[0]))
+            try:
+                async for tok in tokens:
+                    text.append(tok)
+                    await resp.write(_sse(tok))
+            except Unavailable as e:
+                metrics.observe(503, time.perf_counter() - t0)
+                await resp.write(_sse({"status": 503, "error": str(e)}, "error"))
+                return resp
+            metrics.tokens += len(text)
+            await resp.write(_sse({"text": "".join(text), "tokens": len(text)}, "done"))
+            await resp.write_eof()
+        except ConnectionResetError:
+            metrics.observe(499, time.perf_counter() - t0)
+            return resp
+        metrics.observe(200, time.perf_counter() - t0)
+        return resp
+    finally:
+        await tokens.aclose()
+
+
+async def health(request: web.Request) -> web.Response:
+    status, body = await request.app[SERVER].health()
+    return web.json_response(body, status=status)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    server = request.app[SERVER]
+    return web.Response(text=server.metrics.render(server.healthy(), server.size),
+                        content_type="text/plain", charset="utf-8",
+                        headers={"X-Prometheus-Format": "0.0.4"})
+
+
+async def reload(request: web.Request) -> web.Response:
+    steps = 0
+    if request.can_read_body:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise web.HTTPBadRequest(text="the body must be JSON") from None
+        steps = body.get("train_steps", 0) if isinstance(body, dict) else None
+        if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps <= 1000:
+            raise web.HTTPBadRequest(text="train_steps must be an int in 0..1000")
+    try:
+        return web.json_response(await request.app[SERVER].reload(steps))
+    except Unavailable as e:
+        return _error(503, str(e))
+
+
+def make_app(replicas: int = 2, **options: Any) -> web.Application:
+    """The aiohttp application; its startup hook spawns the meshes, cleanup stops them.
+
+    Args:
+        replicas: model replicas (one proc each).
+        options: passed to :class:`InferenceServer` (``seed``, ``trainer_seed``,
+            ``drain_timeout``, ``spawn_timeout``).
+    """
+    app = web.Application()
+    server = InferenceServer(replicas, **options)
+    app[SERVER] = server
+
+    async def on_startup(app: web.Application) -> None:
+        await server.start()
+
+    async def on_shutdown(app: web.Application) -> None:
+        # aiohttp stopped accepting; it now waits (up to its shutdown_timeout) for the
+        # requests in flight, which still have their replicas. New ones get 503.
+        server.drain()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await server.aclose()
+
+    app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
+    app.on_cleanup.append(on_cleanup)
+    app.router.add_post("/generate", generate)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/reload", reload)
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Serve until SIGINT/SIGTERM; then drain in-flight requests (bounded) and stop."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")),
+                        help="0 picks a free port (printed at startup)")
+    parser.add_argument("--replicas", type=int, default=int(os.environ.get("REPLICAS", "2")))
+    parser.add_argument("--drain-timeout", type=float, default=10.0,
+                        help="seconds in-flight requests get at shutdown")
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    web.run_app(make_app(ns.replicas, drain_timeout=ns.drain_timeout), host=ns.host,
+                port=ns.port, shutdown_timeout=ns.drain_timeout, loop=loop,
+                print=functools.partial(print, flush=True), access_log=None)
+
+
+if __name__ == "__main__":
+    main()
