@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import bench_mesh, bench_runtime, bench_supervision
+from . import bench_mesh, bench_runtime, bench_supervision, bench_tensor_engine
 
 
 def main() -> None:
@@ -16,6 +16,8 @@ def main() -> None:
     from danaus.rdma.bench import main as rdma_bench
 
     rdma_bench(["--sizes", "4096,1048576,67108864"])
+    print("\n== tensor engine (issue 6) ==")
+    bench_tensor_engine.main()
 
 
 if __name__ == "__main__":

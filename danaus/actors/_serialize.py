@@ -110,17 +110,20 @@ class _LargeBytes:
         self.data = data
 
 
-def _mark_large_bytes(obj: object) -> object:
-    """Wrap large ``bytes`` among the items of a top-level tuple/list/dict for out-of-band travel."""
-    threshold = config.oob_threshold
-    if type(obj) is bytes:
-        return _LargeBytes(obj) if len(obj) >= threshold else obj
-    if type(obj) is tuple:
-        return tuple(_mark_large_bytes(x) for x in obj)
-    if type(obj) is list:
-        return [_mark_large_bytes(x) for x in obj]
-    if type(obj) is dict:
-        return {k: _mark_large_bytes(v) for k, v in obj.items()}
+def _mark_large_bytes(obj: object, depth: int = 0) -> object:
+    """Wrap large ``bytes`` in the first levels of tuples/lists/dicts (a call's arguments
+    and their items) for out-of-band travel; deeper ones stay in the pickle."""
+    t = type(obj)
+    if t is bytes:
+        return _LargeBytes(obj) if len(obj) >= config.oob_threshold else obj  # type: ignore[arg-type]
+    if depth >= 3:
+        return obj
+    if t is tuple:
+        return tuple(_mark_large_bytes(x, depth + 1) for x in obj)  # type: ignore[attr-defined]
+    if t is list:
+        return [_mark_large_bytes(x, depth + 1) for x in obj]  # type: ignore[attr-defined]
+    if t is dict:
+        return {k: _mark_large_bytes(v, depth + 1) for k, v in obj.items()}  # type: ignore[attr-defined]
     return obj
 
 
