@@ -20,9 +20,9 @@ import torch
 
 from ..actors._future import Future
 from ..mesh import ProcMesh, _proc_mesh
-from ._dtensor import DTensor, _active, _Client, _dispatch, activate
+from ._dtensor import DTensor, Stream, _active, _Client, _dispatch, activate
 
-__all__ = ["DTensor", "fetch_shard", "inspect", "remote"]
+__all__ = ["DTensor", "Stream", "fetch_shard", "inspect", "remote"]
 
 
 def fetch_shard(t: DTensor, **coords: int) -> Future[torch.Tensor]:

@@ -25,7 +25,20 @@ from torch.overrides import TorchFunctionMode
 
 from ..actors._future import Future
 from ..mesh import ProcMesh
-from ._worker import CALL, CONST, FREE, GET_ATTR, REDUCE, SEED, SET_ATTR, Gen, Ref, TensorWorker
+from ._worker import (
+    BORROW,
+    CALL,
+    CONST,
+    FREE,
+    GET_ATTR,
+    PULL,
+    REDUCE,
+    SEED,
+    SET_ATTR,
+    Gen,
+    Ref,
+    TensorWorker,
+)
 
 _FACTORIES = {
     "rand", "randn", "randint", "randperm", "zeros", "ones", "empty", "full", "arange",
@@ -136,12 +149,17 @@ def _has_tensor(obj: Any) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def activate(procs: ProcMesh) -> Iterator[_Client]:
-    """Inside, torch calls produce DTensors on ``procs``; commands flush on exit."""
+def client_for(procs: ProcMesh) -> _Client:
     client = _clients.get(id(procs._root))
     if client is None:
         client = _clients[id(procs._root)] = _Client(procs)
+    return client
+
+
+@contextlib.contextmanager
+def activate(procs: ProcMesh) -> Iterator[_Client]:
+    """Inside, torch calls produce DTensors on ``procs``; commands flush on exit."""
+    client = client_for(procs)
     stack = getattr(_tls, "stack", None)
     if stack is None:
         stack = _tls.stack = []
@@ -277,6 +295,9 @@ def _dispatch_now(client: _Client, func: Any, args: Any, kwargs: dict[str, Any])
         # seed from the controller's RNG; shard r draws from Generator(seed + r).
         wkwargs["generator"] = Gen(int(torch.randint(0, 2**62, (1,)).item()))
     wargs = _to_wire(args, client)
+    stream = getattr(_tls, "stream", None)
+    if stream is not None:
+        wkwargs["__stream__"] = stream
     grad = torch.is_grad_enabled()
     if inplace:
         assert first is not None
@@ -408,6 +429,19 @@ class DTensor:
                             False, [self._id], _issued_at()))
         return self
 
+    def to_mesh(self, procs: ProcMesh) -> DTensor:
+        """This tensor on another mesh of the same shape (rank r's shard to rank r), moved
+        over the RDMA data plane. Sync code only: it waits for the shards' handles."""
+        client = self._client
+        if procs.sizes != client.sizes:
+            raise ValueError(f"to_mesh needs a mesh of the same shape: {client.sizes} vs {procs.sizes}")
+        target = client_for(procs)
+        client.flush()
+        bufs = client.workers.publish.call(self._id).get()  # in rank order
+        out = DTensor(target, self._meta.clone())
+        target.issue((PULL, bufs.values(), tuple(self.shape), self.dtype, [out._id], _issued_at()))
+        return out
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") and not name.startswith("__"):
             raise AttributeError(name)
@@ -425,6 +459,36 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
               *_NO_VALUE):
     setattr(DTensor, _name, _method(_name))
 DTensor.__hash__ = object.__hash__  # type: ignore[method-assign]
+
+
+class Stream:
+    """A second ordering of work: ``with stream.activate():`` issues onto it.
+
+    On GPU workers it is a CUDA stream, so its kernels overlap the default stream's;
+    ``stream.borrow(t)`` makes work on this stream wait for ``t``'s producer on the
+    default stream. On CPU workers every command already runs in order, so streams only
+    keep their meaning for when the same program runs on GPUs.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Stream({self.name!r})"
+
+    @contextlib.contextmanager
+    def activate(self) -> Iterator[Stream]:
+        old = getattr(_tls, "stream", None)
+        _tls.stream = self.name
+        try:
+            yield self
+        finally:
+            _tls.stream = old
+
+    def borrow(self, t: DTensor) -> DTensor:
+        """``t``, safe to use on this stream (waits for its producer on the default stream)."""
+        t._client.issue((BORROW, t._id, None, self.name, [t._id], _issued_at()))
+        return t
 
 
 def seed(client: _Client, s: int) -> None:

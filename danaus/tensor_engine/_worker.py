@@ -52,7 +52,7 @@ class Failed:
 
 
 #: command kinds
-CALL, FREE, SEED, REDUCE, GET_ATTR, SET_ATTR, CONST = range(7)
+CALL, FREE, SEED, REDUCE, GET_ATTR, SET_ATTR, CONST, PULL, BORROW = range(9)
 
 
 def _resolve(obj: Any, table: dict[int, Any]) -> Any:
@@ -87,6 +87,8 @@ class TensorWorker(Actor):
         self.rendezvous = rendezvous
         self.table: dict[int, Any] = {}
         self.groups: dict[tuple[str, ...], Any] = {}
+        self.published: dict[int, list[tuple[Any, Any]]] = {}
+        self.streams: dict[str, Any] = {}
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tensor-worker")
         self.device = torch.device("cuda", torch.cuda.current_device()) \
             if torch.cuda.is_available() else torch.device("cpu")
@@ -99,7 +101,49 @@ class TensorWorker(Actor):
 
     @endpoint
     async def run(self, cmds: list[tuple[Any, ...]]) -> None:
-        await asyncio.get_running_loop().run_in_executor(self.pool, self._execute, cmds)
+        loop = asyncio.get_running_loop()
+        start = 0
+        for i, cmd in enumerate(cmds):
+            if cmd[0] == PULL:  # a transfer from another mesh: on the loop, in order
+                if i > start:
+                    await loop.run_in_executor(self.pool, self._execute, cmds[start:i])
+                await self._pull(cmd)
+                start = i + 1
+        if start < len(cmds):
+            await loop.run_in_executor(self.pool, self._execute, cmds[start:])
+
+    async def _pull(self, cmd: tuple[Any, ...]) -> None:
+        _, bufs, shape, dtype, out_ids, where = cmd
+        try:
+            buf = bufs[self.rank]
+            dst = torch.empty(shape, dtype=dtype)
+            await buf.read_into(dst.view(-1).view(torch.uint8) if dst.numel() else dst)
+            value: Any = dst.to(self.device)
+        except Exception as e:
+            value = Failed(type(e).__qualname__, str(e), "".join(traceback.format_exception(e)), where)
+        for i in out_ids:
+            self.table[i] = value
+
+    @endpoint
+    async def publish(self, i: int) -> Any:
+        """Register shard ``i`` for another mesh to pull (kept until ``i`` is freed)."""
+        from ..rdma import RDMABuffer
+
+        def flat() -> Any:
+            v = self.table.get(i)
+            if v is None or type(v) is Failed:
+                return v
+            return v.detach().cpu().contiguous().view(-1).view(torch.uint8)
+
+        t = await asyncio.get_running_loop().run_in_executor(self.pool, flat)
+        if t is None:
+            raise KeyError(f"no tensor {i} on this worker (freed?)")
+        if type(t) is Failed:
+            raise RemoteException(f"tensor_worker[{self.rank}]", current_rank_text(self),
+                                  t.exc_type, t.message, t.tb, t.issued_at)
+        buf = RDMABuffer(t)
+        self.published.setdefault(i, []).append((buf, t))
+        return buf
 
     @endpoint
     async def fetch(self, i: int) -> Any:
@@ -127,6 +171,8 @@ class TensorWorker(Actor):
             if kind == FREE:
                 for i in cmd[1]:
                     table.pop(i, None)
+                    for buf, _ in self.published.pop(i, ()):
+                        buf.drop()  # its registration goes with the tensor
                 continue
             if kind == SEED:
                 torch.manual_seed(int(cmd[1]) * 1_000_003 + self.rank)
@@ -153,8 +199,23 @@ class TensorWorker(Actor):
 
     def _one(self, kind: int, cmd: tuple[Any, ...]) -> Any:
         table = self.table
+        if kind == BORROW:
+            _, src, from_stream, to_stream, _, _ = cmd
+            t = _resolve(Ref(src), table)
+            if self.device.type == "cuda":
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                event.record(self._stream(from_stream))
+                self._stream(to_stream).wait_event(event)
+            return t
         if kind == CALL:
             _, func, args, kwargs, grad, _, _ = cmd
+            stream = kwargs.pop("__stream__", None)
+            if stream is not None and self.device.type == "cuda":
+                with torch.cuda.stream(self._stream(stream)):
+                    args = _resolve(args, table)
+                    kwargs = _resolve(kwargs, table)
+                    with torch.set_grad_enabled(grad):
+                        return func(*args, **kwargs)
             args = _resolve(args, table)
             kwargs = _resolve(kwargs, table)
             if "device" in kwargs and kwargs["device"] is None:
@@ -178,6 +239,14 @@ class TensorWorker(Actor):
             _, src, dims, op, scatter, _, _ = cmd
             return self._reduce(_resolve(Ref(src), table), tuple(dims), op, scatter)
         raise ValueError(f"unknown command kind {kind}")
+
+    def _stream(self, name: str | None) -> Any:
+        """The CUDA stream for a name (None: the default stream)."""
+        if name is None:
+            return torch.cuda.default_stream(self.device)
+        if name not in self.streams:
+            self.streams[name] = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        return self.streams[name]
 
     def _group(self, dims: tuple[str, ...]) -> tuple[Any, int, int]:
         """The process group of the ranks that differ from ours only along ``dims``."""

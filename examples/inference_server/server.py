@@ -224,7 +224,7 @@ class InferenceServer:
         self._weights: tuple[int, RDMABuffer] | None = None  # what every replica should hold
         self._reload_lock = asyncio.Lock()
         self._wake = asyncio.Event()  # a replica of the serving generation failed
-        self._changed = asyncio.Condition()  # a generation was swapped in or retired
+        self._changed = asyncio.Event()  # set (and replaced) on failure, swap, retire
         self._tasks: set[asyncio.Task[None]] = set()
         self._prev_hook: Any = None
 
@@ -306,6 +306,7 @@ class InferenceServer:
             gen.fail([p.rank for p in failure.ranks], summary)
             self.metrics.replica_failures += len(failure.ranks)
             self._wake.set()
+            self._notify()
         elif self._trainer_procs is not None and failure.mesh == self._trainer_procs.name:
             log.error("the trainer failed: %s", failure)
             self._trainer_failed = summary
@@ -338,8 +339,7 @@ class InferenceServer:
             raise
         self._gen = new
         self.metrics.respawns += 1
-        async with self._changed:
-            self._changed.notify_all()
+        self._notify()
         self._spawn_task(self._retire(old))
 
     async def _load_weights(self, gen: Generation) -> None:
@@ -362,15 +362,25 @@ class InferenceServer:
             await gen.procs.stop()
         finally:
             self._gens.pop(gen.name, None)
-            async with self._changed:
-                self._changed.notify_all()
+            self._notify()
 
-    async def wait_recovered(self) -> None:
-        """Wait until every replica of the serving generation is healthy and nothing
-        replaced is still running (bound it with ``asyncio.timeout``)."""
-        async with self._changed:
-            await self._changed.wait_for(
-                lambda: self._gen is not None and not self._gen.failed and len(self._gens) == 1)
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait_recovered(self, failures: int = 0) -> None:
+        """Wait until at least ``failures`` replica failures were seen, every replica of
+        the serving generation is healthy, and nothing replaced is still running.
+
+        Bound it with ``asyncio.timeout``.
+        """
+        while True:
+            changed = self._changed
+            gen = self._gen
+            if (self.metrics.replica_failures >= failures and gen is not None
+                    and not gen.failed and len(self._gens) == 1):
+                return
+            await changed.wait()
 
     # -- requests ----------------------------------------------------------------
 

@@ -188,3 +188,24 @@ def test_training_on_gpu(procs: Any) -> None:
         (x @ w).sum().backward()
         g = w.grad.reduce("procs", "avg")
     assert inspect(g, procs=0).shape == (4, 1)
+
+
+def test_to_mesh_moves_every_shard_over_the_data_plane(procs: Any) -> None:
+    from danaus.tensor_engine import Stream
+
+    with this_host().spawn_procs(per_host={"procs": 2}, name="te2") as other:
+        with procs.activate():
+            x = torch.rand(64, 64)
+        y = x.to_mesh(other)
+        with other.activate():
+            z = y * 2
+        for r in range(2):
+            torch.testing.assert_close(inspect(z, procs=r), inspect(x, procs=r) * 2)
+        with pytest.raises(ValueError, match="same shape"):
+            x.to_mesh(other.slice(procs=0))
+        side = Stream("side")
+        with procs.activate():
+            with side.activate():
+                w = side.borrow(x) + 1
+            v = w * 3
+        torch.testing.assert_close(inspect(v, procs=1), (inspect(x, procs=1) + 1) * 3)
