@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 import torch
 import uvloop
 
@@ -123,12 +124,17 @@ def _in_process(n: int) -> list[float]:
 
 
 def _memcpy(nbytes: int, repeat: int = 200) -> float:
-    src = torch.randn(nbytes // 4)
-    dst = torch.empty_like(src)
+    """Median seconds of one single-threaded memcpy of ``nbytes`` (numpy's copyto).
+
+    Not torch's copy_: it splits the copy over its thread pool, and on 2 busy vCPUs
+    waiting for the second thread can cost a whole scheduler slice (8 ms).
+    """
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        dst.copy_(src)
+        np.copyto(dst, src)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

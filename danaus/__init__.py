@@ -36,6 +36,7 @@ from .mesh import (
     attach_to_hosts,
     set_unhandled_fault_hook,
     this_host,
+    this_proc,
 )
 
 __all__ = [
@@ -70,4 +71,5 @@ __all__ = [
     "endpoint",
     "set_unhandled_fault_hook",
     "this_host",
+    "this_proc",
 ]

@@ -1,7 +1,7 @@
 """Meshes: hosts, procs and actors laid out as named multi-dimensional meshes."""
 
 from ._actor_mesh import Accumulator, ActorEndpoint, ActorMesh
-from ._proc_mesh import HostMesh, ProcMesh, attach_to_hosts, this_host
+from ._proc_mesh import HostMesh, ProcMesh, attach_to_hosts, this_host, this_proc
 from ._shape import Shape
 from ._slurm import SlurmJob
 from ._supervision import MeshFailure, set_unhandled_fault_hook
@@ -20,4 +20,5 @@ __all__ = [
     "attach_to_hosts",
     "set_unhandled_fault_hook",
     "this_host",
+    "this_proc",
 ]

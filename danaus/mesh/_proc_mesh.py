@@ -20,11 +20,11 @@ from ..config import config
 from ..errors import ClosedError, SupervisionError
 from ._host_agent import AGENT, HostAgent
 from ._logs import LogOptions, printer
-from ._procs import ProcHandle, RemoteProcHandle, start_proc, wait_exited
+from ._procs import ProcHandle, RemoteProcHandle, SelfProcHandle, start_proc, wait_exited
 from ._shape import Selector, Shape
 from ._supervision import MeshState
 
-__all__ = ["HostMesh", "ProcMesh", "attach_to_hosts", "this_host"]
+__all__ = ["HostMesh", "ProcMesh", "attach_to_hosts", "this_host", "this_proc"]
 
 log = logging.getLogger("danaus.mesh")
 A = TypeVar("A", bound=Actor)
@@ -169,6 +169,18 @@ def this_host() -> HostMesh:
     return HostMesh(Shape.from_sizes({}))
 
 
+def this_proc() -> ProcMesh:
+    """This process as a mesh of one proc (no dims): ``this_proc().spawn("x", Cls)`` runs
+    the actor here, on the current event loop (or danaus's background loop in sync code).
+
+    Its endpoints then share this loop with the caller: a sync endpoint that blocks,
+    blocks the caller too. Stopping the mesh stops its actors, not this process.
+    """
+    rt = current_runtime()
+    return ProcMesh(Shape.from_sizes({}), [SelfProcHandle(rt.addr)], "this_proc",
+                    started=_resolved())
+
+
 class ProcMesh:
     """Processes laid out as a named mesh; ``spawn`` puts one actor in each.
 
@@ -200,7 +212,7 @@ class ProcMesh:
                 if isinstance(h, ProcHandle):
                     _proc_index[h.addr] = (self, h.rank)
                     h.exit_callbacks.append(functools.partial(self._proc_exited, h.rank))
-                else:
+                elif isinstance(h, RemoteProcHandle):
                     h.on_started.append(functools.partial(_index_remote, self))
         else:
             self._owner = root._owner
@@ -361,7 +373,8 @@ class ProcMesh:
         return fut
 
     async def _stop_all(self) -> None:
-        from ..actors._wire import StopProc
+        from ..actors._wire import StopActor, StopProc
+        from ._supervision import actor_states
 
         self._stopped = True
         for state in self._actor_states:
@@ -372,6 +385,11 @@ class ProcMesh:
         remote = [h for h in self._procs if isinstance(h, RemoteProcHandle)]
         if remote:
             await self._stop_remote(remote)
+        if any(isinstance(h, SelfProcHandle) for h in self._procs):
+            for state in self._actor_states:  # the actors here stop; the process stays
+                for key, st in list(actor_states.items()):
+                    if st is state:
+                        rt.connection(rt.addr).send(StopActor(key, 0))
         waits = []
         for h in local:
             if not h.is_alive():

@@ -81,6 +81,39 @@ class ProcHandle:
                 pass
 
 
+class SelfProcHandle:
+    """This very process as a proc (``this_proc()``): actors spawned on it run on the
+    current event loop. Stopping its mesh stops those actors, never the process."""
+
+    def __init__(self, addr: str) -> None:
+        self.addr = addr
+        self.rank = 0
+        self.ready: ThreadFuture[None] = ThreadFuture()
+        self.ready.set_result(None)
+        self.exited: ThreadFuture[int] = ThreadFuture()
+        self.exit_callbacks: list[Callable[[str], None]] = []
+
+    def __repr__(self) -> str:
+        return f"<SelfProcHandle {self.addr} pid={os.getpid()}>"
+
+    @property
+    def pid(self) -> int:
+        return os.getpid()
+
+    @property
+    def state(self) -> str:
+        return "running"
+
+    def is_alive(self) -> bool:
+        return True
+
+    def exit_reason(self) -> str | None:
+        return None
+
+    def kill(self) -> None:
+        """Not this process: stopping ``this_proc()`` stops only its actors."""
+
+
 class RemoteProcHandle:
     """A proc that a host agent started on another host for us.
 

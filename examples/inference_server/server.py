@@ -384,8 +384,11 @@ class InferenceServer:
 
     # -- requests ----------------------------------------------------------------
 
-    async def tokens(self, prompt: str, max_tokens: int) -> AsyncIterator[str]:
+    async def tokens(self, prompt: str, max_tokens: int) -> AsyncIterator[list[str]]:
         """The tokens of one request, as its replica produces them.
+
+        Yields lists: each holds the tokens that arrived since the last one was taken
+        (usually one; more when the HTTP side fell behind, so they go out in one write).
 
         Raises:
             Unavailable: no healthy replica, the server drains, or the replica died.
@@ -400,29 +403,32 @@ class InferenceServer:
         port, receiver = Channel.open()
         gen.begin()
         call = route.generate.choose(prompt, max_tokens, port)
-        nxt = None
+        nxt = receiver.recv()
         sent = 0
         try:
             while True:
-                nxt = receiver.recv()
                 if not nxt.done():
                     await asyncio.wait((nxt, call), return_when=asyncio.FIRST_COMPLETED)
                 if nxt.done():
-                    yield nxt.result()
-                    sent += 1
+                    batch = [nxt.result()]
+                    nxt = receiver.recv()
+                    while nxt.done():
+                        batch.append(nxt.result())
+                        nxt = receiver.recv()
+                    sent += len(batch)
+                    yield batch
                     continue
-                nxt.cancel()
                 # The call ended before the next token came: its reply holds every
                 # token, so finish from it (no end marker needed); or it failed.
                 try:
                     rest = call.result()[sent:]
                 except SupervisionError as e:
                     raise Unavailable(str(e).splitlines()[0]) from e
-                for tok in rest:
-                    yield tok
+                if rest:
+                    yield rest
                 return
         finally:
-            if nxt is not None and not nxt.done():
+            if not nxt.done():
                 nxt.cancel()
             receiver.close()
             gen.end()
@@ -558,14 +564,16 @@ async def generate(request: web.Request) -> web.StreamResponse:
         # Headers wait for the first token, so a request that fails before it gets a
         # real 503; once streaming, a failure can only be an `error` event.
         try:
-            text.append(await anext(tokens))
+            first = await anext(tokens)
         except Unavailable as e:
             metrics.observe(503, time.perf_counter() - t0)
             return _error(503, str(e))
         metrics.first_token.append(time.perf_counter() - t0)
+        text.extend(first)
         if not stream:
             try:
-                text.extend([tok async for tok in tokens])
+                async for batch in tokens:
+                    text.extend(batch)
             except Unavailable as e:
                 metrics.observe(503, time.perf_counter() - t0)
                 return _error(503, str(e))
@@ -576,11 +584,11 @@ async def generate(request: web.Request) -> web.StreamResponse:
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
         try:
-            await resp.write(_sse(text[0]))
+            await resp.write(b"".join(_sse(tok) for tok in first))
             try:
-                async for tok in tokens:
-                    text.append(tok)
-                    await resp.write(_sse(tok))
+                async for batch in tokens:
+                    text.extend(batch)
+                    await resp.write(b"".join(_sse(tok) for tok in batch))
             except Unavailable as e:
                 metrics.observe(503, time.perf_counter() - t0)
                 await resp.write(_sse({"status": 503, "error": str(e)}, "error"))

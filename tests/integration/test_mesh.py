@@ -126,3 +126,21 @@ async def test_tree_cast_error_comes_back_as_actor_error(fanout: None) -> None:
         with pytest.raises(ActorError, match="tree boom"):
             await asyncio.wait_for(echo.fail.call("tree boom"), 20)
         assert (await echo.echo.call(1)).values() == [1] * 5
+
+
+async def test_this_proc_runs_actors_in_the_controller() -> None:
+    import os
+
+    from danaus import this_proc
+
+    async with this_proc() as here:
+        counters = await here.spawn("counter", Counter, 5)
+        assert await counters.incr.call_one(1) == 6
+        echo = await here.spawn("echo", Echo)
+        assert await echo.pid.call_one() == os.getpid()
+        who = await echo.whoami.call_one()
+        assert who["rank"] == "{}"
+    from danaus import SupervisionError
+
+    with pytest.raises(SupervisionError, match="stopped"):
+        await counters.incr.call_one(1)
