@@ -66,6 +66,11 @@ class Config:
     mailbox_limit: int = 10_000
     #: Force one data-plane backend ("ibverbs", "shm" or "tcp"); empty: best available.
     rdma_backend: str = ""
+    #: Mutual TLS for TCP control connections (across hosts): this proc's certificate and
+    #: key, and the CA that signed every peer's certificate (PEM paths). Empty: no TLS.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
     #: Use uvloop for event loops danaus creates, when it is importable.
     use_uvloop: bool = True
 

@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -123,6 +124,30 @@ def _settle(fut: Future[Any], status: int, value: Any) -> None:
             fut.set_exception(value)
         else:
             fut.set_result(value)
+
+
+_tls: dict[bool, ssl.SSLContext | None] = {}
+
+
+def tls_context(*, server: bool) -> ssl.SSLContext | None:
+    """Mutual TLS for TCP connections when ``tls_cert``/``tls_key``/``tls_ca`` are set.
+
+    Both ends present a certificate signed by the CA; host names are not checked (peers
+    are addressed by IP; the CA is the job's). Unix sockets never use TLS.
+    """
+    if server in _tls:
+        return _tls[server]
+    ctx = None
+    if config.tls_cert:
+        if not (config.tls_key and config.tls_ca):
+            raise ValueError("TLS needs DANAUS_TLS_CERT, DANAUS_TLS_KEY and DANAUS_TLS_CA together")
+        purpose = ssl.Purpose.CLIENT_AUTH if server else ssl.Purpose.SERVER_AUTH
+        ctx = ssl.create_default_context(purpose, cafile=config.tls_ca)
+        ctx.load_cert_chain(config.tls_cert, config.tls_key)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    _tls[server] = ctx
+    return ctx
 
 
 def parse_addr(addr: str) -> tuple[str, Any]:
@@ -250,7 +275,8 @@ class Runtime:
         if self._sock.family == socket.AF_UNIX:
             self._server = await self.loop.create_unix_server(self._accept, sock=self._sock)
         else:
-            self._server = await self.loop.create_server(self._accept, sock=self._sock)
+            self._server = await self.loop.create_server(self._accept, sock=self._sock,
+                                                         ssl=tls_context(server=True))
 
     def _accept(self) -> Connection:
         conn = Connection(self, dialer=False)
@@ -344,7 +370,9 @@ class Runtime:
                 raise
             await self.loop.create_unix_connection(lambda: conn, sock=sock)
         else:
-            transport, _ = await self.loop.create_connection(lambda: conn, *where)
+            ctx = tls_context(server=False)
+            transport, _ = await self.loop.create_connection(
+                lambda: conn, *where, ssl=ctx, server_hostname=where[0] if ctx else None)
             tsock = transport.get_extra_info("socket")
             if tsock is not None:
                 tsock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -263,12 +263,13 @@ class InferenceServer:
         if self.state is State.STOPPED:
             return
         self.state = State.STOPPED
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Every mesh, also those a cancelled task was replacing or retiring.
         meshes = [g.procs for g in self._gens.values()]
         if self._trainer_procs is not None:
             meshes.append(self._trainer_procs)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(m.stop() for m in meshes))
         self._gens.clear()
         set_unhandled_fault_hook(self._prev_hook)
@@ -335,7 +336,8 @@ class InferenceServer:
                 await new.replicas.initialized
                 await self._load_weights(new)
         except BaseException:
-            self._spawn_task(self._retire(new, drain=False))
+            if self.state is not State.STOPPED:  # else aclose stops it
+                self._spawn_task(self._retire(new, drain=False))
             raise
         self._gen = new
         self.metrics.respawns += 1

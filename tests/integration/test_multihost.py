@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -160,3 +161,55 @@ def test_procs_on_agents_die_with_their_controller(agents: list[tuple[str, subpr
         ctl.wait(timeout=10)
     assert _wait_gone(pids, timeout=10) == []
     assert all(agent.poll() is None for _, agent in agents)  # the agents keep serving
+
+
+def _make_certs(d: str) -> dict[str, str]:
+    """A throwaway CA and one certificate it signed, made with the openssl command."""
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make test certificates")
+    run = lambda *a: subprocess.run(a, cwd=d, check=True, capture_output=True)  # noqa: E731
+    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        "-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=danaus-test-ca")
+    run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key",
+        "-out", "node.csr", "-subj", "/CN=danaus-node")
+    run("openssl", "x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "node.pem", "-days", "1")
+    return {"DANAUS_TLS_CERT": f"{d}/node.pem", "DANAUS_TLS_KEY": f"{d}/node.key",
+            "DANAUS_TLS_CA": f"{d}/ca.pem"}
+
+
+TLS_CONTROLLER = """
+import asyncio, sys
+from danaus import attach_to_hosts, Actor, endpoint
+class E(Actor):
+    @endpoint
+    def hi(self):
+        return "hi over tls"
+async def main():
+    async with attach_to_hosts([sys.argv[1]]).spawn_procs(per_host={"procs": 1}) as procs:
+        print((await procs.spawn("e", E).hi.call()).values()[0], flush=True)
+asyncio.run(main())
+"""
+
+
+def test_mutual_tls_between_controller_agent_and_procs(tmp_path: Any) -> None:
+    certs = _make_certs(str(tmp_path))
+    env = dict(os.environ, DANAUS_AUTH_KEY=KEY, PYTHONPATH=os.getcwd(), **certs)
+    with subprocess.Popen([sys.executable, "-m", "danaus", "host-agent", "--listen",
+                           "tcp://127.0.0.4:0"], stdout=subprocess.PIPE, text=True,
+                          env=env) as agent:
+        try:
+            assert agent.stdout is not None
+            addr = agent.stdout.readline().split()[-1]
+            out = subprocess.run([sys.executable, "-c", TLS_CONTROLLER, addr], env=env,
+                                 capture_output=True, text=True, timeout=60)
+            assert out.stdout.strip() == "hi over tls", out.stderr
+            plain = dict(os.environ, DANAUS_AUTH_KEY=KEY)  # no certificate: refused
+            bad = subprocess.run([sys.executable, "-c", TLS_CONTROLLER, addr], env=plain,
+                                 capture_output=True, text=True, timeout=90)
+            assert bad.returncode != 0 and "SupervisionError" in bad.stderr, bad.stderr
+        finally:
+            agent.terminate()
+            agent.wait(timeout=10)
