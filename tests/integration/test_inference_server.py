@@ -241,6 +241,25 @@ async def test_killed_replica_gives_503s_not_hangs_and_the_server_recovers(srv: 
     assert f'inference_requests_total{{status="503"}} {statuses[503]}' in metrics
 
 
+@pytest.mark.timeout(120)
+async def test_replicas_killed_mid_stream_end_it_with_a_503_event(srv: Server) -> None:
+    gen = srv.server._gen
+    assert gen is not None
+    async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as s:
+        first = asyncio.Event()
+        in_flight = asyncio.ensure_future(generate(s, srv.url, "long", 512, lambda _: first.set()))
+        async with asyncio.timeout(90):
+            await first.wait()  # headers (200) are out: the failure must come in-band
+            for pid in gen.procs.pids:
+                os.kill(pid, signal.SIGKILL)
+            status, error = await in_flight
+            assert status == 503 and "SIGKILL" in error, error
+            # With no replica left, requests fail at once instead of waiting.
+            assert (await generate(s, srv.url, "nobody", 8))[0] == 503
+            await srv.server.wait_recovered(failures=2)
+        assert await generate(s, srv.url, "again", 8) == (200, expected(REPLICA_SEED, "again", 8))
+
+
 def _procs_of(pid: int) -> list[int]:
     """Live danaus procs started by the controller ``pid`` (wherever they were reparented)."""
     out = []
