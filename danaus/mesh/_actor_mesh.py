@@ -390,10 +390,15 @@ class ActorEndpoint(Generic[A]):
         """Call one actor of the mesh and return its result.
 
         The actor with the fewest calls from this caller still in flight through
-        ``choose`` is picked; ties go round robin.
+        ``choose`` is picked; ties go round robin. Failed ranks are never chosen while
+        a healthy one is left (then the call fails with ``SupervisionError``).
         """
         mesh = self._mesh
         ranks = mesh._ranks
+        failed = mesh._state.failed
+        if failed:
+            healthy = [r for r in ranks if r not in failed]
+            ranks = healthy or ranks
         inflight = mesh._inflight
         start = mesh._rr
         mesh._rr = start + 1

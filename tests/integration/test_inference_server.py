@@ -8,9 +8,11 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from concurrent.futures import Future as ThreadFuture
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +260,46 @@ async def test_replicas_killed_mid_stream_end_it_with_a_503_event(srv: Server) -
             assert (await generate(s, srv.url, "nobody", 8))[0] == 503
             await srv.server.wait_recovered(failures=2)
         assert await generate(s, srv.url, "again", 8) == (200, expected(REPLICA_SEED, "again", 8))
+
+
+async def test_the_app_runs_in_another_thread_on_its_own_loop() -> None:
+    """Nothing needs the main thread: the app, its meshes and its loop live in a thread."""
+    from danaus.actors._runtime import close_loop_runtime  # no public close for a loop's runtime
+
+    started: ThreadFuture[tuple[str, asyncio.AbstractEventLoop, asyncio.Event]] = ThreadFuture()
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        runner = web.AppRunner(make_app(1, drain_timeout=5.0), access_log=None)
+        try:
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            stop = asyncio.Event()
+            started.set_result((f"http://127.0.0.1:{site.port}", loop, stop))
+            await stop.wait()
+        except BaseException as e:
+            if not started.done():
+                started.set_exception(e)
+            raise
+        finally:
+            await runner.cleanup()
+            await close_loop_runtime(loop)
+
+    thread = threading.Thread(target=lambda: asyncio.run(serve()), name="app")
+    thread.start()
+    try:
+        async with asyncio.timeout(60):
+            url, loop, stop = await asyncio.wrap_future(started)
+        async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as s:
+            assert await generate(s, url, "thread", 16) == (
+                200, expected(REPLICA_SEED, "thread", 16))
+            async with s.get(f"{url}/health") as r:
+                assert (await r.json())["status"] == "ok"
+        loop.call_soon_threadsafe(stop.set)
+    finally:
+        await asyncio.to_thread(thread.join, 30)
+    assert not thread.is_alive()
 
 
 def _procs_of(pid: int) -> list[int]:

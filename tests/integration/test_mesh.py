@@ -144,3 +144,23 @@ async def test_this_proc_runs_actors_in_the_controller() -> None:
 
     with pytest.raises(SupervisionError, match="stopped"):
         await counters.incr.call_one(1)
+
+
+async def test_choose_skips_failed_ranks() -> None:
+    import os
+    import signal
+
+    from danaus.mesh import set_unhandled_fault_hook
+
+    got: list[object] = []
+    event = asyncio.Event()
+    old = set_unhandled_fault_hook(lambda f: (got.append(f), event.set()))
+    try:
+        async with this_host().spawn_procs(per_host={"procs": 3}) as procs:
+            echo = await procs.spawn("echo", Echo)
+            os.kill(procs.pids[1], signal.SIGKILL)
+            await asyncio.wait_for(event.wait(), 10)
+            pids = {await echo.pid.choose() for _ in range(6)}
+            assert pids == {procs.pids[0], procs.pids[2]}
+    finally:
+        set_unhandled_fault_hook(old)
