@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import bench_mesh, bench_runtime, bench_supervision, bench_tensor_engine
+from . import bench_inference, bench_mesh, bench_runtime, bench_supervision, bench_tensor_engine
 
 
 def main() -> None:
@@ -18,6 +18,8 @@ def main() -> None:
     rdma_bench(["--sizes", "4096,1048576,67108864"])
     print("\n== tensor engine (issue 6) ==")
     bench_tensor_engine.main()
+    print("\n== inference server example (issue 7) ==")
+    bench_inference.main()
 
 
 if __name__ == "__main__":
