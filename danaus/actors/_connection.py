@@ -298,8 +298,12 @@ class Connection(asyncio.BufferedProtocol):
 
     def _flush(self) -> None:
         self._flush_handle = None
-        if self._wq and self.transport is not None and self.state is not CLOSED:
-            self.transport.writelines(self._wq)
+        wq = self._wq
+        if wq and self.transport is not None and self.state is not CLOSED:
+            if len(wq) == 1:
+                self.transport.write(wq[0])  # one buffer: write() is cheaper than writelines()
+            else:
+                self.transport.writelines(wq)
         self._wq = []
         self._wbytes = 0
 
