@@ -18,7 +18,8 @@ from ..actors._wire import CAST_GATHER, CAST_NONE, CAST_REDUCE, ERROR, Spawn, St
 from ..config import config
 from ..errors import ActorError, EndpointNotFoundError, SerializationError, SupervisionError
 from ._cast import send_cast
-from ._shape import Selector, Shape
+from ._shape import Shape
+from ._shaped import Shaped
 from ._supervision import MeshState, actor_states
 from ._value_mesh import ValueMesh
 
@@ -43,7 +44,7 @@ def _resolved() -> ThreadFuture[None]:
     return f
 
 
-class ActorMesh(Generic[A]):
+class ActorMesh(Shaped, Generic[A]):
     """One actor of class ``A`` in each proc of a proc mesh.
 
     ``mesh.method`` is an :class:`ActorEndpoint` with the adverbs ``call``,
@@ -166,40 +167,9 @@ class ActorMesh(Generic[A]):
             )
         return ActorEndpoint(self, name)
 
-    # shape vocabulary
-    @property
-    def shape(self) -> Shape:
-        return self._shape
-
-    @property
-    def sizes(self) -> dict[str, int]:
-        return self._shape.sizes
-
-    def size(self, dim: str | None = None) -> int:
-        return len(self._shape) if dim is None else self._shape.size(dim)
-
-    def __len__(self) -> int:
-        return len(self._shape)
-
     def _with_shape(self, shape: Shape) -> ActorMesh[A]:
         return ActorMesh(self._name, self._wire, self._cls, shape, self._addrs, self._init,
                          self._spawn_rt, self._procs, self._sent, self._state)
-
-    def slice(self, **dims: Selector) -> ActorMesh[A]:
-        """The actors at the selected ranks (an int drops a dim, a ``slice`` keeps it)."""
-        return self._with_shape(self._shape.slice(**dims))
-
-    def split(self, dim: str, into: dict[str, int]) -> ActorMesh[A]:
-        """Split ``dim`` into several dims whose sizes multiply to its size."""
-        return self._with_shape(self._shape.split(dim, into))
-
-    def flatten(self, name: str) -> ActorMesh[A]:
-        """All dims as one named dim."""
-        return self._with_shape(self._shape.flatten(name))
-
-    def rename(self, **renames: str) -> ActorMesh[A]:
-        """Rename dims: ``mesh.rename(procs="gpus")``."""
-        return self._with_shape(self._shape.rename(**renames))
 
     @property
     def initialized(self) -> Future[None]:

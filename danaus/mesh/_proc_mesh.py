@@ -21,7 +21,8 @@ from ..errors import ClosedError, SupervisionError
 from ._host_agent import AGENT, HostAgent
 from ._logs import LogOptions, printer
 from ._procs import ProcHandle, RemoteProcHandle, SelfProcHandle, start_proc, wait_exited
-from ._shape import Selector, Shape
+from ._shape import Shape
+from ._shaped import Shaped
 from ._supervision import MeshState
 
 __all__ = ["HostMesh", "ProcMesh", "attach_to_hosts", "this_host", "this_proc"]
@@ -31,7 +32,7 @@ A = TypeVar("A", bound=Actor)
 _names = itertools.count()
 
 
-class HostMesh:
+class HostMesh(Shaped):
     """A set of hosts that can start procs.
 
     ``this_host()`` is the controller's own host (a mesh with no dims);
@@ -47,20 +48,7 @@ class HostMesh:
     def __repr__(self) -> str:
         return f"HostMesh({self.name}, {self._shape.sizes})"
 
-    @property
-    def shape(self) -> Shape:
-        return self._shape
-
-    @property
-    def sizes(self) -> dict[str, int]:
-        return self._shape.sizes
-
-    def __len__(self) -> int:
-        return len(self._shape)
-
-    def slice(self, **dims: Selector) -> HostMesh:
-        """The hosts at the selected ranks."""
-        shape = self._shape.slice(**dims)
+    def _with_shape(self, shape: Shape) -> HostMesh:
         agents = self._agents
         if agents is not None:
             agents = agents._with_shape(shape)
@@ -181,7 +169,7 @@ def this_proc() -> ProcMesh:
                     started=_resolved())
 
 
-class ProcMesh:
+class ProcMesh(Shaped):
     """Processes laid out as a named mesh; ``spawn`` puts one actor in each.
 
     Use ``async with`` (or ``with`` in sync code), or call :meth:`stop`, so the procs end
@@ -222,21 +210,6 @@ class ProcMesh:
     def __repr__(self) -> str:
         state = "stopped" if self._root._stopped else "running"
         return f"ProcMesh({self.name}, {self._shape.sizes}, {state})"
-
-    # shape vocabulary
-    @property
-    def shape(self) -> Shape:
-        return self._shape
-
-    @property
-    def sizes(self) -> dict[str, int]:
-        return self._shape.sizes
-
-    def size(self, dim: str | None = None) -> int:
-        return len(self._shape) if dim is None else self._shape.size(dim)
-
-    def __len__(self) -> int:
-        return len(self._shape)
 
     def activate(self) -> Any:
         """``with procs.activate():`` torch calls make distributed tensors on these procs.
@@ -290,22 +263,6 @@ class ProcMesh:
 
     def _with_shape(self, shape: Shape) -> ProcMesh:
         return ProcMesh(shape, self._procs, self.name, self._root)
-
-    def slice(self, **dims: Selector) -> ProcMesh:
-        """The procs at the selected ranks (an int drops a dim, a ``slice`` keeps it)."""
-        return self._with_shape(self._shape.slice(**dims))
-
-    def split(self, dim: str, into: Mapping[str, int]) -> ProcMesh:
-        """Split ``dim`` into several dims whose sizes multiply to its size."""
-        return self._with_shape(self._shape.split(dim, into))
-
-    def flatten(self, name: str) -> ProcMesh:
-        """All dims as one named dim."""
-        return self._with_shape(self._shape.flatten(name))
-
-    def rename(self, **renames: str) -> ProcMesh:
-        """Rename dims: ``procs.rename(procs="gpus")``."""
-        return self._with_shape(self._shape.rename(**renames))
 
     def _handles(self) -> list[Any]:
         return [self._procs[g] for g in self._shape.global_ranks()]

@@ -139,50 +139,39 @@ class RDMABuffer:
             RDMABufferDroppedError: the buffer was dropped.
             RDMAOwnerError: the owner died or became unreachable (``dst`` not fully written).
         """
-        view, _, keep = byte_view(dst, writable=True, what="read_into's destination")
-        self._range(view.nbytes, offset, "read_into's destination")
-        rt, here = runtime_here()
-        handle = self._handle
-
-        if here and "cuda" not in handle.keys:  # small same-host ones finish right here
-            mgr = manager(rt)
-            backend = mgr.backend_for(handle)
-            if backend.move_now(handle, offset, view, write=False):
-                return _done(rt)
-
-        async def go(keep: Any = keep) -> None:  # keep: dst stays alive until done
-            mgr = manager(rt)
-            if handle.owner == rt.addr and handle.buf_id not in mgr.buffers:
-                raise RDMABufferDroppedError(f"buffer {handle.buf_id} was dropped")
-            if "cuda" in handle.keys:  # device memory: the owner refreshes its staging copy
-                await mgr.exchange(handle.owner, "cuda", {"op": "out", "buf": handle.buf_id})
-            await mgr.backend_for(handle).read(handle, offset, view)
-
-        return _run(rt, here, go)
+        return self._transfer(dst, offset, write=False)
 
     def write_from(self, src: Any, *, offset: int = 0) -> Future[None]:
         """Copy ``src`` into the buffer from ``offset`` to its end (sizes must match).
 
         Raises: as :meth:`read_into`.
         """
-        view, _, keep = byte_view(src, writable=False, what="write_from's source")
-        self._range(view.nbytes, offset, "write_from's source")
+        return self._transfer(src, offset, write=True)
+
+    def _transfer(self, obj: Any, offset: int, *, write: bool) -> Future[None]:
+        what = "write_from's source" if write else "read_into's destination"
+        view, _, keep = byte_view(obj, writable=not write, what=what)
+        self._range(view.nbytes, offset, what)
         rt, here = runtime_here()
         handle = self._handle
-
-        if here and "cuda" not in handle.keys:  # small same-host ones finish right here
-            mgr = manager(rt)
-            backend = mgr.backend_for(handle)
-            if backend.move_now(handle, offset, view, write=True):
+        cuda = "cuda" in handle.keys
+        if here and not cuda:  # small same-host transfers finish right here: no task
+            if manager(rt).backend_for(handle).move_now(handle, offset, view, write=write):
                 return _done(rt)
 
-        async def go(keep: Any = keep) -> None:  # keep: src stays alive until done
+        async def go(keep: Any = keep) -> None:  # keep: the user's memory stays alive
             mgr = manager(rt)
             if handle.owner == rt.addr and handle.buf_id not in mgr.buffers:
                 raise RDMABufferDroppedError(f"buffer {handle.buf_id} was dropped")
-            await mgr.backend_for(handle).write(handle, offset, view)
-            if "cuda" in handle.keys:  # device memory: the owner copies the staging bytes in
-                await mgr.exchange(handle.owner, "cuda", {"op": "in", "buf": handle.buf_id})
+            backend = mgr.backend_for(handle)
+            if write:
+                await backend.write(handle, offset, view)
+                if cuda:  # device memory: the owner copies the staging bytes in
+                    await mgr.exchange(handle.owner, "cuda", {"op": "in", "buf": handle.buf_id})
+            else:
+                if cuda:  # device memory: the owner refreshes its staging copy first
+                    await mgr.exchange(handle.owner, "cuda", {"op": "out", "buf": handle.buf_id})
+                await backend.read(handle, offset, view)
 
         return _run(rt, here, go)
 

@@ -1,0 +1,56 @@
+"""The shape vocabulary every mesh shares (host, proc and actor meshes)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+from ._shape import Selector, Shape
+
+M = TypeVar("M", bound="Shaped")
+
+
+class Shaped:
+    """``shape``, ``sizes``, ``size()``, ``len()``, and the views ``slice`` / ``split`` /
+    ``flatten`` / ``rename``, over a mesh's :class:`Shape`. Subclasses set ``_shape`` and
+    implement ``_with_shape`` (the same mesh seen through another shape)."""
+
+    _shape: Shape
+
+    def _with_shape(self: M, shape: Shape) -> M:
+        raise NotImplementedError
+
+    @property
+    def shape(self) -> Shape:
+        return self._shape
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The size of each named dim."""
+        return self._shape.sizes
+
+    def size(self, dim: str | None = None) -> int:
+        """The size of ``dim``, or the number of ranks."""
+        return len(self._shape) if dim is None else self._shape.size(dim)
+
+    def __len__(self) -> int:
+        return len(self._shape)
+
+    def slice(self: M, **dims: Selector) -> M:
+        """The selected ranks (an int drops a dim, a ``slice`` keeps it; steps allowed)."""
+        return self._with_shape(self._shape.slice(**dims))
+
+    def split(self: M, dim: str, into: Mapping[str, int]) -> M:
+        """Split ``dim`` into several dims whose sizes multiply to its size."""
+        return self._with_shape(self._shape.split(dim, into))
+
+    def flatten(self: M, name: str) -> M:
+        """All dims as one named dim."""
+        return self._with_shape(self._shape.flatten(name))
+
+    def rename(self: M, **renames: str) -> M:
+        """Rename dims: ``mesh.rename(procs="gpus")``."""
+        return self._with_shape(self._shape.rename(**renames))
+
+
+__all__ = ["Shaped"]
