@@ -44,6 +44,9 @@ class Config:
     socket_buffer_bytes: int = 4 << 20
     #: How long dialing a peer keeps retrying while it refuses (it may be starting) (s).
     connect_timeout: float = 30.0
+    #: How long an actor holds a sender's message while an earlier one is missing (it
+    #: went another way, down a cast tree, and may have been lost with a failed proc) (s).
+    seq_gap_timeout: float = 10.0
     #: How long a proc holds messages for an actor whose Spawn has not arrived yet (s).
     spawn_wait: float = 30.0
     #: A connection quiet this long gets a ping (s).

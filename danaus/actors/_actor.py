@@ -139,6 +139,7 @@ class ActorInstance:
         #: per sender: the next sequence number to handle, and those that came early
         self.expect: dict[str, int] = {}
         self.held: dict[tuple[str, int], tuple[Connection, Call, list[Any]] | None] = {}
+        self._gap_timer: asyncio.TimerHandle | None = None
         object.__setattr__(ctx, "runtime_actor", self)  # frozen dataclass: set once, here
         # The actor's own context: its endpoints run in it, with context() set.
         token = current.set(self.context)
@@ -160,6 +161,9 @@ class ActorInstance:
             if seq != expected:
                 if seq > expected:  # an earlier one is still on its way (a cast tree)
                     self.held[(sender, seq)] = (conn, msg, parts)
+                    if self._gap_timer is None:
+                        self._gap_timer = self.rt.loop.call_later(
+                            config.seq_gap_timeout, self._gap_expired)
                 return  # seq < expected: already handled or skipped
             self.expect[sender] = seq + 1
             if self.held:
@@ -178,6 +182,22 @@ class ActorInstance:
             self._release(sender, seq + 1)
         elif seq > expected:
             self.held[(sender, seq)] = None
+
+    def _gap_expired(self) -> None:
+        """Messages held for a predecessor that never came: stop waiting (bounded)."""
+        self._gap_timer = None
+        if self.stopped or not self.held:
+            return
+        for sender in {s for s, _ in self.held}:
+            expected = self.expect.get(sender, 1)
+            first = min(q for s, q in self.held if s == sender)
+            if first > expected:
+                log.warning("%s: messages %d..%d from %s never arrived (lost with a failed "
+                            "path); handling the ones after them", self.ctx.actor_id,
+                            expected, first - 1, sender)
+                self._release(sender, first)
+        if self.held:
+            self._gap_timer = self.rt.loop.call_later(config.seq_gap_timeout, self._gap_expired)
 
     def _release(self, sender: str, nxt: int) -> None:
         held = self.held
@@ -335,8 +355,10 @@ class ActorInstance:
         if self.task is not None:
             self.task.cancel()
             await asyncio.wait([self.task])  # its outcome is replied by _async_done
-        while self.queue:
-            conn, msg, _ = self.queue.popleft()
+        waiting = [item for item in self.held.values() if item is not None]
+        self.held.clear()
+        while self.queue or waiting:
+            conn, msg, _ = self.queue.popleft() if self.queue else waiting.pop(0)
             if conn is not None and msg.reply:
                 self._reply_error(conn, msg, ErrorInfo(
                     "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",

@@ -157,8 +157,8 @@ class Connection(asyncio.BufferedProtocol):
                 pass
         if self.dialer:
             self._write_now(frame(_hs_encode(Hello(self._nonce, self.rt.addr))))
-        else:
-            self._hs_timer = self.loop.call_later(config.handshake_timeout, self._handshake_expired)
+        # Both sides: a peer that accepts (or dials) and then says nothing is dropped.
+        self._hs_timer = self.loop.call_later(config.handshake_timeout, self._handshake_expired)
 
     def _handshake_expired(self) -> None:
         if self.state is HANDSHAKE:

@@ -65,6 +65,17 @@ class Port(Generic[T]):
         run_on(rt, _send, rt, self.addr, msg, parts)
 
 
+def _close_port(rt: Runtime, port_id: int) -> None:
+    """A dropped receiver's port goes away (from any thread; also once the loop closed)."""
+    if rt.loop.is_closed():
+        rt.ports.pop(port_id, None)
+        return
+    try:
+        run_on(rt, rt.close_port, port_id)
+    except RuntimeError:  # the loop closed meanwhile
+        rt.ports.pop(port_id, None)
+
+
 def _send(rt: Runtime, addr: str, msg: Result, parts: list[Any]) -> None:
     rt.connection(addr).send(msg, parts)
 
@@ -78,8 +89,14 @@ class PortReceiver(Generic[T]):
         self._values: collections.deque[tuple[int, Any]] = collections.deque()
         self._waiters: collections.deque[Future[T]] = collections.deque()
         self._closed = False
-        self.port_id = rt.open_port(self._on_message)
-        weakref.finalize(self, rt.close_port, self.port_id)
+        ref = weakref.ref(self)
+
+        def handler(rank: int, status: int, value: Any) -> bool:
+            me = ref()  # a dropped receiver closes its port at the next message
+            return True if me is None else me._on_message(rank, status, value)
+
+        self.port_id = rt.open_port(handler)
+        weakref.finalize(self, _close_port, rt, self.port_id)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

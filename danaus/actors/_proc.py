@@ -75,6 +75,9 @@ def main() -> None:
     if not line.strip():
         sys.exit("danaus proc: no job key on stdin")
     key = bytes.fromhex(line.decode().strip())
+    from ._auth import set_job_key
+
+    set_job_key(key)  # every runtime this proc makes (a thread's, the background one) uses it
     logging.basicConfig(level=os.environ.get("DANAUS_LOG_LEVEL", "WARNING"),
                         format="%(levelname)s %(name)s: %(message)s")
     from ..config import config

@@ -67,6 +67,23 @@ _PING, _PONG = Ping(), Pong()
 _error_encode = msgspec.msgpack.Encoder().encode
 
 
+class SkipOnLoss(list[int]):
+    """The ranks of a cast subtree waiting on one connection. If it is lost, the actors
+    of that subtree that are still alive are told not to wait for the lost message's
+    sequence number (else they would hold every later message from that sender)."""
+
+    def __init__(self, actor: str, sender: str, targets: Sequence[tuple[int, str, int]]) -> None:
+        super().__init__(r for r, _, _ in targets)
+        self.actor = actor
+        self.sender = sender
+        self.targets = list(targets)
+
+    def send_skips(self, rt: Runtime) -> None:
+        for _, addr, seq in self.targets:
+            if seq:
+                rt.connection(addr).send(SeqSkip(self.actor, seq, self.sender))
+
+
 class PortHandler(Protocol):
     """Receives what arrives on a port; returns True when the port is finished."""
 
@@ -260,7 +277,9 @@ class Runtime:
         for conn in list(self.conns.values()):
             if conn.state is not OPEN:
                 continue
-            if conn.reads != conn.seen_reads:
+            if conn.reads != conn.seen_reads or conn._read_holders:
+                # Something arrived, or we stopped reading ourselves (a full mailbox):
+                # the peer's silence says nothing about it then.
                 conn.seen_reads = conn.reads
                 conn.quiet_since = now
             elif now - conn.quiet_since > config.heartbeat_timeout:
@@ -419,6 +438,8 @@ class Runtime:
             for rank in ranks if isinstance(ranks, list) else (ranks,):
                 self.deliver(port, rank, ERROR,
                              self.peer_lost_error(conn.peer or "(unknown)", conn.close_reason, rank))
+            if isinstance(ranks, SkipOnLoss):
+                ranks.send_skips(self)
 
     async def _fail_pending_after_exit(self, conn: Connection, pending: dict[int, Any],
                                        exited: ThreadFuture[int]) -> None:
@@ -535,7 +556,7 @@ class Runtime:
             assert isinstance(msg, SeqSkip)
             actor = self.actors.get(msg.actor)
             if actor is not None:
-                actor.skip(conn.peer or "", msg.seq)
+                actor.skip(msg.sender or conn.peer or "", msg.seq)
         else:
             handler = self.extensions.get(t)
             if handler is None:
@@ -675,6 +696,7 @@ class _Background:
 
 
 _background: _Background | None = None
+_background_lock = threading.Lock()
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -692,13 +714,11 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 def background_runtime() -> Runtime:
     """The runtime of danaus's background loop (started on first use)."""
     global _background
-    with _runtimes_lock:
-        bg = _background
+    bg = _background
     if bg is None:
-        made = _Background()
-        with _runtimes_lock:
+        with _background_lock:  # one background loop, even when threads race here
             if _background is None:
-                _background = made
+                _background = _Background()
             bg = _background
     return bg.runtime
 

@@ -172,6 +172,9 @@ class SeqSkip(msgspec.Struct, tag=23, array_like=True, frozen=True):
 
     actor: str
     seq: int
+    #: whose sequence number it is, when not the sending peer's (a cast tree node skips
+    #: for the original sender)
+    sender: str = ""
 
 
 class Ping(msgspec.Struct, tag=24, array_like=True, frozen=True):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -36,6 +37,7 @@ __all__ = ["Accumulator", "ActorEndpoint", "ActorMesh"]
 
 A = TypeVar("A", bound=Actor)
 _spawn_ids = itertools.count()
+_choose_lock = threading.Lock()
 
 
 def _resolved() -> ThreadFuture[None]:
@@ -205,7 +207,7 @@ class ActorMesh(Shaped, Generic[A]):
         """Failed actors of this mesh (or slice): ``{str(point): reason}``."""
         mine = set(self._ranks)
         st = self._state
-        return {str(st.point(r)): why for r, why in st.failed.items() if r in mine}
+        return {str(st.point(r)): why for r, why in list(st.failed.items()) if r in mine}
 
     def stop(self) -> Future[None]:
         """Stop these actors (``__cleanup__`` runs); later calls raise ``SupervisionError``.
@@ -370,16 +372,18 @@ class ActorEndpoint(Generic[A]):
             healthy = [r for r in ranks if r not in failed]
             ranks = healthy or ranks
         inflight = mesh._inflight
-        start = mesh._rr
-        mesh._rr = start + 1
-        n = len(ranks)
-        best = min(range(n), key=lambda i: (inflight.get(ranks[(start + i) % n], 0), i))
-        rank = ranks[(start + best) % n]
-        inflight[rank] = inflight.get(rank, 0) + 1
+        with _choose_lock:  # the count is also lowered on the loop's thread
+            start = mesh._rr
+            mesh._rr = start + 1
+            n = len(ranks)
+            best = min(range(n), key=lambda i: (inflight.get(ranks[(start + i) % n], 0), i))
+            rank = ranks[(start + best) % n]
+            inflight[rank] = inflight.get(rank, 0) + 1
         fut = self._call_single([rank], args, kwargs)
 
         def done(_: Any) -> None:
-            inflight[rank] -= 1
+            with _choose_lock:
+                inflight[rank] -= 1
 
         fut.add_done_callback(done)
         return fut

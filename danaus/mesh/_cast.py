@@ -19,6 +19,7 @@ import msgspec
 from ..actors._connection import Connection
 from ..actors._runtime import (
     Runtime,
+    SkipOnLoss,
     encode_error,
     error_from_info,
     info_from_error,
@@ -35,7 +36,6 @@ from ..actors._wire import (
     ErrorInfo,
     Gathered,
     Result,
-    SeqSkip,
 )
 from ..errors import SerializationError
 
@@ -68,22 +68,14 @@ def send_cast(rt: Runtime, actor: str, method: str, targets: list[Target], port:
         conn = rt.connection(head)
         msg = Cast(actor, method, chunk, port, "", rt.addr, mode, fanout, args, pickled,
                    red_raw, red_pickled)
+        lost = SkipOnLoss(actor, rt.addr, chunk)
         if not conn.send(msg, parts):
             exc = rt.peer_lost_error(head, conn.close_reason)
             for rank, _, _ in chunk:
                 rt.deliver(port, rank, ERROR, exc)
-            _skip_lost(rt, actor, rt.addr, chunk)
+            lost.send_skips(rt)
         elif port:
-            conn.pending[port] = [rank for rank, _, _ in chunk]
-
-
-def _skip_lost(rt: Runtime, actor: str, sender: str, chunk: list[Target]) -> None:
-    """Tell the actors of a subtree whose cast was lost not to wait for its sequence number."""
-    if sender != rt.addr:
-        return  # only the original sender may skip its own sequence numbers
-    for _, addr, seq in chunk:
-        if seq:
-            rt.connection(addr).send(SeqSkip(actor, seq))
+            conn.pending[port] = lost
 
 
 class _Reply:
@@ -208,17 +200,20 @@ def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Any]) -> N
         child = rt.connection(head)
         child_port = 0
         if node is not None:
-            child_port = rt.open_port(_SubtreeLoss(node, len(chunk)))
+            loss = _SubtreeLoss(rt, node, len(chunk))
+            child_port = loss.port = rt.open_port(loss)
             rt.gathers[child_port] = node
         fwd = Cast(msg.actor, msg.method, chunk, child_port, rt.addr if child_port else "",
                    msg.sender, msg.mode if child_port else CAST_NONE, msg.fanout, msg.args,
                    msg.pickled, msg.reducer, msg.reducer_pickled)
+        lost = SkipOnLoss(msg.actor, msg.sender, chunk)
         if not child.send(fwd, parts):
             exc = rt.peer_lost_error(head, child.close_reason)
             for r, _, _ in chunk:
                 rt.deliver(child_port, r, ERROR, exc)
+            lost.send_skips(rt)
         elif child_port:
-            child.pending[child_port] = [r for r, _, _ in chunk]
+            child.pending[child_port] = lost
     actor = rt.actors.get(msg.actor)
     reply_to: Any = _Reply(node, msg.sender) if node is not None else conn
     call = Call(msg.actor, msg.method, 1 if node is not None else 0, msg.args, msg.pickled, seq)
@@ -233,14 +228,17 @@ class _SubtreeLoss:
     """Port handler at a tree node for one subtree: called per rank if its connection drops
     (its results, when they come, arrive as one Gathered, handled by handle_gathered)."""
 
-    def __init__(self, node: _Node, ranks: int) -> None:
+    def __init__(self, rt: Runtime, node: _Node, ranks: int) -> None:
+        self.rt = rt
         self.node = node
         self.ranks = ranks
+        self.port = 0
 
     def __call__(self, rank: int, status: int, value: Any) -> bool:
         self.node.add_failure(rank, value)
         self.ranks -= 1
         if self.ranks == 0:
+            self.rt.gathers.pop(self.port, None)  # a late Gathered must not count again
             self.node.subtree_lost()
             return True
         return False

@@ -324,7 +324,18 @@ class ProcMesh(Shaped):
 
         def start() -> None:
             task = rt.spawn_task(root._stop_all())
-            task.add_done_callback(lambda t: fut.set_result(None) if not t.exception() else fut.set_exception(t.exception()))  # type: ignore[arg-type]
+
+            def done(t: asyncio.Task[None]) -> None:
+                if fut.done():
+                    return
+                if t.cancelled():
+                    fut.cancel()
+                elif (exc := t.exception()) is not None:
+                    fut.set_exception(exc)
+                else:
+                    fut.set_result(None)
+
+            task.add_done_callback(done)
 
         run_on(rt, start)
         return fut

@@ -49,6 +49,7 @@ class ShmBackend(Backend):
         self._vm_ok: dict[int, bool] = {}  # owner pid -> may we process_vm_* it?
         self._segments: dict[str, shared_memory.SharedMemory] = {}  # owner -> our segment
         self._attached: dict[str, shared_memory.SharedMemory] = {}  # owner side: theirs
+        self._locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
     def probe(cls) -> str | None:
@@ -122,6 +123,12 @@ class ShmBackend(Backend):
 
     async def _segment_move(self, handle: BufferHandle, offset: int, view: memoryview,
                             write: bool) -> None:
+        lock = self._locks.setdefault(handle.owner, asyncio.Lock())
+        async with lock:  # one segment per owner: one transfer through it at a time
+            await self._segment_move_locked(handle, offset, view, write)
+
+    async def _segment_move_locked(self, handle: BufferHandle, offset: int, view: memoryview,
+                                   write: bool) -> None:
         seg = self._segments.get(handle.owner)
         if seg is None:
             seg = shared_memory.SharedMemory(create=True, size=SEGMENT_BYTES)

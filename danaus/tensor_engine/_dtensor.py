@@ -73,10 +73,7 @@ class _Client:
         self.procs = procs
         sizes = procs.sizes
         world = len(procs)
-        with socket.socket() as s:  # a free port for the collectives' rendezvous
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.workers = procs.spawn("tensor_worker", TensorWorker, f"tcp://127.0.0.1:{port}",
+        self.workers = procs.spawn("tensor_worker", TensorWorker, _rendezvous(procs),
                                    world, sizes)
         self.sizes = sizes
         self.ids = itertools.count(1)
@@ -114,6 +111,24 @@ class _Client:
             raise ValueError(f"fetch_shard needs coordinates for every dim of {self.sizes} "
                              f"(got {coords})")
         return mesh.fetch.call_one(t._id)
+
+
+def _rendezvous(procs: ProcMesh) -> str:
+    """Where the collectives' store listens: rank 0's host (a local mesh: loopback)."""
+    addr = procs._root._procs[0].addr or ""
+    host = "127.0.0.1"
+    if addr.startswith("tcp://"):
+        host = addr[len("tcp://"):].rpartition(":")[0].strip("[]")
+        with socket.socket() as s:  # a free port there, if that host is this one
+            try:
+                s.bind((host, 0))
+                return f"tcp://{host}:{s.getsockname()[1]}"
+            except OSError:
+                pass
+        return f"tcp://{host}:29500"  # another host: the customary torch.distributed port
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
 
 
 _tls = threading.local()

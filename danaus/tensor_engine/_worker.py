@@ -74,6 +74,9 @@ class _Propagate(Exception):
         self.failed = failed
 
 
+#: a collective whose peers do not all arrive fails after this long (s), not 30 min
+COLLECTIVE_TIMEOUT = 300
+
 _REDUCE_OPS = {"sum": "SUM", "avg": "SUM", "min": "MIN", "max": "MAX"}
 
 
@@ -90,6 +93,7 @@ class TensorWorker(Actor):
         self.published: dict[int, list[tuple[Any, Any]]] = {}
         self.streams: dict[str, Any] = {}
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tensor-worker")
+        self.loop = asyncio.get_running_loop()
         self.device = torch.device("cuda", torch.cuda.current_device()) \
             if torch.cuda.is_available() else torch.device("cpu")
         torch.manual_seed(self.rank)
@@ -123,6 +127,11 @@ class TensorWorker(Actor):
             value = Failed(type(e).__qualname__, str(e), "".join(traceback.format_exception(e)), where)
         for i in out_ids:
             self.table[i] = value
+
+    def _drop_published(self, buf: Any) -> None:
+        from ..rdma._manager import manager
+
+        manager().drop(buf.handle.buf_id)
 
     @endpoint
     async def publish(self, i: int) -> Any:
@@ -172,7 +181,8 @@ class TensorWorker(Actor):
                 for i in cmd[1]:
                     table.pop(i, None)
                     for buf, _ in self.published.pop(i, ()):
-                        buf.drop()  # its registration goes with the tensor
+                        # its registration goes with the tensor (on the loop that owns it)
+                        self.loop.call_soon_threadsafe(self._drop_published, buf)
                 continue
             if kind == SEED:
                 torch.manual_seed(int(cmd[1]) * 1_000_003 + self.rank)
@@ -253,9 +263,12 @@ class TensorWorker(Actor):
         import torch.distributed as dist
 
         if not dist.is_initialized():
+            import datetime
+
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
                                     init_method=self.rendezvous, rank=self.rank,
-                                    world_size=self.world)
+                                    world_size=self.world,
+                                    timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT))
         names = list(self.sizes)
         key = tuple(sorted(dims, key=names.index))
         if key not in self.groups:

@@ -164,3 +164,20 @@ async def test_choose_skips_failed_ranks() -> None:
             assert pids == {procs.pids[0], procs.pids[2]}
     finally:
         set_unhandled_fault_hook(old)
+
+
+async def test_a_missing_sequence_number_delays_but_never_blocks_an_actor() -> None:
+    """A message whose predecessor was lost (e.g. with a failed cast-tree node) is handled
+    after seq_gap_timeout instead of waiting forever."""
+    from danaus.actors._runtime import current_runtime
+
+    async with this_host().spawn_procs(per_host={"procs": 1},
+                                       env={"DANAUS_SEQ_GAP_TIMEOUT": "0.3"}) as procs:
+        rec = await procs.spawn("rec", Recorder)
+        rt = current_runtime()
+        addr = rec._targets()[0][1]
+        seqs = rt.seqs.setdefault(addr, {})
+        seqs[rec._wire] = seqs.get(rec._wire, 0) + 1  # this number is never sent: "lost"
+        fut = rec.record.call_one(7)
+        assert await asyncio.wait_for(fut, 10) == 7
+        assert await rec.history.call_one() == [7]
