@@ -269,13 +269,15 @@ class ActorInstance:
     def _async_done(self, conn: Connection, msg: Call, task: asyncio.Task[Any]) -> None:
         self.busy = False
         self.task = None
-        if task.cancelled():
-            if not msg.reply:
-                pass  # stopped while handling a broadcast: nobody to tell
-            else:
+        if task.cancelled() and self.stopped:
+            if msg.reply:  # (a broadcast has nobody to tell)
                 self._reply_error(conn, msg, ErrorInfo(
                     "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
                     f"actor {self.ctx.actor_id} was stopped while handling {msg.method}", ""))
+        elif task.cancelled():  # the endpoint's own code let a cancellation out
+            self._reply_error(conn, msg, ErrorInfo(
+                "actor", self.ctx.actor_id, self.rank_text, "asyncio.CancelledError",
+                f"{msg.method} was cancelled (by the endpoint's own code)", ""))
         elif (exc := task.exception()) is not None:
             self._reply_error(conn, msg, _info(exc, self))
         elif msg.reply:

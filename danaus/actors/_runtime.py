@@ -638,6 +638,19 @@ class Runtime:
 
     # ------------------------------------------------------------ shutdown
 
+    def abandon(self) -> None:
+        """Release the sockets of a runtime whose event loop has closed (nothing can run on
+        it any more, so its peers only see the connections drop)."""
+        self.closed = True
+        for conn in list(self._all_conns) + list(self.conns.values()):
+            if conn.transport is not None:
+                sock = conn.transport.get_extra_info("socket")
+                try:
+                    os.close(sock.fileno())
+                except Exception:
+                    pass
+        self._sock.close()
+
     async def aclose(self) -> None:
         """Stop local actors, close every connection and the listening socket."""
         if self.closed:
@@ -747,6 +760,10 @@ def runtime_here() -> tuple[Runtime, bool]:
         with _runtimes_lock:
             rt = _runtimes.get(loop)
             if rt is None:
+                for old_loop, old in list(_runtimes.items()):
+                    if old_loop.is_closed():  # e.g. an earlier asyncio.run()
+                        del _runtimes[old_loop]
+                        old.abandon()
                 rt = Runtime(loop)
                 _runtimes[loop] = rt
     _last = (loop, rt)

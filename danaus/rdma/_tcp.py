@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..actors import _auth
 from ..actors._runtime import parse_addr
+from ..config import config
 from ..errors import (
     AuthenticationError,
     RDMABufferDroppedError,
@@ -44,6 +45,12 @@ _SOCK_BUF = 4 << 20
 def _tune(sock: socket.socket) -> None:
     sock.setblocking(False)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    # A peer that vanishes without closing (host down, partition): give up after about
+    # heartbeat_timeout of unacknowledged data instead of the kernel's ~15 minutes.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                        int(config.heartbeat_timeout * 1000))
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         try:
             sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
@@ -77,6 +84,9 @@ class TcpBackend(Backend):
         port = self._listener.getsockname()[1]
         self.listen_addr = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         self._pools: dict[str, list[socket.socket]] = {}
+        self._active: dict[str, set[socket.socket]] = {}  # data connections in use
+        self._owner_of: dict[str, str] = {}  # data address -> owner's control address
+        mgr.rt.on_lost.append(self.owner_lost)
         self._tasks: set[asyncio.Task[None]] = set()
         self._serving: set[socket.socket] = set()
         self._accept_task = self.loop.create_task(self._accept_loop())
@@ -172,13 +182,32 @@ class TcpBackend(Backend):
             raise
         return sock
 
+    def owner_lost(self, owner: str) -> None:
+        """The control plane lost ``owner``: end our data connections to it, pooled and in
+        use, so transfers to it fail now (RDMAOwnerError) rather than wait on a dead peer."""
+        for data_addr, who in list(self._owner_of.items()):
+            if who != owner:
+                continue
+            for sock in self._pools.pop(data_addr, []):
+                sock.close()
+            for sock in list(self._active.get(data_addr, ())):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
     async def _one(self, handle: BufferHandle, offset: int, view: memoryview, op: int) -> None:
+        if handle.owner in self.mgr.rt.lost:
+            raise RDMAOwnerError(f"the owner of the buffer ({handle.owner}) is gone")
         pool = self._pools.setdefault(handle.data_addr, [])
+        self._owner_of[handle.data_addr] = handle.owner
         try:
             sock = pool.pop() if pool else await self._connect(handle.data_addr)
         except OSError as e:
             raise RDMAOwnerError(f"cannot reach the data server of {handle.owner} "
                                  f"({handle.data_addr}): {e}") from None
+        active = self._active.setdefault(handle.data_addr, set())
+        active.add(sock)
         ok = False
         try:
             loop = self.loop
@@ -196,6 +225,7 @@ class TcpBackend(Backend):
             raise RDMAOwnerError(f"the owner of the buffer ({handle.owner}) went away during "
                                  f"the transfer: {e}") from None
         finally:
+            active.discard(sock)
             if ok:
                 pool.append(sock)
             else:
