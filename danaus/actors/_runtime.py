@@ -639,17 +639,12 @@ class Runtime:
     # ------------------------------------------------------------ shutdown
 
     def abandon(self) -> None:
-        """Release the sockets of a runtime whose event loop has closed (nothing can run on
-        it any more, so its peers only see the connections drop)."""
+        """Release the listening socket of a runtime whose event loop has closed (its
+        connections' sockets are closed by their transports when those are collected)."""
         self.closed = True
-        for conn in list(self._all_conns) + list(self.conns.values()):
-            if conn.transport is not None:
-                sock = conn.transport.get_extra_info("socket")
-                try:
-                    os.close(sock.fileno())
-                except Exception:
-                    pass
         self._sock.close()
+        self.conns.clear()
+        self._all_conns.clear()
 
     async def aclose(self) -> None:
         """Stop local actors, close every connection and the listening socket."""
