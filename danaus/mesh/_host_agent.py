@@ -22,7 +22,7 @@ from ..actors._runtime import Runtime, all_runtimes, install_runtime, new_event_
 from ..config import config
 from ..errors import ClosedError
 from ._logs import LineSink
-from ._procs import ProcHandle, start_proc, wait_exited
+from ._procs import ProcHandle, forget, start_proc, wait_exited
 
 log = logging.getLogger("danaus.host_agent")
 
@@ -107,6 +107,7 @@ class HostAgent(Actor):
         await asyncio.gather(*(wait_exited(h, config.stop_timeout) for h in handles))
         for owned in self.owners.values():
             owned.difference_update(addrs)
+        forget(addrs)
 
     @endpoint
     def kill_proc(self, addr: str, sig: int = signal.SIGKILL) -> bool:

@@ -20,7 +20,14 @@ from ..config import config
 from ..errors import ClosedError, SupervisionError
 from ._host_agent import AGENT, HostAgent
 from ._logs import LogOptions, printer
-from ._procs import ProcHandle, RemoteProcHandle, SelfProcHandle, start_proc, wait_exited
+from ._procs import (
+    ProcHandle,
+    RemoteProcHandle,
+    SelfProcHandle,
+    forget,
+    start_proc,
+    wait_exited,
+)
 from ._shape import Shape
 from ._shaped import Shaped
 from ._supervision import MeshState
@@ -373,6 +380,13 @@ class ProcMesh(Shaped):
                 log.warning("proc %s did not stop within %s s; killing it", h.addr, config.stop_timeout)
                 h.kill()
         await asyncio.gather(*(wait_exited(h, config.stop_timeout) for h in local))
+        addrs = [h.addr for h in self._procs if h.addr]
+        forget(addrs)
+        for addr in addrs:
+            _proc_index.pop(addr, None)
+        for key, st in list(actor_states.items()):
+            if st in self._actor_states:
+                del actor_states[key]
 
     async def _stop_remote(self, handles: list[RemoteProcHandle]) -> None:
         """Ask each host agent to stop (and reap) its procs of this mesh."""

@@ -285,6 +285,14 @@ async def wait_exited(h: ProcHandle, deadline: float) -> bool:
     return True
 
 
+def forget(addrs: list[str]) -> None:
+    """Drop the bookkeeping of procs that are gone for good (their mesh was stopped)."""
+    for addr in addrs:
+        proc_ready.pop(addr, None)
+        peer_exit_reason.pop(addr, None)
+        peer_exited.pop(addr, None)
+
+
 def _kill_all() -> None:
     with _live_lock:
         procs = list(_live)
