@@ -8,6 +8,12 @@ from typing import Any
 from danaus import Actor, context, current_rank, endpoint
 
 
+class Ping(Actor):
+    @endpoint
+    def ping(self, x: int) -> int:
+        return x
+
+
 class Waiter(Actor):
     @endpoint
     async def wait_forever(self) -> None:

@@ -11,17 +11,12 @@ from typing import Any
 
 import uvloop
 
-from danaus import Actor, endpoint, this_host
+from danaus import this_host
 from danaus.config import config
 
 from . import _floors
+from ._actors import Ping  # a light module: each proc imports it (this one imports numpy)
 from ._stats import Stats, format_table, summarize
-
-
-class Ping(Actor):
-    @endpoint
-    def ping(self, x: int) -> int:
-        return x
 
 
 async def _call_latency(mesh: Any, n: int) -> Stats:
