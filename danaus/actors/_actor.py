@@ -19,13 +19,16 @@ from ..errors import SerializationError, SupervisionError
 from ._connection import Connection
 from ._context import ActorContext, Context, current
 from ._point import Point
-from ._serialize import dumps, loads
+from ._serialize import _ATOMS, dumps, loads
 from ._wire import CLOSE, OK, Call, ErrorInfo, Result, Spawn
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
 __all__ = ["Actor", "Endpoint", "endpoint"]
+
+_plain_decode = msgspec.msgpack.Decoder().decode
+_plain_encode = msgspec.msgpack.Encoder().encode
 
 log = logging.getLogger("danaus.actor")
 
@@ -245,8 +248,14 @@ class ActorInstance:
                 f"{describe_endpoints(type(self.obj))}", ""))
             return
         try:
-            args, kwargs = loads(msg.args, msg.pickled, parts, _Describe(self, msg, "arguments"))
-        except SerializationError as e:
+            if msg.pickled:
+                args, kwargs = loads(msg.args, True, parts, _Describe(self, msg, "arguments"))
+            else:  # plain arguments: one msgpack decode
+                args, kwargs = _plain_decode(msg.args)
+        except (SerializationError, msgspec.DecodeError, ValueError, TypeError) as e:
+            if not isinstance(e, SerializationError):
+                e = SerializationError(f"arguments of {type(self.obj).__name__}.{msg.method} "
+                                       f"could not be decoded: {e}")
             self._reply_error(conn, msg, _info(e, self, include_tb=False))
             return
         try:
@@ -285,6 +294,13 @@ class ActorInstance:
         self._drain()
 
     def _reply(self, conn: Connection, msg: Call, result: Any) -> None:
+        t = type(result)
+        if t in _ATOMS or (t is bytes and len(result) < 4096):  # no pickle, no checks
+            try:
+                conn.send(Result(msg.reply, OK, msgspec.Raw(_plain_encode(result)), False, self.rank))
+                return
+            except OverflowError:
+                pass  # an int too large for msgpack: pickle it below
         try:
             raw, pickled, parts = dumps(result, _Describe(self, msg, "return value"))
         except SerializationError as e:
