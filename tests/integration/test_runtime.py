@@ -204,3 +204,20 @@ async def test_choose_spreads_calls_over_the_mesh() -> None:
         echo = procs.spawn("echo", Echo)
         pids = {await echo.pid.choose() for _ in range(4)}
         assert pids == set(procs.pids)
+
+
+async def test_a_malformed_plain_argument_payload_fails_only_that_call() -> None:
+    from danaus.actors._runtime import current_runtime
+    from danaus.actors._serialize import encode_plain
+
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        echo = await procs.spawn("echo", Echo)
+        rt = current_runtime()
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        port = rt.open_port(lambda rank, status, value: fut.set_result(value) or True)
+        rt.send_call(echo._targets()[0][1], echo._wire, "echo", port, 0, encode_plain(5),
+                     False, [])  # not [args, kwargs]
+        err = await asyncio.wait_for(fut, 10)
+        assert isinstance(err, SerializationError)
+        assert "arguments of Echo.echo could not be decoded" in str(err)
+        assert await echo.echo.call_one("fine") == "fine"
