@@ -797,3 +797,27 @@ def run_on(rt: Runtime, fn: Callable[..., Any], *args: Any) -> None:
         fn(*args)
     else:
         rt.loop.call_soon_threadsafe(fn, *args)
+
+
+def run_task(rt: Runtime, make: Callable[[], Any]) -> Future[Any]:
+    """Run the coroutine ``make()`` as a task of ``rt`` (from any thread); a Future of its
+    outcome: awaitable on ``rt``'s loop, ``.get()`` elsewhere."""
+    fut: Future[Any] = Future(loop=rt.loop)
+
+    def start() -> None:
+        task = rt.spawn_task(make())
+
+        def done(t: asyncio.Task[Any]) -> None:
+            if fut.done():
+                return  # the caller gave up on it (cancelled)
+            if t.cancelled():
+                fut.cancel()
+            elif (exc := t.exception()) is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(t.result())
+
+        task.add_done_callback(done)
+
+    run_on(rt, start)
+    return fut

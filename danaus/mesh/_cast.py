@@ -64,18 +64,24 @@ def send_cast(rt: Runtime, actor: str, method: str, targets: list[Target], port:
     """From the sender: start a cast over ``targets`` (results to local ``port``)."""
     red_raw, red_pickled = reducer or (msgspec.Raw(b"\xc0"), False)
     for chunk in split(targets, fanout):
-        head = chunk[0][1]
-        conn = rt.connection(head)
-        msg = Cast(actor, method, chunk, port, "", rt.addr, mode, fanout, args, pickled,
-                   red_raw, red_pickled)
-        lost = SkipOnLoss(actor, rt.addr, chunk)
-        if not conn.send(msg, parts):
-            exc = rt.peer_lost_error(head, conn.close_reason)
-            for rank, _, _ in chunk:
-                rt.deliver(port, rank, ERROR, exc)
-            lost.send_skips(rt)
-        elif port:
-            conn.pending[port] = lost
+        _send_subtree(rt, chunk, port, Cast(actor, method, chunk, port, "", rt.addr, mode, fanout,
+                                            args, pickled, red_raw, red_pickled), parts)
+
+
+def _send_subtree(rt: Runtime, chunk: list[Target], port: int, msg: Cast,
+                  parts: Sequence[Any]) -> None:
+    """Send ``msg`` to the head of ``chunk``; its results (or, if the head cannot be reached
+    or is lost, an error per rank and a skip of the lost sequence numbers) go to ``port``."""
+    head = chunk[0][1]
+    conn = rt.connection(head)
+    lost = SkipOnLoss(msg.actor, msg.sender, chunk)
+    if not conn.send(msg, parts):
+        exc = rt.peer_lost_error(head, conn.close_reason)
+        for rank, _, _ in chunk:
+            rt.deliver(port, rank, ERROR, exc)
+        lost.send_skips(rt)
+    elif port:
+        conn.pending[port] = lost
 
 
 class _Reply:
@@ -196,8 +202,6 @@ def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Any]) -> N
     if msg.mode != CAST_NONE and msg.reply:
         node = _Node(rt, conn, msg, 1 + len(subtrees))
     for chunk in subtrees:
-        head = chunk[0][1]
-        child = rt.connection(head)
         child_port = 0
         if node is not None:
             loss = _SubtreeLoss(rt, node, len(chunk))
@@ -206,14 +210,7 @@ def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Any]) -> N
         fwd = Cast(msg.actor, msg.method, chunk, child_port, rt.addr if child_port else "",
                    msg.sender, msg.mode if child_port else CAST_NONE, msg.fanout, msg.args,
                    msg.pickled, msg.reducer, msg.reducer_pickled)
-        lost = SkipOnLoss(msg.actor, msg.sender, chunk)
-        if not child.send(fwd, parts):
-            exc = rt.peer_lost_error(head, child.close_reason)
-            for r, _, _ in chunk:
-                rt.deliver(child_port, r, ERROR, exc)
-            lost.send_skips(rt)
-        elif child_port:
-            child.pending[child_port] = lost
+        _send_subtree(rt, chunk, child_port, fwd, parts)
     actor = rt.actors.get(msg.actor)
     reply_to: Any = _Reply(node, msg.sender) if node is not None else conn
     call = Call(msg.actor, msg.method, 1 if node is not None else 0, msg.args, msg.pickled, seq)

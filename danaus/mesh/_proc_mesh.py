@@ -14,7 +14,7 @@ from ..actors._actor import Actor, ProcControl
 from ..actors._context import context
 from ..actors._future import Future
 from ..actors._port import Port
-from ..actors._runtime import JOB_ID, current_runtime, run_on
+from ..actors._runtime import JOB_ID, current_runtime, run_on, run_task
 from ..actors._wire import OK
 from ..config import config
 from ..errors import ClosedError, SupervisionError
@@ -325,27 +325,7 @@ class ProcMesh(Shaped):
 
         Procs get ``config.stop_timeout`` seconds to exit cleanly, then are killed.
         """
-        root = self._root
-        rt = current_runtime()
-        fut: Future[None] = Future(loop=rt.loop)
-
-        def start() -> None:
-            task = rt.spawn_task(root._stop_all())
-
-            def done(t: asyncio.Task[None]) -> None:
-                if fut.done():
-                    return
-                if t.cancelled():
-                    fut.cancel()
-                elif (exc := t.exception()) is not None:
-                    fut.set_exception(exc)
-                else:
-                    fut.set_result(None)
-
-            task.add_done_callback(done)
-
-        run_on(rt, start)
-        return fut
+        return run_task(current_runtime(), self._root._stop_all)
 
     async def _stop_all(self) -> None:
         from ..actors._wire import StopActor, StopProc

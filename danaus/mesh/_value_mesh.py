@@ -6,7 +6,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Generic, TypeVar
 
 from danaus.actors._point import Point
-from danaus.mesh._shape import Selector, Shape
+from danaus.mesh._shape import Shape
+from danaus.mesh._shaped import Shaped
 
 T = TypeVar("T")
 
@@ -23,7 +24,7 @@ def _short_repr(value: object) -> str:
     return text
 
 
-class ValueMesh(Generic[T]):
+class ValueMesh(Shaped, Generic[T]):
     """One value per rank of a :class:`Shape`, in row-major order of the shape.
 
     A ``ValueMesh`` is immutable. Iterating it yields ``(point, value)`` pairs, the same
@@ -72,23 +73,10 @@ class ValueMesh(Generic[T]):
             )
         return ValueMesh(shape, [results[r] for r in range(n)])
 
-    @property
-    def shape(self) -> Shape:
-        """Where the values lie."""
-        return self._shape
-
-    @property
-    def sizes(self) -> dict[str, int]:
-        """The size of each dim, outermost first."""
-        return self._shape.sizes
-
-    def size(self, dim: str) -> int:
-        """The size of ``dim``.
-
-        Raises:
-            ValueError: The mesh has no dim named ``dim``.
-        """
-        return self._shape.size(dim)
+    def _with_shape(self, shape: Shape) -> ValueMesh[T]:
+        """The values at the ranks of ``shape`` (a slice, split, flatten or rename of ours)."""
+        index = self._shape.index_of_global
+        return ValueMesh(shape, [self._values[index(g)] for g in shape.global_ranks()])
 
     def item(self, **coords: int) -> T:
         """The value at ``coords``, e.g. ``mesh.item(hosts=1, gpus=0)``.
@@ -124,22 +112,9 @@ class ValueMesh(Generic[T]):
         """The values in row-major order (a fresh list)."""
         return list(self._values)
 
-    def slice(self, **dims: Selector) -> ValueMesh[T]:
-        """Select part of the mesh, with the semantics of :meth:`Shape.slice`.
-
-        Returns:
-            A mesh over ``self.shape.slice(**dims)`` holding the selected values.
-        """
-        shape = self._shape.slice(**dims)
-        local = Shape.from_sizes(self._shape.sizes).slice(**dims)
-        return ValueMesh(shape, [self._values[i] for i in local.global_ranks()])
-
     def __iter__(self) -> Iterator[tuple[Point, T]]:
         """Each ``(point, value)`` pair, like :meth:`items`."""
         return self.items()
-
-    def __len__(self) -> int:
-        return len(self._values)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ValueMesh):

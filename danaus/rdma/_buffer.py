@@ -4,43 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from ..actors._future import Future
-from ..actors._runtime import Runtime, runtime_here
+from ..actors._runtime import Runtime, current_runtime, run_task, runtime_here
 from ..errors import RDMABufferDroppedError, RDMABufferError
 from ._handle import BufferHandle
 from ._manager import manager
 from ._memory import byte_view
 
 __all__ = ["RDMAAction", "RDMABuffer", "backends", "get_rdma_backend"]
-
-
-def _run(rt: Runtime, here: bool, make: Callable[[], Awaitable[Any]]) -> Future[Any]:
-    """Run ``make()`` on ``rt``'s loop; a Future for its outcome (awaitable, or ``.get()``)."""
-    fut: Future[Any] = Future(loop=rt.loop)
-
-    def start() -> None:
-        task = rt.spawn_task(make())
-
-        def done(t: asyncio.Task[Any]) -> None:
-            if fut.done():
-                return
-            if t.cancelled():
-                fut.cancel()
-            elif (exc := t.exception()) is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(t.result())
-
-        task.add_done_callback(done)
-
-    if here:
-        start()
-    else:
-        rt.loop.call_soon_threadsafe(start)
-    return fut
 
 
 def _done(rt: Runtime) -> Future[None]:
@@ -173,11 +147,11 @@ class RDMABuffer:
                     await mgr.exchange(handle.owner, "cuda", {"op": "out", "buf": handle.buf_id})
                 await backend.read(handle, offset, view)
 
-        return _run(rt, here, go)
+        return run_task(rt, go)
 
     def drop(self) -> Future[None]:
         """Release the registration; later transfers raise ``RDMABufferDroppedError``."""
-        rt, here = runtime_here()
+        rt = current_runtime()
         handle = self._handle
 
         async def go() -> None:
@@ -187,7 +161,7 @@ class RDMABuffer:
             else:
                 await mgr.exchange_drop(handle)
 
-        return _run(rt, here, go)
+        return run_task(rt, go)
 
 
 class RDMAAction:
@@ -211,7 +185,7 @@ class RDMAAction:
         return self
 
     def submit(self) -> Future[None]:
-        rt, here = runtime_here()
+        rt = current_runtime()
         ops = list(self._ops)
 
         async def go() -> None:
@@ -220,7 +194,7 @@ class RDMAAction:
                 if isinstance(r, BaseException):
                     raise r
 
-        return _run(rt, here, go)
+        return run_task(rt, go)
 
 
 def backends() -> list[str]:
