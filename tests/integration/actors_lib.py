@@ -213,3 +213,22 @@ class Source(Actor):
             await sink.take.post(me, i)
         await sink.ack.call_one()  # per-sender order: every post was handled before this
         return n
+
+
+class Talker(Actor):
+    @endpoint
+    def say(self, text: str) -> None:
+        import logging
+        import sys
+
+        print(f"out: {text}")
+        print(f"err: {text}", file=sys.stderr)
+        logging.getLogger("talker").info("info: %s", text)
+        logging.getLogger("talker").warning("warning: %s", text)
+
+    @endpoint
+    def last_words(self, text: str) -> None:
+        import signal
+
+        print(text)
+        os.kill(os.getpid(), signal.SIGKILL)

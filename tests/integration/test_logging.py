@@ -1,0 +1,85 @@
+"""Procs' output reaches the controller, prefixed with mesh and rank, and is never lost."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from danaus import SupervisionError, this_host
+from danaus.mesh import set_unhandled_fault_hook
+
+from .actors_lib import Talker
+
+
+class Console:
+    """Stands in for the controller's stdout and stderr: records what the procs' output
+    forwarding prints, and wakes whoever waits for a line."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.changed = asyncio.Event()
+
+    def write(self, s: str) -> int:
+        self.text += s
+        self.changed.set()
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    async def wait_for(self, needle: str) -> str:
+        try:
+            async with asyncio.timeout(10):
+                while needle not in self.text:
+                    self.changed.clear()
+                    await self.changed.wait()
+        except TimeoutError:
+            raise AssertionError(f"{needle!r} not printed; got {self.text!r}") from None
+        return self.text
+
+
+@pytest.fixture
+def console(monkeypatch: pytest.MonkeyPatch) -> Console:
+    """The controller's console as the forwarding sees it (pytest swaps sys.stdout itself
+    around each test phase, so the forwarding module's view of ``sys`` is replaced)."""
+    import types
+
+    import danaus.mesh._logs as logs
+
+    c = Console()
+    monkeypatch.setattr(logs, "sys", types.SimpleNamespace(stdout=c, stderr=c))
+    return c
+
+
+async def test_stdout_stderr_and_logging_are_prefixed_with_mesh_and_rank(
+        console: Console) -> None:
+    async with this_host().spawn_procs(per_host={"procs": 2}, name="trainer") as procs:
+        talker = await procs.spawn("talker", Talker)
+        await talker.slice(procs=1).say.call_one("hello")
+        seen = await console.wait_for("[trainer 1] WARNING talker: warning: hello")
+        assert "[trainer 1] out: hello" in seen
+        assert "[trainer 1] err: hello" in seen
+        assert "info: hello" not in seen  # the procs log at WARNING by default
+        procs.logging_option(level=logging.INFO)
+        await talker.slice(procs=0).say.call_one("again")
+        seen = await console.wait_for("[trainer 0] INFO talker: info: again")
+        procs.logging_option(stream_to_client=False)
+        await talker.slice(procs=0).say.call_one("quiet")
+        procs.logging_option(stream_to_client=True)
+        await talker.slice(procs=0).say.call_one("loud")
+        seen = await console.wait_for("[trainer 0] out: loud")
+        assert "quiet" not in seen
+
+
+async def test_the_last_line_before_a_sigkill_is_not_lost(console: Console) -> None:
+    old = set_unhandled_fault_hook(lambda f: None)
+    try:
+        async with this_host().spawn_procs(per_host={"procs": 1}, name="doomed") as procs:
+            talker = await procs.spawn("talker", Talker)
+            with pytest.raises(SupervisionError):
+                await asyncio.wait_for(talker.last_words.call_one("famous last words"), 10)
+            await console.wait_for("[doomed 0] famous last words")
+    finally:
+        set_unhandled_fault_hook(old)
