@@ -212,3 +212,40 @@ def test_mutual_tls_between_controller_agent_and_procs(tmp_path: Any) -> None:
         finally:
             agent.terminate()
             agent.wait(timeout=10)
+
+
+KEYFILE_CONTROLLER = """
+import asyncio, sys
+from danaus import attach_to_hosts, Actor, endpoint
+class E(Actor):
+    @endpoint
+    def hi(self):
+        return "hi with a key file"
+async def main():
+    hosts = attach_to_hosts([sys.argv[1]], key_file=sys.argv[2])
+    async with hosts.spawn_procs(per_host={"procs": 1}) as procs:
+        print((await procs.spawn("e", E).hi.call()).values()[0], flush=True)
+asyncio.run(main())
+"""
+
+
+def test_new_key_and_key_files(tmp_path: Any) -> None:
+    key = subprocess.run([sys.executable, "-m", "danaus", "new-key"], capture_output=True,
+                         text=True, check=True, timeout=30).stdout.strip()
+    assert len(bytes.fromhex(key)) == 32
+    keyfile = tmp_path / "key"
+    keyfile.write_text(key + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "DANAUS_AUTH_KEY"}
+    env["PYTHONPATH"] = os.getcwd()
+    with subprocess.Popen([sys.executable, "-m", "danaus", "host-agent", "--listen",
+                           "tcp://127.0.0.5:0", "--key-file", str(keyfile)],
+                          stdout=subprocess.PIPE, text=True, env=env) as agent:
+        try:
+            assert agent.stdout is not None
+            addr = agent.stdout.readline().split()[-1]
+            out = subprocess.run([sys.executable, "-c", KEYFILE_CONTROLLER, addr, str(keyfile)],
+                                 env=env, capture_output=True, text=True, timeout=60)
+            assert out.stdout.strip() == "hi with a key file", out.stderr
+        finally:
+            agent.terminate()
+            agent.wait(timeout=10)

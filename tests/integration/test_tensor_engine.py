@@ -209,3 +209,18 @@ def test_to_mesh_moves_every_shard_over_the_data_plane(procs: Any) -> None:
                 w = side.borrow(x) + 1
             v = w * 3
         torch.testing.assert_close(inspect(v, procs=1), (inspect(x, procs=1) + 1) * 3)
+
+
+def _numpy_sum(t: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(t.numpy().sum(0, keepdims=True))  # cannot run on meta tensors
+
+
+numpy_sum = remote(_numpy_sum, propagate=lambda t: t.sum(0, keepdim=True))
+
+
+def test_remote_with_propagate_for_functions_meta_tensors_cannot_run(procs: Any) -> None:
+    with procs.activate():
+        x = torch.rand(3, 2)
+        s = numpy_sum(x)
+    assert s.shape == (1, 2)
+    torch.testing.assert_close(inspect(s, procs=1), inspect(x, procs=1).sum(0, keepdim=True))
