@@ -73,7 +73,15 @@ class _Client:
         self.procs = procs
         sizes = procs.sizes
         world = len(procs)
-        self.workers = procs.spawn("tensor_worker", TensorWorker, _rendezvous(procs),
+        # The collectives meet at a store the controller hosts, where every proc reaches it.
+        import datetime
+
+        import torch.distributed as dist
+
+        host = _store_host(procs)
+        self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,  # type: ignore[attr-defined]
+                                   timeout=datetime.timedelta(seconds=300))
+        self.workers = procs.spawn("tensor_worker", TensorWorker, (host, self.store.port),
                                    world, sizes)
         self.sizes = sizes
         self.ids = itertools.count(1)
@@ -113,22 +121,17 @@ class _Client:
         return mesh.fetch.call_one(t._id)
 
 
-def _rendezvous(procs: ProcMesh) -> str:
-    """Where the collectives' store listens: rank 0's host (a local mesh: loopback)."""
-    addr = procs._root._procs[0].addr or ""
-    host = "127.0.0.1"
-    if addr.startswith("tcp://"):
-        host = addr[len("tcp://"):].rpartition(":")[0].strip("[]")
-        with socket.socket() as s:  # a free port there, if that host is this one
-            try:
-                s.bind((host, 0))
-                return f"tcp://{host}:{s.getsockname()[1]}"
-            except OSError:
-                pass
-        return f"tcp://{host}:29500"  # another host: the customary torch.distributed port
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return f"tcp://{host}:{s.getsockname()[1]}"
+def _store_host(procs: ProcMesh) -> str:
+    """The controller's address as the procs reach it: loopback for a local mesh, else the
+    local IP of the route to the first host (no packet is sent: a UDP connect)."""
+    h = procs._root._procs[0]
+    addr = getattr(h, "agent", None) or h.addr or ""
+    if not addr.startswith("tcp://"):
+        return "127.0.0.1"
+    host = addr[len("tcp://"):].rpartition(":")[0].strip("[]")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))
+        return str(s.getsockname()[0])
 
 
 _tls = threading.local()

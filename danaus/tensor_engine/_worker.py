@@ -83,7 +83,7 @@ _REDUCE_OPS = {"sum": "SUM", "avg": "SUM", "min": "MIN", "max": "MAX"}
 class TensorWorker(Actor):
     """Holds this proc's shards in a table and runs the command stream on them."""
 
-    def __init__(self, rendezvous: str, world: int, sizes: dict[str, int]) -> None:
+    def __init__(self, rendezvous: tuple[str, int], world: int, sizes: dict[str, int]) -> None:
         self.rank = current_rank().rank
         self.world = world
         self.sizes = sizes
@@ -265,10 +265,12 @@ class TensorWorker(Actor):
         if not dist.is_initialized():
             import datetime
 
+            timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT)
+            host, port = self.rendezvous
+            store = dist.TCPStore(host, port, is_master=False, timeout=timeout)  # type: ignore[attr-defined]
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
-                                    init_method=self.rendezvous, rank=self.rank,
-                                    world_size=self.world,
-                                    timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT))
+                                    store=store, rank=self.rank, world_size=self.world,
+                                    timeout=timeout)
         names = list(self.sizes)
         key = tuple(sorted(dims, key=names.index))
         if key not in self.groups:

@@ -249,3 +249,18 @@ def test_new_key_and_key_files(tmp_path: Any) -> None:
         finally:
             agent.terminate()
             agent.wait(timeout=10)
+
+
+async def test_tensor_engine_across_hosts(keyed: list[str]) -> None:
+    import torch
+
+    import danaus.tensor_engine  # noqa: F401 - enables procs.activate()
+    from danaus.tensor_engine import fetch_shard
+
+    async with attach_to_hosts(keyed).spawn_procs(per_host={"gpus": 1}) as procs:
+        await asyncio.wait_for(procs.initialized, 30)
+        with procs.activate():
+            x = torch.full((3,), 1.0) * 2
+            total = x.reduce("hosts", "sum")
+        got = await asyncio.wait_for(fetch_shard(total, hosts=1, gpus=0), 60)
+        assert torch.equal(got, torch.full((3,), 4.0))
