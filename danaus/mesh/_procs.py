@@ -173,7 +173,27 @@ def start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None = N
 
     ``tcp://HOST:0`` picks a free port: the socket is bound here and handed to the proc,
     so the address is known at once and no other process can take the port meanwhile.
+
+    The process is started from ``rt``'s loop thread: the kernel's parent-death signal
+    follows the *thread* that forked, so a proc started from a short-lived thread (a
+    worker thread of a web framework, say) would die with that thread.
     """
+    if rt.on_loop() or threading.current_thread() is threading.main_thread():
+        return _start_proc(rt, addr, rank, env, sink)
+    started: ThreadFuture[ProcHandle] = ThreadFuture()
+
+    def start() -> None:
+        try:
+            started.set_result(_start_proc(rt, addr, rank, env, sink))
+        except BaseException as e:
+            started.set_exception(e)
+
+    rt.loop.call_soon_threadsafe(start)
+    return started.result(timeout=60)
+
+
+def _start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None,
+                sink: LineSink | None) -> ProcHandle:
     sock = None
     pass_fds: tuple[int, ...] = ()
     extra: list[str] = []

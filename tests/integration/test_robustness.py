@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -206,3 +207,29 @@ async def test_handshake_deadline_drops_a_silent_peer(caplog: pytest.LogCaptureF
         assert "did not authenticate" in caplog.text
     finally:
         config.handshake_timeout = old
+
+
+def test_procs_spawned_from_a_short_lived_thread_outlive_it() -> None:
+    """The kernel's parent-death signal follows the forking thread: procs must not die
+    when the thread that asked for them ends."""
+    import threading
+
+    from .actors_lib import Echo
+
+    made: dict[str, object] = {}
+
+    def spawn() -> None:
+        procs = this_host().spawn_procs(per_host={"procs": 1})
+        made["procs"] = procs
+        made["echo"] = echo = procs.spawn("echo", Echo)
+        echo.initialized.get(timeout=20)  # the proc is up (it set its parent-death signal)
+
+    t = threading.Thread(target=spawn)
+    t.start()
+    t.join(timeout=30)
+    procs: Any = made["procs"]
+    echo: Any = made["echo"]
+    try:
+        assert echo.echo.call_one("still here").get(timeout=20) == "still here"
+    finally:
+        procs.stop().get(timeout=20)
