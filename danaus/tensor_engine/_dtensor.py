@@ -151,10 +151,23 @@ class _Mode(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if (getattr(func, "__name__", "") not in _FACTORIES
-                and not _has_tensor(args) and not _has_tensor(kwargs)):
+        name = getattr(func, "__name__", "")
+        if name not in _FACTORIES and not _has_tensor(args) and not _has_tensor(kwargs):
             return func(*args, **kwargs)  # no tensor in, none made: local (grad mode, dtypes)
+        if name in _LOCAL_VALUE and not _has_dtensor(args):
+            return func(*args, **kwargs)  # printing or reading a local tensor stays local
         return _dispatch(self.client, func, args, kwargs)
+
+
+_LOCAL_VALUE = {"__repr__", "__str__", "__format__", *_NO_VALUE}
+
+
+def _has_dtensor(obj: Any) -> bool:
+    if type(obj) is DTensor:
+        return True
+    if type(obj) in (tuple, list):
+        return any(_has_dtensor(x) for x in obj)
+    return False
 
 
 def _has_tensor(obj: Any) -> bool:
@@ -168,9 +181,11 @@ def _has_tensor(obj: Any) -> bool:
 
 
 def client_for(procs: ProcMesh) -> _Client:
-    client = _clients.get(id(procs._root))
-    if client is None:
-        client = _clients[id(procs._root)] = _Client(procs)
+    """The tensor engine of exactly these procs (a slice gets its own workers)."""
+    key = (id(procs._root), tuple(procs.shape.labels), tuple(procs.shape.global_ranks()))
+    client = _clients.get(key)
+    if client is None or client.procs._root._stopped:
+        client = _clients[key] = _Client(procs)
     return client
 
 
@@ -190,18 +205,19 @@ def activate(procs: ProcMesh) -> Iterator[_Client]:
         client.flush()
 
 
-_clients: dict[int, _Client] = {}
+_clients: dict[tuple[Any, ...], _Client] = {}
 
 
 def _key(obj: Any) -> Any:
     """A hashable stand-in for an argument, as far as output shapes depend on it."""
     t = type(obj)
     if t is DTensor:
-        return ("D", obj._meta.shape, obj._meta.dtype)
+        m = obj._meta
+        return ("D", m.shape, m.stride(), m.storage_offset(), m.dtype)
     if isinstance(obj, torch.Tensor):
-        return ("L", obj.shape, obj.dtype)
-    if t is float:
-        return float
+        return ("L", obj.shape, obj.stride(), obj.storage_offset(), obj.dtype)
+    if t is bool or t is int or t is float:
+        return (t, obj)  # True == 1 == 1.0 as dict keys: the type keeps them apart
     if t is tuple or t is list:
         return (t, tuple(_key(x) for x in obj))
     if t is slice:
@@ -235,7 +251,11 @@ def _to_wire(obj: Any, client: _Client) -> Any:
         return t(_to_wire(x, client) for x in obj)
     if t is dict:
         return {k: _to_wire(v, client) for k, v in obj.items()}
-    return obj  # plain values and local tensors travel as they are (replicated)
+    if isinstance(obj, torch.Tensor):
+        # Replicated to every shard. Copied now: the batch is pickled at a later flush, and
+        # the caller may change the tensor meanwhile.
+        return obj.detach().clone()
+    return obj
 
 
 _meta_cache: dict[Any, Any] = {}
@@ -244,8 +264,8 @@ _meta_cache: dict[Any, Any] = {}
 def _template(out: Any) -> Any:
     if isinstance(out, torch.Tensor):
         return ("T", tuple(out.shape), out.stride(), out.dtype)
-    if type(out) in (tuple, list):
-        return (type(out), tuple(_template(o) for o in out))
+    if isinstance(out, (tuple, list)):
+        return ("Q", type(out), tuple(_template(o) for o in out))
     return ("V", out)
 
 
@@ -254,7 +274,7 @@ def _from_template(tpl: Any) -> Any:
         return torch.empty_strided(tpl[1], tpl[2], dtype=tpl[3], device="meta")
     if tpl[0] == "V":
         return tpl[1]
-    return tpl[0](_from_template(t) for t in tpl[1])
+    return tpl[1]([_from_template(t) for t in tpl[2]])
 
 
 def _infer(func: Any, args: Any, kwargs: Any, factory: bool) -> Any:
@@ -276,9 +296,16 @@ def _infer(func: Any, args: Any, kwargs: Any, factory: bool) -> Any:
 
 
 def _requires_grad(args: Any, kwargs: Any) -> bool:
-    for a in itertools.chain(args, kwargs.values()):
-        if type(a) is DTensor and a._requires_grad:
-            return True
+    if kwargs.get("requires_grad") is True:
+        return True
+    return _any_requires_grad(args) or _any_requires_grad(tuple(kwargs.values()))
+
+
+def _any_requires_grad(obj: Any) -> bool:
+    if type(obj) is DTensor:
+        return obj._requires_grad
+    if type(obj) in (tuple, list):
+        return any(_any_requires_grad(x) for x in obj)
     return False
 
 
@@ -321,17 +348,26 @@ def _dispatch_now(client: _Client, func: Any, args: Any, kwargs: dict[str, Any])
         assert first is not None
         if name == "requires_grad_":
             first._requires_grad = bool(args[1]) if len(args) > 1 else kwargs.get("requires_grad", True)
+        elif name in ("detach_",):
+            first._requires_grad = False
+        if isinstance(out, torch.Tensor):
+            first._meta = out  # squeeze_, t_, resize_...: the shape may have changed
         client.issue((CALL, func, wargs, wkwargs, grad, [first._id], where))
         return None if name == "__setitem__" else first
-    rg = grad and _requires_grad(args, kwargs)
+    rg = (_requires_grad(args, kwargs) and name not in ("detach", "detach_copy")
+          and (grad or kwargs.get("requires_grad") is True))
     if isinstance(out, torch.Tensor):
         result = DTensor(client, out, rg and out.is_floating_point())
         client.issue((CALL, func, wargs, wkwargs, grad, [result._id], where))
         return result
-    if type(out) in (tuple, list) and out and all(isinstance(o, torch.Tensor) for o in out):
-        results = [DTensor(client, o, rg and o.is_floating_point()) for o in out]
-        client.issue((CALL, func, wargs, wkwargs, grad, [r._id for r in results], where))
-        return type(out)(results)
+    if isinstance(out, (tuple, list)) and any(isinstance(o, torch.Tensor) for o in out):
+        # Tuples, torch's named tuples (max, sort, topk...), lists: a DTensor per tensor;
+        # the worker stores the tensors of its result under these ids, in order.
+        items = [DTensor(client, o, rg and o.is_floating_point())
+                 if isinstance(o, torch.Tensor) else o for o in out]
+        ids = [i._id for i in items if type(i) is DTensor]
+        client.issue((CALL, func, wargs, wkwargs, grad, ids, where))
+        return type(out)(items)
     client.issue((CALL, func, wargs, wkwargs, grad, [], where))
     return out
 
@@ -436,8 +472,8 @@ class DTensor:
             shape[0] //= n
         with torch._C.DisableTorchFunction():
             out = DTensor(self._client, torch.empty(shape, dtype=self.dtype, device="meta"))
-        self._client.issue((REDUCE, self._id, list(dims), reduction, scatter, [out._id],
-                            _issued_at()))
+        self._client.issue((REDUCE, self._id, list(dims), reduction, scatter,
+                            tuple(self._meta.shape), self.dtype, [out._id], _issued_at()))
         return out
 
     def reduce_(self, dims: str | tuple[str, ...] | list[str], reduction: str = "sum") -> DTensor:

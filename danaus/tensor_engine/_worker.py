@@ -142,7 +142,8 @@ class TensorWorker(Actor):
             v = self.table.get(i)
             if v is None or type(v) is Failed:
                 return v
-            return v.detach().cpu().contiguous().view(-1).view(torch.uint8)
+            # A snapshot: later commands may change the shard before the other mesh pulls.
+            return v.detach().to("cpu", copy=True).contiguous().view(-1).view(torch.uint8)
 
         t = await asyncio.get_running_loop().run_in_executor(self.pool, flat)
         if t is None:
@@ -157,13 +158,14 @@ class TensorWorker(Actor):
     @endpoint
     async def fetch(self, i: int) -> Any:
         def get() -> Any:
-            v = self.table.get(i)
-            if v is None:
+            if i not in self.table:
                 raise KeyError(f"no tensor {i} on this worker (freed?)")
+            v = self.table[i]
             if type(v) is Failed:
                 raise RemoteException(f"tensor_worker[{self.rank}]", str(current_rank_text(self)),
                                       v.exc_type, v.message, v.tb, v.issued_at)
-            return v.detach().cpu() if isinstance(v, torch.Tensor) else v
+            # A copy: the shard itself may change (later commands) while the reply is sent.
+            return v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
 
         return await asyncio.get_running_loop().run_in_executor(self.pool, get)
 
@@ -200,12 +202,14 @@ class TensorWorker(Actor):
                 for i in out_ids:
                     table[i] = failed
                 continue
-            if len(out_ids) == 1:
-                if result is not None:  # None: an in-place op (__setitem__) on that id
-                    table[out_ids[0]] = result
-            elif out_ids:
-                for i, r in zip(out_ids, result, strict=True):
+            if isinstance(result, (tuple, list)):  # tuples, named tuples: their tensors, in order
+                tensors = [r for r in result if isinstance(r, torch.Tensor)]
+                for i, r in zip(out_ids, tensors, strict=True):
                     table[i] = r
+            elif out_ids and (result is not None or kind == GET_ATTR):
+                # (None from a CALL: an in-place op like __setitem__ on that id; from a
+                # GET_ATTR, a real None, e.g. a .grad before any backward)
+                table[out_ids[0]] = result
 
     def _one(self, kind: int, cmd: tuple[Any, ...]) -> Any:
         table = self.table
@@ -220,12 +224,6 @@ class TensorWorker(Actor):
         if kind == CALL:
             _, func, args, kwargs, grad, _, _ = cmd
             stream = kwargs.pop("__stream__", None)
-            if stream is not None and self.device.type == "cuda":
-                with torch.cuda.stream(self._stream(stream)):
-                    args = _resolve(args, table)
-                    kwargs = _resolve(kwargs, table)
-                    with torch.set_grad_enabled(grad):
-                        return func(*args, **kwargs)
             args = _resolve(args, table)
             kwargs = _resolve(kwargs, table)
             if "device" in kwargs and kwargs["device"] is None:
@@ -234,6 +232,9 @@ class TensorWorker(Actor):
             if type(gen) is Gen:
                 kwargs["generator"] = torch.Generator(self.device).manual_seed(gen.seed + self.rank)
             with torch.set_grad_enabled(grad):
+                if stream is not None and self.device.type == "cuda":
+                    with torch.cuda.stream(self._stream(stream)):
+                        return func(*args, **kwargs)
                 return func(*args, **kwargs)
         if kind == CONST:
             _, value, _, _ = cmd
@@ -246,8 +247,24 @@ class TensorWorker(Actor):
             setattr(_resolve(Ref(dst), table), name, _resolve(value, table))
             return None
         if kind == REDUCE:
-            _, src, dims, op, scatter, _, _ = cmd
-            return self._reduce(_resolve(Ref(src), table), tuple(dims), op, scatter)
+            _, src, dims, op, scatter, shape, dtype, _, _ = cmd
+            missing = src not in table
+            value = table.get(src)
+            failed = value if type(value) is Failed else None
+            bad = missing or failed is not None or not isinstance(value, torch.Tensor)
+            if bad:
+                # Join the collective anyway (the others wait in it), with zeros.
+                value = torch.zeros(shape, dtype=dtype, device=self.device)
+            out, anyone_failed = self._reduce(value, tuple(dims), op, scatter, bad)
+            if failed is not None:
+                raise _Propagate(failed)
+            if bad:
+                raise KeyError(f"the input of this collective, tensor {src}, is not on this "
+                               "worker (freed?)")
+            if anyone_failed:
+                raise RuntimeError("an input of this collective failed on another rank; "
+                                   "fetch that rank's input to see why")
+            return out
         raise ValueError(f"unknown command kind {kind}")
 
     def _stream(self, name: str | None) -> Any:
@@ -294,10 +311,20 @@ class TensorWorker(Actor):
             self.groups[key] = mine
         return self.groups[key]  # type: ignore[no-any-return]
 
-    def _reduce(self, t: torch.Tensor, dims: tuple[str, ...], op: str, scatter: bool) -> torch.Tensor:
+    def _reduce(self, t: torch.Tensor, dims: tuple[str, ...], op: str, scatter: bool,
+                failed: bool) -> tuple[torch.Tensor, bool]:
+        """The collective, and whether any rank's input had failed (then every result is)."""
         import torch.distributed as dist
 
         group, n, index = self._group(dims)
+        flag = torch.tensor([1.0 if failed else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return self._collective(t, group, n, index, op, scatter), bool(flag.item())
+
+    def _collective(self, t: torch.Tensor, group: Any, n: int, index: int, op: str,
+                    scatter: bool) -> torch.Tensor:
+        import torch.distributed as dist
+
         if op == "stack":
             parts = [torch.empty_like(t) for _ in range(n)]
             dist.all_gather(parts, t.contiguous(), group=group)

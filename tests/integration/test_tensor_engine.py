@@ -224,3 +224,76 @@ def test_remote_with_propagate_for_functions_meta_tensors_cannot_run(procs: Any)
         s = numpy_sum(x)
     assert s.shape == (1, 2)
     torch.testing.assert_close(inspect(s, procs=1), inspect(x, procs=1).sum(0, keepdim=True))
+
+
+def test_values_shapes_and_tuples_the_review_found_wrong(procs: Any) -> None:
+    with procs.activate():
+        x = torch.rand(3, 4)
+        hi, where = torch.max(x, 0)          # a named tuple
+        (one,) = torch.chunk(x, 1)           # a one-element tuple
+        ints = torch.full((3,), 1)
+        bools = torch.full((3,), True)       # True == 1 as a key: must not share a shape/dtype
+        r1 = torch.arange(0, 2.5)
+        r2 = torch.arange(0, 4.5)            # floats differ: different lengths
+        m = torch.zeros(4, 4)
+        flat = m.t().t().view(16)            # contiguous again: view must work
+        p = torch.zeros(1, 4)
+        p.squeeze_()
+        q = torch.zeros(1, 4)
+        q.squeeze_()                         # the cached in-place op still updates the shape
+        w = torch.rand(3, requires_grad=True)
+    lx = inspect(x, procs=1)
+    torch.testing.assert_close(inspect(hi, procs=1), lx.max(0).values)
+    assert torch.equal(inspect(where, procs=1), lx.max(0).indices)
+    torch.testing.assert_close(inspect(one, procs=1), lx)
+    assert ints.dtype == torch.int64 and bools.dtype == torch.bool
+    assert inspect(bools, procs=0).dtype == torch.bool
+    assert r1.shape == (3,) and r2.shape == (5,) and inspect(r2, procs=0).shape == (5,)
+    assert flat.shape == (16,)
+    assert p.shape == (4,) and q.shape == (4,) and inspect(q, procs=0).shape == (4,)
+    assert w.requires_grad
+
+
+def test_fetched_values_are_snapshots(procs: Any) -> None:
+    with procs.activate():
+        x = torch.zeros(1 << 20)
+    f = fetch_shard(x, procs=0)
+    with procs.activate():
+        x.add_(1)
+    got = f.get(timeout=20)
+    assert float(got.min()) == float(got.max())  # all old or all new, never torn
+
+
+@remote
+def fail_if_big(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type != "meta" and float(t[0]) > 0.5:
+        raise ValueError("this shard's value is big")
+    return t.clone()
+
+
+def _seed_where_one_rank_is_big() -> int:
+    """A controller seed under which torch.rand(1) is > 0.5 on exactly one of 2 shards
+    (the engine's rule: each random op draws a seed s; shard r uses Generator(s + r))."""
+    for s in range(100):
+        torch.manual_seed(s)
+        drawn = int(torch.randint(0, 2**62, (1,)).item())
+        vals = [float(torch.rand(1, generator=torch.Generator().manual_seed(drawn + r)))
+                for r in range(2)]
+        if (vals[0] > 0.5) != (vals[1] > 0.5):
+            return s
+    raise AssertionError("no such seed below 100")
+
+
+def test_a_collective_with_a_failed_input_on_one_rank_fails_everywhere_without_hanging(
+        procs: Any) -> None:
+    seed = _seed_where_one_rank_is_big()
+    with procs.activate():
+        torch.manual_seed(seed)
+        u = torch.rand(1)
+        z = fail_if_big(u)  # fails on one rank only
+        total = z.reduce("procs", "sum")
+        fine = (u * 0).reduce("procs", "sum")
+    for rank in range(2):
+        with pytest.raises(RemoteException):
+            fetch_shard(total, procs=rank).get(timeout=30)
+    assert torch.equal(inspect(fine, procs=0), torch.zeros(1))
