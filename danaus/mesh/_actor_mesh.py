@@ -109,7 +109,8 @@ class ActorMesh(Shaped, Generic[A]):
         errors: list[BaseException] = []
         left = [len(handles)]
         root = procs._root
-        state = MeshState(name, root.shape, current_owner())
+        state = MeshState(name, root.shape, current_owner(),
+                          frozenset(h.rank for h in handles))
         actor_states[wire] = state
         root._actor_states.append(state)
         for r, why in root._state.failed.items():
@@ -221,6 +222,9 @@ class ActorMesh(Shaped, Generic[A]):
 
         def go() -> None:
             state.stopped = "stopped by its owner"
+            actor_states.pop(mesh._wire, None)
+            if mesh._procs is not None and state in mesh._procs._root._actor_states:
+                mesh._procs._root._actor_states.remove(state)
             ranks = [r for r in mesh._all_ranks() if r not in state.failed]
             if not ranks:
                 fut.set_result(None)

@@ -254,12 +254,13 @@ class ProcMesh(Shaped):
         root = self._root
         if root._stopped:
             return
-        for state in root._actor_states:
+        live = [s for s in root._actor_states if s.stopped is None and rank in s.ranks]
+        for state in live:  # the actor meshes with an actor in that proc
             state.fail([rank], report, "proc")
-        if not root._actor_states:
-            root._state.fail([rank], report, "proc")
-        else:
+        if live:
             root._state.failed.setdefault(rank, report)
+        else:  # no live actor there: the proc mesh's owner hears of it
+            root._state.fail([rank], report, "proc")
 
     @property
     def failed_ranks(self) -> dict[str, str]:

@@ -87,10 +87,13 @@ def set_unhandled_fault_hook(
 class MeshState:
     """Failure state of one mesh, shared by all its slices."""
 
-    def __init__(self, name: str, shape: Shape, owner: Any) -> None:
+    def __init__(self, name: str, shape: Shape, owner: Any,
+                 ranks: frozenset[int] | None = None) -> None:
         self.name = name
         self.shape = shape  # of the whole mesh: global ranks index it
         self.owner = owner  # an ActorInstance, or None for the controller
+        #: the global ranks this mesh has members at (an actor mesh on a slice: fewer)
+        self.ranks = frozenset(shape.global_ranks()) if ranks is None else ranks
         self.failed: dict[int, str] = {}
         self.stopped: str | None = None
 

@@ -124,6 +124,9 @@ class RDMABuffer:
 
     def _transfer(self, obj: Any, offset: int, *, write: bool) -> Future[None]:
         what = "write_from's source" if write else "read_into's destination"
+        if write and not self._handle.writable:
+            raise RDMABufferError(f"{self!r} is read-only memory (bytes, or a non-writable "
+                                  "array): it cannot be written")
         view, _, keep = byte_view(obj, writable=not write, what=what)
         self._range(view.nbytes, offset, what)
         rt, here = runtime_here()
@@ -189,10 +192,19 @@ class RDMAAction:
         ops = list(self._ops)
 
         async def go() -> None:
-            results = await asyncio.gather(*(op() for op in ops), return_exceptions=True)
+            started: list[Future[None]] = []
+            error: BaseException | None = None
+            for op in ops:
+                try:
+                    started.append(op())
+                except Exception as e:  # refused up front: still wait for the others
+                    error = error or e
+            results = await asyncio.gather(*started, return_exceptions=True)
             for r in results:
                 if isinstance(r, BaseException):
-                    raise r
+                    error = error or r
+            if error is not None:
+                raise error
 
         return run_task(rt, go)
 

@@ -19,6 +19,7 @@ class BufferHandle(msgspec.Struct, frozen=True, array_like=True):
             registered): one-sided readers check it before and after a transfer.
         data_addr: the owner's data-plane address for the ``tcp`` backend.
         keys: per-backend keys, e.g. ``{"ibverbs": {...}}`` (rkey, gid, qp info).
+        writable: whether the owner's memory may be written.
     """
 
     owner: str
@@ -30,3 +31,5 @@ class BufferHandle(msgspec.Struct, frozen=True, array_like=True):
     valid_addr: int
     data_addr: str
     keys: dict[str, dict[str, int | str]] = {}
+    #: False for read-only memory (bytes, a non-writable array): write_from is refused
+    writable: bool = True

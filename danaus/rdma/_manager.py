@@ -21,10 +21,13 @@ from ..actors._runtime import Runtime, current_runtime
 from ..actors._serialize import dumps_args
 from ..config import config
 from ..errors import (
+    ActorError,
     RDMABackendUnavailableError,
     RDMABufferDroppedError,
     RDMABufferError,
+    RDMAError,
     RDMAOwnerError,
+    RDMATransferError,
     SupervisionError,
 )
 from ._backend import Backend, LocalBuffer
@@ -141,7 +144,7 @@ class RDMAManager:
             buf.keys["cuda"] = {"staged": 1}
         self.buffers[buf_id] = buf
         return BufferHandle(self.rt.addr, self.pid, self.host, buf_id, addr, buf.size,
-                            valid_addr, self.data_addr, buf.keys)
+                            valid_addr, self.data_addr, buf.keys, not view.readonly)
 
     def drop(self, buf_id: int) -> None:
         buf = self.buffers.pop(buf_id, None)
@@ -198,6 +201,11 @@ class RDMAManager:
             result: dict[str, Any] = await fut
         except SupervisionError as e:
             raise RDMAOwnerError(f"the owner of the buffer ({owner}) is gone: {e}") from e
+        except ActorError as e:  # the owner raised one of ours: give it back as itself
+            cls = _RDMA_ERRORS.get(e.exc_type.rpartition(".")[2])
+            if cls is None:
+                raise
+            raise cls(e.message) from e
         return result
 
     async def exchange_drop(self, handle: BufferHandle) -> None:
@@ -253,6 +261,11 @@ class _RDMAService(Actor):
     @endpoint
     def drop(self, buf_id: int) -> None:
         self.mgr.drop(buf_id)
+
+
+_RDMA_ERRORS: dict[str, type[RDMAError]] = {
+    c.__name__: c for c in (RDMABufferError, RDMABufferDroppedError, RDMABackendUnavailableError,
+                            RDMAOwnerError, RDMATransferError, RDMAError)}
 
 
 def _make(cls: type[Backend], mgr: RDMAManager) -> Backend:

@@ -245,8 +245,11 @@ class TcpBackend(Backend):
             await self._one(handle, offset, view, op)
             return
         step = -(-n // streams)
-        await asyncio.gather(*(self._one(handle, offset + i, view[i:i + step], op)
-                               for i in range(0, n, step)))
+        results = await asyncio.gather(*(self._one(handle, offset + i, view[i:i + step], op)
+                                         for i in range(0, n, step)), return_exceptions=True)
+        for r in results:  # every stream has ended: only now report a failure
+            if isinstance(r, BaseException):
+                raise r
 
     async def read(self, handle: BufferHandle, offset: int, dst: memoryview) -> None:
         await self._move(handle, offset, dst, _READ)

@@ -233,3 +233,13 @@ async def test_cuda_tensor_staged_through_pinned_memory(owner_mesh: Any) -> None
     with pytest.raises(RDMABufferError):
         buf.read_into(dst)  # a raw CUDA destination needs staging too: clear error
     await buf.drop()
+
+
+async def test_read_only_memory_cannot_be_written(backend: str) -> None:
+    buf = RDMABuffer(b"a" * 4096)
+    with pytest.raises(RDMABufferError, match="read-only"):
+        buf.write_from(np.zeros(4096, np.uint8))
+    dst = np.empty(4096, np.uint8)
+    await buf.read_into(dst)
+    assert dst.tobytes() == b"a" * 4096
+    await buf.drop()
