@@ -90,7 +90,7 @@ class TensorWorker(Actor):
         self.rendezvous = rendezvous
         self.table: dict[int, Any] = {}
         self.groups: dict[tuple[str, ...], Any] = {}
-        self.published: dict[int, list[tuple[Any, Any]]] = {}
+        self.published: dict[int, list[Any]] = {}
         self.streams: dict[str, Any] = {}
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tensor-worker")
         self.loop = asyncio.get_running_loop()
@@ -122,6 +122,7 @@ class TensorWorker(Actor):
             buf = bufs[self.rank]
             dst = torch.empty(shape, dtype=dtype)
             await buf.read_into(dst.view(-1).view(torch.uint8) if dst.numel() else dst)
+            await buf.drop()  # the snapshot has served its purpose: its owner frees it
             value: Any = dst.to(self.device)
         except Exception as e:
             value = Failed(type(e).__qualname__, str(e), "".join(traceback.format_exception(e)), where)
@@ -151,8 +152,8 @@ class TensorWorker(Actor):
         if type(t) is Failed:
             raise RemoteException(f"tensor_worker[{self.rank}]", current_rank_text(self),
                                   t.exc_type, t.message, t.tb, t.issued_at)
-        buf = RDMABuffer(t)
-        self.published.setdefault(i, []).append((buf, t))
+        buf = RDMABuffer(t)  # the registration keeps the snapshot alive until dropped
+        self.published.setdefault(i, []).append(buf)
         return buf
 
     @endpoint
@@ -182,7 +183,7 @@ class TensorWorker(Actor):
             if kind == FREE:
                 for i in cmd[1]:
                     table.pop(i, None)
-                    for buf, _ in self.published.pop(i, ()):
+                    for buf in self.published.pop(i, ()):
                         # its registration goes with the tensor (on the loop that owns it)
                         self.loop.call_soon_threadsafe(self._drop_published, buf)
                 continue
