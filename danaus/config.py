@@ -67,6 +67,9 @@ class Config:
     cast_fanout: int = 16
     #: Messages an actor may have waiting before it stops reading from their senders.
     mailbox_limit: int = 10_000
+    #: A dropped RDMABuffer's memory is kept alive this long, for one-sided writers that
+    #: raced the drop (they are told after their write) (s).
+    rdma_drop_grace: float = 2.0
     #: Force one data-plane backend ("ibverbs", "shm" or "tcp"); empty: best available.
     rdma_backend: str = ""
     #: Mutual TLS for TCP control connections (across hosts): this proc's certificate and

@@ -89,6 +89,7 @@ class RDMAManager:
         self._slots = _Slots()
         self._ids = itertools.count(1)
         self._chosen: dict[str, str] = {}  # peer -> backend name (logged once)
+        self._dropped_bufs: list[LocalBuffer] = []  # kept alive for rdma_drop_grace
         self.backends: dict[str, Backend] = {}
         self.unavailable: dict[str, str] = {}
         self._data_addr = ""
@@ -154,6 +155,15 @@ class RDMAManager:
         self._slots.release(c, i)
         for backend in self.backends.values():
             backend.unregister(buf)
+        # One-sided writers check the validity word before and after, so one that raced
+        # this drop learns of it only afterwards: keep the memory alive a little longer,
+        # so that such a write lands in it, never in memory reused for something else.
+        self._dropped_bufs.append(buf)
+        self.rt.loop.call_later(config.rdma_drop_grace, self._bury)
+
+    def _bury(self) -> None:
+        if self._dropped_bufs:
+            self._dropped_bufs.pop(0)
 
     def local(self, buf_id: int, offset: int, n: int) -> memoryview:
         """Owner side: the registered bytes ``[offset, offset + n)`` of a buffer."""
