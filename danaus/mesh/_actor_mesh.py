@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import itertools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -13,6 +12,7 @@ import msgspec
 
 from ..actors._actor import Actor, describe_endpoints, endpoints_of
 from ..actors._future import Future
+from ..actors._port import PortReceiver
 from ..actors._runtime import JOB_ID, Runtime, current_runtime, run_on, runtime_here
 from ..actors._serialize import dumps, dumps_args
 from ..actors._wire import CAST_GATHER, CAST_NONE, CAST_REDUCE, ERROR, Spawn, StopActor
@@ -21,29 +21,17 @@ from ..errors import ActorError, EndpointNotFoundError, SerializationError, Supe
 from ._cast import send_cast
 from ._shape import Shape
 from ._shaped import Shaped
-from ._supervision import MeshState, actor_states
+from ._supervision import MeshState, actor_states, current_owner, resolved
 from ._value_mesh import ValueMesh
 
 if TYPE_CHECKING:
     from ._proc_mesh import ProcMesh
-
-
-def current_owner() -> Any:
-    from ._proc_mesh import current_owner as owner
-
-    return owner()
 
 __all__ = ["Accumulator", "ActorEndpoint", "ActorMesh"]
 
 A = TypeVar("A", bound=Actor)
 _spawn_ids = itertools.count()
 _choose_lock = threading.Lock()
-
-
-def _resolved() -> ThreadFuture[None]:
-    f: ThreadFuture[None] = ThreadFuture()
-    f.set_result(None)
-    return f
 
 
 class ActorMesh(Shaped, Generic[A]):
@@ -258,12 +246,12 @@ class ActorMesh(Shaped, Generic[A]):
 
 
 def _rebuild(name: str, wire: str, cls: type[Any], shape: Shape, addrs: dict[int, str]) -> ActorMesh[Any]:
-    return ActorMesh(name, wire, cls, shape, addrs, _resolved(), None, None)
+    return ActorMesh(name, wire, cls, shape, addrs, resolved(), None, None)
 
 
 def mesh_ref(name: str, cls: type[A], shape: Shape, addrs: dict[int, str]) -> ActorMesh[A]:
     """A reference to actors that exist already under the wire name ``name`` (host agents)."""
-    return ActorMesh(name, name, cls, shape, addrs, _resolved(), None, None)
+    return ActorMesh(name, name, cls, shape, addrs, resolved(), None, None)
 
 
 class ActorEndpoint(Generic[A]):
@@ -454,7 +442,7 @@ class ActorEndpoint(Generic[A]):
         rt = current_runtime()
         ranks = self._mesh._ranks
         s = _Stream(rt, len(ranks))
-        self._send(rt, ranks, rt.open_port(s._on_reply), enc)
+        self._send(rt, ranks, s.port_id, enc)
         return s
 
 
@@ -509,44 +497,23 @@ class _Stream:
     """Results of a call in arrival order: ``async for v in s`` or ``for v in s``."""
 
     def __init__(self, rt: Runtime, n: int) -> None:
-        self._rt = rt
         self._n = n
-        self._got = 0
-        self._values: collections.deque[tuple[int, Any]] = collections.deque()
-        self._waiter: Future[None] | None = None
-
-    def _on_reply(self, rank: int, status: int, value: Any) -> bool:
-        self._values.append((status, value))
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-        self._got += 1
-        return self._got == self._n
-
-    def _next(self) -> Future[Any]:
-        fut: Future[Any] = Future(loop=self._rt.loop)
-
-        def arm() -> None:
-            if self._values:
-                status, value = self._values.popleft()
-                if status == ERROR:
-                    fut.set_exception(value)
-                else:
-                    fut.set_result(value)
-                return
-            w: Future[None] = Future(loop=self._rt.loop)
-            self._waiter = w
-            w.add_done_callback(lambda _: arm())
-
-        run_on(self._rt, arm)
-        return fut
+        self._receiver: PortReceiver[Any] = PortReceiver(rt, once=False)
+        self.port_id = self._receiver.port_id
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._aiter()
 
     async def _aiter(self) -> AsyncIterator[Any]:
-        for _ in range(self._n):
-            yield await self._next()
+        try:
+            for _ in range(self._n):
+                yield await self._receiver.recv()
+        finally:
+            self._receiver.close()
 
     def __iter__(self) -> Iterator[Any]:
-        for _ in range(self._n):
-            yield self._next().get()
+        try:
+            for _ in range(self._n):
+                yield self._receiver.recv().get()
+        finally:
+            self._receiver.close()

@@ -11,7 +11,6 @@ from concurrent.futures import Future as ThreadFuture
 from typing import Any, TypeVar
 
 from ..actors._actor import Actor, ProcControl
-from ..actors._context import context
 from ..actors._future import Future
 from ..actors._port import Port
 from ..actors._runtime import JOB_ID, current_runtime, run_on, run_task
@@ -30,7 +29,7 @@ from ._procs import (
 )
 from ._shape import Shape
 from ._shaped import Shaped
-from ._supervision import MeshState
+from ._supervision import MeshState, current_owner, resolved
 
 __all__ = ["HostMesh", "ProcMesh", "attach_to_hosts", "this_host", "this_proc"]
 
@@ -90,7 +89,7 @@ class HostMesh(Shaped):
                 start_proc(rt, f"unix:@danaus-{JOB_ID}-{uid}-{r}", r, env,
                            printer(f"{name} {r}", options))
                 for r in range(len(shape))]
-            return ProcMesh(shape, handles, name, started=_resolved(), log_options=options)
+            return ProcMesh(shape, handles, name, started=resolved(), log_options=options)
         return self._spawn_remote(rt, shape, name, env, options)
 
     def _spawn_remote(self, rt: Any, shape: Shape, name: str, env: dict[str, str],
@@ -173,7 +172,7 @@ def this_proc() -> ProcMesh:
     """
     rt = current_runtime()
     return ProcMesh(Shape.from_sizes({}), [SelfProcHandle(rt.addr)], "this_proc",
-                    started=_resolved())
+                    started=resolved())
 
 
 class ProcMesh(Shaped):
@@ -439,18 +438,6 @@ async def _lost_local(mesh: ProcMesh, rank: int, h: ProcHandle) -> None:
         h.kill()  # alive but silent: frozen or wedged
         mesh._proc_failed(rank, f"proc {h.addr} stopped answering (no heartbeat); killed it")
     # else: its exit callback reported the exit status
-
-
-def current_owner() -> Any:
-    """The ActorInstance whose endpoint is running now (None on the controller)."""
-    ctx = context().actor_instance
-    return None if ctx is None else ctx.runtime_actor
-
-
-def _resolved() -> ThreadFuture[None]:
-    f: ThreadFuture[None] = ThreadFuture()
-    f.set_result(None)
-    return f
 
 
 from ._actor_mesh import ActorMesh, mesh_ref  # noqa: E402

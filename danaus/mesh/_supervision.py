@@ -22,9 +22,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future as ThreadFuture
 from typing import Any
 
 from ..actors._connection import Connection
+from ..actors._context import context
 from ..actors._point import Point
 from ..actors._runtime import Runtime, register_extension
 from ..actors._wire import Failure
@@ -136,6 +138,20 @@ def route(owner: Any, failure: MeshFailure) -> None:
         return
     owner.supervise(failure, f"{owner.ctx.actor_id} did not handle a failure of a mesh it "
                              f"owns: {failure}")
+
+
+def current_owner() -> Any:
+    """The ActorInstance whose endpoint is running now (None on the controller): the
+    owner of any mesh spawned now."""
+    ctx = context().actor_instance
+    return None if ctx is None else ctx.runtime_actor
+
+
+def resolved() -> ThreadFuture[None]:
+    """A thread-safe future that is already done."""
+    f: ThreadFuture[None] = ThreadFuture()
+    f.set_result(None)
+    return f
 
 
 #: actor meshes spawned by this process, by wire key: where Failure messages land

@@ -28,12 +28,10 @@ from ..mesh import ProcMesh
 from ._worker import (
     BORROW,
     CALL,
-    CONST,
     FREE,
     GET_ATTR,
     PULL,
     REDUCE,
-    SEED,
     SET_ATTR,
     Gen,
     Ref,
@@ -543,15 +541,3 @@ class Stream:
         """``t``, safe to use on this stream (waits for its producer on the default stream)."""
         t._client.issue((BORROW, t._id, None, self.name, [t._id], _issued_at()))
         return t
-
-
-def seed(client: _Client, s: int) -> None:
-    client.issue((SEED, s))
-
-
-def const(client: _Client, value: Any) -> DTensor:
-    """A DTensor whose every shard is a copy of the local ``value``."""
-    with torch._C.DisableTorchFunction():
-        out = DTensor(client, value.to("meta"))
-    client.issue((CONST, value, [out._id], _issued_at()))
-    return out

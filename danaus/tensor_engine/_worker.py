@@ -52,7 +52,7 @@ class Failed:
 
 
 #: command kinds
-CALL, FREE, SEED, REDUCE, GET_ATTR, SET_ATTR, CONST, PULL, BORROW = range(9)
+CALL, FREE, REDUCE, GET_ATTR, SET_ATTR, PULL, BORROW = range(7)
 
 
 def _resolve(obj: Any, table: dict[int, Any]) -> Any:
@@ -187,9 +187,6 @@ class TensorWorker(Actor):
                         # its registration goes with the tensor (on the loop that owns it)
                         self.loop.call_soon_threadsafe(self._drop_published, buf)
                 continue
-            if kind == SEED:
-                torch.manual_seed(int(cmd[1]) * 1_000_003 + self.rank)
-                continue
             out_ids, where = cmd[-2], cmd[-1]
             try:
                 result = self._one(kind, cmd)
@@ -237,9 +234,6 @@ class TensorWorker(Actor):
                     with torch.cuda.stream(self._stream(stream)):
                         return func(*args, **kwargs)
                 return func(*args, **kwargs)
-        if kind == CONST:
-            _, value, _, _ = cmd
-            return value.to(self.device) if isinstance(value, torch.Tensor) else value
         if kind == GET_ATTR:
             _, src, name, _, _ = cmd
             return getattr(_resolve(Ref(src), table), name)
