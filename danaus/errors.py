@@ -12,6 +12,7 @@ __all__ = [
     "AuthenticationError",
     "ClosedError",
     "DanausError",
+    "DeadlockError",
     "EndpointNotFoundError",
     "ProtocolError",
     "RDMABackendUnavailableError",
@@ -88,6 +89,16 @@ class SupervisionError(DanausError):
 
 class ClosedError(DanausError):
     """Your code's fault: the object (mesh, port, runtime) was already closed or stopped."""
+
+
+class DeadlockError(DanausError, RuntimeError):
+    """Your code's fault: this wait could never end, so it raises instead of hanging.
+
+    Raised by ``Future.get()`` on a future of the event loop that the calling thread
+    runs (use ``await``), and when an actor waits for a call to itself from inside one
+    of its own endpoints (it handles one message at a time, so that call could only run
+    after the waiting endpoint returns). The message names the cycle.
+    """
 
 
 class ProtocolError(DanausError):

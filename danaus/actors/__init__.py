@@ -1,6 +1,6 @@
 """The actor runtime of one proc: actors, endpoints, ports, futures, context."""
 
-from ._actor import Actor, Endpoint, endpoint
+from ._actor import Actor, Endpoint, concurrent_endpoint, endpoint
 from ._context import Context, context, current_rank, current_size
 from ._future import Future
 from ._point import Point
@@ -15,6 +15,7 @@ __all__ = [
     "Point",
     "Port",
     "PortReceiver",
+    "concurrent_endpoint",
     "context",
     "current_rank",
     "current_size",

@@ -16,16 +16,19 @@ import msgspec
 
 from ..config import config
 from ..errors import SerializationError, SupervisionError
+from ._actor_thread import ActorThread, Job
 from ._connection import Connection
 from ._context import ActorContext, Context, current
 from ._point import Point
+from ._port import Port
+from ._runtime import encode_error, run_on
 from ._serialize import _ATOMS, dumps, loads
-from ._wire import CLOSE, OK, Call, ErrorInfo, Result, Spawn
+from ._wire import CLOSE, ERROR, OK, Call, ErrorInfo, Result, Spawn
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ["Actor", "Endpoint", "endpoint"]
+__all__ = ["Actor", "Endpoint", "concurrent_endpoint", "endpoint"]
 
 _plain_decode = msgspec.msgpack.Decoder().decode
 _plain_encode = msgspec.msgpack.Encoder().encode
@@ -41,12 +44,29 @@ class Endpoint(Generic[P, R]):
 
     On an actor instance the attribute is the plain bound method; on an actor mesh it
     is an endpoint reference with ``call``, ``call_one``, ``broadcast``, ...
+
+    Attributes:
+        is_async: an ``async def`` (runs on the proc's event loop); a plain ``def`` runs
+            on the actor's own thread, so it may block for as long as it likes.
+        explicit_response_port: the endpoint gets a :class:`Port` as its first argument
+            and answers through it (``port.send(v)`` / ``port.exception(e)``), when it
+            likes; its return value is ignored.
+        concurrent: (async only) other messages may run while this one awaits.
     """
 
-    def __init__(self, fn: Callable[Concatenate[Any, P], R] | Callable[Concatenate[Any, P], Awaitable[R]]) -> None:
+    def __init__(self, fn: Callable[Concatenate[Any, P], R] | Callable[Concatenate[Any, P], Awaitable[R]],
+                 *, propagate: Any = None, explicit_response_port: bool = False,
+                 instrument: bool = False, concurrent: bool = False) -> None:
         self.fn = fn
         self.name: str = fn.__name__
         self.is_async = inspect.iscoroutinefunction(fn)
+        self.propagate = propagate
+        self.explicit_response_port = explicit_response_port
+        self.instrument = instrument
+        if concurrent and not self.is_async:
+            raise ValueError(f"concurrent_endpoint can only wrap async endpoints: "
+                             f"{fn.__qualname__} is a plain def")
+        self.concurrent = concurrent
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -62,7 +82,8 @@ class Endpoint(Generic[P, R]):
         return self.fn.__get__(obj, owner)
 
     def __repr__(self) -> str:
-        return f"<endpoint {self.name}>"
+        kind = "concurrent endpoint" if self.concurrent else "endpoint"
+        return f"<{kind} {self.name}>"
 
 
 @overload
@@ -70,15 +91,54 @@ def endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]]) -> Endpoint[P, R]:
 @overload
 def endpoint(fn: Callable[Concatenate[Any, P], R]) -> Endpoint[P, R]: ...
 @overload
-def endpoint(fn: None = None) -> Callable[[Callable[..., Any]], Endpoint[..., Any]]: ...
-def endpoint(fn: Any = None) -> Any:
+def endpoint(fn: None = None, *, propagate: Any = None, explicit_response_port: bool = False,
+             instrument: bool = False) -> Callable[[Callable[..., Any]], Endpoint[..., Any]]: ...
+def endpoint(fn: Any = None, *, propagate: Any = None, explicit_response_port: bool = False,
+             instrument: bool = False) -> Any:
     """Mark an actor method (sync or ``async def``) as callable from other processes.
 
-    Usable bare (``@endpoint``) or called (``@endpoint()``).
+    Usable bare (``@endpoint``) or called (``@endpoint(explicit_response_port=True)``).
+    An actor handles one message at a time, in arrival order: async endpoints on the
+    proc's event loop, sync ones on the actor's own thread (they may block for hours
+    and call other actors with ``.get()``; the proc keeps answering meanwhile).
+
+    Args:
+        propagate: accepted for Monarch compatibility (tensor-engine shape propagation).
+        explicit_response_port: pass the endpoint a ``Port`` to answer through, as
+            Monarch does; raising without answering fails the actor (the caller gets
+            ``SupervisionError``).
+        instrument: accepted for Monarch compatibility.
     """
     if fn is None:
-        return Endpoint
-    return Endpoint(fn)
+        return functools.partial(endpoint, propagate=propagate,
+                                 explicit_response_port=explicit_response_port,
+                                 instrument=instrument)
+    return Endpoint(fn, propagate=propagate, explicit_response_port=explicit_response_port,
+                    instrument=instrument)
+
+
+def concurrent_endpoint(fn: Any = None, *, propagate: Any = None,
+                        explicit_response_port: bool = False, instrument: bool = False) -> Any:
+    """An async endpoint that does not hold the actor's mailbox while it awaits.
+
+    It starts in arrival order like any message, but the next message starts as soon as
+    this one first awaits, so a handler that waits for a later message (a barrier, a
+    rendezvous, a resource pool) does not deadlock. An exception it raises still answers
+    its caller; with ``explicit_response_port=True`` one that escapes unanswered fails
+    the actor, as in Monarch.
+
+    Raises:
+        ValueError: the method is not an ``async def``.
+    """
+    if fn is None:
+        return functools.partial(concurrent_endpoint, propagate=propagate,
+                                 explicit_response_port=explicit_response_port,
+                                 instrument=instrument)
+    if isinstance(fn, Endpoint):
+        raise ValueError("concurrent_endpoint does not wrap @endpoint; pass the endpoint "
+                         "options to @concurrent_endpoint itself")
+    return Endpoint(fn, propagate=propagate, explicit_response_port=explicit_response_port,
+                    instrument=instrument, concurrent=True)
 
 
 class Actor:
@@ -114,10 +174,17 @@ def describe_endpoints(cls: type) -> str:
 
 
 class ActorInstance:
-    """One live actor in this proc and its mailbox."""
+    """One live actor in this proc and its mailbox.
+
+    Messages run one at a time, in arrival order. An async endpoint runs as a task on the
+    proc's loop; a sync endpoint runs on the actor's own thread (:class:`ActorThread`),
+    so the loop keeps answering heartbeats, ports and other actors meanwhile. While sync
+    messages run there, later sync messages are handed over at once (in order), so the
+    thread never waits for the loop between them; anything else waits its turn.
+    """
 
     def __init__(self, rt: Runtime, name: str, ctx: ActorContext, obj: Any,
-                 mesh: str = "", owner_addr: str = "") -> None:
+                 mesh: str = "", owner_addr: str = "", inline_sync: bool = False) -> None:
         self.rt = rt
         self.name = name  # the wire key
         self.ctx = ctx
@@ -128,7 +195,9 @@ class ActorInstance:
         self.rank = ctx.rank.rank
         self.rank_text = str(ctx.rank)
         self.endpoints = endpoints_of(type(obj))
-        self.busy = False
+        #: system actors (a proc's control actor, the host agent, the RDMA service) run
+        #: their short sync endpoints on the loop: they use the runtime's own state
+        self.inline_sync = inline_sync
         self.stopped = False
         #: why this actor failed (an endpoint raised with no caller, or it left a failure
         #: of a mesh it owns unhandled); then every message fails with SupervisionError
@@ -138,7 +207,17 @@ class ActorInstance:
         #: connections we stopped reading from while the mailbox is full
         self.holding: set[Connection] = set()
         self.queue: collections.deque[tuple[Any, Any, Any]] = collections.deque()
+        #: the async message (or ``__supervise__``) running now; it holds the mailbox
         self.task: asyncio.Task[None] | None = None
+        self._task_call: tuple[Any, Call] | None = None
+        self._caller_cancelled = False
+        #: concurrent endpoints running now (they do not hold the mailbox)
+        self._concurrent: dict[asyncio.Task[Any], tuple[Any, Call]] = {}
+        self._concurrent_cancelled: set[asyncio.Task[Any]] = set()
+        #: sync messages handed to the actor's thread and not yet reported back
+        self.jobs: collections.deque[Job] = collections.deque()
+        self._thread: ActorThread | None = None
+        self._jobs_idle: asyncio.Future[None] | None = None
         #: per sender: the next sequence number to handle, and those that came early
         self.expect: dict[str, int] = {}
         self.held: dict[tuple[str, int], tuple[Connection, Call, list[Any]] | None] = {}
@@ -148,6 +227,11 @@ class ActorInstance:
         token = current.set(self.context)
         self.cv = contextvars.copy_context()
         current.reset(token)
+
+    @property
+    def busy(self) -> bool:
+        """A message holds the mailbox (an async one runs, or sync ones are on the thread)."""
+        return self.task is not None or bool(self.jobs)
 
     def __repr__(self) -> str:
         state = ("stopped" if self.stopped else "failed" if self.failed
@@ -173,7 +257,7 @@ class ActorInstance:
                 self._accept(conn, msg, parts)
                 self._release(sender, seq + 1)
                 return
-        if self.busy or self.queue:
+        if self.queue or (self.busy and not self._joins_thread(msg)):
             self._accept(conn, msg, parts)
         else:
             self._run(conn, msg, parts)
@@ -211,25 +295,36 @@ class ActorInstance:
             nxt += 1
         self.expect[sender] = nxt
 
+    def _joins_thread(self, msg: Call) -> bool:
+        """May ``msg`` go to the actor's thread now, behind the sync messages there?"""
+        if self.task is not None or not self.jobs or self.failed is not None or self.stopped:
+            return False
+        ep = self.endpoints.get(msg.method)
+        return ep is not None and not ep.is_async and not self.inline_sync
+
     def _accept(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
-        if self.busy or self.queue:
-            self.queue.append((conn, msg, parts))
-            if len(self.queue) >= config.mailbox_limit and isinstance(conn, Connection):
-                # Backpressure: stop reading from this sender until the mailbox drains;
-                # its socket fills, then its own writes pause (see ActorEndpoint.post).
-                conn.hold_reading(self)
-                self.holding.add(conn)
-        else:
+        if not self.queue and (not self.busy or self._joins_thread(msg)):
             self._run(conn, msg, parts)
+            return
+        self.queue.append((conn, msg, parts))
+        if len(self.queue) >= config.mailbox_limit and isinstance(conn, Connection):
+            # Backpressure: stop reading from this sender until the mailbox drains;
+            # its socket fills, then its own writes pause (see ActorEndpoint.post).
+            conn.hold_reading(self)
+            self.holding.add(conn)
 
     def _drain(self) -> None:
-        while self.queue and not self.busy and not self.stopped:
-            conn, msg, parts = self.queue.popleft()
+        queue = self.queue
+        while queue and not self.stopped:
+            conn, msg, parts = queue[0]
+            if self.busy and (conn is None or not self._joins_thread(msg)):
+                break
+            queue.popleft()
             if conn is None:
                 msg()  # a supervision event, in mailbox order
             else:
                 self._run(conn, msg, parts)
-        if self.holding and (len(self.queue) <= config.mailbox_limit // 2 or self.stopped):
+        if self.holding and (len(queue) <= config.mailbox_limit // 2 or self.stopped):
             for c in self.holding:
                 c.release_reading(self)
             self.holding.clear()
@@ -258,26 +353,99 @@ class ActorInstance:
                                        f"could not be decoded: {e}")
             self._reply_error(conn, msg, _info(e, self, include_tb=False))
             return
+        if ep.explicit_response_port:
+            args = [ResponsePort(self, conn, msg), *args]
+        if not ep.is_async and not self.inline_sync:
+            job = Job(conn, msg, ep.fn, (self.obj, *args), kwargs)
+            self.jobs.append(job)
+            thread = self._thread
+            if thread is None:
+                thread = self._thread = ActorThread(self.rt, self, self.ctx.actor_id,
+                                                    self.cv.copy(), self._thread_done)
+            thread.submit(job)
+            return
         try:
             if ep.is_async:
                 # A Task per call, in the actor's context (so asyncio.timeout,
-                # current_task and TaskGroup work); the actor is busy until it is done.
+                # current_task and TaskGroup work).
                 coro: Any = ep.fn(self.obj, *args, **kwargs)
-                self.busy = True
-                self.task = task = self.rt.loop.create_task(coro, context=self.cv)
-                task.add_done_callback(functools.partial(self._async_done, conn, msg))
+                task = self.rt.loop.create_task(coro, context=self.cv)
+                if ep.concurrent:
+                    self._concurrent[task] = (conn, msg)
+                    task.add_done_callback(functools.partial(self._concurrent_done, conn, msg, ep))
+                else:  # the actor is busy until it is done
+                    self.task = task
+                    self._task_call = (conn, msg)
+                    task.add_done_callback(functools.partial(self._async_done, conn, msg, ep))
                 return
-            else:
-                result = self.cv.run(ep.fn, self.obj, *args, **kwargs)
+            result = self.cv.run(ep.fn, self.obj, *args, **kwargs)
         except Exception as e:
-            self._reply_error(conn, msg, _info(e, self))
+            self._endpoint_raised(conn, msg, ep, e)
             return
-        if msg.reply:
+        self._finish(conn, msg, ep, result)
+
+    def _finish(self, conn: Connection, msg: Call, ep: Endpoint[..., Any], result: Any) -> None:
+        if msg.reply and not ep.explicit_response_port:
             self._reply(conn, msg, result)
 
-    def _async_done(self, conn: Connection, msg: Call, task: asyncio.Task[Any]) -> None:
-        self.busy = False
+    def _endpoint_raised(self, conn: Connection, msg: Call, ep: Endpoint[..., Any],
+                         exc: BaseException) -> None:
+        info = _info(exc, self)
+        if ep.explicit_response_port:
+            # As in Monarch: it owed its caller an answer through the port and raised
+            # instead; nobody else will see this exception, so the actor has failed.
+            report = f"{info.exc_type}: {info.message} in {msg.method} (an explicit-response-port " \
+                     f"endpoint raised instead of answering)\n{info.traceback}"
+            if self.failed is None:
+                self.fail(report, "actor")
+            self._reply_error(conn, msg, ErrorInfo(
+                "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
+                f"actor {self.ctx.actor_id} failed: {info.exc_type}: {info.message}",
+                info.traceback))
+            return
+        self._reply_error(conn, msg, info)
+
+    def _thread_done(self, jobs: list[Job]) -> None:
+        """Sync messages the actor's thread finished (on the loop's thread, in order)."""
+        for job in jobs:
+            self.jobs.popleft()
+            conn, msg = job.conn, job.msg
+            if job.cancelled:
+                continue  # its caller gave up: the result goes nowhere
+            ep = self.endpoints[msg.method]
+            if not job.started:
+                if msg.reply:
+                    self._reply_error(conn, msg, ErrorInfo(
+                        "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
+                        f"actor {self.ctx.actor_id} was stopped before handling {msg.method}",
+                        ""))
+            elif job.ok:
+                self._finish(conn, msg, ep, job.value)
+            else:
+                self._endpoint_raised(conn, msg, ep, job.value)
+        if not self.jobs and self._jobs_idle is not None and not self._jobs_idle.done():
+            self._jobs_idle.set_result(None)
+        self._drain()
+
+    def _async_done(self, conn: Connection, msg: Call, ep: Endpoint[..., Any],
+                    task: asyncio.Task[Any]) -> None:
         self.task = None
+        self._task_call = None
+        by_caller, self._caller_cancelled = self._caller_cancelled, False
+        self._settle_task(conn, msg, ep, task, by_caller)
+        self._drain()
+
+    def _concurrent_done(self, conn: Connection, msg: Call, ep: Endpoint[..., Any],
+                         task: asyncio.Task[Any]) -> None:
+        self._concurrent.pop(task, None)
+        by_caller = task in self._concurrent_cancelled
+        self._concurrent_cancelled.discard(task)
+        self._settle_task(conn, msg, ep, task, by_caller)
+
+    def _settle_task(self, conn: Connection, msg: Call, ep: Endpoint[..., Any],
+                     task: asyncio.Task[Any], by_caller: bool) -> None:
+        if by_caller and (task.cancelled() or task.exception() is None):
+            return  # its caller gave up: nobody waits for the outcome
         if task.cancelled() and self.stopped:
             if msg.reply:  # (a broadcast has nobody to tell)
                 self._reply_error(conn, msg, ErrorInfo(
@@ -288,10 +456,38 @@ class ActorInstance:
                 "actor", self.ctx.actor_id, self.rank_text, "asyncio.CancelledError",
                 f"{msg.method} was cancelled (by the endpoint's own code)", ""))
         elif (exc := task.exception()) is not None:
-            self._reply_error(conn, msg, _info(exc, self))
-        elif msg.reply:
-            self._reply(conn, msg, task.result())
-        self._drain()
+            if by_caller and isinstance(exc, asyncio.CancelledError):
+                return
+            self._endpoint_raised(conn, msg, ep, exc)
+        else:
+            self._finish(conn, msg, ep, task.result())
+
+    def cancel(self, conn: Any, reply: int) -> None:
+        """The caller of the message whose reply goes to ``reply`` on ``conn``'s peer gave
+        up: drop it if queued, cancel it if it runs async, drop the result if it runs sync."""
+        peer = getattr(conn, "peer", None)
+
+        def mine(c: Any, m: Call) -> bool:
+            return m.reply == reply and (c is conn or (peer is not None
+                                                       and getattr(c, "peer", None) == peer))
+
+        for i, (c, m, _) in enumerate(self.queue):
+            if c is not None and mine(c, m):
+                del self.queue[i]
+                return
+        if self._task_call is not None and mine(*self._task_call) and self.task is not None:
+            self._caller_cancelled = True
+            self.task.cancel()
+            return
+        for task, (c, m) in self._concurrent.items():
+            if mine(c, m):
+                self._concurrent_cancelled.add(task)
+                task.cancel()
+                return
+        for job in self.jobs:
+            if mine(job.conn, job.msg):
+                job.cancelled = True
+                return
 
     def _reply(self, conn: Connection, msg: Call, result: Any) -> None:
         t = type(result)
@@ -346,11 +542,9 @@ class ActorInstance:
                           "unhandled")
                 return
             if inspect.isawaitable(r):
-                self.busy = True
                 self.task = task = self.rt.loop.create_task(_await(r), context=self.cv)
 
                 def done(t: asyncio.Task[Any]) -> None:
-                    self.busy = False
                     self.task = None
                     if t.cancelled() or t.exception() is not None or not t.result():
                         self.fail(escalate_report, "unhandled")
@@ -366,13 +560,30 @@ class ActorInstance:
             run()
 
     async def stop(self) -> None:
-        """Stop: pending messages fail with ``SupervisionError``; ``__cleanup__`` runs."""
+        """Stop: pending messages fail with ``SupervisionError``; ``__cleanup__`` runs.
+
+        A sync endpoint running now on the actor's thread cannot be interrupted: stop
+        waits for it up to ``config.stop_timeout``, then goes on without it.
+        """
         if self.stopped:
             return
         self.stopped = True
         if self.task is not None:
             self.task.cancel()
             await asyncio.wait([self.task])  # its outcome is replied by _async_done
+        if self._concurrent:
+            for task in self._concurrent:
+                task.cancel()
+            await asyncio.wait(list(self._concurrent))
+        if self._thread is not None:
+            self._thread.close()  # jobs not started yet are reported as not handled
+            if self.jobs:
+                self._jobs_idle = self.rt.loop.create_future()
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._jobs_idle), config.stop_timeout)
+                except TimeoutError:
+                    log.warning("%s: stopping while a sync endpoint still runs (%s)",
+                                self.ctx.actor_id, self._thread)
         waiting = [item for item in self.held.values() if item is not None]
         self.held.clear()
         while self.queue or waiting:
@@ -397,6 +608,41 @@ class ActorInstance:
                 log.exception("__cleanup__ of %s raised", self.ctx.actor_id)
             finally:
                 current.reset(token)
+
+
+class ResponsePort(Port[Any]):
+    """The caller's reply port, given to an ``explicit_response_port`` endpoint.
+
+    ``send(v)`` answers the call with ``v``, ``exception(e)`` with an error; from the
+    endpoint, another task, or another message's handler, at any time. Pickled, it
+    becomes a plain :class:`Port` to the caller, which another actor may answer through.
+    """
+
+    __slots__ = ("_actor", "_conn", "_rank")
+
+    def __init__(self, actor: ActorInstance, conn: Any, msg: Call) -> None:
+        super().__init__(getattr(conn, "peer", None) or "", msg.reply)
+        self._actor = actor
+        self._conn = conn
+        self._rank = actor.rank
+
+    def __repr__(self) -> str:
+        return f"ResponsePort({self.addr}#{self.port_id})"
+
+    def exception(self, exc: BaseException) -> None:
+        a = self._actor
+        tb = "".join(traceback.format_exception(exc))
+        from ._runtime import info_from_error
+
+        info = info_from_error(exc, a.ctx.actor_id, a.rank_text, tb)
+        self._post(ERROR, encode_error(info), False, [], exc)
+
+    def _post(self, status: int, raw: Any, pickled: bool, parts: list[Any], local: Any) -> None:
+        if not self.port_id:
+            return  # a broadcast: nobody waits for an answer
+        msg = Result(self.port_id, status, raw if raw is not None else msgspec.Raw(b"\xc0"),
+                     pickled, self._rank)
+        run_on(self._actor.rt, self._conn.send, msg, parts)
 
 
 class _Describe:
@@ -442,6 +688,9 @@ class _FailedActor:
     def skip(self, sender: str, seq: int) -> None:
         pass
 
+    def cancel(self, conn: Any, reply: int) -> None:
+        pass
+
     async def stop(self) -> None:
         self.stopped = True
 
@@ -450,7 +699,7 @@ def install_actor(rt: Runtime, key: str, obj: Any) -> ActorInstance:
     """Register an already-built actor under ``key`` (system actors: a proc's control
     actor, a host agent)."""
     ctx = ActorContext(f"{rt.addr}.{key}", key, Point({}, {}), rt.addr, obj)
-    inst = ActorInstance(rt, key, ctx, obj)
+    inst = ActorInstance(rt, key, ctx, obj, inline_sync=True)
     rt.actors[key] = inst
     return inst
 

@@ -1,49 +1,64 @@
-"""``Future``: awaitable in async code, ``.get()`` in sync code."""
+"""``Future``: awaitable in async code, ``.get()`` in sync code, from any thread or loop."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from asyncio.events import _get_running_loop
+from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
+
+from ..errors import DeadlockError
 
 __all__ = ["Future"]
 
 T = TypeVar("T")
 
 
-def _no_running_loop(what: str) -> None:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    raise RuntimeError(
-        f"{what} blocks, and this thread is running an event loop: "
-        "use `await` on the future instead of .get()"
-    )
-
-
 class Future(asyncio.Future[T], Generic[T]):
     """The result of a call: ``await fut`` in async code, ``fut.get()`` in sync code.
 
-    It is an ``asyncio.Future``, so it works with ``asyncio.gather``, ``wait_for`` and
-    ``add_done_callback``. Calls made from synchronous code run on danaus's own
-    background event loop, and ``get()`` waits for them from the calling thread.
+    It is an ``asyncio.Future`` of the loop that sent the call, so it works with
+    ``asyncio.gather``, ``wait_for`` and ``add_done_callback`` there. It may also be
+    awaited on another running loop (a notebook cell awaiting a call made by sync code;
+    the value is relayed between the loops), and ``get()`` works from any thread except
+    the one running this future's own loop, where waiting would deadlock.
+
+    Cancelling it (``fut.cancel()``, a cancelled task awaiting it, an
+    ``asyncio.timeout``) also cancels the remote call: still queued, it never runs; an
+    async endpoint running it sees ``CancelledError``; a sync endpoint finishes and its
+    result is dropped.
     """
 
+    #: called once when the future is cancelled (tells the callee); set by the sender
+    _on_cancel: Callable[[], None] | None = None
+    #: set when this is a call into the actor whose own endpoint made it: waiting for it
+    #: from inside that endpoint can never end (the actor runs one message at a time)
+    _self_wait: tuple[Any, str] | None = None
+
     def get(self, timeout: float | None = None) -> T:
-        """Wait for the result from synchronous code.
+        """Wait for the result from synchronous code (a script, a sync endpoint, a
+        notebook cell).
 
         Args:
             timeout: seconds to wait at most; ``None`` waits until the result comes
-                (calls into dead procs still fail, they never hang).
+                (calls into dead procs still fail, they never hang). A timeout does
+                not cancel the call: ``get()`` may be called again.
 
         Raises:
-            RuntimeError: called from a thread that runs an event loop (``await`` there).
+            DeadlockError: the calling thread runs this future's loop (``await`` it
+                there), or an actor waits for a call into itself.
             TimeoutError: no result within ``timeout``.
         """
-        _no_running_loop("Future.get()")
+        loop = self.get_loop()
+        if _get_running_loop() is loop:
+            raise DeadlockError(
+                "Future.get() would deadlock: this future belongs to the event loop that "
+                "this thread is running, which cannot make progress while .get() blocks "
+                "it; use `await` on the future instead"
+            )
         if not self.done():
-            loop = self.get_loop()
+            self._check_self_wait()
             if not loop.is_running():
                 raise RuntimeError(
                     "this future belongs to an event loop that is not running; "
@@ -59,13 +74,62 @@ class Future(asyncio.Future[T], Generic[T]):
                 raise TimeoutError(f"no result within {timeout} s")
         return self.result()
 
+    def __await__(self) -> Generator[Any, None, T]:
+        if self._self_wait is not None and not self.done():
+            self._check_self_wait()
+        running = _get_running_loop()
+        if running is not None and running is not self.get_loop() and not self.done():
+            return _relay(self, running).__await__()
+        return super().__await__()
+
+    __iter__ = __await__
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if not super().cancel(msg=msg):
+            return False
+        hook = self._on_cancel
+        if hook is not None:
+            self._on_cancel = None
+            hook()
+        return True
+
+    def _check_self_wait(self) -> None:
+        sw = self._self_wait
+        if sw is None:
+            return
+        actor, what = sw
+        from ._actor_thread import waiting_actor
+
+        if waiting_actor() is actor and not self.done():
+            raise DeadlockError(what)
+
     def __repr__(self) -> str:
         state = "pending" if not self.done() else ("cancelled" if self.cancelled() else "done")
         return f"<danaus.Future {state}>"
 
 
-def resolved(loop: asyncio.AbstractEventLoop, value: Any) -> Future[Any]:
-    """A future that is already done with ``value``."""
-    f: Future[Any] = Future(loop=loop)
-    f.set_result(value)
-    return f
+async def _relay(fut: Future[T], running: asyncio.AbstractEventLoop) -> T:
+    """Await ``fut`` (of another loop, running in another thread) from ``running``."""
+    home = fut.get_loop()
+    if home.is_closed() or not home.is_running():
+        raise RuntimeError("this future belongs to an event loop that is not running")
+    waiter: asyncio.Future[None] = running.create_future()
+
+    def wake(_: Any) -> None:
+        try:
+            running.call_soon_threadsafe(_set_none, waiter)
+        except RuntimeError:
+            pass  # the awaiting loop closed meanwhile
+
+    home.call_soon_threadsafe(fut.add_done_callback, wake)
+    try:
+        await waiter
+    except asyncio.CancelledError:
+        home.call_soon_threadsafe(fut.cancel)
+        raise
+    return fut.result()
+
+
+def _set_none(f: asyncio.Future[None]) -> None:
+    if not f.done():
+        f.set_result(None)

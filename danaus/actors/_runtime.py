@@ -9,17 +9,20 @@ address, in the order sent.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import os
 import secrets
 import socket
 import ssl
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
-from typing import TYPE_CHECKING, Any, Protocol
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 
@@ -35,6 +38,7 @@ from ..errors import (
     SupervisionError,
 )
 from . import _auth
+from ._actor_thread import thread_home
 from ._connection import CLOSED, HANDSHAKE, OPEN, Connection
 from ._future import Future
 from ._serialize import loads
@@ -44,6 +48,7 @@ from ._wire import (
     OK,
     Buffer,
     Call,
+    Cancel,
     ErrorInfo,
     Message,
     Ping,
@@ -59,6 +64,7 @@ if TYPE_CHECKING:
     from ._actor import ActorInstance
 
 log = logging.getLogger("danaus.runtime")
+T = TypeVar("T")
 
 #: A short random id for this controller's job; names its procs' socket addresses.
 JOB_ID = secrets.token_hex(4)
@@ -214,6 +220,8 @@ class Runtime:
         self.ports: dict[int, Any] = {}  # PortHandler, or a Future for one reply
         self.actors: dict[str, ActorInstance] = {}
         self.closed = False
+        #: a runtime on an application's own loop (made on first use, not by danaus)
+        self.borrowed = False
         self.stop_requested: asyncio.Future[None] = loop.create_future()
         self._port_ids = itertools.count(1)
         #: peers whose connection was lost, and why: sends to them fail at once
@@ -552,6 +560,11 @@ class Runtime:
             conn.send(_PONG)
         elif t is Pong:
             pass  # its arrival counted as a read
+        elif t is Cancel:
+            assert isinstance(msg, Cancel)
+            actor = self.actors.get(msg.actor)
+            if actor is not None:
+                actor.cancel(conn, msg.reply)
         elif t is SeqSkip:
             assert isinstance(msg, SeqSkip)
             actor = self.actors.get(msg.actor)
@@ -735,22 +748,37 @@ _last: tuple[asyncio.AbstractEventLoop | None, Runtime | None] = (None, None)
 
 
 def current_runtime() -> Runtime:
-    """The runtime of the running event loop, or the background one in sync code."""
+    """The runtime the calling code sends through (see :func:`runtime_here`)."""
     return runtime_here()[0]
 
 
 def runtime_here() -> tuple[Runtime, bool]:
-    """``(runtime, on its loop)``: the running loop's runtime and True, or the
-    background runtime and False (sync code, which must hand work to that loop)."""
+    """``(runtime, on its loop)``: which runtime the calling code's calls go through.
+
+    - An actor's thread (a sync endpoint): its proc's runtime, handed over to its loop.
+    - A thread running no loop (a script, a worker thread): danaus's background loop.
+    - A loop danaus runs (a proc's, the background one): that loop's runtime.
+    - An application's loop (aiohttp, ``asyncio.run``, a Jupyter kernel): its own runtime,
+      on that loop with no thread hop, when the caller runs inside a coroutine (an
+      ``async def``, a notebook cell with a top-level ``await``); module-level sync code
+      there (a notebook cell of plain statements calling ``.get()``) goes through the
+      background loop instead, so that ``.get()`` can block without deadlocking.
+    """
     global _last
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        return background_runtime(), False
+        home = thread_home()
+        return (home, False) if home is not None else (background_runtime(), False)
     last_loop, last_rt = _last
     if loop is last_loop and last_rt is not None:
+        if last_rt.borrowed and not _caller_can_await():
+            return background_runtime(), False
         return last_rt, True
     rt = _runtimes.get(loop)
+    if rt is None or rt.borrowed:
+        if not _caller_can_await():
+            return background_runtime(), False
     if rt is None:
         with _runtimes_lock:
             rt = _runtimes.get(loop)
@@ -760,9 +788,33 @@ def runtime_here() -> tuple[Runtime, bool]:
                         del _runtimes[old_loop]
                         old.abandon()
                 rt = Runtime(loop)
+                rt.borrowed = True
                 _runtimes[loop] = rt
     _last = (loop, rt)
     return rt, True
+
+
+_ASYNC_CODE = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def _caller_can_await() -> bool:
+    """Does the code calling into danaus run inside a coroutine that can await it?
+
+    Walks out from the caller: the first coroutine frame (an ``async def``, a notebook
+    cell with a top-level ``await``) says yes; reaching module-level code first (a
+    script's or a notebook cell's plain statements, which can never await) says no.
+    Plain functions in between (helpers, torch's dispatch, comprehensions) are passed
+    through; a loop callback with neither above it counts as async.
+    """
+    f: FrameType | None = sys._getframe(2)
+    while f is not None:
+        code = f.f_code
+        if code.co_flags & _ASYNC_CODE:
+            return True
+        if code.co_name == "<module>":
+            return False
+        f = f.f_back
+    return True
 
 
 async def close_loop_runtime(loop: asyncio.AbstractEventLoop) -> None:
@@ -797,6 +849,27 @@ def run_on(rt: Runtime, fn: Callable[..., Any], *args: Any) -> None:
         fn(*args)
     else:
         rt.loop.call_soon_threadsafe(fn, *args)
+
+
+def call_in_loop(rt: Runtime, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on ``rt``'s loop thread, waiting for its value: for danaus state that
+    only the loop may touch, reached from sync code on another thread."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is rt.loop:
+        return fn(*args)
+    fut: ThreadFuture[T] = ThreadFuture()
+
+    def go() -> None:
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            fut.set_exception(e)
+
+    rt.loop.call_soon_threadsafe(go)
+    return fut.result(timeout=config.connect_timeout)
 
 
 def run_task(rt: Runtime, make: Callable[[], Any]) -> Future[Any]:

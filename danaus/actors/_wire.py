@@ -200,8 +200,17 @@ class Failure(msgspec.Struct, tag=26, array_like=True, frozen=True):
     kind: str = "actor"  # "actor" (raised, no caller), "init", "proc" (exited or lost)
 
 
+class Cancel(msgspec.Struct, tag=27, array_like=True, frozen=True):
+    """The caller of a call to actor ``actor`` whose reply goes to port ``reply`` (on the
+    sending peer) gave up: drop the call if it is still queued, cancel it if it runs (an
+    async endpoint sees ``CancelledError``; a sync one finishes, its result dropped)."""
+
+    actor: str
+    reply: int
+
+
 Message: TypeAlias = (Call | Result | Spawn | StopActor | StopProc | Cast | Gathered | SeqSkip
-                      | Ping | Pong | Failure)
+                      | Ping | Pong | Failure | Cancel)
 
 
 class ErrorInfo(msgspec.Struct, array_like=True, frozen=True):

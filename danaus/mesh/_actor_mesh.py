@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -11,11 +12,12 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import msgspec
 
 from ..actors._actor import Actor, describe_endpoints, endpoints_of
+from ..actors._actor_thread import waiting_actor
 from ..actors._future import Future
 from ..actors._port import PortReceiver
 from ..actors._runtime import JOB_ID, Runtime, current_runtime, run_on, runtime_here
 from ..actors._serialize import dumps, dumps_args
-from ..actors._wire import CAST_GATHER, CAST_NONE, CAST_REDUCE, ERROR, Spawn, StopActor
+from ..actors._wire import CAST_GATHER, CAST_NONE, CAST_REDUCE, ERROR, Cancel, Spawn, StopActor
 from ..config import config
 from ..errors import ActorError, EndpointNotFoundError, SerializationError, SupervisionError
 from ._cast import send_cast
@@ -347,8 +349,23 @@ class ActorEndpoint(Generic[A]):
         enc = self._encode(args, kwargs)
         rt, here = runtime_here()
         fut: Future[Any] = Future(loop=rt.loop)
-        self._send(rt, ranks, rt.open_future_port(fut), enc, here=here)
+        port = rt.open_future_port(fut)
+        self._arm(fut, rt, port, ranks)
+        self._send(rt, ranks, port, enc, here=here)
         return fut
+
+    def _arm(self, fut: Future[Any], rt: Runtime, port: int, ranks: list[int]) -> None:
+        """Cancelling ``fut`` cancels the calls; waiting on it from one of its own
+        callees (an actor calling itself) raises instead of deadlocking."""
+        fut._on_cancel = functools.partial(_cancel_calls, rt, self._mesh, port, ranks)
+        waiter = waiting_actor()
+        if waiter is not None and waiter.name == self._mesh._wire and waiter.rank in ranks:
+            fut._self_wait = (waiter, (
+                f"deadlock: actor {waiter.ctx.actor_id} waits for its own endpoint "
+                f"{self._name!r}; an actor handles one message at a time, so that call "
+                "could only start after the waiting endpoint returns. Send it without "
+                "waiting, make the waiting endpoint a @concurrent_endpoint, or move the "
+                "work to another actor"))
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call one actor of the mesh and return its result.
@@ -410,7 +427,9 @@ class ActorEndpoint(Generic[A]):
                     fut.set_result(ValueMesh(shape, values))
             return left[0] == 0
 
-        self._send(rt, ranks, rt.open_port(on_reply), enc)
+        port = rt.open_port(on_reply)
+        self._arm(fut, rt, port, ranks)
+        self._send(rt, ranks, port, enc)
         return fut
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
@@ -444,6 +463,22 @@ class ActorEndpoint(Generic[A]):
         s = _Stream(rt, len(ranks))
         self._send(rt, ranks, s.port_id, enc)
         return s
+
+
+def _cancel_calls(rt: Runtime, mesh: ActorMesh[Any], port: int, ranks: list[int]) -> None:
+    """The caller gave up on the calls answering to ``port``: tell their actors."""
+
+    def go() -> None:
+        rt.close_port(port)
+        msg = Cancel(mesh._wire, port)
+        for r in ranks:
+            addr = mesh._addr_of(r)
+            conn = rt.conns.get(addr) if addr else None
+            if conn is not None:
+                conn.pending.pop(port, None)
+                conn.send(msg)
+
+    run_on(rt, go)
 
 
 class Accumulator(Generic[A]):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..actors._future import Future
-from ..actors._runtime import Runtime, current_runtime, run_task, runtime_here
+from ..actors._runtime import Runtime, call_in_loop, current_runtime, run_task, runtime_here
 from ..errors import RDMABufferDroppedError, RDMABufferError
 from ._handle import BufferHandle
 from ._manager import manager
@@ -44,7 +44,7 @@ class RDMABuffer:
     """
 
     def __init__(self, data: Any) -> None:
-        rt, _ = runtime_here()
+        rt, here = runtime_here()
         self._rt_addr = rt.addr
         self._cuda = None
         if _is_cuda(data):
@@ -59,9 +59,12 @@ class RDMABuffer:
             self._cuda = data
             data = staging
         view, addr, keepalive = byte_view(data, writable=False, what="an RDMABuffer's memory")
-        mgr = manager(rt)
-        self._handle: BufferHandle = mgr.register(view, addr, (keepalive, data),
-                                                  cuda=self._cuda)
+        def register() -> BufferHandle:
+            return manager(rt).register(view, addr, (keepalive, data), cuda=self._cuda)
+
+        # The manager's tables belong to its loop: from another thread (sync code, an
+        # actor's sync endpoint), register there and wait.
+        self._handle: BufferHandle = register() if here else call_in_loop(rt, register)
         self._local = True
 
     @classmethod

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,14 +36,8 @@ def fetch_shard(t: DTensor, **coords: int) -> Future[torch.Tensor]:
 
 
 def inspect(t: DTensor, **coords: int) -> torch.Tensor:
-    """The value of one shard, synchronously (sync code only; ``await fetch_shard`` in async)."""
-    try:
-        asyncio.get_running_loop()
-        in_loop = True
-    except RuntimeError:
-        in_loop = False
-    if in_loop:
-        raise RuntimeError("inspect() blocks; inside an event loop use `await fetch_shard(t, ...)`")
+    """The value of one shard, synchronously (scripts, sync endpoints, notebook cells;
+    ``await fetch_shard`` in async code, where this raises ``DeadlockError``)."""
     return fetch_shard(t, **coords).get()
 
 

@@ -1,0 +1,146 @@
+"""The thread that runs an actor's synchronous code, off its proc's event loop.
+
+A proc's event loop reads every connection, answers heartbeats, forwards logs and
+routes port messages. Sync endpoints (and ``__init__``) may block for hours, so they run
+here instead: one thread per actor, started at its first sync message, running that
+actor's sync jobs one at a time, in the order handed over. The loop hands over a run of
+consecutive sync messages at once and takes the finished jobs back in batches (one
+wake-up of the loop per batch, not per job), so a stream of small calls stays pipelined.
+
+Code running here may call other actors and wait with ``.get()``: its calls go out
+through the proc's own runtime (see :func:`thread_home`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+import queue
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ["ActorThread", "Job", "thread_home", "waiting_actor"]
+
+_local = threading.local()
+
+
+def thread_home() -> Runtime | None:
+    """The runtime of the proc whose actor thread this is (``None`` elsewhere)."""
+    rt: Runtime | None = getattr(_local, "runtime", None)
+    return rt
+
+
+def waiting_actor() -> Any:
+    """The actor whose message the calling code is handling, if waiting here for a
+    call into that same actor could never end (it runs one message at a time)."""
+    actor = getattr(_local, "actor", None)
+    if actor is not None:
+        return actor
+    from ._context import current
+
+    ctx = current.get().actor_instance
+    inst = ctx.runtime_actor if ctx is not None else None
+    if inst is not None:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            return None
+        if task is not None and inst.task is task:
+            return inst
+    return None
+
+
+class Job:
+    """One piece of sync work: ``fn(*args, **kwargs)``, and how it ended."""
+
+    __slots__ = ("args", "cancelled", "conn", "fn", "kwargs", "msg", "ok", "started", "value")
+
+    def __init__(self, conn: Any, msg: Any, fn: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> None:
+        self.conn = conn
+        self.msg = msg
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.ok = False
+        self.value: Any = None
+        self.cancelled = False  # the caller gave up: skip it, or drop its result
+        self.started = False
+
+    def __repr__(self) -> str:
+        state = ("cancelled" if self.cancelled else "done" if self.ok or self.value is not None
+                 else "running" if self.started else "queued")
+        return f"<Job {getattr(self.fn, '__name__', self.fn)} {state}>"
+
+
+class ActorThread:
+    """Runs one actor's sync jobs in order on a daemon thread; reports finished ones
+    back to the loop with ``on_done(jobs)``, called on the loop's thread."""
+
+    def __init__(self, rt: Runtime, actor: Any, name: str, cv: contextvars.Context,
+                 on_done: Callable[[list[Job]], None]) -> None:
+        self._rt = rt
+        self._loop = rt.loop
+        self._actor = actor
+        self._cv = cv
+        self._on_done = on_done
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._done: collections.deque[Job] = collections.deque()
+        self._wake_pending = False
+        self.closed = False
+        self.current: Job | None = None
+        self._thread = threading.Thread(target=self._main, name=f"danaus-actor {name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "running" if self.current else "idle"
+        return f"<ActorThread {self._thread.name} {state}>"
+
+    def submit(self, job: Job) -> None:
+        self._jobs.put(job)
+
+    def close(self) -> None:
+        """Finish the job running now (if any), skip the rest, and end the thread."""
+        self.closed = True
+        self._jobs.put(None)
+
+    def _main(self) -> None:
+        _local.runtime = self._rt
+        _local.actor = self._actor
+        run = self._cv.run
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if not job.cancelled and not self.closed:
+                job.started = True
+                self.current = job
+                try:
+                    job.value = run(job.fn, *job.args, **job.kwargs)
+                    job.ok = True
+                except BaseException as e:  # noqa: BLE001 - user code: every outcome is reported
+                    job.value = e
+                self.current = None
+            job.args = job.kwargs = None  # type: ignore[assignment]  # free them now
+            self._done.append(job)
+            if not self._wake_pending:
+                self._wake_pending = True
+                try:
+                    self._loop.call_soon_threadsafe(self._flush)
+                except RuntimeError:  # the loop closed: the proc is exiting
+                    return
+
+    def _flush(self) -> None:
+        self._wake_pending = False  # before draining: a job finished after this wakes us again
+        done = self._done
+        jobs = []
+        while done:
+            jobs.append(done.popleft())
+        if jobs:
+            self._on_done(jobs)
