@@ -124,7 +124,7 @@ class ActorThread:
                 try:
                     job.value = run(job.fn, *job.args, **job.kwargs)
                     job.ok = True
-                except BaseException as e:  # noqa: BLE001 - user code: every outcome is reported
+                except BaseException as e:  # user code: every outcome is reported
                     job.value = e
                 self.current = None
             job.args = job.kwargs = None  # type: ignore[assignment]  # free them now

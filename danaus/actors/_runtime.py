@@ -865,7 +865,7 @@ def call_in_loop(rt: Runtime, fn: Callable[..., T], *args: Any) -> T:
     def go() -> None:
         try:
             fut.set_result(fn(*args))
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+        except BaseException as e:  # handed to the waiting thread
             fut.set_exception(e)
 
     rt.loop.call_soon_threadsafe(go)

@@ -1,0 +1,97 @@
+"""A real Jupyter kernel (ipykernel, driven by nbclient) runs danaus from notebook cells:
+``.get()`` in plain cells, ``await`` in cells that await, mixed across cells."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CELLS = [
+    # setup
+    """import asyncio
+import torch
+import danaus
+from danaus import Accumulator, Channel, this_host
+from tests.integration.exec_actors import Holder, Sender, Worker""",
+    # spawn, with .get() in plain cells
+    """procs = this_host().spawn_procs(per_host={"procs": 2})
+w = procs.spawn("w", Worker)
+w.initialized.get()""",
+    """assert w.incr.call(5).get().values() == [5, 5]
+one = w.slice(procs=0)
+assert one.incr.call_one(1).get() == 6""",
+    # await in a cell that awaits
+    """assert (await one.incr.call_one(1)) == 7""",
+    # a call made by a plain cell, awaited by the next one
+    """pending = w.slice(procs=1).incr.call_one(1)""",
+    """assert (await pending) == 6""",
+    # every adverb, both ways
+    """assert sorted(w.aget.call().get().values()) == [6, 7]
+assert w.aget.choose().get() in (6, 7)
+assert sorted(v for v in w.aget.stream()) == [6, 7]
+w.incr.broadcast(1)
+assert Accumulator(w.aget, 0, lambda a, b: a + b).accumulate().get() == 7 + 8""",
+    """assert sorted((await w.aget.call()).values()) == [7, 8]
+assert (await w.aget.choose()) in (7, 8)
+assert sorted([v async for v in w.aget.stream()]) == [7, 8]
+assert (await Accumulator(w.aget, 0, lambda a, b: a + b).accumulate()) == 15""",
+    # ports
+    """port, recv = Channel.open()
+sender = procs.spawn("s", Sender)
+sender.slice(procs=0).send_to.call_one(port, 41).get()
+assert recv.recv().get() == 41""",
+    """await sender.slice(procs=1).send_to.call_one(port, 42)
+assert (await recv.recv()) == 42""",
+    # RDMA transfers
+    """holder = procs.slice(procs=1).spawn("h", Holder)
+buf = holder.buffer.call_one(64).get()
+dst = torch.zeros(64, dtype=torch.uint8)
+buf.read_into(dst).get()
+assert dst.tolist() == list(range(64))""",
+    """dst2 = torch.zeros(64, dtype=torch.uint8)
+await buf.read_into(dst2)
+assert torch.equal(dst, dst2)""",
+    # .get() refuses only where it would deadlock: in a coroutine of the kernel's loop,
+    # on a future of that same loop
+    """async def blocks_its_own_loop():
+    return one.aget.call_one().get()
+
+try:
+    await blocks_its_own_loop()
+except danaus.DeadlockError as e:
+    assert "use `await`" in str(e)
+else:
+    raise AssertionError(".get() on the kernel loop's own future did not refuse")""",
+    # a plain statement's call runs on danaus's background loop: .get() and await both work
+    """fut = one.aget.call_one()
+assert fut.get() == 8 and (await fut) == 8""",
+    # stop with .get()
+    """procs.stop().get()
+print("stopped")""",
+]
+
+
+def test_a_notebook_drives_meshes_with_get_and_await_in_any_mix() -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    env_path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env_path}" if env_path else str(ROOT)
+    try:
+        client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                                         resources={"metadata": {"path": str(ROOT)}})
+        client.execute()
+    finally:
+        if env_path:
+            os.environ["PYTHONPATH"] = env_path
+        else:
+            del os.environ["PYTHONPATH"]
+    last = nb.cells[-1].outputs
+    assert any("stopped" in out.get("text", "") for out in last), last
