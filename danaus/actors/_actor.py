@@ -407,6 +407,12 @@ class ActorInstance:
 
     def _thread_done(self, jobs: list[Job]) -> None:
         """Sync messages the actor's thread finished (on the loop's thread, in order)."""
+        batched = []
+        if len(jobs) > 1:  # their replies go out in one write per connection
+            for job in jobs:
+                c = job.conn
+                if type(c) is Connection and c not in batched and c.batch_begin():
+                    batched.append(c)
         for job in jobs:
             self.jobs.popleft()
             conn, msg = job.conn, job.msg
@@ -423,6 +429,8 @@ class ActorInstance:
                 self._finish(conn, msg, ep, job.value)
             else:
                 self._endpoint_raised(conn, msg, ep, job.value)
+        for c in batched:
+            c.batch_end()
         if not self.jobs and self._jobs_idle is not None and not self._jobs_idle.done():
             self._jobs_idle.set_result(None)
         self._drain()

@@ -292,6 +292,22 @@ class Connection(asyncio.BufferedProtocol):
             return True
         return False
 
+    def batch_begin(self) -> bool:
+        """Queue what is sent from now on until :meth:`batch_end`, which writes it at once
+        (a burst of replies, one syscall). False when a burst is already open here (a
+        read being handled, or another batch): its end writes, so skip ``batch_end``."""
+        if self._reading:
+            return False
+        self._reading = True
+        return True
+
+    def batch_end(self) -> None:
+        self._reading = False
+        if self._wq:
+            if self._flush_handle is not None:
+                self._flush_handle.cancel()
+            self._flush()
+
     def _schedule_flush(self) -> None:
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._flush)
