@@ -257,7 +257,7 @@ class ActorInstance:
                 self._accept(conn, msg, parts)
                 self._release(sender, seq + 1)
                 return
-        if self.queue or (self.busy and not self._joins_thread(msg)):
+        if self.queue or self.task is not None or (self.jobs and not self._joins_thread(msg)):
             self._accept(conn, msg, parts)
         else:
             self._run(conn, msg, parts)
@@ -303,7 +303,7 @@ class ActorInstance:
         return ep is not None and not ep.is_async and not self.inline_sync
 
     def _accept(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
-        if not self.queue and (not self.busy or self._joins_thread(msg)):
+        if not self.queue and ((self.task is None and not self.jobs) or self._joins_thread(msg)):
             self._run(conn, msg, parts)
             return
         self.queue.append((conn, msg, parts))
@@ -317,7 +317,8 @@ class ActorInstance:
         queue = self.queue
         while queue and not self.stopped:
             conn, msg, parts = queue[0]
-            if self.busy and (conn is None or not self._joins_thread(msg)):
+            if (self.task is not None or self.jobs) and (
+                    conn is None or not self._joins_thread(msg)):
                 break
             queue.popleft()
             if conn is None:

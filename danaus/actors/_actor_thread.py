@@ -21,36 +21,44 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._context import current
+
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
 __all__ = ["ActorThread", "Job", "thread_home", "waiting_actor"]
 
-_local = threading.local()
+class _Local(threading.local):
+    """Per thread: set in actor threads only (class defaults elsewhere, no lookup miss)."""
+
+    runtime: Runtime | None = None
+    actor: Any = None
+
+
+_local = _Local()
 
 
 def thread_home() -> Runtime | None:
     """The runtime of the proc whose actor thread this is (``None`` elsewhere)."""
-    rt: Runtime | None = getattr(_local, "runtime", None)
-    return rt
+    return _local.runtime
 
 
 def waiting_actor() -> Any:
     """The actor whose message the calling code is handling, if waiting here for a
     call into that same actor could never end (it runs one message at a time)."""
-    actor = getattr(_local, "actor", None)
+    actor = _local.actor
     if actor is not None:
         return actor
-    from ._context import current
-
     ctx = current.get().actor_instance
-    inst = ctx.runtime_actor if ctx is not None else None
-    if inst is not None:
+    if ctx is None:
+        return None  # the controller
+    inst = ctx.runtime_actor
+    if inst is not None and inst.task is not None:
         try:
             task = asyncio.current_task()
         except RuntimeError:
             return None
-        if task is not None and inst.task is task:
+        if inst.task is task:
             return inst
     return None
 
