@@ -33,6 +33,7 @@ __all__ = [
     "memcpy_bandwidth",
     "raw_tcp_bulk",
     "raw_unix_bulk",
+    "thread_handover",
     "uvloop_pingpong",
     "uvloop_pipelined",
 ]
@@ -573,6 +574,38 @@ def _child_main(argv: list[str]) -> None:
 
 
 # -- memory --
+
+
+def thread_handover(n: int = 5000, warmup: int = 500) -> Stats:
+    """One event loop hands a job to a thread, which hands the result back
+    (``SimpleQueue.put`` there, ``call_soon_threadsafe`` back): what a sync endpoint pays
+    over an async one, without any danaus code."""
+    import queue
+    import threading
+
+    async def run() -> list[float]:
+        loop = asyncio.get_running_loop()
+        jobs: queue.SimpleQueue[asyncio.Future[None] | None] = queue.SimpleQueue()
+
+        def worker() -> None:
+            while (fut := jobs.get()) is not None:
+                loop.call_soon_threadsafe(fut.set_result, None)
+
+        t = threading.Thread(target=worker, daemon=True)
+        t.start()
+        samples = []
+        for i in range(warmup + n):
+            fut = loop.create_future()
+            start = time.perf_counter()
+            jobs.put(fut)
+            await fut
+            if i >= warmup:
+                samples.append(time.perf_counter() - start)
+        jobs.put(None)
+        t.join(10)
+        return samples
+
+    return summarize(uvloop.run(run()))
 
 
 def memcpy_bandwidth(nbytes: int = 64 << 20, iters: int = 10) -> float:
