@@ -119,6 +119,7 @@ class Replica(Actor):
         self.version = 0
         self.served = 0
         self.tokens = 0
+        self.cancelled = 0  # generations stopped because their client left
 
     @endpoint
     async def generate(self, prompt: str, max_tokens: int, port: Port[str]) -> list[str]:
@@ -128,11 +129,16 @@ class Replica(Actor):
         fills in any tokens it has not seen yet), so it needs no end marker.
         """
         out = []
-        for tok in self.model.generate(prompt, max_tokens):
-            out.append(tok)
-            port.send(tok)
-            # Yield to the proc's loop: the token's frame goes out now, not at the end.
-            await asyncio.sleep(0)
+        try:
+            for tok in self.model.generate(prompt, max_tokens):
+                out.append(tok)
+                port.send(tok)
+                # Yield to the proc's loop: the token's frame goes out now, not at the
+                # end; and a cancelled call (the client left) stops here.
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
         self.served += 1
         self.tokens += len(out)
         return out
@@ -149,7 +155,7 @@ class Replica(Actor):
     @endpoint
     def state(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "version": self.version, "served": self.served,
-                "tokens": self.tokens}
+                "tokens": self.tokens, "cancelled": self.cancelled}
 
 
 class Trainer(Actor):

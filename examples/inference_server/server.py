@@ -8,7 +8,8 @@ Routes:
 
 - ``POST /generate`` ``{"prompt": "...", "max_tokens": 64, "stream": true}``: the tokens
   as Server-Sent Events (``data: "c"`` per token, then ``event: done``), or one JSON
-  answer with ``"stream": false``. 503 when no replica can answer.
+  answer with ``"stream": false``. 503 when no replica can answer. A client that leaves
+  mid-stream cancels its call: the replica stops generating.
 - ``GET /health``: each replica's state; 200 while at least one replica serves.
 - ``GET /metrics``: request counts and latency quantiles, Prometheus text format.
 - ``POST /reload`` ``{"train_steps": 0}``: the trainer (optionally trains, then)
@@ -437,8 +438,8 @@ class InferenceServer:
             if call.done():
                 if not call.cancelled():
                     call.exception()  # retrieved: no "never retrieved" noise
-            else:  # the client left: the replica finishes anyway; drop its answer
-                call.add_done_callback(lambda f: f.cancelled() or f.exception())
+            else:  # the client left: stop the replica's generation
+                call.cancel()
 
     async def health(self) -> tuple[int, dict[str, Any]]:
         gen = self._gen

@@ -41,6 +41,14 @@ class Worker(Actor):
         return n
 
     @endpoint
+    def wedge(self) -> bool:
+        """Catastrophic backtracking: minutes inside the regex engine, which never lets
+        go of the GIL (a proc wedged in C code holding it)."""
+        import re
+
+        return re.match(r"(a+)+$", "a" * 64 + "b") is not None
+
+    @endpoint
     def incr(self, n: int = 1) -> int:
         self.value += n
         return self.value

@@ -75,6 +75,15 @@ async def test_a_frozen_proc_is_still_lost_while_a_sync_endpoint_runs(
             os.kill(procs.pids[0], signal.SIGCONT)
 
 
+async def test_a_proc_wedged_in_c_holding_the_gil_is_lost(
+        fast_heartbeat: None, failures: list[object], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(config, "stop_timeout", 1.0)  # it cannot exit by itself: kill it
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        w = await procs.spawn("w", Worker)
+        with pytest.raises(SupervisionError, match="did not answer"):
+            await asyncio.wait_for(w.wedge.call_one(), 10 * HEARTBEAT_TIMEOUT)
+
+
 async def test_get_inside_a_sync_endpoint_on_another_mesh_and_on_other_ranks() -> None:
     async with this_host().spawn_procs(per_host={"procs": 3}) as procs:
         counter = await procs.slice(procs=0).spawn("counter", Worker)

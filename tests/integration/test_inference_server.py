@@ -140,6 +140,24 @@ async def test_generate_streams_tokens_health_and_metrics(srv: Server) -> None:
     assert len((await fut).values()) == 2
 
 
+async def test_a_client_that_leaves_mid_stream_stops_its_generation(
+        srv: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    import examples.inference_server.server as server_module
+
+    monkeypatch.setattr(server_module, "MAX_TOKENS", 10**7)  # minutes of generation
+    async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as s:
+        r = await s.post(f"{srv.url}/generate", json={"prompt": "long", "max_tokens": 10**7})
+        assert r.status == 200
+        await r.content.readline()  # the stream has started
+        r.close()  # the client leaves
+        # /health asks each replica for its state: queued behind the generation on its
+        # replica, so this answers only once that generation stopped.
+        async with s.get(f"{srv.url}/health") as h:
+            health = await h.json()
+    assert sum(rep["cancelled"] for rep in health["replicas"]) == 1
+    assert sum(rep["served"] for rep in health["replicas"]) == 0
+
+
 async def test_32_concurrent_clients_all_answered(srv: Server) -> None:
     prompts = [f"client {i}" for i in range(32)]
 
