@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,19 +81,21 @@ print("stopped")""",
 ]
 
 
-def test_a_notebook_drives_meshes_with_get_and_await_in_any_mix() -> None:
+def test_a_notebook_drives_meshes_with_get_and_await_in_any_mix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A kernel spec of our own: this interpreter, whatever other kernels the machine has.
+    spec = tmp_path / "kernels" / "danaus-test"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "danaus test", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+    old = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{old}" if old else str(ROOT))
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
-    env_path = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env_path}" if env_path else str(ROOT)
-    try:
-        client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
-                                         resources={"metadata": {"path": str(ROOT)}})
-        client.execute()
-    finally:
-        if env_path:
-            os.environ["PYTHONPATH"] = env_path
-        else:
-            del os.environ["PYTHONPATH"]
+    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="danaus-test",
+                                     resources={"metadata": {"path": str(ROOT)}})
+    client.execute()
     last = nb.cells[-1].outputs
     assert any("stopped" in out.get("text", "") for out in last), last
