@@ -297,7 +297,8 @@ class ActorInstance:
 
     def _joins_thread(self, msg: Call) -> bool:
         """May ``msg`` go to the actor's thread now, behind the sync messages there?"""
-        if self.task is not None or not self.jobs or self.failed is not None or self.stopped:
+        if (self.task is not None or not self.jobs or self.failed is not None or self.stopped
+                or len(self.jobs) >= config.mailbox_limit):  # the thread's queue counts too
             return False
         ep = self.endpoints.get(msg.method)
         return ep is not None and not ep.is_async and not self.inline_sync
@@ -307,7 +308,7 @@ class ActorInstance:
             self._run(conn, msg, parts)
             return
         self.queue.append((conn, msg, parts))
-        if len(self.queue) >= config.mailbox_limit and isinstance(conn, Connection):
+        if len(self.queue) + len(self.jobs) >= config.mailbox_limit and isinstance(conn, Connection):
             # Backpressure: stop reading from this sender until the mailbox drains;
             # its socket fills, then its own writes pause (see ActorEndpoint.post).
             conn.hold_reading(self)
@@ -325,7 +326,8 @@ class ActorInstance:
                 msg()  # a supervision event, in mailbox order
             else:
                 self._run(conn, msg, parts)
-        if self.holding and (len(queue) <= config.mailbox_limit // 2 or self.stopped):
+        if self.holding and (len(queue) + len(self.jobs) <= config.mailbox_limit // 2
+                             or self.stopped):
             for c in self.holding:
                 c.release_reading(self)
             self.holding.clear()
@@ -380,7 +382,7 @@ class ActorInstance:
                     task.add_done_callback(functools.partial(self._async_done, conn, msg, ep))
                 return
             result = self.cv.run(ep.fn, self.obj, *args, **kwargs)
-        except Exception as e:
+        except BaseException as e:  # user code: SystemExit too
             self._endpoint_raised(conn, msg, ep, e)
             return
         self._finish(conn, msg, ep, result)
@@ -502,10 +504,13 @@ class ActorInstance:
         t = type(result)
         if t in _ATOMS or (t is bytes and len(result) < 4096):  # no pickle, no checks
             try:
-                conn.send(Result(msg.reply, OK, msgspec.Raw(_plain_encode(result)), False, self.rank))
-                return
-            except OverflowError:
-                pass  # an int too large for msgpack: pickle it below
+                raw = msgspec.Raw(_plain_encode(result))
+            except (OverflowError, UnicodeEncodeError):
+                pass  # an int too large for msgpack, a str with lone surrogates: pickle it
+            else:
+                if len(raw) <= config.oob_threshold:
+                    conn.send(Result(msg.reply, OK, raw, False, self.rank))
+                    return
         try:
             raw, pickled, parts = dumps(result, _Describe(self, msg, "return value"))
         except SerializationError as e:
@@ -546,7 +551,7 @@ class ActorInstance:
                 return
             try:
                 r = self.cv.run(fn, failure)
-            except Exception as e:
+            except BaseException as e:  # user code: SystemExit too
                 self.fail(f"__supervise__ raised {type(e).__name__}: {e}; {escalate_report}",
                           "unhandled")
                 return
@@ -613,7 +618,9 @@ class ActorInstance:
                 r = cleanup(None if self.failed is None else SupervisionError(self.failed))
                 if inspect.isawaitable(r):
                     await r
-            except Exception:
+            except asyncio.CancelledError:
+                raise
+            except BaseException:  # user code: SystemExit too
                 log.exception("__cleanup__ of %s raised", self.ctx.actor_id)
             finally:
                 current.reset(token)
@@ -746,7 +753,7 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> 
         ctx = ActorContext(actor_id, name, point, rt.addr, obj)
         inst = ActorInstance(rt, msg.actor, ctx, obj, msg.mesh, msg.owner_addr)
         inst.cv.run(obj.__init__, *args, **kwargs)
-    except Exception as e:
+    except BaseException as e:  # user code: SystemExit too
         tb = "".join(traceback.format_exception(e))
         info = info_from_error(e, actor_id, str(point), tb)
         if not isinstance(e, SerializationError):

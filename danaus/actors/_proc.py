@@ -58,6 +58,9 @@ async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> No
             rt.stop_requested.set_result(None)
 
     loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    # SIGINT (a Ctrl-C reaching the proc's process group) stops it like SIGTERM, so that a
+    # KeyboardInterrupt that escapes the loop can only come from an endpoint's own code.
+    loop.add_signal_handler(signal.SIGINT, on_sigterm)
     await asyncio.wait([rt.stop_requested, stdin_closed], return_when=asyncio.FIRST_COMPLETED)
     await rt.aclose()
 
@@ -85,8 +88,17 @@ def main() -> None:
 
     del config
     loop = new_event_loop()
+    main_task = loop.create_task(_main(ns.addr, ns.parent, key, ns.listen_fd))
     try:
-        loop.run_until_complete(_main(ns.addr, ns.parent, key, ns.listen_fd))
+        while not main_task.done():
+            try:
+                loop.run_until_complete(main_task)
+            except (KeyboardInterrupt, SystemExit):
+                # asyncio lets these out of the loop after storing them in the task that
+                # raised them: an async endpoint's own code. Its caller gets them as an
+                # ActorError (the task's done callback runs when the loop resumes); the
+                # proc goes on serving. The runtime stops a proc through main_task.
+                continue
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

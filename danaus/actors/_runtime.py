@@ -130,11 +130,29 @@ def info_from_error(exc: BaseException, actor: str = "", rank: str = "", tb: str
         return ErrorInfo("actor", exc.actor, exc.rank, exc.exc_type, exc.message, exc.remote_traceback)
     t = type(exc)
     name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
-    return ErrorInfo(kind, actor, rank, name, str(exc), tb)
+    try:
+        message = str(exc)
+    except Exception as e:  # a __str__ that raises must not lose the error itself
+        message = f"<str() of the exception raised {type(e).__name__}: {e}>"
+    return ErrorInfo(kind, actor, rank, name, _utf8(message), _utf8(tb))
+
+
+def _utf8(text: str) -> str:
+    """``text`` as valid UTF-8 for the wire: lone surrogates (from file names that are
+    not UTF-8, say) become ``\\udcff`` escapes instead of failing the encoding."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def encode_error(info: ErrorInfo) -> msgspec.Raw:
-    return msgspec.Raw(_error_encode(info))
+    try:
+        return msgspec.Raw(_error_encode(info))
+    except UnicodeEncodeError:  # text that is not UTF-8 (lone surrogates): escape it
+        return msgspec.Raw(_error_encode(ErrorInfo(*(
+            _utf8(v) if isinstance(v, str) else v for v in msgspec.structs.astuple(info)))))
 
 
 def _A_REPLY() -> str:
@@ -285,9 +303,14 @@ class Runtime:
         for conn in list(self.conns.values()):
             if conn.state is not OPEN:
                 continue
-            if conn.reads != conn.seen_reads or conn._read_holders:
-                # Something arrived, or we stopped reading ourselves (a full mailbox):
-                # the peer's silence says nothing about it then.
+            if conn._read_holders:
+                # We stopped reading ourselves (a full mailbox): the peer's silence says
+                # nothing about it, and it cannot hear our pongs to its pings. Tell it we
+                # are alive by pinging it ourselves (it reads them: it is not held).
+                conn.seen_reads = conn.reads
+                conn.quiet_since = now
+                conn.send(_PING)
+            elif conn.reads != conn.seen_reads:  # something arrived: alive
                 conn.seen_reads = conn.reads
                 conn.quiet_since = now
             elif now - conn.quiet_since > config.heartbeat_timeout:

@@ -180,23 +180,45 @@ def _pickle(obj: object) -> tuple[bytes, list[pickle.PickleBuffer]]:
 def dumps(obj: object, what: Callable[[], str]) -> tuple[msgspec.Raw, bool, list[Buffer]]:
     """Encode ``obj`` as ``(raw, pickled, parts)``.
 
+    Small plain values ride in the header as msgpack. Others are pickled; a pickle over
+    ``config.oob_threshold`` (a long string, a list of millions of ints) travels as the
+    last out-of-band part, with a marker in the header, so that headers stay small.
+
     Args:
         obj: the value.
         what: describes ``obj`` for an error message, e.g. ``"arguments of Foo.bar"``.
 
     Raises:
-        SerializationError: ``obj`` cannot be pickled; the message names what and why.
+        SerializationError: ``obj`` cannot be pickled, or is larger than
+            ``config.max_frame_bytes``; the message names what and why.
     """
     if _is_plain(obj):
         try:
-            return msgspec.Raw(_encode(obj)), False, []
-        except OverflowError:
-            pass  # an int beyond 64 bits: pickle keeps it exact
+            data = _encode(obj)
+        except (OverflowError, UnicodeEncodeError):
+            pass  # an int beyond 64 bits, a str with lone surrogates: pickle keeps them
+        else:
+            if len(data) <= config.oob_threshold:
+                return msgspec.Raw(data), False, []
     try:
-        data, buffers = _pickle(obj)
+        pickled, buffers = _pickle(obj)
     except Exception as e:  # anything a __reduce__ may raise
         raise SerializationError(f"{what()} could not be pickled: {type(e).__name__}: {e}") from e
-    return msgspec.Raw(_encode(data)), True, [b.raw() for b in buffers]
+    parts: list[Buffer] = [b.raw() for b in buffers]
+    size = len(pickled) + sum(memoryview(p).nbytes for p in parts)
+    if size > config.max_frame_bytes:
+        raise SerializationError(
+            f"{what()} is {size:,} bytes, over the {config.max_frame_bytes:,}-byte frame "
+            "limit (config.max_frame_bytes, DANAUS_MAX_FRAME_BYTES); send it as an "
+            "RDMABuffer, or raise the limit on both ends")
+    if len(pickled) > config.oob_threshold:
+        parts.append(pickled)
+        return _OOB_PICKLE, True, parts
+    return msgspec.Raw(_encode(pickled)), True, parts
+
+
+#: In the header of a pickled value: "the pickle is the last part" (not in the header).
+_OOB_PICKLE = msgspec.Raw(_encode(0))
 
 
 def dumps_args(
@@ -210,9 +232,12 @@ def dumps_args(
         if not kwargs or _is_plain(kwargs):
             try:
                 # The tuples become msgpack arrays: the receiver unpacks them with *args.
-                return msgspec.Raw(_encode((args, kwargs))), False, []
-            except OverflowError:
+                data = _encode((args, kwargs))
+            except (OverflowError, UnicodeEncodeError):
                 pass
+            else:
+                if len(data) <= config.oob_threshold:
+                    return msgspec.Raw(data), False, []
     return dumps((args, kwargs), what)
 
 
@@ -226,6 +251,10 @@ def loads(raw: msgspec.Raw | bytes, pickled: bool, parts: list[Any], what: Calla
     try:
         value = _decode(raw)
         if pickled:
+            if type(value) is int:  # the pickle came as the last part
+                if not parts:
+                    raise ValueError("the out-of-band pickle part is missing")
+                value, parts = parts[-1], parts[:-1]
             value = pickle.loads(value, buffers=parts)
     except Exception as e:
         raise SerializationError(f"{what()} could not be unpickled: {type(e).__name__}: {e}") from e

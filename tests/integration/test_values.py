@@ -1,0 +1,76 @@
+"""Ordinary values that used to kill procs or hang callers: huge plain values, results
+over the frame limit, text that is not UTF-8, BaseException subclasses."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from danaus import ActorError, ProcMesh, SerializationError, config, this_host
+
+from .values_actors import NOT_UTF8, Values
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+async def procs() -> AsyncIterator[ProcMesh]:
+    async with this_host().spawn_procs(per_host={"procs": 1}) as p:
+        yield p
+
+
+async def test_plain_values_larger_than_a_header_travel(procs: ProcMesh) -> None:
+    v = await procs.spawn("v", Values)
+    pid = await v.pid.call_one()
+    big_str = "y" * (17 << 20)  # over max_header_bytes (16 MiB)
+    big_list = list(range(4_000_000))
+    assert await asyncio.wait_for(v.echo.call_one(big_str), 60) == big_str
+    assert await asyncio.wait_for(v.aecho.call_one(big_list), 60) == big_list
+    assert await asyncio.wait_for(v.make.call_one("str", 17 << 20), 60) == "x" * (17 << 20)
+    assert await asyncio.wait_for(v.amake.call_one("list", 4_000_000), 60) == big_list
+    assert await v.pid.call_one() == pid  # the same proc, alive
+
+
+async def test_values_over_the_frame_limit_fail_that_call_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DANAUS_MAX_FRAME_BYTES", str(1 << 20))
+    monkeypatch.setattr(config, "max_frame_bytes", 1 << 20)
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        v = await procs.spawn("v", Values)
+        pid = await v.pid.call_one()
+        for endpoint in (v.make, v.amake):
+            with pytest.raises(SerializationError, match="max_frame_bytes") as info:
+                await asyncio.wait_for(endpoint.call_one("bytes", 2 << 20), 30)
+            assert "return value of Values." in str(info.value)
+        with pytest.raises(SerializationError, match=r"arguments of Values\.echo .*max_frame"):
+            v.echo.call_one(b"\x00" * (2 << 20))  # the caller checks before sending
+        assert await v.pid.call_one() == pid
+
+
+async def test_text_that_is_not_utf8_round_trips(procs: ProcMesh) -> None:
+    v = await procs.spawn("v", Values)
+    assert await v.echo.call_one(NOT_UTF8) == NOT_UTF8
+    assert await v.aecho.call_one({"files": [NOT_UTF8]}) == {"files": [NOT_UTF8]}
+    expected = [NOT_UTF8, {"name": NOT_UTF8}]
+    assert await asyncio.wait_for(v.make.call_one("not utf-8", 0), 10) == expected
+    assert await asyncio.wait_for(v.amake.call_one("not utf-8", 0), 10) == expected
+    for endpoint in (v.raise_not_utf8, v.araise_not_utf8):
+        with pytest.raises(ActorError, match=r"no such file: report-\\udcff\.txt") as info:
+            await asyncio.wait_for(endpoint.call_one(), 10)
+        assert info.value.exc_type == "FileNotFoundError"
+    # Nothing queued behind them hangs.
+    assert await asyncio.wait_for(v.aecho.call_one("after"), 10) == "after"
+
+
+@pytest.mark.parametrize("which", ["KeyboardInterrupt", "SystemExit", "Custom"])
+async def test_base_exceptions_from_endpoints_are_actor_errors(
+        procs: ProcMesh, which: str) -> None:
+    v = await procs.spawn("v", Values)
+    pid = await v.pid.call_one()
+    for endpoint in (v.raise_base, v.araise_base):
+        with pytest.raises(ActorError) as info:
+            await asyncio.wait_for(endpoint.call_one(which), 10)
+        assert info.value.exc_type.endswith(which)
+        assert await asyncio.wait_for(v.pid.call_one(), 10) == pid  # alive, still serving
