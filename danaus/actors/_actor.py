@@ -528,6 +528,20 @@ class ActorInstance:
         else:
             log.error("%s: %s (no caller waited for this result)", self.ctx.actor_id, info.message)
 
+    def undeliverable(self, why: str) -> None:
+        """A message this actor sent can never arrive. ``_handle_undeliverable_message``
+        (if the actor defines it and it returns True) takes it; otherwise the actor
+        fails, and its owner hears of it."""
+        handler = getattr(self.obj, "_handle_undeliverable_message", None)
+        if handler is not None:
+            try:
+                if self.cv.run(handler, why):
+                    return
+            except BaseException as e:  # user code: SystemExit too
+                why = f"{why}; _handle_undeliverable_message raised {type(e).__name__}: {e}"
+        if self.failed is None:
+            self.fail(why, "undeliverable")
+
     def fail(self, report: str, kind: str) -> None:
         """Mark this actor failed and report it to the owner of its mesh."""
         from ._wire import Failure

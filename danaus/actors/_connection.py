@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import select
 import socket
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -117,6 +118,7 @@ class Connection(asyncio.BufferedProtocol):
         self._nonce = _auth.new_nonce()
         self._peer_nonce = b""
         self._hs_timer: asyncio.TimerHandle | None = None
+        self._hs_started = 0.0
         # receive state
         self._buf = bytearray(_RECV_BUFFER)
         self._mv = memoryview(self._buf)
@@ -138,6 +140,8 @@ class Connection(asyncio.BufferedProtocol):
         self._writable_waiters: list[asyncio.Future[None]] = []
         self._read_holders: set[object] = set()
         self._backlog: list[Buffer] = []
+        self._backlog_msgs = 0  # messages in _backlog: reported if they are never sent
+        self._undelivered: list[Callable[[BaseException | None], None]] = []
 
     def __repr__(self) -> str:
         side = "dialer" if self.dialer else "acceptor"
@@ -157,15 +161,42 @@ class Connection(asyncio.BufferedProtocol):
                 pass
         if self.dialer:
             self._write_now(frame(_hs_encode(Hello(self._nonce, self.rt.addr))))
-        # Both sides: a peer that accepts (or dials) and then says nothing is dropped.
-        self._hs_timer = self.loop.call_later(config.handshake_timeout, self._handshake_expired)
+        # Both sides: a peer that accepts (or dials) and then says nothing is dropped. The
+        # dialer chose its peer, which may merely be busy: it waits as long as for any
+        # peer's answer (heartbeat_timeout); the acceptor bounds strangers more tightly.
+        self._hs_started = self.loop.time()
+        self._hs_timer = self.loop.call_later(self._hs_deadline(), self._handshake_expired)
+
+    def _hs_deadline(self) -> float:
+        if self.dialer:
+            return max(config.handshake_timeout, config.heartbeat_timeout)
+        return config.handshake_timeout
 
     def _handshake_expired(self) -> None:
-        if self.state is HANDSHAKE:
-            self._fail(AuthenticationError(
-                f"peer {self._peer_name()} did not authenticate within "
-                f"{config.handshake_timeout} s"
-            ))
+        self._hs_timer = None
+        if self.state is not HANDSHAKE:
+            return
+        waited = self.loop.time() - self._hs_started
+        if self._unread_bytes_waiting() and waited < self._hs_deadline() + config.heartbeat_timeout:
+            # The peer did send: it is our own loop that was too busy to read it yet
+            # (timers run before the poll). A busy proc is slow, not hostile: look again
+            # shortly, bounded by the liveness timeout.
+            self._hs_timer = self.loop.call_later(min(0.1, self._hs_deadline()),
+                                                  self._handshake_expired)
+            return
+        self._fail(AuthenticationError(
+            f"peer {self._peer_name()} did not authenticate within {self._hs_deadline()} s"))
+
+    def _unread_bytes_waiting(self) -> bool:
+        """Has the peer sent bytes that this side has not read yet?"""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None:
+            return False
+        try:
+            readable, _, _ = select.select([sock.fileno()], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return bool(readable)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._hs_timer is not None:
@@ -176,8 +207,29 @@ class Connection(asyncio.BufferedProtocol):
                 self.close_reason = exc or ConnectionResetError(f"connection to {self.peer} closed")
         self._direct = None
         self._direct_buf = None
+        self._report_unsent()
         self.resume_writing()  # wake writers: their sends now fail
         self.rt.connection_lost(self)
+
+    def never_opened(self, exc: BaseException) -> None:
+        """The peer could not be reached (a refused dial, a proc that never came up):
+        this connection is closed, and what was queued on it is reported."""
+        self.state = CLOSED
+        self.close_reason = exc
+        self._report_unsent()
+        self.rt.connection_lost(self)
+
+    def _report_unsent(self) -> None:
+        """Messages queued while connecting die with the connection: say so, never
+        silently (calls among them fail through ``pending``; this covers the rest)."""
+        hooks, self._undelivered = self._undelivered, []
+        if self._backlog_msgs > len(hooks):
+            log.error("%d message(s) queued for %s while connecting were never delivered: %s",
+                      self._backlog_msgs - len(hooks), self._peer_name(), self.close_reason)
+        self._backlog = []
+        self._backlog_msgs = 0
+        for hook in hooks:
+            hook(self.close_reason)
 
     def _peer_name(self) -> str:
         if self.peer:
@@ -201,7 +253,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.abort()
         else:
-            self.rt.connection_lost(self)
+            self.never_opened(exc)
 
     def close(self) -> None:
         """Flush what is queued, then close."""
@@ -257,13 +309,26 @@ class Connection(asyncio.BufferedProtocol):
         if placeholder._backlog:
             self._wq.extend(placeholder._backlog)
             placeholder._backlog = []
+            placeholder._backlog_msgs = 0
             self._schedule_flush()
+        placeholder._undelivered = []  # their messages go out here
 
     # ------------------------------------------------------------ writing
 
     def send(self, msg: Any, parts: Sequence[Buffer] = ()) -> bool:
         """Queue one message; False when the connection is closed."""
         return self.send_encoded(self._encoder.encode(msg), parts)
+
+    def send_reported(self, msg: Any, parts: Sequence[Buffer],
+                      undelivered: Callable[[BaseException | None], None]) -> bool:
+        """:meth:`send` for a message that nobody answers (a port value): if it is queued
+        now, while connecting, and the connection then fails, ``undelivered(reason)``
+        is called instead of the message vanishing."""
+        if not self.send(msg, parts):
+            return False
+        if self.state is HANDSHAKE:
+            self._undelivered.append(undelivered)
+        return True
 
     def send_encoded(self, header: bytes, parts: Sequence[Buffer] = ()) -> bool:
         """Queue one already-encoded header (shared by sends of one cast)."""
@@ -289,6 +354,7 @@ class Connection(asyncio.BufferedProtocol):
             return True
         if state is HANDSHAKE:
             self._backlog.extend(frame(header, parts))
+            self._backlog_msgs += 1
             return True
         return False
 
@@ -336,7 +402,9 @@ class Connection(asyncio.BufferedProtocol):
         if self._backlog:
             self._wq.extend(self._backlog)
             self._backlog = []
+            self._backlog_msgs = 0
             self._flush()
+        self._undelivered = []
         self.rt.connection_open(self)
 
     # ------------------------------------------------------------ reading

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import collections
+import logging
 import traceback
 import weakref
 from typing import Any, Generic, TypeVar
 
 from ..errors import ClosedError
-from ._context import current_rank
+from ._context import ActorContext, current, current_rank
 from ._future import Future
 from ._runtime import Runtime, current_runtime, encode_error, info_from_error, run_on
 from ._serialize import dumps
 from ._wire import CLOSE, ERROR, OK, Result
 
 __all__ = ["Channel", "Port", "PortReceiver"]
+
+log = logging.getLogger("danaus.port")
 
 T = TypeVar("T")
 
@@ -62,7 +65,7 @@ class Port(Generic[T]):
         import msgspec
 
         msg = Result(self.port_id, status, raw if raw is not None else msgspec.Raw(b"\xc0"), pickled, rank)
-        run_on(rt, _send, rt, self.addr, msg, parts)
+        run_on(rt, _send, rt, self.addr, msg, parts, current.get().actor_instance)
 
 
 def _close_port(rt: Runtime, port_id: int) -> None:
@@ -76,8 +79,23 @@ def _close_port(rt: Runtime, port_id: int) -> None:
         rt.ports.pop(port_id, None)
 
 
-def _send(rt: Runtime, addr: str, msg: Result, parts: list[Any]) -> None:
-    rt.connection(addr).send(msg, parts)
+def _send(rt: Runtime, addr: str, msg: Result, parts: list[Any],
+          sender: ActorContext | None) -> None:
+    conn = rt.connection(addr)
+
+    def undelivered(reason: BaseException | None) -> None:
+        # Never silently: the sending actor hears of it (as in Monarch, an undeliverable
+        # message fails the sender unless its _handle_undeliverable_message takes it).
+        why = (f"a message to port {addr}#{msg.port} could not be delivered: "
+               f"{rt.peer_lost_error(addr, reason)}")
+        inst = sender.runtime_actor if sender is not None else None
+        if inst is not None and not inst.stopped:
+            inst.undeliverable(why)
+        else:
+            log.error("%s", why)
+
+    if not conn.send_reported(msg, parts, undelivered):
+        undelivered(conn.close_reason)
 
 
 class PortReceiver(Generic[T]):

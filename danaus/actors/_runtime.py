@@ -404,9 +404,7 @@ class Runtime:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            conn.state = CLOSED
-            conn.close_reason = e
-            self.connection_lost(conn)
+            conn.never_opened(e)
 
     async def _connect(self, conn: Connection, family: str, where: Any) -> None:
         if family == "unix":
@@ -501,11 +499,10 @@ class Runtime:
         """Fail everything waiting on ``addr`` (e.g. a placeholder whose proc never came up)."""
         conn = self.conns.get(addr)
         if conn is not None:
-            conn.close_reason = exc
             if conn.transport is None:
-                conn.state = CLOSED
-                self.connection_lost(conn)
+                conn.never_opened(exc)
             else:
+                conn.close_reason = exc
                 conn._fail(exc)
 
     # ------------------------------------------------------------ ports

@@ -4,13 +4,16 @@ its life or a message."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Iterator
 
 import pytest
 
-from danaus import config, this_host
+from danaus import SupervisionError, config, this_host
+from danaus.mesh import set_unhandled_fault_hook
 
-from .values_actors import Slow
+from .values_actors import Consumer, Producer, Slow
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,3 +38,49 @@ async def test_backpressure_does_not_kill_a_healthy_proc(
         for _ in range(n):
             await asyncio.wait_for(endpoint.post(0.01), 30)
         assert await asyncio.wait_for(slow.count.call_one(), 30) == n
+
+
+async def test_a_busy_peer_still_gets_port_messages_over_a_new_connection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DANAUS_HANDSHAKE_TIMEOUT", "0.5")
+    monkeypatch.setattr(config, "handshake_timeout", 0.5)
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        consumer = await procs.slice(procs=0).spawn("consumer", Consumer)
+        producer = await procs.slice(procs=1).spawn("producer", Producer)
+        port = await consumer.open.call_one()
+        busy = consumer.block_loop.call_one(2.0)  # four handshake timeouts
+        # The producer dials the consumer's proc for the first time while it is busy.
+        assert await asyncio.wait_for(producer.send_many.call_one(port, 100), 30) == 100
+        await asyncio.wait_for(busy, 30)
+        got = await asyncio.wait_for(consumer.collect.call_one(100), 30)
+        assert got == list(range(100))
+
+
+async def test_a_port_message_that_cannot_be_delivered_fails_its_sender(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DANAUS_CONNECT_TIMEOUT", "1.0")  # how long a refused dial retries
+    failed = asyncio.Event()
+    failures: list[object] = []
+
+    def hook(failure: object) -> None:
+        failures.append(failure)
+        if "could not be delivered" in str(failure):
+            failed.set()
+
+    set_unhandled_fault_hook(hook)
+    try:
+        async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+            consumer = await procs.slice(procs=0).spawn("consumer", Consumer)
+            producer = await procs.slice(procs=1).spawn("producer", Producer)
+            port = await consumer.open.call_one()
+            os.kill(procs.pids[0], signal.SIGKILL)
+            with pytest.raises(SupervisionError):
+                await asyncio.wait_for(consumer.collect.call_one(1), 30)
+            # The producer never talked to that proc: its send is queued while dialing,
+            # the dial is refused, and the producer hears of it.
+            assert await asyncio.wait_for(producer.send_many.call_one(port, 3), 30) == 3
+            await asyncio.wait_for(failed.wait(), 30)
+            with pytest.raises(SupervisionError, match="could not be delivered"):
+                await asyncio.wait_for(producer.ping.call_one(), 30)
+    finally:
+        set_unhandled_fault_hook(None)

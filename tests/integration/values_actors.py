@@ -91,3 +91,36 @@ class Slow(Actor):
     @endpoint
     async def count(self) -> int:
         return self.done
+
+
+class Consumer(Actor):
+    """Receives on a port of its own; can make its proc's loop busy."""
+
+    @endpoint
+    async def open(self) -> Any:
+        from danaus import Channel
+
+        port, self.receiver = Channel.open()
+        return port
+
+    @endpoint
+    async def block_loop(self, seconds: float) -> None:
+        import time
+
+        time.sleep(seconds)  # noqa: ASYNC251 - blocks the proc's loop on purpose: a busy proc
+
+    @endpoint
+    async def collect(self, n: int) -> list[Any]:
+        return [await self.receiver.recv() for _ in range(n)]
+
+
+class Producer(Actor):
+    @endpoint
+    def send_many(self, port: Any, n: int) -> int:
+        for i in range(n):
+            port.send(i)
+        return n
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
