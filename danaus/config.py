@@ -77,6 +77,10 @@ class Config:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    #: Deadline of an RDMA transfer (``read_into``, ``write_from``, ``RDMAAction.submit``)
+    #: whose call gives no ``timeout=``: past it the transfer fails with ``TimeoutError``
+    #: (its owner frozen, overloaded or unreachable) (s).
+    rdma_timeout: float = 60.0
     #: Use uvloop for event loops danaus creates, when it is importable.
     use_uvloop: bool = True
 

@@ -45,6 +45,11 @@ class Backend(abc.ABC):
     Reads and writes are one-sided where the backend allows it: the owner's event loop
     does no copying. A backend reports a failure by raising an ``RDMAError`` subclass;
     the destination is then not (fully) written.
+
+    A read or write may be cancelled (its deadline passed). Before the cancellation
+    propagates, the backend stops touching the caller's memory, or keeps that memory
+    referenced until its hardware is done with it; and nothing the owner does later for
+    the abandoned transfer may land in another transfer's bytes.
     """
 
     name: ClassVar[str]

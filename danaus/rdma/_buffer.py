@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from ..actors._future import Future
 from ..actors._runtime import Runtime, call_in_loop, current_runtime, run_task, runtime_here
+from ..config import config
 from ..errors import RDMABufferDroppedError, RDMABufferError
 from ._handle import BufferHandle
 from ._manager import manager
@@ -21,6 +23,16 @@ def _done(rt: Runtime) -> Future[None]:
     fut: Future[None] = Future(loop=rt.loop)
     fut.set_result(None)
     return fut
+
+
+def _time_limit(timeout: float | None) -> float:
+    """A transfer's deadline in seconds: ``timeout``, else ``config.rdma_timeout``."""
+    limit = config.rdma_timeout if timeout is None else timeout
+    where = "config.rdma_timeout (DANAUS_RDMA_TIMEOUT)" if timeout is None else "timeout"
+    if (isinstance(limit, bool) or not isinstance(limit, int | float)
+            or not math.isfinite(limit) or limit <= 0):
+        raise ValueError(f"{where} must be a positive, finite number of seconds, got {limit!r}")
+    return float(limit)
 
 
 def _is_cuda(obj: Any) -> bool:
@@ -105,28 +117,46 @@ class RDMABuffer:
                 f"{what} has {n} bytes but the buffer range [{offset}, {size}) has "
                 f"{size - offset}: they must match")
 
-    def read_into(self, dst: Any, *, offset: int = 0) -> Future[None]:
+    def read_into(self, dst: Any, *, offset: int = 0,
+                  timeout: float | None = None) -> Future[None]:
         """Copy the buffer's bytes from ``offset`` to its end into ``dst``.
 
         ``dst`` (a writable, contiguous tensor, array or memoryview) must hold exactly that
         many bytes. Await it, or ``.get()`` in sync code.
 
+        Args:
+            dst: where the bytes go.
+            offset: the first byte of the buffer to read.
+            timeout: seconds the transfer may take; ``None``: ``config.rdma_timeout``
+                (``DANAUS_RDMA_TIMEOUT``, 60 s unless set).
+
         Raises:
+            ValueError: ``timeout`` is not a positive, finite number (raised at once).
             RDMABufferError: ``dst`` is not contiguous, not writable, or of another size.
             RDMABufferDroppedError: the buffer was dropped.
-            RDMAOwnerError: the owner died or became unreachable (``dst`` not fully written).
+            RDMAOwnerError: the owner died, became unreachable, or was declared lost
+                (frozen) by the control plane (``dst`` not fully written).
+            TimeoutError: the transfer did not finish within ``timeout`` (``dst`` not
+                fully written).
         """
-        return self._transfer(dst, offset, write=False)
+        return self._transfer(dst, offset, timeout, write=False)
 
-    def write_from(self, src: Any, *, offset: int = 0) -> Future[None]:
+    def write_from(self, src: Any, *, offset: int = 0,
+                   timeout: float | None = None) -> Future[None]:
         """Copy ``src`` into the buffer from ``offset`` to its end (sizes must match).
 
-        Raises: as :meth:`read_into`.
+        Args and raises: as :meth:`read_into` (the buffer is then not fully written).
         """
-        return self._transfer(src, offset, write=True)
+        return self._transfer(src, offset, timeout, write=True)
 
-    def _transfer(self, obj: Any, offset: int, *, write: bool) -> Future[None]:
+    def _describe(self) -> str:
+        h = self._handle
+        return f"buffer {h.buf_id} ({h.size} bytes) of {h.owner}"
+
+    def _transfer(self, obj: Any, offset: int, timeout: float | None, *,
+                  write: bool) -> Future[None]:
         what = "write_from's source" if write else "read_into's destination"
+        limit = _time_limit(timeout)
         if write and not self._handle.writable:
             raise RDMABufferError(f"{self!r} is read-only memory (bytes, or a non-writable "
                                   "array): it cannot be written")
@@ -140,6 +170,25 @@ class RDMABuffer:
                 return _done(rt)
 
         async def go(keep: Any = keep) -> None:  # keep: the user's memory stays alive
+            # An owner that is frozen keeps its sockets open and its kernel acknowledging,
+            # and a reader may have no control connection to it that would notice: only
+            # a deadline ends such a transfer. Backends stop touching the caller's memory
+            # (or keep it referenced) before their cancellation propagates.
+            deadline = asyncio.timeout(limit)
+            try:
+                async with deadline:
+                    await move()
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                op = "write_from" if write else "read_into"
+                raise TimeoutError(
+                    f"{op} of {self._describe()} did not finish within its timeout of "
+                    f"{limit:g} s: the owner may be frozen, overloaded or unreachable (or the "
+                    f"link too slow for that timeout); the {'buffer' if write else 'destination'}"
+                    " is not (fully) written") from None
+
+        async def move() -> None:
             mgr = manager(rt)
             if handle.owner == rt.addr and handle.buf_id not in mgr.buffers:
                 raise RDMABufferDroppedError(f"buffer {handle.buf_id} was dropped")
@@ -178,19 +227,32 @@ class RDMAAction:
     """
 
     def __init__(self) -> None:
-        self._ops: list[Callable[[], Future[None]]] = []
+        self._ops: list[Callable[[float], Future[None]]] = []
 
     def read_into(self, buf: RDMABuffer, dst: Any, *, offset: int = 0) -> RDMAAction:
+        """Queue ``buf.read_into(dst, offset=offset)``."""
         byte_view(dst, writable=True, what="read_into's destination")  # fail now, not later
-        self._ops.append(lambda: buf.read_into(dst, offset=offset))
+        self._ops.append(lambda limit: buf.read_into(dst, offset=offset, timeout=limit))
         return self
 
     def write_from(self, buf: RDMABuffer, src: Any, *, offset: int = 0) -> RDMAAction:
+        """Queue ``buf.write_from(src, offset=offset)``."""
         byte_view(src, writable=False, what="write_from's source")
-        self._ops.append(lambda: buf.write_from(src, offset=offset))
+        self._ops.append(lambda limit: buf.write_from(src, offset=offset, timeout=limit))
         return self
 
-    def submit(self) -> Future[None]:
+    def submit(self, *, timeout: float | None = None) -> Future[None]:
+        """Start every queued transfer; the result settles once all of them ended.
+
+        Args:
+            timeout: seconds each transfer may take (they run concurrently, so the batch
+                ends within about that); ``None``: ``config.rdma_timeout``.
+
+        Raises:
+            ValueError: ``timeout`` is not a positive, finite number (raised at once).
+            Exception: the first error of the transfers, as :meth:`RDMABuffer.read_into`.
+        """
+        limit = _time_limit(timeout)
         rt = current_runtime()
         ops = list(self._ops)
 
@@ -199,7 +261,7 @@ class RDMAAction:
             error: BaseException | None = None
             for op in ops:
                 try:
-                    started.append(op())
+                    started.append(op(limit))
                 except Exception as e:  # refused up front: still wait for the others
                     error = error or e
             results = await asyncio.gather(*started, return_exceptions=True)

@@ -210,7 +210,8 @@ class RDMAManager:
         try:
             result: dict[str, Any] = await fut
         except SupervisionError as e:
-            raise RDMAOwnerError(f"the owner of the buffer ({owner}) is gone: {e}") from e
+            which = f"buffer {request['buf']}" if "buf" in request else "the buffer"
+            raise RDMAOwnerError(f"the owner of {which} ({owner}) is gone: {e}") from e
         except ActorError as e:  # the owner raised one of ours: give it back as itself
             cls = _RDMA_ERRORS.get(e.exc_type.rpartition(".")[2])
             if cls is None:
@@ -228,7 +229,8 @@ class RDMAManager:
         try:
             await fut
         except SupervisionError as e:
-            raise RDMAOwnerError(f"the owner of the buffer ({handle.owner}) is gone: {e}") from e
+            raise RDMAOwnerError(f"the owner of buffer {handle.buf_id} ({handle.owner}) is "
+                                 f"gone: {e}") from e
 
     async def aclose(self) -> None:
         for backend in self.backends.values():

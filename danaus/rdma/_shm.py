@@ -16,6 +16,7 @@ import asyncio
 import ctypes
 import errno
 import logging
+from collections.abc import Awaitable
 from multiprocessing import shared_memory
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,19 @@ log = logging.getLogger("danaus.rdma")
 OFFLOAD_BYTES = 1 << 20
 #: the shared-memory fallback moves at most this much per round trip
 SEGMENT_BYTES = 16 << 20
+
+
+async def _uncancellable(work: Awaitable[None]) -> None:
+    """Await ``work`` (a copy in a thread, which cannot be stopped); when cancelled, let it
+    end first, so that nothing writes into the caller's memory after the transfer failed."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        if not task.cancelled():
+            task.exception()  # the caller stopped waiting: its outcome is nobody's now
+        raise
 
 
 def _addr(view: memoryview) -> int:
@@ -68,8 +82,8 @@ class ShmBackend(Backend):
                 ok = True
             except OSError as e:
                 if e.errno == errno.ESRCH:
-                    raise RDMAOwnerError(f"the owner of the buffer ({handle.owner}, pid "
-                                         f"{handle.owner_pid}) is gone") from None
+                    raise RDMAOwnerError(f"the owner of buffer {handle.buf_id} ({handle.owner}, "
+                                         f"pid {handle.owner_pid}) is gone") from None
                 ok = False
                 log.warning("rdma shm: process_vm_readv of pid %d refused (%s); using a "
                             "shared-memory segment instead", handle.owner_pid, e)
@@ -80,7 +94,8 @@ class ShmBackend(Backend):
         try:
             word = read_word(handle.owner_pid, handle.valid_addr)
         except OSError as e:
-            raise RDMAOwnerError(f"the owner of the buffer ({handle.owner}) is gone ({e})") from None
+            raise RDMAOwnerError(f"the owner of buffer {handle.buf_id} ({handle.owner}) is gone "
+                                 f"({e})") from None
         if word != handle.buf_id:
             raise RDMABufferDroppedError(
                 f"buffer {handle.buf_id} of {handle.owner} was dropped {when} the transfer")
@@ -91,7 +106,7 @@ class ShmBackend(Backend):
             vm_copy(handle.owner_pid, _addr(view), handle.addr + offset, view.nbytes, write=write)
         except OSError as e:
             if e.errno == errno.ESRCH:
-                raise RDMAOwnerError(f"the owner of the buffer ({handle.owner}) died "
+                raise RDMAOwnerError(f"the owner of buffer {handle.buf_id} ({handle.owner}) died "
                                      "during the transfer") from None
             raise RDMATransferError(f"process_vm transfer from {handle.owner} failed: {e}") from None
         self._check_valid(handle, "during")
@@ -113,7 +128,7 @@ class ShmBackend(Backend):
             return
         if self._vm_allowed(handle):
             if view.nbytes >= OFFLOAD_BYTES:
-                await asyncio.to_thread(self._vm, handle, offset, view, write)
+                await _uncancellable(asyncio.to_thread(self._vm, handle, offset, view, write))
             else:
                 self._vm(handle, offset, view, write)
             return
@@ -133,6 +148,19 @@ class ShmBackend(Backend):
         if seg is None:
             seg = shared_memory.SharedMemory(create=True, size=SEGMENT_BYTES)
             self._segments[handle.owner] = seg
+        try:
+            await self._segment_steps(seg, handle, offset, view, write)
+        except asyncio.CancelledError:
+            # A request we stopped waiting for (the deadline passed) may still be carried
+            # out by the owner later: never let that copy land in the next transfer's bytes.
+            if self._segments.get(handle.owner) is seg:
+                del self._segments[handle.owner]
+            seg.close()
+            seg.unlink()
+            raise
+
+    async def _segment_steps(self, seg: shared_memory.SharedMemory, handle: BufferHandle,
+                             offset: int, view: memoryview, write: bool) -> None:
         done = 0
         n = view.nbytes
         while done < n:

@@ -154,6 +154,10 @@ class TcpBackend(Backend):
                     await loop.sock_sendall(sock, bytes([status]))
                 else:
                     return
+        except (BrokenPipeError, ConnectionResetError) as e:
+            # The reader hung up mid-transfer (its deadline passed, or it died): it has
+            # its error already, and this owner serves on.
+            log.debug("rdma tcp: a reader left mid-transfer: %s", e)
         except (OSError, TimeoutError, AuthenticationError) as e:
             log.warning("rdma tcp: closing a data connection: %s", e)
         finally:
@@ -196,16 +200,23 @@ class TcpBackend(Backend):
                 except OSError:
                     pass
 
-    async def _one(self, handle: BufferHandle, offset: int, view: memoryview, op: int) -> None:
+    def _check_owner(self, handle: BufferHandle) -> None:
         if handle.owner in self.mgr.rt.lost:
-            raise RDMAOwnerError(f"the owner of the buffer ({handle.owner}) is gone")
+            raise RDMAOwnerError(f"the owner of buffer {handle.buf_id} ({handle.owner}) is "
+                                 f"gone: {self.mgr.rt.lost[handle.owner] or 'connection lost'}")
+
+    async def _one(self, handle: BufferHandle, offset: int, view: memoryview, op: int) -> None:
+        self._check_owner(handle)
         pool = self._pools.setdefault(handle.data_addr, [])
         self._owner_of[handle.data_addr] = handle.owner
         try:
             sock = pool.pop() if pool else await self._connect(handle.data_addr)
         except OSError as e:
             raise RDMAOwnerError(f"cannot reach the data server of {handle.owner} "
-                                 f"({handle.data_addr}): {e}") from None
+                                 f"({handle.data_addr}) for buffer {handle.buf_id}: {e}") from None
+        if handle.owner in self.mgr.rt.lost:  # lost while we connected: owner_lost missed it
+            sock.close()
+            self._check_owner(handle)
         active = self._active.setdefault(handle.data_addr, set())
         active.add(sock)
         ok = False
@@ -222,9 +233,9 @@ class TcpBackend(Backend):
                 await _recv_exact(loop, sock, memoryview(status))
             ok = True
         except OSError as e:
-            raise RDMAOwnerError(f"the owner of the buffer ({handle.owner}) went away during "
-                                 f"the transfer: {e}") from None
-        finally:
+            raise RDMAOwnerError(f"the owner of buffer {handle.buf_id} ({handle.owner}) went "
+                                 f"away during the transfer: {e}") from None
+        finally:  # also when cancelled (the deadline): a socket left mid-transfer is closed
             active.discard(sock)
             if ok:
                 pool.append(sock)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,8 @@ from danaus.errors import (
     RDMAOwnerError,
 )
 from danaus.rdma import RDMAAction, RDMABuffer, get_rdma_backend
+
+from ..faults import freeze, thaw
 
 N = 1 << 20
 
@@ -205,6 +208,39 @@ async def test_owner_death_mid_transfer_reports_failure(backend: str) -> None:
                 await asyncio.wait_for(buf.read_into(np.empty(64 << 20, np.uint8)), 20)
     finally:
         set_unhandled_fault_hook(old)
+
+
+#: backends that move bytes without the owner's process taking part
+ONE_SIDED = {"shm", "ibverbs"}
+
+
+async def test_a_frozen_owner_never_hangs_a_transfer(backend: str) -> None:
+    # SIGSTOP: the owner's sockets stay open and its kernel keeps acknowledging. A
+    # one-sided backend still moves the bytes; any other fails by the deadline.
+    async with this_host().spawn_procs(per_host={"procs": 1}, name="frozen") as procs:
+        owner = await procs.spawn("owner", Owner)
+        buf = await owner.make.call_one("z", N)
+        dst = np.empty(N, np.uint8)
+        await asyncio.wait_for(buf.read_into(dst, timeout=10), 20)  # connections warm
+        pid = freeze(procs, 0)
+        try:
+            for write in (False, True):
+                start = time.monotonic()
+                move = (buf.write_from(np.full(N, 3, np.uint8), timeout=2) if write
+                        else buf.read_into(dst, timeout=2))
+                if backend in ONE_SIDED:
+                    await asyncio.wait_for(move, 20)
+                else:
+                    with pytest.raises(TimeoutError, match=f"buffer {buf.handle.buf_id} .* of "):
+                        await asyncio.wait_for(move, 20)
+                assert time.monotonic() - start < 10
+            if backend in ONE_SIDED:
+                assert dst.tobytes() == _expected(N)
+        finally:
+            thaw(pid)
+        await asyncio.wait_for(buf.read_into(dst, timeout=10), 20)  # thawed: it serves again
+        if backend in ONE_SIDED:
+            assert (dst == 3).all()
 
 
 def test_forcing_an_unavailable_backend_is_a_clear_error(owner_mesh: Any) -> None:
