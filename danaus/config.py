@@ -36,6 +36,9 @@ class Config:
     max_header_bytes: int = 16 << 20
     #: A peer that has not finished the authentication handshake by then is dropped (s).
     handshake_timeout: float = 5.0
+    #: Connections a proc accepts that have not authenticated yet, at most; more are
+    #: closed at once (each costs a few KiB until it authenticates).
+    max_unauthenticated: int = 256
     #: Arguments and results over this many bytes travel as out-of-band frame parts.
     oob_threshold: int = 64 << 10
     #: Pending outgoing bytes on one connection after which writes are flushed at once.

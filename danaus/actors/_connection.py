@@ -15,6 +15,7 @@ import select
 import socket
 import struct
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("danaus.connection")
 
 _RECV_BUFFER = 256 << 10
+#: Until a peer has authenticated, its receive buffer holds one handshake frame, no more.
+_HANDSHAKE_BUFFER = MAX_HANDSHAKE_HEADER + 1024
 #: Parts at least this large are received into their own buffer directly.
 _DIRECT_PART = 64 << 10
 _NO_PARTS: list[Any] = []  # shared, never mutated: the parts of a part-less frame
@@ -62,32 +65,67 @@ HANDSHAKE, OPEN, CLOSED = State.HANDSHAKE, State.OPEN, State.CLOSED
 
 
 class _PartPool:
-    """Reuses large receive buffers once nothing but the pool refers to them.
+    """Keeps large receive buffers for reuse once nothing but the pool refers to them.
 
     Fresh memory costs a page fault per 4 KiB on first touch (0.5-0.7 GB/s here), so a
-    64 MiB part received into reused memory arrives several times faster.
+    64 MiB part received into reused memory arrives several times faster. Buffers not
+    reused for ``idle`` seconds go back to the system (:meth:`trim`, on each heartbeat).
     """
 
-    def __init__(self, max_bytes: int = 1 << 30) -> None:
+    def __init__(self, max_bytes: int = 512 << 20, idle: float = 10.0) -> None:
         self._bufs: list[bytearray] = []
+        self._used: list[float] = []  # when each buffer was last handed out
         self._max = max_bytes
+        self._idle = idle
 
-    def take(self, n: int) -> bytearray:
-        if n >= (1 << 20):
-            for b in self._bufs:
-                # 3 = this list, the loop variable, getrefcount's argument.
-                if len(b) == n and sys.getrefcount(b) <= 3:
-                    return b
-            total = sum(len(b) for b in self._bufs)
-            while self._bufs and total + n > self._max:
-                total -= len(self._bufs.pop(0))
-            b = bytearray(n)
-            self._bufs.append(b)
-            return b
-        return bytearray(n)
+    def reuse(self, n: int) -> bytearray | None:
+        """A free pooled buffer of exactly ``n`` bytes, if there is one."""
+        bufs = self._bufs
+        for i in range(len(bufs)):  # (enumerate's cached tuple would hold a reference)
+            b = bufs[i]
+            # 3 = this list, the local ``b``, getrefcount's argument.
+            if len(b) == n and sys.getrefcount(b) <= 3:
+                self._used[i] = time.monotonic()
+                return b
+        return None
+
+    def keep(self, b: bytearray) -> None:
+        """Pool ``b`` (a large buffer just filled) for later parts of its size."""
+        if any(x is b for x in self._bufs):
+            return
+        total = sum(len(x) for x in self._bufs)
+        while self._bufs and total + len(b) > self._max:
+            total -= len(self._bufs.pop(0))
+            self._used.pop(0)
+        self._bufs.append(b)
+        self._used.append(time.monotonic())
+
+    def trim(self) -> None:
+        """Let go of buffers that nobody used lately."""
+        if not self._bufs:
+            return
+        cutoff = time.monotonic() - self._idle
+        keep = [i for i, t in enumerate(self._used) if t >= cutoff]
+        self._bufs = [self._bufs[i] for i in keep]
+        self._used = [self._used[i] for i in keep]
+
+    def held_bytes(self) -> int:
+        return sum(len(b) for b in self._bufs)
 
 
 _pool = _PartPool()
+#: Parts at least this large are pooled for reuse.
+_POOLED_PART = 1 << 20
+#: A fresh buffer for a part starts this large and doubles as the part's bytes arrive,
+#: so a peer's claim of a huge part costs memory only as its bytes really come.
+_GROW_FROM = 1 << 20
+#: calloc'd zeros: extending a buffer from it reads pages that cost no memory
+_ZEROS = memoryview(bytes(64 << 20))
+
+
+def trim_part_pool() -> None:
+    """Give idle pooled receive buffers back to the system (called every heartbeat)."""
+    _pool.trim()
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -120,7 +158,7 @@ class Connection(asyncio.BufferedProtocol):
         self._hs_timer: asyncio.TimerHandle | None = None
         self._hs_started = 0.0
         # receive state
-        self._buf = bytearray(_RECV_BUFFER)
+        self._buf = bytearray(_HANDSHAKE_BUFFER)
         self._mv = memoryview(self._buf)
         self._start = 0
         self._end = 0
@@ -131,6 +169,7 @@ class Connection(asyncio.BufferedProtocol):
         self._direct: memoryview | None = None
         self._direct_buf: bytearray | None = None
         self._direct_filled = 0
+        self._direct_need = 0
         # write state
         self._wq: list[Buffer] = []
         self._wbytes = 0
@@ -151,6 +190,11 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        if not self.dialer and not self.rt.admit(self):  # (admit logs it)
+            self.state = CLOSED
+            self.close_reason = AuthenticationError("too many connections waiting to authenticate")
+            self.transport.abort()  # type: ignore[union-attr]
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None:
             n = config.socket_buffer_bytes
@@ -411,10 +455,28 @@ class Connection(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._direct is not None:
+            if self._direct_filled == len(self._direct):
+                self._grow_direct()
             return self._direct[self._direct_filled:]
         if self._end == len(self._buf):
             self._compact(0)
+        elif len(self._buf) < _RECV_BUFFER and self.state is OPEN:
+            self._compact(_RECV_BUFFER)  # authenticated now: a buffer for real traffic
         return self._mv[self._end:]
+
+    def _grow_direct(self) -> None:
+        """The part being received filled its buffer and more is due: double it."""
+        assert self._direct is not None and self._direct_buf is not None
+        buf = self._direct_buf
+        k = min(len(buf), self._direct_need - len(buf), len(_ZEROS))
+        self._direct.release()
+        try:
+            buf += _ZEROS[:k]  # realloc: large blocks move by remapping, not copying
+        except BufferError:  # a view of it is still alive somewhere: copy instead
+            buf = bytearray(buf)
+            buf += _ZEROS[:k]
+            self._direct_buf = buf
+        self._direct = memoryview(buf)
 
     def _compact(self, need: int) -> None:
         """Move unread bytes to the front; grow the buffer if ``need`` bytes will not fit."""
@@ -436,8 +498,10 @@ class Connection(asyncio.BufferedProtocol):
         try:
             if self._direct is not None:
                 self._direct_filled += nbytes
-                if self._direct_filled < len(self._direct):
-                    return
+                if self._direct_filled < self._direct_need:
+                    return  # (get_buffer grows the buffer when it is full)
+                if self._direct_need >= _POOLED_PART:
+                    _pool.keep(self._direct_buf)  # type: ignore[arg-type]
                 self._parts.append(self._direct_buf)
                 self._direct = None
                 self._direct_buf = None
@@ -523,7 +587,8 @@ class Connection(asyncio.BufferedProtocol):
                 hlen = self._hlen
                 if avail < hlen:
                     if hlen > len(self._buf) - self._start:
-                        self._compact(hlen)
+                        # Grow as the header's bytes arrive (doubling), not by its claim.
+                        self._compact(min(hlen, 2 * len(self._buf)))
                         mv = self._mv
                     break
                 self._header = bytes(mv[self._start:self._start + hlen])
@@ -533,8 +598,10 @@ class Connection(asyncio.BufferedProtocol):
             if i < len(self._lens):
                 n = self._lens[i]
                 if n >= _DIRECT_PART:
-                    buf = _pool.take(n)
                     have = min(avail, n)
+                    buf = _pool.reuse(n) if n >= _POOLED_PART else None
+                    if buf is None:
+                        buf = bytearray(max(have, min(n, _GROW_FROM)))
                     buf[:have] = mv[self._start:self._start + have]
                     self._start += have
                     if have == n:
@@ -543,6 +610,7 @@ class Connection(asyncio.BufferedProtocol):
                     self._direct_buf = buf
                     self._direct = memoryview(buf)
                     self._direct_filled = have
+                    self._direct_need = n
                     break
                 if avail < n:
                     if n > len(self._buf) - self._start:

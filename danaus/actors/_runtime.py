@@ -39,7 +39,7 @@ from ..errors import (
 )
 from . import _auth
 from ._actor_thread import thread_home
-from ._connection import CLOSED, HANDSHAKE, OPEN, Connection
+from ._connection import CLOSED, HANDSHAKE, OPEN, Connection, trim_part_pool
 from ._future import Future
 from ._serialize import loads
 from ._wire import (
@@ -258,6 +258,8 @@ class Runtime:
             _extensions)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._all_conns: set[Connection] = set()
+        self._refused = 0  # strangers refused since the last log line about them
+        self._refused_logged = -1e9
         self._server: asyncio.AbstractServer | None = None
         self._sock = sock if sock is not None else self._bind(self.addr)
         self._sock.setblocking(False)
@@ -299,6 +301,7 @@ class Runtime:
         """
         if self.closed:
             return
+        trim_part_pool()
         now = self.loop.time()
         for conn in list(self.conns.values()):
             if conn.state is not OPEN:
@@ -332,6 +335,22 @@ class Runtime:
         conn = Connection(self, dialer=False)
         self._all_conns.add(conn)
         return conn
+
+    def admit(self, conn: Connection) -> bool:
+        """May this accepted, not yet authenticated connection stay? Strangers are
+        bounded: past ``config.max_unauthenticated`` of them, new ones are closed."""
+        waiting = sum(1 for c in self._all_conns
+                      if c.state is HANDSHAKE and not c.dialer and c is not conn)
+        if waiting < config.max_unauthenticated:
+            return True
+        self._refused += 1
+        now = self.loop.time()
+        if now - self._refused_logged >= 1.0:  # a flood logs a line a second, not a line each
+            self._refused_logged = now
+            log.error("refused %d connection(s): %d are already waiting to authenticate "
+                      "(config.max_unauthenticated)", self._refused, config.max_unauthenticated)
+            self._refused = 0
+        return False
 
     def spawn_task(self, coro: Any) -> asyncio.Task[Any]:
         """Run ``coro`` as a task owned by this runtime (cancelled at close)."""

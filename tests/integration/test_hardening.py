@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 from collections.abc import Iterator
 
@@ -84,3 +85,53 @@ async def test_a_port_message_that_cannot_be_delivered_fails_its_sender(
                 await asyncio.wait_for(producer.ping.call_one(), 30)
     finally:
         set_unhandled_fault_hook(None)
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+async def test_a_thousand_idle_strangers_cost_a_proc_little(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    monkeypatch.setenv("DANAUS_HANDSHAKE_TIMEOUT", "60")  # they stay for the whole test
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        slow = await procs.spawn("slow", Slow)
+        pid = procs.pids[0]
+        addr = slow._targets()[0][1]
+        before = _rss(pid)
+        socks = []
+        try:
+            for _ in range(1000):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                socks.append(s)
+                # Blocking: waits while the listen backlog is full (the proc accepts on
+                # its own). uvloop's sock_connect takes no abstract names.
+                s.connect("\0" + addr.removeprefix("unix:@"))
+                s.setblocking(False)
+            # The proc still serves, having accepted (or refused) every one of them.
+            assert await asyncio.wait_for(slow.count.call_one(), 30) == 0
+            grown = _rss(pid) - before
+            assert grown < (24 << 20), f"{grown >> 20} MiB for 1,000 idle strangers"
+            # Past max_unauthenticated (256), strangers are closed as they are accepted.
+            by_fd = {s.fileno(): s for s in socks}
+            poller = select.poll()
+            for fd in by_fd:
+                poller.register(fd, select.POLLIN)
+            closed: set[int] = set()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20
+            while len(closed) < 1000 - config.max_unauthenticated and loop.time() < deadline:
+                for fd, _ in poller.poll(1000):
+                    if by_fd[fd].recv(1) == b"":
+                        closed.add(fd)
+                        poller.unregister(fd)
+            assert len(closed) == 1000 - config.max_unauthenticated
+        finally:
+            for s in socks:
+                s.close()

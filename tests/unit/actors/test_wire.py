@@ -574,6 +574,43 @@ async def test_call_with_parts_is_parsed_and_the_next_frame_too(
     assert seen[1][1] == []
 
 
+async def test_large_parts_of_one_size_reuse_one_pooled_buffer(
+    runtime: Runtime, dial: Dial, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = record_dispatch(runtime, monkeypatch)
+    peer = await dial()
+    await peer.handshake()
+    part = b"p" * (4 << 20)
+    peer.send(ghost_call(1, [part]))
+    assert_ghost_error(await read_result(peer.reader), 1)
+    first = seen.pop()[1][0]
+    first_id = id(first)
+    del first
+    peer.send(ghost_call(2, [part]))
+    assert_ghost_error(await read_result(peer.reader), 2)
+    assert id(seen[-1][1][0]) == first_id and bytes(seen[-1][1][0]) == part
+
+
+async def test_strangers_past_the_cap_are_refused_and_members_still_served(
+    runtime: Runtime, dial: Dial, logs: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(config, "max_unauthenticated", 3)
+    logs.set_level(logging.ERROR, logger="danaus.runtime")
+    strangers = [await dial() for _ in range(3)]
+    for s in strangers:
+        await expect_open(s.reader, 0.05)
+    extra = await dial()
+    assert await expect_closed(extra.reader) == b""
+    assert any("already waiting to authenticate" in r.getMessage() for r in logs.records
+               if r.name == "danaus.runtime")
+    await strangers[0].handshake()  # one of them authenticates: a slot frees up
+    await strangers[0].call_ghost(5)
+    late = await dial()
+    await late.handshake()
+    await late.call_ghost(6)
+
+
 # ---------------------------------------------------------------- the runtime as dialer
 
 
@@ -775,6 +812,32 @@ async def test_frames_with_large_parts_and_headers_fed_in_chunks_are_parsed(
     if chunk != 1:
         assert len(seen[1][0].method) == 400 << 10
     assert not transport.aborted
+
+
+async def test_a_claimed_huge_part_costs_memory_only_as_its_bytes_arrive(
+    runtime: Runtime, acceptor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = record_dispatch(runtime, monkeypatch)
+    conn, transport = acceptor
+    handshake_fed(conn, transport, chunk=4096)
+    n = 256 << 20
+    header = msgspec.msgpack.encode(Call("ghost", "m", 9, encode_plain([[], {}])))
+    # A 30-byte prefix claims a 256 MiB part; then 3 MiB of it come, and the peer stalls.
+    feed(conn, PREFIX.pack(MAGIC, len(header), 1) + PART_LEN.pack(n) + header, 4096)
+    feed(conn, b"x" * (3 << 20), 1 << 20)
+    held = len(conn.get_buffer(-1)) + (3 << 20)  # what is allocated for that part so far
+    assert held <= 8 << 20, f"{held >> 20} MiB held for 3 MiB received"
+    assert seen == []
+    # The rest arrives: the frame is whole and correct.
+    rest = n - (3 << 20)
+    chunk = b"y" * (16 << 20)
+    while rest:
+        k = min(rest, len(chunk))
+        feed(conn, chunk[:k], 4 << 20)
+        rest -= k
+    [(msg, parts)] = seen
+    assert msg.reply == 9 and len(parts[0]) == n
+    assert bytes(parts[0][(3 << 20) - 2:(3 << 20) + 2]) == b"xxyy"
 
 
 async def test_bad_frame_fed_directly_aborts_the_transport(
