@@ -352,11 +352,15 @@ class Runtime:
             self._refused = 0
         return False
 
-    def spawn_task(self, coro: Any) -> asyncio.Task[Any]:
-        """Run ``coro`` as a task owned by this runtime (cancelled at close)."""
+    def spawn_task(self, coro: Any, *, log_failure: bool = True) -> asyncio.Task[Any]:
+        """Run ``coro`` as a task owned by this runtime (cancelled at close).
+
+        Its failure is logged, unless ``log_failure`` is False: then whoever takes the
+        task's outcome reports it (an error is logged once, where nobody else gets it).
+        """
         task = self.loop.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._task_done)
+        task.add_done_callback(self._task_done if log_failure else self._tasks.discard)
         return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
@@ -917,19 +921,26 @@ def run_task(rt: Runtime, make: Callable[[], Any]) -> Future[Any]:
     fut: Future[Any] = Future(loop=rt.loop)
 
     def start() -> None:
-        task = rt.spawn_task(make())
+        # The outcome goes to ``fut``: its caller gets the error (and asyncio reports one
+        # set on a future that is dropped unretrieved), so the runtime does not log it too.
+        task = rt.spawn_task(make(), log_failure=False)
 
         def done(t: asyncio.Task[Any]) -> None:
-            if fut.done():
-                return  # the caller gave up on it (cancelled)
+            exc = None if t.cancelled() else t.exception()
+            if fut.done():  # the caller gave up on it (cancelled): nobody else gets this
+                if exc is not None and not isinstance(exc, asyncio.CancelledError):
+                    log.error("task failed after its caller stopped waiting", exc_info=exc)
+                return
             if t.cancelled():
                 fut.cancel()
-            elif (exc := t.exception()) is not None:
+            elif exc is not None:
                 fut.set_exception(exc)
             else:
                 fut.set_result(t.result())
 
         task.add_done_callback(done)
+        # Cancelling the future (a timeout, a cancelled caller) stops the work too.
+        fut._on_cancel = lambda: run_on(rt, task.cancel)
 
     run_on(rt, start)
     return fut
