@@ -20,7 +20,7 @@ from ..actors._auth import set_job_key
 from ..actors._port import Port
 from ..actors._runtime import Runtime, all_runtimes, install_runtime, new_event_loop, parse_addr
 from ..config import config
-from ..errors import ClosedError
+from ..errors import ClosedError, SupervisionError
 from ._logs import LineSink
 from ._procs import ProcHandle, forget, start_proc, wait_exited
 
@@ -34,7 +34,8 @@ class HostAgent(Actor):
     """Starts and stops procs on its host for the controllers that attach to it.
 
     Procs started for a controller are killed when that controller's connection is lost,
-    so none outlives it.
+    so none outlives it; requests of a controller already lost (they waited in the
+    mailbox behind others) are refused, since nobody would be left to stop their procs.
     """
 
     def __init__(self, host: str) -> None:
@@ -48,7 +49,7 @@ class HostAgent(Actor):
             h = self.procs.pop(addr, None)
             if h is not None:
                 log.warning("controller %s is gone: killing its proc %s", owner, addr)
-                h.kill()
+                h.stop_now()
 
     @endpoint
     async def spawn_procs(self, owner: str, ranks: list[int], env: dict[str, str],
@@ -63,6 +64,11 @@ class HostAgent(Actor):
         if not self._watching:
             rt.on_lost.append(self._owner_lost)
             self._watching = True
+        if owner in rt.lost:
+            # Its connection closed while this request waited behind others: procs
+            # started now would belong to nobody and run for good.
+            raise SupervisionError(f"controller {owner} is gone (its connection closed): "
+                                   "not starting procs for it")
 
         def sink_for(rank: int) -> LineSink | None:
             if log_port is None:
@@ -74,6 +80,8 @@ class HostAgent(Actor):
 
             return sink
 
+        # Started and registered under their owner in one step of the loop: if the owner
+        # is lost from here on, _owner_lost finds them.
         handles = [start_proc(rt, f"tcp://{self.host}:0", r, env, sink_for(r)) for r in ranks]
         for h in handles:
             self.procs[h.addr] = h
@@ -83,7 +91,9 @@ class HostAgent(Actor):
                 await asyncio.gather(*(asyncio.wrap_future(h.ready) for h in handles))
         except BaseException:
             for h in handles:
-                h.kill()
+                h.stop_now()
+                self.procs.pop(h.addr, None)
+                self.owners.get(owner, set()).discard(h.addr)
             raise
         return [(h.addr, h.pid) for h in handles]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future as ThreadFuture
@@ -13,7 +12,7 @@ from typing import Any, TypeVar
 from ..actors._actor import Actor, ProcControl
 from ..actors._future import Future
 from ..actors._port import Port
-from ..actors._runtime import JOB_ID, current_runtime, run_on, run_task
+from ..actors._runtime import current_runtime, run_on, run_task
 from ..actors._wire import OK
 from ..config import config
 from ..errors import ClosedError, SupervisionError
@@ -35,7 +34,6 @@ __all__ = ["HostMesh", "ProcMesh", "attach_to_hosts", "this_host", "this_proc"]
 
 log = logging.getLogger("danaus.mesh")
 A = TypeVar("A", bound=Actor)
-_names = itertools.count()
 
 
 class HostMesh(Shaped):
@@ -81,13 +79,13 @@ class HostMesh(Shaped):
         host_sizes = self._shape.sizes
         shape = Shape.from_sizes({**host_sizes, **per_host})
         rt = current_runtime()
-        uid = f"{name}{next(_names)}"
         env = dict(env or {})
         options = LogOptions()
         if self._agents is None:
+            # "unix:@": a fresh unguessable name per proc; a name another process could
+            # predict (a counter) could be bound by it first, failing the spawn.
             handles: list[Any] = [
-                start_proc(rt, f"unix:@danaus-{JOB_ID}-{uid}-{r}", r, env,
-                           printer(f"{name} {r}", options))
+                start_proc(rt, "unix:@", r, env, printer(f"{name} {r}", options))
                 for r in range(len(shape))]
             return ProcMesh(shape, handles, name, started=resolved(), log_options=options)
         return self._spawn_remote(rt, shape, name, env, options)
@@ -347,6 +345,7 @@ class ProcMesh(Shaped):
                         rt.connection(rt.addr).send(StopActor(key, 0))
         waits = []
         for h in local:
+            h.expect_exit()
             if not h.is_alive():
                 pass
             elif h.ready.done() and h.ready.exception() is None:
@@ -434,6 +433,8 @@ def _on_peer_lost(addr: str) -> None:
 
 
 async def _lost_local(mesh: ProcMesh, rank: int, h: ProcHandle) -> None:
+    if h.stopping:
+        return  # danaus is stopping it (a mesh's stop, the exit hook): losing it is expected
     if not await wait_exited(h, 0.5):
         h.kill()  # alive but silent: frozen or wedged
         mesh._proc_failed(rank, f"proc {h.addr} stopped answering (no heartbeat); killed it")

@@ -2,16 +2,24 @@
 
 Each proc is ``python -m danaus.actors._proc``. It gets the job key on stdin and keeps
 stdin open as a lifeline; the kernel's parent-death signal backs that up. Every proc is
-also killed by an ``atexit`` hook, so none outlives the controller.
+also killed by an ``atexit`` hook, so none outlives the controller; procs killed that way
+(or by a mesh's ``stop``) are stopped, not failed, and their exits are not reported.
+
+A proc's listening socket is bound here, under a name nobody can predict, and handed to
+the proc: abstract socket names are visible to every local process (``/proc/net/unix``),
+so a name derived from a counter could be taken by another process before the proc binds
+it, and the proc would fail to start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import errno
 import functools
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -24,11 +32,17 @@ from ..actors._runtime import Runtime, peer_exit_reason, peer_exited, proc_ready
 from ..config import config
 from ..errors import SupervisionError
 from ._logs import LineReader, LineSink
+from ._supervision import interpreter_exiting
 
 log = logging.getLogger("danaus.procs")
 
-_live: set[subprocess.Popen[bytes]] = set()
+#: procs started by this process that have not been reaped yet (killed at exit)
+_live: set[ProcHandle] = set()
 _live_lock = threading.Lock()
+
+#: Fresh names tried before giving up on binding a proc's socket: a random 128-bit name
+#: is taken only by bad luck or by a process binding names blindly, so a few tries do.
+_BIND_TRIES = 8
 
 
 def describe_exit(returncode: int) -> str:
@@ -50,8 +64,12 @@ class ProcHandle:
         self.popen = popen
         self.ready: ThreadFuture[None] = proc_ready.setdefault(addr, ThreadFuture())
         self.exited: ThreadFuture[int] = ThreadFuture()
-        #: called (on the spawning loop) with the exit description when the proc exits
+        #: called (on the spawning loop) with the exit description when the proc exits,
+        #: unless danaus stopped the proc itself (see ``stopping``)
         self.exit_callbacks: list[Callable[[str], None]] = []
+        #: danaus is stopping this proc itself (a mesh's stop, the exit hook): its exit
+        #: is what was asked for, not a failure to report
+        self.stopping = False
 
     def __repr__(self) -> str:
         return f"<ProcHandle {self.addr} pid={self.popen.pid} {self.state}>"
@@ -66,7 +84,10 @@ class ProcHandle:
     @property
     def state(self) -> str:
         if self.exited.done():
-            return describe_exit(self.exited.result())
+            why = describe_exit(self.exited.result())
+            return f"stopped ({why})" if self.stopping else why
+        if self.stopping:
+            return "stopping"
         return "running" if self.ready.done() else "starting"
 
     def exit_reason(self) -> str | None:
@@ -74,11 +95,21 @@ class ProcHandle:
         return None if code is None else describe_exit(code)
 
     def kill(self) -> None:
+        """SIGKILL the proc (nothing if it exited already)."""
         if self.popen.poll() is None:
             try:
                 self.popen.kill()
             except ProcessLookupError:
                 pass
+
+    def expect_exit(self) -> None:
+        """danaus is stopping this proc itself: its exit will not be reported as a failure."""
+        self.stopping = True
+
+    def stop_now(self) -> None:
+        """Kill the proc as danaus's own decision (its exit is not a failure)."""
+        self.expect_exit()
+        self.kill()
 
 
 class SelfProcHandle:
@@ -171,8 +202,9 @@ def start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None = N
                sink: LineSink | None = None) -> ProcHandle:
     """Start one proc that will listen on ``addr`` and dial ``rt`` when it is up.
 
-    ``tcp://HOST:0`` picks a free port: the socket is bound here and handed to the proc,
-    so the address is known at once and no other process can take the port meanwhile.
+    ``tcp://HOST:0`` picks a free port, and ``unix:@`` an abstract socket name that
+    nobody can predict: either way the socket is bound here and handed to the proc, so
+    the address is known at once and no other process can take it meanwhile.
 
     The process is started from ``rt``'s loop thread: the kernel's parent-death signal
     follows the *thread* that forked, so a proc started from a short-lived thread (a
@@ -197,7 +229,11 @@ def _start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None,
     sock = None
     pass_fds: tuple[int, ...] = ()
     extra: list[str] = []
-    if addr.startswith("tcp://") and addr.endswith(":0"):
+    if addr == "unix:@":
+        sock, addr = bind_abstract()
+        pass_fds = (sock.fileno(),)
+        extra = ["--listen-fd", str(sock.fileno())]
+    elif addr.startswith("tcp://") and addr.endswith(":0"):
         host = addr[len("tcp://"):].rpartition(":")[0].strip("[]")
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -227,9 +263,9 @@ def _start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None,
     assert popen.stdin is not None
     popen.stdin.write(rt.key.hex().encode() + b"\n")
     popen.stdin.flush()
-    with _live_lock:
-        _live.add(popen)
     handle = ProcHandle(addr, rank, popen)
+    with _live_lock:
+        _live.add(handle)
     peer_exit_reason[addr] = handle.exit_reason
     peer_exited[addr] = handle.exited
     run_on(rt, _watch, rt, handle, sink)
@@ -258,7 +294,7 @@ def _watch(rt: Runtime, h: ProcHandle, sink: LineSink | None) -> None:
             os.close(pidfd)
         code = h.popen.wait()
         with _live_lock:
-            _live.discard(h.popen)
+            _live.discard(h)
         if h.popen.stdin is not None:
             try:
                 h.popen.stdin.close()
@@ -267,7 +303,7 @@ def _watch(rt: Runtime, h: ProcHandle, sink: LineSink | None) -> None:
         if not h.exited.done():
             h.exited.set_result(code)
         why = describe_exit(code)
-        for callback in h.exit_callbacks:
+        for callback in () if h.stopping else h.exit_callbacks:
             try:
                 callback(why)
             except Exception:
@@ -313,20 +349,53 @@ def forget(addrs: list[str]) -> None:
         peer_exited.pop(addr, None)
 
 
+def fresh_name() -> str:
+    """An abstract socket name for a proc: 128 random bits, so no other process can
+    know it before it is bound."""
+    return f"danaus-{secrets.token_hex(16)}"
+
+
+def bind_abstract() -> tuple[socket.socket, str]:
+    """A listening Unix socket bound to a fresh abstract name, and its ``unix:@`` address.
+
+    A name that is taken is given up for another fresh one, up to ``_BIND_TRIES`` times.
+    """
+    for _ in range(_BIND_TRIES):
+        name = fresh_name()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind("\0" + name)
+        except OSError as e:
+            sock.close()
+            if e.errno != errno.EADDRINUSE:
+                raise
+            log.warning("abstract socket name @%s is taken by another process; trying another", name)
+            continue
+        sock.listen(512)
+        return sock, f"unix:@{name}"
+    raise OSError(errno.EADDRINUSE, f"{_BIND_TRIES} fresh abstract socket names in a row were "
+                                    "taken: another process is binding them")
+
+
 def _kill_all() -> None:
+    """Kill every proc this process started (at exit: none outlives the controller).
+
+    They are stopped by danaus, not failed: their exits reach no fault hook.
+    """
     with _live_lock:
         procs = list(_live)
-    for p in procs:
-        if p.poll() is None:
-            try:
-                p.kill()
-            except ProcessLookupError:
-                pass
-    for p in procs:
+    for h in procs:
+        h.stop_now()
+    for h in procs:
         try:
-            p.wait(timeout=5)
+            h.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
 
 
-atexit.register(_kill_all)
+def _at_exit() -> None:
+    interpreter_exiting()  # what our own kills cause is not a failure
+    _kill_all()
+
+
+atexit.register(_at_exit)

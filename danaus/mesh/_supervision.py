@@ -15,6 +15,9 @@ become a :class:`MeshFailure` for that owner:
 
 Either way the failed ranks are marked: calls to them fail at once with
 ``SupervisionError``, and slices without failed ranks keep working.
+
+Procs that danaus stops itself (a mesh's ``stop``, the kill of every proc at interpreter
+exit) are stopped, not failed: their exits, and what follows from them, are not reported.
 """
 
 from __future__ import annotations
@@ -70,6 +73,16 @@ def _default_hook(failure: MeshFailure) -> None:
 
 _hook: Callable[[MeshFailure], object] = _default_hook
 _hook_lock = threading.Lock()
+
+#: Set at interpreter exit, when danaus kills every proc itself: what follows from those
+#: kills (lost connections, spawns and calls that fail) is no failure to report.
+_exiting = threading.Event()
+
+
+def interpreter_exiting() -> None:
+    """From now on failures are marked but reach no owner and no hook: the interpreter is
+    exiting, and danaus is stopping every proc itself."""
+    _exiting.set()
 
 
 def set_unhandled_fault_hook(
@@ -130,6 +143,9 @@ class MeshState:
 
 def route(owner: Any, failure: MeshFailure) -> None:
     """Give ``failure`` to ``owner`` (an ActorInstance) or, at the top, to the hook."""
+    if _exiting.is_set():
+        log.debug("at exit, not reported: %s", failure)
+        return
     if owner is None or owner.stopped:
         try:
             _hook(failure)
