@@ -13,7 +13,7 @@ import secrets
 
 from ..config import config
 
-__all__ = ["job_key", "new_nonce", "proof", "verify"]
+__all__ = ["frame_keys", "job_key", "new_nonce", "proof", "verify"]
 
 _key: bytes | None = None
 
@@ -47,3 +47,11 @@ def proof(key: bytes, side: bytes, mine: bytes, theirs: bytes) -> bytes:
 
 def verify(key: bytes, side: bytes, mine: bytes, theirs: bytes, mac: bytes) -> bool:
     return hmac.compare_digest(proof(key, side, mine, theirs), mac)
+
+
+def frame_keys(key: bytes, dialer_nonce: bytes, acceptor_nonce: bytes) -> tuple[bytes, bytes]:
+    """Session keys that bind every later frame of a connection to its handshake:
+    ``(dialer -> acceptor, acceptor -> dialer)``. Both nonces are fresh per connection,
+    so frames of one session verify in no other (and a relay cannot splice its own in)."""
+    return (proof(key, b"frames dialer->acceptor", dialer_nonce, acceptor_nonce),
+            proof(key, b"frames acceptor->dialer", dialer_nonce, acceptor_nonce))

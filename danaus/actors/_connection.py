@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import hashlib
+import hmac
 import logging
 import select
 import socket
@@ -45,6 +47,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("danaus.connection")
 
 _RECV_BUFFER = 256 << 10
+#: Length of the tag after each frame on TCP without TLS, and the frame size from which
+#: it is an HMAC-SHA256 (below: keyed BLAKE2b).
+_TAG_BYTES = 32
+_LARGE_FRAME = 256 << 10
 #: Until a peer has authenticated, its receive buffer holds one handshake frame, no more.
 _HANDSHAKE_BUFFER = MAX_HANDSHAKE_HEADER + 1024
 #: Parts at least this large are received into their own buffer directly.
@@ -178,7 +184,15 @@ class Connection(asyncio.BufferedProtocol):
         self.write_paused = False
         self._writable_waiters: list[asyncio.Future[None]] = []
         self._read_holders: set[object] = set()
-        self._backlog: list[Buffer] = []
+        self._backlog: list[tuple[bytes, Sequence[Buffer]]] = []  # frames while connecting
+        #: TCP without TLS: every frame after the handshake carries an HMAC-SHA256 tag
+        #: under a session key, over a per-direction sequence number and the frame
+        self._tag_frames = False
+        self._mac_out: Any = None  # hmac object holding the outgoing key (copied per frame)
+        self._mac_in: Any = None
+        self._seq_out = 0
+        self._seq_in = 0
+        self._head = b""  # prefix and part lengths of the frame being received
         self._backlog_msgs = 0  # messages in _backlog: reported if they are never sent
         self._undelivered: list[Callable[[BaseException | None], None]] = []
 
@@ -203,6 +217,9 @@ class Connection(asyncio.BufferedProtocol):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, n)
             except OSError:
                 pass
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6) \
+                and transport.get_extra_info("sslcontext") is None:
+            self._tag_frames = True  # TCP without TLS: bind each frame to this session
         if self.dialer:
             self._write_now(frame(_hs_encode(Hello(self._nonce, self.rt.addr))))
         # Both sides: a peer that accepts (or dials) and then says nothing is dropped. The
@@ -351,7 +368,8 @@ class Connection(asyncio.BufferedProtocol):
         self.pending.update(placeholder.pending)
         placeholder.pending.clear()
         if placeholder._backlog:
-            self._wq.extend(placeholder._backlog)
+            for header, parts in placeholder._backlog:
+                self._enqueue(header, parts)
             placeholder._backlog = []
             placeholder._backlog_msgs = 0
             self._schedule_flush()
@@ -378,10 +396,13 @@ class Connection(asyncio.BufferedProtocol):
         """Queue one already-encoded header (shared by sends of one cast)."""
         state = self.state
         if state is OPEN:
-            if parts:
-                bufs = frame(header, parts)
-                self._wq.extend(bufs)
-                self._wbytes += sum(memoryview(b).nbytes for b in bufs)
+            if self._mac_out is not None and not parts and not self._wq and not self.pending \
+                    and not self._reading:
+                self._enqueue(header, parts)  # a lone message: out now, as below
+                self._flush()
+                return True
+            if parts or self._mac_out is not None:
+                self._enqueue(header, parts)
             else:
                 data = PREFIX.pack(MAGIC, len(header), 0) + header
                 if not self._wq and not self.pending and not self._reading:
@@ -397,10 +418,26 @@ class Connection(asyncio.BufferedProtocol):
                 self._flush_handle = self.loop.call_soon(self._flush)
             return True
         if state is HANDSHAKE:
-            self._backlog.extend(frame(header, parts))
+            self._backlog.append((header, parts))
             self._backlog_msgs += 1
             return True
         return False
+
+    def _enqueue(self, header: bytes, parts: Sequence[Buffer]) -> None:
+        """Queue one frame (tagged, where frames are bound to the session)."""
+        bufs = frame(header, parts)
+        size = sum(memoryview(b).nbytes for b in bufs)
+        mac = self._mac_out
+        if mac is not None:
+            h = mac[size >= _LARGE_FRAME].copy()
+            h.update(self._seq_out.to_bytes(8, "little"))
+            self._seq_out += 1
+            for b in bufs:
+                h.update(b)
+            bufs.append(h.digest())
+            size += _TAG_BYTES
+        self._wq.extend(bufs)
+        self._wbytes += size
 
     def batch_begin(self) -> bool:
         """Queue what is sent from now on until :meth:`batch_end`, which writes it at once
@@ -443,8 +480,20 @@ class Connection(asyncio.BufferedProtocol):
         if self._hs_timer is not None:
             self._hs_timer.cancel()
             self._hs_timer = None
+        if self._tag_frames:
+            d2a, a2d = _auth.frame_keys(self.rt.key, *((self._nonce, self._peer_nonce)
+                                                      if self.dialer else
+                                                      (self._peer_nonce, self._nonce)))
+            out_key, in_key = (d2a, a2d) if self.dialer else (a2d, d2a)
+            # Keyed BLAKE2b for small frames (1 µs each), HMAC-SHA256 for large ones (faster
+            # per byte here); both sides pick by the frame's length.
+            self._mac_out = (hashlib.blake2b(key=out_key, digest_size=_TAG_BYTES),
+                             hmac.new(out_key, digestmod=hashlib.sha256))
+            self._mac_in = (hashlib.blake2b(key=in_key, digest_size=_TAG_BYTES),
+                            hmac.new(in_key, digestmod=hashlib.sha256))
         if self._backlog:
-            self._wq.extend(self._backlog)
+            for header, parts in self._backlog:
+                self._enqueue(header, parts)
             self._backlog = []
             self._backlog_msgs = 0
             self._flush()
@@ -528,7 +577,7 @@ class Connection(asyncio.BufferedProtocol):
     def _parse(self) -> None:
         mv = self._mv
         unpack = PREFIX.unpack_from
-        if self._hlen < 0 and self.state is OPEN:
+        if self._hlen < 0 and self.state is OPEN and self._mac_in is None:
             # Fast path: whole part-less messages lying in the buffer.
             start, end = self._start, self._end
             decode, dispatch = self._decode, self.rt.dispatch
@@ -577,6 +626,8 @@ class Connection(asyncio.BufferedProtocol):
                     raise ProtocolError(
                         f"frame of {total} bytes exceeds max_frame_bytes={config.max_frame_bytes}"
                     )
+                if self._mac_in is not None and self.state is OPEN:
+                    self._head = bytes(mv[self._start:self._start + need])
                 self._start += need
                 self._hlen = hlen
                 self._lens = lens
@@ -620,6 +671,14 @@ class Connection(asyncio.BufferedProtocol):
                 self._parts.append(bytearray(mv[self._start:self._start + n]))
                 self._start += n
                 continue
+            if self._mac_in is not None and self.state is OPEN:
+                if avail < _TAG_BYTES:
+                    if _TAG_BYTES > len(self._buf) - self._start:
+                        self._compact(_TAG_BYTES)
+                        mv = self._mv
+                    break
+                self._check_tag(mv[self._start:self._start + _TAG_BYTES])
+                self._start += _TAG_BYTES
             header, parts = self._header, self._parts
             self._hlen = -1
             self._header = None
@@ -636,6 +695,23 @@ class Connection(asyncio.BufferedProtocol):
                 self._handshake(header)
         if self._start == self._end:
             self._start = self._end = 0
+
+    def _check_tag(self, tag: memoryview) -> None:
+        """The frame just received must carry this session's tag for its sequence number:
+        else a third party wrote it (or replayed, reordered or cut one) on the way."""
+        assert self._header is not None
+        size = len(self._head) + len(self._header) + sum(self._lens)
+        h = self._mac_in[size >= _LARGE_FRAME].copy()
+        h.update(self._seq_in.to_bytes(8, "little"))
+        self._seq_in += 1
+        h.update(self._head)
+        h.update(self._header)
+        for p in self._parts:
+            h.update(p)
+        if not hmac.compare_digest(h.digest(), tag):
+            raise AuthenticationError(
+                f"a frame from {self._peer_name()} failed authentication (not from the peer "
+                "that completed the handshake, or altered on the way): connection closed")
 
     # ------------------------------------------------------------ handshake
 
