@@ -9,10 +9,10 @@ address, in the order sent.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import inspect
 import itertools
 import logging
-import os
 import secrets
 import socket
 import ssl
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("danaus.runtime")
 T = TypeVar("T")
 
-#: A short random id for this controller's job; names its procs' socket addresses.
+#: A short random id for this controller's job; part of the wire keys of the actors it spawns.
 JOB_ID = secrets.token_hex(4)
 _error_decode = msgspec.msgpack.Decoder(ErrorInfo).decode
 _PING, _PONG = Ping(), Pong()
@@ -223,7 +223,6 @@ def register_extension(msg_type: type, handler: Callable[[Runtime, Connection, A
 
 _runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = weakref.WeakKeyDictionary()
 _runtimes_lock = threading.Lock()
-_counter = itertools.count()
 
 
 class Runtime:
@@ -233,7 +232,10 @@ class Runtime:
                  key: bytes | None = None, sock: socket.socket | None = None) -> None:
         self.loop = loop
         self.key = key if key is not None else _auth.job_key()
-        self.addr = addr or f"unix:@danaus-{JOB_ID}-c{os.getpid()}-{next(_counter)}"
+        # A name nobody can predict: abstract socket names are listed to every local
+        # process (/proc/net/unix), and one made of the job id, the pid and a counter could
+        # be bound by another process before this runtime binds it.
+        self.addr = addr or f"unix:@danaus-{secrets.token_hex(16)}"
         self.conns: dict[str, Connection] = {}
         self.ports: dict[int, Any] = {}  # PortHandler, or a Future for one reply
         self.actors: dict[str, ActorInstance] = {}
@@ -286,8 +288,12 @@ class Runtime:
         else:
             sock = socket.socket(socket.AF_INET6 if ":" in where[0] else socket.AF_INET)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(where)
-        sock.listen(512)
+        try:
+            sock.bind(where)
+            sock.listen(512)
+        except BaseException:
+            sock.close()  # e.g. the address is taken: no socket left for the GC to warn about
+            raise
         sock.setblocking(False)
         return sock
 
@@ -732,7 +738,12 @@ class Runtime:
 
 
 class _Background:
-    """danaus's own event loop in a daemon thread, for calls made from sync code."""
+    """danaus's own event loop in a daemon thread, for calls made from sync code.
+
+    It is stopped at interpreter exit (``atexit``, bounded): a daemon thread still
+    running the loop while the interpreter finalizes can wake up (a timer, a socket, a
+    proc's exit) after Python's state is torn down, and crash the process.
+    """
 
     def __init__(self) -> None:
         self.loop = new_event_loop()
@@ -752,6 +763,19 @@ class _Background:
         self.runtime = fut.result(timeout=30)
         with _runtimes_lock:
             _runtimes[self.loop] = self.runtime
+        atexit.register(self.close)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the loop and join its thread (at most ``timeout`` s), then close the loop.
+
+        Later calls through it then fail (the loop is closed) instead of waiting forever.
+        """
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout)
+        if not self.thread.is_alive():
+            self.loop.close()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
