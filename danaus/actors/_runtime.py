@@ -417,15 +417,20 @@ class Runtime:
             if ready is not None and not ready.done():
                 await asyncio.wrap_future(ready)
             family, where = parse_addr(conn.peer)
-            # A peer we never reached may still be starting (a proc of a mesh spawned a
-            # moment ago, dialed by its neighbour in a cast): retry refusals, bounded.
+            # Every address is listening before anyone learns it (runtimes bind as they
+            # are made; a proc's socket is bound by its spawner and handed to it), so a
+            # refused connection means its owner is gone: fail now, not after retries.
+            # Only a socket file that does not exist yet may still be on its way.
             deadline = self.loop.time() + config.connect_timeout
             delay = 0.002
             while True:
                 try:
                     await self._connect(conn, family, where)
                     break
-                except (ConnectionRefusedError, FileNotFoundError):
+                except ConnectionRefusedError as e:
+                    raise ConnectionRefusedError(
+                        f"nothing listens at {conn.peer} any more (its proc exited)") from e
+                except FileNotFoundError:
                     if self.loop.time() + delay > deadline:
                         raise
                     await asyncio.sleep(delay)

@@ -436,8 +436,13 @@ async def _lost_local(mesh: ProcMesh, rank: int, h: ProcHandle) -> None:
     if h.stopping:
         return  # danaus is stopping it (a mesh's stop, the exit hook): losing it is expected
     if not await wait_exited(h, 0.5):
-        h.kill()  # alive but silent: frozen or wedged
-        mesh._proc_failed(rank, f"proc {h.addr} stopped answering (no heartbeat); killed it")
+        h.kill()  # alive, but its connection is gone: it cannot come back as a member
+        why = current_runtime().lost.get(h.addr or "")
+        if isinstance(why, SupervisionError):  # our heartbeat gave up on it
+            mesh._proc_failed(rank, f"proc {h.addr} stopped answering (no heartbeat); killed it")
+        else:  # a dropped connection is no missed heartbeat: say what happened
+            mesh._proc_failed(rank, f"proc {h.addr} lost its connection while alive "
+                                    f"({type(why).__name__}: {why}); killed it")
     # else: its exit callback reported the exit status
 
 

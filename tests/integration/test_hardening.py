@@ -135,3 +135,27 @@ async def test_a_thousand_idle_strangers_cost_a_proc_little(
         finally:
             for s in socks:
                 s.close()
+
+
+async def test_an_actor_calling_a_dead_mesh_it_never_talked_to_fails_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from .exec_actors import Caller, Worker
+
+    failures: list[object] = []
+    set_unhandled_fault_hook(failures.append)
+    try:
+        async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+            target = await procs.slice(procs=0).spawn("target", Worker)
+            caller = await procs.slice(procs=1).spawn("caller", Caller, target)
+            os.kill(procs.pids[0], signal.SIGKILL)
+            with pytest.raises(SupervisionError):
+                await asyncio.wait_for(target.incr.call_one(1), 30)
+            # The caller's proc never dialed the target's: the refusal is final at once
+            # (before: retried for connect_timeout, 30 s).
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            with pytest.raises(SupervisionError, match="nothing listens"):
+                await asyncio.wait_for(caller.relay.call_one(1), 10)
+            assert loop.time() - t0 < 5
+    finally:
+        set_unhandled_fault_hook(None)
