@@ -577,7 +577,39 @@ class Connection(asyncio.BufferedProtocol):
     def _parse(self) -> None:
         mv = self._mv
         unpack = PREFIX.unpack_from
-        if self._hlen < 0 and self.state is OPEN and self._mac_in is None:
+        if self._hlen < 0 and self.state is OPEN and self._mac_in is not None:
+            # Fast path of a tagged connection: whole small part-less frames and their tags.
+            start, end = self._start, self._end
+            decode, dispatch = self._decode, self.rt.dispatch
+            small = self._mac_in[0]
+            while end - start >= 12:
+                magic, hlen, nparts = unpack(mv, start)
+                e = start + 12 + hlen
+                if nparts or magic != MAGIC or 12 + hlen >= _LARGE_FRAME \
+                        or hlen > config.max_header_bytes or end - e < _TAG_BYTES:
+                    break  # (the general path below checks, or waits for more)
+                h = small.copy()
+                h.update(self._seq_in.to_bytes(8, "little"))
+                h.update(mv[start:e])
+                if not hmac.compare_digest(h.digest(), mv[e:e + _TAG_BYTES]):
+                    raise AuthenticationError(
+                        f"a frame from {self._peer_name()} failed authentication (not from the "
+                        "peer that completed the handshake, or altered on the way): "
+                        "connection closed")
+                self._seq_in += 1
+                try:
+                    msg = decode(mv[start + 12:e].tobytes())
+                except msgspec.DecodeError as ex:
+                    raise ProtocolError(
+                        f"undecodable message header from {self._peer_name()}: {ex}") from ex
+                start = self._start = e + _TAG_BYTES
+                dispatch(self, msg, _NO_PARTS)
+                if self.state is not OPEN or self._read_holders:
+                    return
+            if start == end:
+                self._start = self._end = 0
+                return
+        elif self._hlen < 0 and self.state is OPEN:
             # Fast path: whole part-less messages lying in the buffer.
             start, end = self._start, self._end
             decode, dispatch = self._decode, self.rt.dispatch
