@@ -831,10 +831,10 @@ def runtime_here() -> tuple[Runtime, bool]:
     - A thread running no loop (a script, a worker thread): danaus's background loop.
     - A loop danaus runs (a proc's, the background one): that loop's runtime.
     - An application's loop (aiohttp, ``asyncio.run``, a Jupyter kernel): its own runtime,
-      on that loop with no thread hop, when the caller runs inside a coroutine (an
-      ``async def``, a notebook cell with a top-level ``await``); module-level sync code
-      there (a notebook cell of plain statements calling ``.get()``) goes through the
-      background loop instead, so that ``.get()`` can block without deadlocking.
+      on that loop with no thread hop, for code inside a coroutine (an ``async def``, a
+      notebook statement with a top-level ``await``) or a loop callback; a notebook cell's
+      plain statements (module-level code that the kernel runs from a coroutine) go through
+      the background loop instead, so that ``.get()`` can block without deadlocking.
     """
     global _last
     try:
@@ -870,22 +870,26 @@ _ASYNC_CODE = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_
 
 
 def _caller_can_await() -> bool:
-    """Does the code calling into danaus run inside a coroutine that can await it?
+    """Is the code calling into danaus able to await what it gets, on the running loop?
 
-    Walks out from the caller: the first coroutine frame (an ``async def``, a notebook
-    cell with a top-level ``await``) says yes; reaching module-level code first (a
-    script's or a notebook cell's plain statements, which can never await) says no.
-    Plain functions in between (helpers, torch's dispatch, comprehensions) are passed
-    through; a loop callback with neither above it counts as async.
+    Walks out from the caller to the first coroutine frame (an ``async def``, a notebook
+    statement with a top-level ``await``): yes. Interactive code is module-level code that
+    an async framework runs with ``exec`` (a Jupyter cell's plain statements, whose
+    ``<module>`` frame is called from a coroutine): it cannot await, so no. Everything
+    else — plain functions, torch's dispatch, comprehensions, a script's own top level
+    below the loop, a loop callback — passes through, and reaching the end counts as yes
+    (a callback of the running loop).
     """
     f: FrameType | None = sys._getframe(2)
     while f is not None:
         code = f.f_code
         if code.co_flags & _ASYNC_CODE:
             return True
-        if code.co_name == "<module>":
+        back = f.f_back
+        if code.co_name == "<module>" and back is not None \
+                and back.f_code.co_flags & _ASYNC_CODE:
             return False
-        f = f.f_back
+        f = back
     return True
 
 
