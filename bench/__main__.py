@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from . import bench_inference, bench_mesh, bench_runtime, bench_supervision, bench_tensor_engine
+from . import (
+    bench_inference,
+    bench_mesh,
+    bench_runtime,
+    bench_supervision,
+    bench_tensor_engine,
+    bench_wire,
+)
 
 
 def main() -> None:
     print("== actor runtime (issue 2) ==")
     bench_runtime.main()
+    print("\n== TCP frame tags ==")
+    bench_wire.main()
     print("\n== meshes (issue 3) ==")
     bench_mesh.main()
     print("\n== supervision (issue 4) ==")

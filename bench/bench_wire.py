@@ -1,0 +1,92 @@
+"""What binding TCP frames to their session costs: the same runtime pair over a Unix
+socket (untagged: the kernel carries it) and over TCP loopback (every frame tagged),
+in one run, next to a raw TCP round trip of the same size.
+
+Both runtimes live in this process, on one loop, so each figure includes both ends'
+work: a small round trip is two frames tagged and two verified.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import msgspec
+import uvloop
+
+from danaus.actors._actor import ProcControl, install_actor
+from danaus.actors._future import Future
+from danaus.actors._runtime import Runtime
+from danaus.actors._serialize import dumps_args
+
+from . import _floors
+from ._stats import format_table, summarize
+
+KEY = secrets.token_bytes(32)
+
+
+async def _call(d: Runtime, addr: str, enc: tuple[Any, bool, list[Any]]) -> Any:
+    fut: Future[Any] = Future(loop=d.loop)
+    port = d.open_future_port(fut)
+    d.send_call(addr, "__proc__", "pid", port, 0, *enc)
+    try:
+        return await fut
+    except Exception as e:  # the 64 MiB call is refused by pid(): its reply is an error
+        return e
+
+
+async def _pair(listen: str) -> dict[str, Any]:
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    acceptor = Runtime(loop, addr=listen, key=KEY)
+    install_actor(acceptor, "__proc__", ProcControl())
+    dialer = Runtime(loop, addr=f"unix:@danaus-bench-{secrets.token_hex(8)}", key=KEY)
+    try:
+        small = (msgspec.Raw(msgspec.msgpack.encode([[], {}])), False, [])
+        for _ in range(500):
+            await _call(dialer, acceptor.addr, small)
+        samples = []
+        for _ in range(5000):
+            t = time.perf_counter()
+            await _call(dialer, acceptor.addr, small)
+            samples.append(time.perf_counter() - t)
+        big = dumps_args((bytes(64 << 20),), {}, lambda: "a 64 MiB argument")
+        for _ in range(2):
+            await _call(dialer, acceptor.addr, big)
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            await _call(dialer, acceptor.addr, big)
+            times.append(time.perf_counter() - t)
+        times.sort()
+        return {"small": summarize(samples), "bulk": (64 << 20) / times[len(times) // 2]}
+    finally:
+        await dialer.aclose()
+        await acceptor.aclose()
+
+
+def main() -> None:
+    unix = uvloop.run(_pair(f"unix:@danaus-bench-{secrets.token_hex(8)}"))
+    tcp = uvloop.run(_pair("tcp://127.0.0.1:0"))
+    raw = _floors.raw_tcp_bulk(64 << 20, 5) / 2  # one way
+    rows = [
+        {"figure": "small call round trip, Unix socket (untagged)",
+         "value": f"{unix['small'].median_us:.1f} us", "floor": "", "ratio": ""},
+        {"figure": "small call round trip, TCP (every frame tagged)",
+         "value": f"{tcp['small'].median_us:.1f} us",
+         "floor": f"{unix['small'].median_us:.1f} us (Unix)",
+         "ratio": f"{tcp['small'].median_us / unix['small'].median_us:.2f}"},
+        {"figure": "64 MiB argument one way, Unix socket",
+         "value": f"{unix['bulk'] / 1e9:.2f} GB/s", "floor": "", "ratio": ""},
+        {"figure": "64 MiB argument one way, TCP, tagged",
+         "value": f"{tcp['bulk'] / 1e9:.2f} GB/s", "floor": f"{raw / 1e9:.2f} GB/s raw TCP",
+         "ratio": f"{tcp['bulk'] / raw:.2f}"},
+    ]
+    print(format_table(rows, ["figure", "value", "floor", "ratio"]))
+    print("\nboth ends in this process: each figure counts the tagging and the checking")
+
+
+if __name__ == "__main__":
+    main()
