@@ -304,8 +304,8 @@ class ActorInstance:
         return ep is not None and not ep.is_async and not self.inline_sync
 
     def _accept(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
-        if not self.queue and (not self.jobs and self.task is None
-                               or self.jobs and self._joins_thread(msg)):
+        if not self.queue and ((not self.jobs and self.task is None)
+                               or (self.jobs and self._joins_thread(msg))):
             self._run(conn, msg, parts)
             return
         self.queue.append((conn, msg, parts))
@@ -319,8 +319,8 @@ class ActorInstance:
         queue = self.queue
         while queue and not self.stopped:
             conn, msg, parts = queue[0]
-            if self.task is not None or self.jobs and (
-                    conn is None or not self._joins_thread(msg)):
+            if self.task is not None or (self.jobs and (
+                    conn is None or not self._joins_thread(msg))):
                 break
             queue.popleft()
             if conn is None:
