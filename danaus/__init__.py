@@ -40,6 +40,7 @@ from .mesh import (
     this_host,
     this_proc,
 )
+from .mesh._supervision import _default_hook as unhandled_fault_hook
 
 __all__ = [
     "Accumulator",
@@ -76,4 +77,5 @@ __all__ = [
     "set_unhandled_fault_hook",
     "this_host",
     "this_proc",
+    "unhandled_fault_hook",
 ]

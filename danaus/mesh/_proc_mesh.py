@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import Any, TypeVar
 
-from ..actors._actor import Actor, ProcControl
+from ..actors._actor import Actor, ProcControl, endpoints_of
 from ..actors._future import Future
 from ..actors._port import Port
 from ..actors._runtime import current_runtime, run_on, run_task
@@ -218,11 +218,15 @@ class ProcMesh(Shaped):
     def activate(self) -> Any:
         """``with procs.activate():`` torch calls make distributed tensors on these procs.
 
-        Needs ``import danaus.tensor_engine`` (which imports torch) first.
+        Imports the tensor engine (and torch) on first use.
         """
         if activate_hook is None:
-            raise RuntimeError("procs.activate() needs the tensor engine: "
-                               "`import danaus.tensor_engine` first")
+            try:
+                import danaus.tensor_engine  # noqa: F401 - sets activate_hook
+            except ImportError as e:
+                raise RuntimeError(f"procs.activate() needs the tensor engine, which needs "
+                                   f"torch: {e}") from e
+        assert activate_hook is not None
         return activate_hook(self)
 
     def logging_option(self, stream_to_client: bool | None = None,
@@ -311,10 +315,15 @@ class ProcMesh(Shaped):
             raise TypeError(f"spawn needs a subclass of danaus.Actor, got {cls!r}")
         if not name or "." in name or "[" in name:
             raise ValueError(f"actor mesh name {name!r} must be non-empty, without '.' or '['")
-        if self._root._stopped:
-            raise ClosedError(f"{self!r} was stopped")
         from ._actor_mesh import ActorMesh
 
+        shadowed = sorted(n for n in endpoints_of(cls) if hasattr(ActorMesh, n))
+        if shadowed:  # mesh.stop would be the mesh's, never the endpoint: refuse, as Monarch
+            raise ValueError(
+                f"{cls.__name__} has endpoint(s) named like ActorMesh attributes, which "
+                f"mesh.<name> could never reach: {', '.join(shadowed)}; rename them")
+        if self._root._stopped:
+            raise ClosedError(f"{self!r} was stopped")
         return ActorMesh._spawn(self, name, cls, args, kwargs)
 
     # lifecycle

@@ -23,6 +23,7 @@ exit) are stopped, not failed: their exits, and what follows from them, are not 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
@@ -56,8 +57,13 @@ class MeshFailure:
     def __init__(self, mesh: str, ranks: Sequence[Point], report: str, kind: str) -> None:
         self.mesh = mesh
         self.ranks = list(ranks)
-        self.report = report
+        self.report = _Report(report)
         self.kind = kind
+
+    @property
+    def mesh_name(self) -> str:
+        """The failed mesh's name (Monarch's name for :attr:`mesh`)."""
+        return self.mesh
 
     def __str__(self) -> str:
         ranks = ", ".join(str(r) for r in self.ranks)
@@ -65,6 +71,15 @@ class MeshFailure:
 
     def __repr__(self) -> str:
         return f"MeshFailure({self.mesh!r}, {[str(r) for r in self.ranks]}, kind={self.kind!r})"
+
+
+class _Report(str):
+    """The report text; also callable, as Monarch's ``MeshFailure.report()`` is."""
+
+    __slots__ = ()
+
+    def __call__(self) -> str:
+        return str(self)
 
 
 def _default_hook(failure: MeshFailure) -> None:
@@ -97,6 +112,17 @@ def set_unhandled_fault_hook(
     with _hook_lock:
         old, _hook = _hook, _default_hook if fn is None else fn
     return old
+
+
+def _current_hook() -> Callable[[MeshFailure], object]:
+    """The hook in force: ``danaus.unhandled_fault_hook`` when a program assigned it (as
+    Monarch programs assign ``monarch.actor.unhandled_fault_hook``), else the one set with
+    :func:`set_unhandled_fault_hook`."""
+    top = sys.modules.get("danaus")
+    assigned = getattr(top, "unhandled_fault_hook", None) if top is not None else None
+    if assigned is not None and assigned is not _default_hook:
+        return assigned  # type: ignore[no-any-return]
+    return _hook
 
 
 class MeshState:
@@ -148,7 +174,7 @@ def route(owner: Any, failure: MeshFailure) -> None:
         return
     if owner is None or owner.stopped:
         try:
-            _hook(failure)
+            _current_hook()(failure)
         except Exception:
             log.exception("the unhandled-fault hook raised on %s", failure)
         return

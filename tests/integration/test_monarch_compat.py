@@ -1,0 +1,69 @@
+"""Monarch names with Monarch's semantics, where a Monarch program would notice."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import danaus
+from danaus import Actor, MeshFailure, endpoint, this_host
+
+from .exec_actors import Worker
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Shadowing(Actor):
+    @endpoint
+    def stop(self) -> str:
+        return "the endpoint"
+
+    @endpoint
+    def slice(self) -> str:
+        return "the endpoint"
+
+
+async def test_an_endpoint_an_actor_mesh_attribute_would_shadow_is_refused_at_spawn() -> None:
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        with pytest.raises(ValueError, match="could never reach: slice, stop"):
+            procs.spawn("s", Shadowing)
+
+
+async def test_the_module_attribute_fault_hook_and_report_as_a_method(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    got: asyncio.Future[MeshFailure] = asyncio.get_running_loop().create_future()
+    monkeypatch.setattr(danaus, "unhandled_fault_hook",
+                        lambda f: got.done() or got.set_result(f))
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        w = await procs.spawn("w", Worker)
+        os.kill(procs.pids[0], signal.SIGKILL)
+        failure = await asyncio.wait_for(got, 30)
+        assert failure.mesh_name == failure.mesh
+        assert failure.report() == failure.report and "SIGKILL" in failure.report()
+        del w
+
+
+def test_activate_imports_the_tensor_engine_on_demand() -> None:
+    # A fresh interpreter: nothing imported danaus.tensor_engine before activate().
+    program = textwrap.dedent("""
+        import sys
+        import torch
+        from danaus import this_host
+        assert "danaus.tensor_engine" not in sys.modules
+        with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+            with procs.activate():
+                x = torch.ones(3) * 2
+            from danaus.tensor_engine import inspect
+            print(inspect(x).tolist())
+    """)
+    out = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[2.0, 2.0, 2.0]"
