@@ -15,7 +15,11 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
+try:
+    import torch
+except ImportError as e:  # torch is an extra: the actor, mesh and RDMA layers run without it
+    raise ImportError(f"danaus.tensor_engine needs torch ({e}): install it, e.g. "
+                      "`pip install 'danaus[torch]'` or your CUDA build of torch") from e
 
 from ..actors._future import Future
 from ..mesh import ProcMesh, _proc_mesh

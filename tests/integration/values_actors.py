@@ -124,3 +124,26 @@ class Producer(Actor):
     @endpoint
     async def ping(self) -> str:
         return "pong"
+
+
+class NoTorch(Actor):
+    """Used where torch cannot be imported: numpy values and RDMA buffers still work."""
+
+    @endpoint
+    def double(self, a: Any) -> Any:
+        return a * 2
+
+    @endpoint
+    def buffer(self, n: int) -> Any:
+        import numpy as np
+
+        from danaus.rdma import RDMABuffer
+
+        self.data = np.arange(n, dtype=np.uint8)
+        return RDMABuffer(self.data)
+
+    @endpoint
+    def torch_loaded(self) -> bool:
+        import sys
+
+        return "torch" in sys.modules
