@@ -74,6 +74,36 @@ class Future(asyncio.Future[T], Generic[T]):
                 raise TimeoutError(f"no result within {timeout} s")
         return self.result()
 
+    def result(self, timeout: float | None = None) -> T:
+        """The value. Done: at once, as asyncio's. Pending: waits like :meth:`get`
+        (Monarch's ``result(timeout)``), except on this future's own loop, where it raises
+        ``asyncio.InvalidStateError`` as asyncio's does (waiting there would deadlock)."""
+        if self.done() or _get_running_loop() is self.get_loop():
+            return super().result()
+        return self.get(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The exception (``None`` for a value), waiting like :meth:`result` if pending."""
+        if self.done() or _get_running_loop() is self.get_loop():
+            return super().exception()
+        try:
+            self.get(timeout)
+        except TimeoutError:
+            raise
+        except Exception as e:
+            return e
+        return None
+
+    def as_asyncio(self) -> asyncio.Future[T]:
+        """An ``asyncio.Future`` of the running loop that resolves with this one (Monarch's
+        name): this future itself on its own loop, a relay on another."""
+        running = _get_running_loop()
+        if running is None:
+            raise RuntimeError("as_asyncio() needs a running event loop")
+        if running is self.get_loop():
+            return self
+        return asyncio.ensure_future(_relay(self, running), loop=running)
+
     def __await__(self) -> Generator[Any, None, T]:
         if self._self_wait is not None and not self.done():
             self._check_self_wait()
@@ -110,6 +140,8 @@ class Future(asyncio.Future[T], Generic[T]):
 
 async def _relay(fut: Future[T], running: asyncio.AbstractEventLoop) -> T:
     """Await ``fut`` (of another loop, running in another thread) from ``running``."""
+    if fut.done():
+        return fut.result()
     home = fut.get_loop()
     if home.is_closed() or not home.is_running():
         raise RuntimeError("this future belongs to an event loop that is not running")

@@ -67,3 +67,24 @@ def test_activate_imports_the_tensor_engine_on_demand() -> None:
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[2.0, 2.0, 2.0]"
+
+
+async def test_future_result_and_exception_wait_like_monarchs() -> None:
+    from danaus import ActorError
+
+    from .exec_actors import Caller
+
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        w = await procs.spawn("w", Worker)
+        c = await procs.spawn("c", Caller)  # no `other`: relay() raises
+        ok = w.incr.call_one(2)
+        with pytest.raises(asyncio.InvalidStateError):
+            ok.result()  # pending, on its own loop: asyncio's behaviour, never a deadlock
+        assert ok.as_asyncio() is ok
+        # From another thread they wait, as Monarch's do.
+        assert await asyncio.to_thread(ok.result, 30) == 2
+        bad = c.relay.call_one(1)
+        err = await asyncio.to_thread(bad.exception, 30)
+        assert isinstance(err, ActorError) and "AttributeError" in err.exc_type
+        assert await asyncio.to_thread(w.incr.call_one(1).exception, 30) is None
+        assert ok.result() == 2  # done: at once, anywhere
