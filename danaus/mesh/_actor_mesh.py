@@ -200,8 +200,9 @@ class ActorMesh(Shaped, Generic[A]):
         st = self._state
         return {str(st.point(r)): why for r, why in list(st.failed.items()) if r in mine}
 
-    def stop(self) -> Future[None]:
-        """Stop these actors (``__cleanup__`` runs); later calls raise ``SupervisionError``.
+    def stop(self, reason: str = "stopped by its owner") -> Future[None]:
+        """Stop these actors (``__cleanup__`` runs); later calls raise ``SupervisionError``
+        saying ``reason``.
 
         Stops the whole actor mesh, also when called on a slice. The procs keep running.
         """
@@ -211,7 +212,7 @@ class ActorMesh(Shaped, Generic[A]):
         mesh = self
 
         def go() -> None:
-            state.stopped = "stopped by its owner"
+            state.stopped = reason
             actor_states.pop(mesh._wire, None)
             if mesh._procs is not None and state in mesh._procs._root._actor_states:
                 mesh._procs._root._actor_states.remove(state)

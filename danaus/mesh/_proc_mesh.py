@@ -327,21 +327,23 @@ class ProcMesh(Shaped):
         return ActorMesh._spawn(self, name, cls, args, kwargs)
 
     # lifecycle
-    def stop(self) -> Future[None]:
+    def stop(self, reason: str = "stopped by its owner") -> Future[None]:
         """Stop every actor and proc of this mesh (the whole mesh, also from a slice).
 
-        Procs get ``config.stop_timeout`` seconds to exit cleanly, then are killed.
+        Procs get ``config.stop_timeout`` seconds to exit cleanly, then are killed. Later
+        calls raise ``SupervisionError`` saying ``reason``.
         """
-        return run_task(current_runtime(), self._root._stop_all)
+        root = self._root
+        return run_task(current_runtime(), lambda: root._stop_all(reason))
 
-    async def _stop_all(self) -> None:
+    async def _stop_all(self, reason: str = "stopped by its owner") -> None:
         from ..actors._wire import StopActor, StopProc
         from ._supervision import actor_states
 
         self._stopped = True
         for state in self._actor_states:
-            state.stopped = state.stopped or f"its proc mesh {self.name!r} was stopped"
-        self._state.stopped = "stopped by its owner"
+            state.stopped = state.stopped or f"its proc mesh {self.name!r} was stopped: {reason}"
+        self._state.stopped = reason
         rt = current_runtime()
         local = [h for h in self._procs if isinstance(h, ProcHandle)]
         remote = [h for h in self._procs if isinstance(h, RemoteProcHandle)]

@@ -108,6 +108,12 @@ class ValueMesh(Shaped, Generic[T]):
         """Each ``(point, value)`` pair, in row-major order; points are local."""
         return zip(self._shape.points(), self._values, strict=True)
 
+    def get(self, rank: int) -> T:
+        """The value at linear ``rank`` (row-major, local to this mesh), as Monarch's."""
+        if not 0 <= rank < len(self._values):
+            raise IndexError(f"rank {rank} is outside a mesh of {len(self._values)}")
+        return self._values[rank]
+
     def values(self) -> list[T]:
         """The values in row-major order (a fresh list)."""
         return list(self._values)

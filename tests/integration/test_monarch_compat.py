@@ -88,3 +88,21 @@ async def test_future_result_and_exception_wait_like_monarchs() -> None:
         assert isinstance(err, ActorError) and "AttributeError" in err.exc_type
         assert await asyncio.to_thread(w.incr.call_one(1).exception, 30) is None
         assert ok.result() == 2  # done: at once, anywhere
+
+
+async def test_stop_with_a_reason_and_value_mesh_get() -> None:
+    from danaus import SupervisionError
+
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        w = await procs.spawn("w", Worker)
+        values = await w.incr.call(3)
+        assert values.get(0) == values.get(1) == 3
+        with pytest.raises(IndexError):
+            values.get(2)
+        await w.stop(reason="drained for maintenance")
+        with pytest.raises(SupervisionError, match="drained for maintenance"):
+            await asyncio.wait_for(w.slice(procs=0).incr.call_one(1), 10)
+        other = await procs.spawn("other", Worker)
+        await procs.stop(reason="job done")
+        with pytest.raises(SupervisionError, match="job done"):
+            await asyncio.wait_for(other.slice(procs=1).incr.call_one(1), 10)
