@@ -65,6 +65,17 @@ async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> No
     await rt.aclose()
 
 
+def _run_startup_hooks() -> None:
+    """``DANAUS_PROC_STARTUP="pkg.mod:fn,..."``: call each in the proc before anything else
+    (an upper layer's setup, e.g. ``danaus.monarch``'s import hook), without this layer
+    knowing them."""
+    import importlib
+
+    for spec in filter(None, os.environ.get("DANAUS_PROC_STARTUP", "").split(",")):
+        module, _, fn = spec.strip().partition(":")
+        getattr(importlib.import_module(module), fn)()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="danaus proc (started by a controller)")
     parser.add_argument("--addr", required=True)
@@ -74,6 +85,7 @@ def main() -> None:
                         help="an inherited socket, already bound to --addr and listening")
     ns = parser.parse_args()
     _die_with_parent(ns.parent_pid)
+    _run_startup_hooks()
     line = sys.stdin.buffer.readline()
     if not line.strip():
         sys.exit("danaus proc: no job key on stdin")

@@ -1,0 +1,117 @@
+"""The import hook behind :mod:`danaus.monarch`: ``monarch.*`` modules served by danaus."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["ENV", "install", "installed"]
+
+#: Set by :func:`install` and inherited by spawned procs, which call it at start (a
+#: pickled class from the user's module may ``import monarch.actor`` there).
+ENV = "DANAUS_PROC_STARTUP"
+_STARTUP = "danaus.monarch:install"
+
+
+def _actor(name: str) -> Any:
+    import danaus
+
+    if name == "unhandled_fault_hook":
+        return danaus.unhandled_fault_hook
+    return getattr(danaus, name)
+
+
+def _rdma(name: str) -> Any:
+    return getattr(importlib.import_module("danaus.rdma"), name)
+
+
+def _top(name: str) -> Any:
+    """``monarch.X``: the tensor engine's names first (Monarch keeps them at the top)."""
+    try:
+        te = importlib.import_module("danaus.tensor_engine")
+    except ImportError:
+        te = None
+    if te is not None and hasattr(te, name):
+        return getattr(te, name)
+    import danaus
+
+    return getattr(danaus, name)
+
+
+#: module name -> how a name of it is found in danaus
+_MODULES: dict[str, Callable[[str], Any]] = {
+    "monarch": _top,
+    "monarch.actor": _actor,
+    "monarch.rdma": _rdma,
+}
+
+
+class _Module(types.ModuleType):
+    """A ``monarch.*`` module whose names come from danaus, looked up on first use."""
+
+    def __init__(self, name: str, lookup: Callable[[str], Any]) -> None:
+        super().__init__(name, f"{name}, served by danaus (danaus.monarch)")
+        object.__setattr__(self, "_lookup", lookup)
+        if name == "monarch":
+            object.__setattr__(self, "__path__", [])  # a package: submodules import
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            value = self._lookup(name)
+        except AttributeError:
+            # ImportError, not AttributeError: `from monarch.actor import X` then says why.
+            raise ImportError(
+                f"danaus does not provide {self.__name__}.{name} (running a Monarch "
+                f"program on danaus); see the README's Monarch section", name=self.__name__
+            ) from None
+        object.__setattr__(self, name, value)
+        return value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__name__ == "monarch.actor" and name == "unhandled_fault_hook":
+            import danaus
+
+            danaus.unhandled_fault_hook = value  # read at fault time, as Monarch does
+        object.__setattr__(self, name, value)
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _MODULES:
+            if fullname.startswith("monarch."):
+                raise ImportError(f"danaus does not provide the module {fullname} (running a "
+                                  "Monarch program on danaus)", name=fullname)
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=fullname == "monarch")
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return _Module(spec.name, _MODULES[spec.name])
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+_finder = _Finder()
+
+
+def installed() -> bool:
+    return _finder in sys.meta_path
+
+
+def install() -> None:
+    """Serve ``monarch``, ``monarch.actor`` and ``monarch.rdma`` from danaus, here and in
+    procs spawned from now on (through the environment)."""
+    if not installed():
+        sys.meta_path.insert(0, _finder)
+    hooks = [h for h in os.environ.get(ENV, "").split(",") if h]
+    if _STARTUP not in hooks:
+        os.environ[ENV] = ",".join([*hooks, _STARTUP])
