@@ -46,10 +46,12 @@ class Future(asyncio.Future[T], Generic[T]):
                 not cancel the call: ``get()`` may be called again.
 
         Raises:
-            DeadlockError: the calling thread runs this future's loop (``await`` it
+            DeadlockError: pending, and the calling thread runs this future's loop (``await`` it
                 there), or an actor waits for a call into itself.
             TimeoutError: no result within ``timeout``.
         """
+        if self.done():
+            return super().result()
         loop = self.get_loop()
         if _get_running_loop() is loop:
             raise DeadlockError(
@@ -57,22 +59,21 @@ class Future(asyncio.Future[T], Generic[T]):
                 "this thread is running, which cannot make progress while .get() blocks "
                 "it; use `await` on the future instead"
             )
-        if not self.done():
-            self._check_self_wait()
-            if not loop.is_running():
-                raise RuntimeError(
-                    "this future belongs to an event loop that is not running; "
-                    "await it inside that loop"
-                )
-            event = threading.Event()
+        self._check_self_wait()
+        if not loop.is_running():
+            raise RuntimeError(
+                "this future belongs to an event loop that is not running; "
+                "await it inside that loop"
+            )
+        event = threading.Event()
 
-            def arm() -> None:
-                self.add_done_callback(lambda _: event.set())
+        def arm() -> None:
+            self.add_done_callback(lambda _: event.set())
 
-            loop.call_soon_threadsafe(arm)
-            if not event.wait(timeout):
-                raise TimeoutError(f"no result within {timeout} s")
-        return self.result()
+        loop.call_soon_threadsafe(arm)
+        if not event.wait(timeout):
+            raise TimeoutError(f"no result within {timeout} s")
+        return super().result()
 
     def result(self, timeout: float | None = None) -> T:
         """The value. Done: at once, as asyncio's. Pending: waits like :meth:`get`
