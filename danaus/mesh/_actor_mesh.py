@@ -140,11 +140,17 @@ class ActorMesh(Shaped, Generic[A]):
         return cls(name, wire, actor_cls, procs.shape, None, init, rt, procs, sent, state)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        if not self._sent.done():
-            raise SerializationError(
-                f"{self!r} cannot be passed on before its procs have started: "
-                "`await mesh.initialized` first")
-        addrs = dict(self._targets_list)
+        if self._sent.done():
+            addrs = dict(self._targets_list)
+        else:
+            # Right after spawn(), as Monarch allows: local procs' addresses are known (their
+            # sockets are bound by the spawner, so a receiver's dial waits in the kernel's
+            # queue), and a call that overtakes the Spawn is held for it (spawn_wait).
+            addrs = {g: self._addr_of(g) for g in self._ranks}
+            if not all(addrs.values()):
+                raise SerializationError(
+                    f"{self!r} cannot be passed on before its procs have started (their "
+                    "addresses are not known yet): `await mesh.initialized` first")
         return (_rebuild, (self._name, self._wire, self._cls, self._shape, addrs))
 
     def __repr__(self) -> str:

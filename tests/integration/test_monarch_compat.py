@@ -106,3 +106,13 @@ async def test_stop_with_a_reason_and_value_mesh_get() -> None:
         await procs.stop(reason="job done")
         with pytest.raises(SupervisionError, match="job done"):
             await asyncio.wait_for(other.slice(procs=1).incr.call_one(1), 10)
+
+
+async def test_a_mesh_passed_on_right_after_spawn_works() -> None:
+    from .exec_actors import Caller
+
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        target = procs.slice(procs=0).spawn("target", Worker)  # not awaited
+        callers = procs.slice(procs=1).spawn("callers", Caller, target)  # passed on at once
+        assert await asyncio.wait_for(callers.relay.call_one(5), 60) == 5
+        assert await asyncio.wait_for(callers.relay.call_one(1), 60) == 6

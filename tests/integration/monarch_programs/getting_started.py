@@ -32,12 +32,11 @@ class Trainer(Actor):
 
 procs = this_host().spawn_procs(per_host={"gpus": 2})
 counters = procs.spawn("counters", Counter, 0)
-counters.initialized.get()
+trainers = procs.spawn("trainers", Trainer, counters)  # passed on right after spawn
 counters.incr.call().get()
 print("values", list(counters.get_value.call().get().values()))
 print("one", counters.slice(gpus=1).get_value.call_one().get())
 
-trainers = procs.spawn("trainers", Trainer, counters)
 print("steps", sorted(trainers.step.call().get().values()))
 
 
