@@ -463,7 +463,9 @@ class ActorEndpoint(Generic[A]):
                 await conn.writable()
 
     def stream(self, *args: Any, **kwargs: Any) -> _Stream:
-        """Call every actor; iterate the results in arrival order (async or sync ``for``)."""
+        """Call every actor; their results in arrival order. As in Monarch, iterating gives
+        futures (``[await f for f in ep.stream()]``, or ``f.get()``); ``async for`` gives
+        the values themselves."""
         enc = self._encode(args, kwargs)
         rt = current_runtime()
         ranks = self._mesh._ranks
@@ -536,7 +538,8 @@ class Accumulator(Generic[A]):
 
 
 class _Stream:
-    """Results of a call in arrival order: ``async for v in s`` or ``for v in s``."""
+    """Results of a call in arrival order: ``for f in s`` gives futures (Monarch's way),
+    ``async for v in s`` the values."""
 
     def __init__(self, rt: Runtime, n: int) -> None:
         self._n = n
@@ -553,9 +556,11 @@ class _Stream:
         finally:
             self._receiver.close()
 
-    def __iter__(self) -> Iterator[Any]:
-        try:
-            for _ in range(self._n):
-                yield self._receiver.recv().get()
-        finally:
-            self._receiver.close()
+    def __iter__(self) -> Iterator[Future[Any]]:
+        """One future per actor, resolving in arrival order (Monarch's ``stream()``):
+        ``[await f for f in ep.stream()]`` in async code, ``f.get()`` in sync code.
+        (The port closes when this stream is dropped.)"""
+        futures = [self._receiver.recv() for _ in range(self._n)]
+        for f in futures:
+            f._keepalive = self._receiver  # type: ignore[attr-defined]  # the port lives while a future waits
+        yield from futures

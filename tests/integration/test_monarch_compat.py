@@ -116,3 +116,13 @@ async def test_a_mesh_passed_on_right_after_spawn_works() -> None:
         callers = procs.slice(procs=1).spawn("callers", Caller, target)  # passed on at once
         assert await asyncio.wait_for(callers.relay.call_one(5), 60) == 5
         assert await asyncio.wait_for(callers.relay.call_one(1), 60) == 6
+
+
+async def test_stream_yields_futures_in_arrival_order_as_monarchs() -> None:
+    async with this_host().spawn_procs(per_host={"procs": 3}) as procs:
+        w = await procs.spawn("w", Worker)
+        futures = list(w.incr.stream(2))  # the stream object itself is gone now
+        assert len(futures) == 3 and all(isinstance(f, danaus.Future) for f in futures)
+        assert [await f for f in futures] == [2, 2, 2]
+        assert sorted([await f for f in w.incr.stream(1)]) == [3, 3, 3]
+        assert sorted([v async for v in w.aget.stream()]) == [3, 3, 3]

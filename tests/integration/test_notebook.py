@@ -38,12 +38,13 @@ assert one.incr.call_one(1).get() == 6""",
     # every adverb, both ways
     """assert sorted(w.aget.call().get().values()) == [6, 7]
 assert w.aget.choose().get() in (6, 7)
-assert sorted(v for v in w.aget.stream()) == [6, 7]
+assert sorted(f.get() for f in w.aget.stream()) == [6, 7]
 w.incr.broadcast(1)
 assert Accumulator(w.aget, 0, lambda a, b: a + b).accumulate().get() == 7 + 8""",
     """assert sorted((await w.aget.call()).values()) == [7, 8]
 assert (await w.aget.choose()) in (7, 8)
 assert sorted([v async for v in w.aget.stream()]) == [7, 8]
+assert sorted([await f for f in w.aget.stream()]) == [7, 8]  # Monarch's way
 assert (await Accumulator(w.aget, 0, lambda a, b: a + b).accumulate()) == 15""",
     # ports
     """port, recv = Channel.open()

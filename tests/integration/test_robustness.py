@@ -186,7 +186,7 @@ def test_sync_api_from_plain_code() -> None:
         counters = procs.spawn("counter", Counter, 1)
         assert counters.incr.call(1).get(timeout=10).values() == [2, 2]
         assert counters.slice(procs=0).get.call_one().get(timeout=10) == 2
-        assert sorted(counters.get.stream()) == [2, 2]
+        assert sorted(f.get(timeout=10) for f in counters.get.stream()) == [2, 2]
 
 
 async def test_handshake_deadline_drops_a_silent_peer(caplog: pytest.LogCaptureFixture) -> None:
