@@ -115,9 +115,6 @@ class _PartPool:
         self._bufs = [self._bufs[i] for i in keep]
         self._used = [self._used[i] for i in keep]
 
-    def held_bytes(self) -> int:
-        return sum(len(b) for b in self._bufs)
-
 
 _pool = _PartPool()
 #: Parts at least this large are pooled for reuse.
@@ -127,6 +124,18 @@ _POOLED_PART = 1 << 20
 _GROW_FROM = 1 << 20
 #: calloc'd zeros: extending a buffer from it reads pages that cost no memory
 _ZEROS = memoryview(bytes(64 << 20))
+
+
+def _frame_tag(macs: tuple[Any, Any], seq: int, size: int, pieces: Sequence[Buffer]) -> bytes:
+    """The tag of the frame made of ``pieces`` (``size`` bytes), number ``seq`` in its
+    direction: keyed BLAKE2b for small frames, HMAC-SHA256 for large ones (both sides pick
+    by the frame's length); ``macs`` hold the keys, copied per frame."""
+    h = macs[size >= _LARGE_FRAME].copy()
+    h.update(seq.to_bytes(8, "little"))
+    for p in pieces:
+        h.update(p)
+    digest: bytes = h.digest()
+    return digest
 
 
 def trim_part_pool() -> None:
@@ -188,8 +197,9 @@ class Connection(asyncio.BufferedProtocol):
         #: TCP without TLS: every frame after the handshake carries an HMAC-SHA256 tag
         #: under a session key, over a per-direction sequence number and the frame
         self._tag_frames = False
-        self._mac_out: Any = None  # hmac object holding the outgoing key (copied per frame)
-        self._mac_in: Any = None
+        #: (keyed BLAKE2b, HMAC-SHA256) holding the outgoing / incoming key, copied per frame
+        self._mac_out: tuple[Any, Any] | None = None
+        self._mac_in: tuple[Any, Any] | None = None
         self._seq_out = 0
         self._seq_in = 0
         self._head = b""  # prefix and part lengths of the frame being received
@@ -427,14 +437,9 @@ class Connection(asyncio.BufferedProtocol):
         """Queue one frame (tagged, where frames are bound to the session)."""
         bufs = frame(header, parts)
         size = sum(memoryview(b).nbytes for b in bufs)
-        mac = self._mac_out
-        if mac is not None:
-            h = mac[size >= _LARGE_FRAME].copy()
-            h.update(self._seq_out.to_bytes(8, "little"))
+        if self._mac_out is not None:
+            bufs.append(_frame_tag(self._mac_out, self._seq_out, size, bufs))
             self._seq_out += 1
-            for b in bufs:
-                h.update(b)
-            bufs.append(h.digest())
             size += _TAG_BYTES
         self._wq.extend(bufs)
         self._wbytes += size
@@ -581,22 +586,13 @@ class Connection(asyncio.BufferedProtocol):
             # Fast path of a tagged connection: whole small part-less frames and their tags.
             start, end = self._start, self._end
             decode, dispatch = self._decode, self.rt.dispatch
-            small = self._mac_in[0]
             while end - start >= 12:
                 magic, hlen, nparts = unpack(mv, start)
                 e = start + 12 + hlen
                 if nparts or magic != MAGIC or 12 + hlen >= _LARGE_FRAME \
                         or hlen > config.max_header_bytes or end - e < _TAG_BYTES:
                     break  # (the general path below checks, or waits for more)
-                h = small.copy()
-                h.update(self._seq_in.to_bytes(8, "little"))
-                h.update(mv[start:e])
-                if not hmac.compare_digest(h.digest(), mv[e:e + _TAG_BYTES]):
-                    raise AuthenticationError(
-                        f"a frame from {self._peer_name()} failed authentication (not from the "
-                        "peer that completed the handshake, or altered on the way): "
-                        "connection closed")
-                self._seq_in += 1
+                self._check_tag((mv[start:e],), e - start, mv[e:e + _TAG_BYTES])
                 try:
                     msg = decode(mv[start + 12:e].tobytes())
                 except msgspec.DecodeError as ex:
@@ -709,7 +705,10 @@ class Connection(asyncio.BufferedProtocol):
                         self._compact(_TAG_BYTES)
                         mv = self._mv
                     break
-                self._check_tag(mv[self._start:self._start + _TAG_BYTES])
+                assert self._header is not None
+                self._check_tag((self._head, self._header, *self._parts),
+                                len(self._head) + len(self._header) + sum(self._lens),
+                                mv[self._start:self._start + _TAG_BYTES])
                 self._start += _TAG_BYTES
             header, parts = self._header, self._parts
             self._hlen = -1
@@ -728,19 +727,14 @@ class Connection(asyncio.BufferedProtocol):
         if self._start == self._end:
             self._start = self._end = 0
 
-    def _check_tag(self, tag: memoryview) -> None:
-        """The frame just received must carry this session's tag for its sequence number:
-        else a third party wrote it (or replayed, reordered or cut one) on the way."""
-        assert self._header is not None
-        size = len(self._head) + len(self._header) + sum(self._lens)
-        h = self._mac_in[size >= _LARGE_FRAME].copy()
-        h.update(self._seq_in.to_bytes(8, "little"))
+    def _check_tag(self, pieces: Sequence[Buffer], size: int, tag: memoryview) -> None:
+        """The frame just received (``pieces``, ``size`` bytes) must carry this session's
+        tag for its sequence number: else a third party wrote it (or replayed, reordered or
+        cut one) on the way."""
+        assert self._mac_in is not None
+        expected = _frame_tag(self._mac_in, self._seq_in, size, pieces)
         self._seq_in += 1
-        h.update(self._head)
-        h.update(self._header)
-        for p in self._parts:
-            h.update(p)
-        if not hmac.compare_digest(h.digest(), tag):
+        if not hmac.compare_digest(expected, tag):
             raise AuthenticationError(
                 f"a frame from {self._peer_name()} failed authentication (not from the peer "
                 "that completed the handshake, or altered on the way): connection closed")
