@@ -842,15 +842,11 @@ def runtime_here() -> tuple[Runtime, bool]:
     except RuntimeError:
         home = thread_home()
         return (home, False) if home is not None else (background_runtime(), False)
-    last_loop, last_rt = _last
-    if loop is last_loop and last_rt is not None:
-        if last_rt.borrowed and not _caller_can_await():
-            return background_runtime(), False
-        return last_rt, True
-    rt = _runtimes.get(loop)
-    if rt is None or rt.borrowed:
-        if not _caller_can_await():
-            return background_runtime(), False
+    last_loop, rt = _last
+    if loop is not last_loop:
+        rt = _runtimes.get(loop)
+    if (rt is None or rt.borrowed) and not _caller_can_await():
+        return background_runtime(), False
     if rt is None:
         with _runtimes_lock:
             rt = _runtimes.get(loop)
