@@ -8,25 +8,12 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from .faults import danaus_children
+
 
 def _children() -> list[int]:
     """Pids of live (non-zombie) danaus procs whose parent is this process."""
-    me = str(os.getpid())
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[1] == me and fields[0] != "Z" and b"danaus.actors._proc" in cmd:
-            out.append(int(d))
-    return out
+    return danaus_children(os.getpid())
 
 
 @pytest.fixture(autouse=True)

@@ -45,3 +45,21 @@ def delay_reads(addr: str) -> Any:
     token = object()
     conn.hold_reading(token)
     return lambda: conn.release_reading(token)
+
+
+def danaus_children(parent: int) -> list[int]:
+    """Pids of the live (non-zombie) danaus procs whose parent is ``parent``: one look."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and fields[0] != "Z" and b"danaus.actors._proc" in cmd:
+            out.append(int(d))
+    return out

@@ -24,29 +24,12 @@ from danaus.actors import _auth
 from danaus.config import config
 from danaus.mesh import MeshFailure, _procs, set_unhandled_fault_hook
 
+from ..faults import danaus_children
 from .actors_lib import Echo
 from .lifecycle_actors import Where
 from .test_robustness import _wait_gone
 
 KEY = os.urandom(32).hex()
-
-
-def _danaus_children(parent: int) -> list[int]:
-    """Pids of the live (non-zombie) danaus procs whose parent is ``parent``: one look."""
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if int(fields[1]) == parent and fields[0] != "Z" and b"danaus.actors._proc" in cmd:
-            out.append(int(d))
-    return out
 
 
 def _program_env() -> dict[str, str]:
@@ -257,7 +240,7 @@ async def test_a_controller_killed_with_spawns_queued_leaves_no_procs_on_the_age
 
     one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: addr})
     info = await asyncio.wait_for(one.info.call_one(), 60)
-    left = await asyncio.to_thread(_wait_gone, _danaus_children(agent_proc.pid), 10)
+    left = await asyncio.to_thread(_wait_gone, danaus_children(agent_proc.pid), 10)
     assert left == [], f"procs of the dead controller still run on the agent: {left}"
     assert info["procs"] == 0
     assert agent_proc.poll() is None  # and the agent keeps serving
