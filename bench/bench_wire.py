@@ -8,6 +8,7 @@ work: a small round trip is two frames tagged and two verified.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from typing import Any
@@ -36,32 +37,30 @@ async def _call(d: Runtime, addr: str, enc: tuple[Any, bool, list[Any]]) -> Any:
         return e
 
 
-async def _pair(listen: str) -> dict[str, Any]:
-    import asyncio
+async def _timed(d: Runtime, addr: str, enc: tuple[Any, bool, list[Any]], warmup: int,
+                 n: int) -> list[float]:
+    """Seconds of each of ``n`` calls, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        await _call(d, addr, enc)
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await _call(d, addr, enc)
+        samples.append(time.perf_counter() - t)
+    return samples
 
+
+async def _pair(listen: str) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     acceptor = Runtime(loop, addr=listen, key=KEY)
     install_actor(acceptor, "__proc__", ProcControl())
     dialer = Runtime(loop, addr=f"unix:@danaus-bench-{secrets.token_hex(8)}", key=KEY)
     try:
         small = (msgspec.Raw(msgspec.msgpack.encode([[], {}])), False, [])
-        for _ in range(500):
-            await _call(dialer, acceptor.addr, small)
-        samples = []
-        for _ in range(5000):
-            t = time.perf_counter()
-            await _call(dialer, acceptor.addr, small)
-            samples.append(time.perf_counter() - t)
         big = dumps_args((bytes(64 << 20),), {}, lambda: "a 64 MiB argument")
-        for _ in range(2):
-            await _call(dialer, acceptor.addr, big)
-        times = []
-        for _ in range(5):
-            t = time.perf_counter()
-            await _call(dialer, acceptor.addr, big)
-            times.append(time.perf_counter() - t)
-        times.sort()
-        return {"small": summarize(samples), "bulk": (64 << 20) / times[len(times) // 2]}
+        times = await _timed(dialer, acceptor.addr, big, 2, 5)
+        return {"small": summarize(await _timed(dialer, acceptor.addr, small, 500, 5000)),
+                "bulk": (64 << 20) / sorted(times)[len(times) // 2]}
     finally:
         await dialer.aclose()
         await acceptor.aclose()
