@@ -40,6 +40,7 @@ bench: compile
 
 lint: install
 	$(VENV)/bin/ruff check danaus tests bench examples
+	$(VENV)/bin/ruff format --check danaus tests bench examples
 	$(VENV)/bin/mypy
 
 clean:

@@ -21,7 +21,9 @@ def main() -> None:
     bench_mesh.main()
     print("\n== supervision (issue 4) ==")
     bench_supervision.main()
-    print("\n== RDMA data plane (issue 5): python -m danaus.rdma.bench --sizes 4096,1048576,67108864 ==")
+    print(
+        "\n== RDMA data plane (issue 5): python -m danaus.rdma.bench --sizes 4096,1048576,67108864 =="
+    )
     from danaus.rdma.bench import main as rdma_bench
 
     rdma_bench(["--sizes", "4096,1048576,67108864"])

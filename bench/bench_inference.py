@@ -41,9 +41,18 @@ RELOADS = 10
 
 async def _start_server() -> tuple[asyncio.subprocess.Process, str, asyncio.Task[None]]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "examples.inference_server.server", "--port", "0",
-        "--replicas", "2", cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        sys.executable,
+        "-m",
+        "examples.inference_server.server",
+        "--port",
+        "0",
+        "--replicas",
+        "2",
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     async def drain() -> None:  # keep the pipe empty; find the address
@@ -95,8 +104,8 @@ async def _load(url: str, total: int, connections: int) -> tuple[float, list[flo
             lat.append(t)
 
     async with aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=60),
-            connector=aiohttp.TCPConnector(limit=connections)) as s:
+        timeout=aiohttp.ClientTimeout(total=60), connector=aiohttp.TCPConnector(limit=connections)
+    ) as s:
         await _request(s, url, "warm up")
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(s) for _ in range(connections)))
@@ -177,23 +186,36 @@ async def _run() -> list[dict[str, object]]:
     transfer = statistics.median(t for r in warm for t in r["transfer_seconds"])  # type: ignore[attr-defined]
     whole = statistics.median(r["seconds"] for r in warm)
     return [
-        {"figure": f"/generate, {CONNECTIONS} connections, 2 replicas, {TOKENS} tokens",
-         "danaus": f"{rate:,.0f} req/s", "detail": f"p50 {_ms(lat, 50):.1f} ms, "
-         f"p99 {_ms(lat, 99):.1f} ms, first token p50 {_ms(ttft, 50):.1f} ms, n={len(lat)}",
-         "floor": f"{local_rate:,.0f} req/s in-process, sequential",
-         "ratio": f"{rate / local_rate:.2f}x"},
-        {"figure": "/generate, 1 connection", "danaus": f"{_ms(one_lat, 50):.2f} ms p50",
-         "detail": f"p99 {_ms(one_lat, 99):.2f} ms, first token p50 {_ms(one_ttft, 50):.2f} ms, "
-         f"{one_rate:,.0f} req/s",
-         "floor": f"{_ms(local, 50):.2f} ms in-process (p99 {_ms(local, 99):.2f})",
-         "ratio": f"{percentile(one_lat, 50) / percentile(local, 50):.2f}x"},
-        {"figure": f"reload, one replica's read_into ({nbytes / 1024:.0f} KiB)",
-         "danaus": f"{transfer * 1e6:.0f} us median", "detail": f"n={2 * len(warm)}",
-         "floor": f"{copy * 1e6:.0f} us memcpy", "ratio": f"{transfer / copy:.2f}x"},
-        {"figure": "POST /reload, 2 replicas (publish + both reads)",
-         "danaus": f"{whole * 1e3:.2f} ms median",
-         "detail": f"first one {cold['seconds'] * 1e3:.1f} ms (replicas dial the trainer)",
-         "floor": f"{2 * copy * 1e6:.0f} us memcpy x2", "ratio": f"{whole / (2 * copy):.0f}x"},
+        {
+            "figure": f"/generate, {CONNECTIONS} connections, 2 replicas, {TOKENS} tokens",
+            "danaus": f"{rate:,.0f} req/s",
+            "detail": f"p50 {_ms(lat, 50):.1f} ms, "
+            f"p99 {_ms(lat, 99):.1f} ms, first token p50 {_ms(ttft, 50):.1f} ms, n={len(lat)}",
+            "floor": f"{local_rate:,.0f} req/s in-process, sequential",
+            "ratio": f"{rate / local_rate:.2f}x",
+        },
+        {
+            "figure": "/generate, 1 connection",
+            "danaus": f"{_ms(one_lat, 50):.2f} ms p50",
+            "detail": f"p99 {_ms(one_lat, 99):.2f} ms, first token p50 {_ms(one_ttft, 50):.2f} ms, "
+            f"{one_rate:,.0f} req/s",
+            "floor": f"{_ms(local, 50):.2f} ms in-process (p99 {_ms(local, 99):.2f})",
+            "ratio": f"{percentile(one_lat, 50) / percentile(local, 50):.2f}x",
+        },
+        {
+            "figure": f"reload, one replica's read_into ({nbytes / 1024:.0f} KiB)",
+            "danaus": f"{transfer * 1e6:.0f} us median",
+            "detail": f"n={2 * len(warm)}",
+            "floor": f"{copy * 1e6:.0f} us memcpy",
+            "ratio": f"{transfer / copy:.2f}x",
+        },
+        {
+            "figure": "POST /reload, 2 replicas (publish + both reads)",
+            "danaus": f"{whole * 1e3:.2f} ms median",
+            "detail": f"first one {cold['seconds'] * 1e3:.1f} ms (replicas dial the trainer)",
+            "floor": f"{2 * copy * 1e6:.0f} us memcpy x2",
+            "ratio": f"{whole / (2 * copy):.0f}x",
+        },
     ]
 
 

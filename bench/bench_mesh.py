@@ -42,8 +42,15 @@ async def _run() -> list[dict[str, Any]]:
     rows = []
     spawn = [await _spawn_8() for _ in range(3)]
     spawn.sort()
-    rows.append({"figure": "spawn 8 procs + 1 actor each + one call()", "median": f"{spawn[1] * 1e3:.0f} ms",
-                 "p99": "", "vs floor": "", "target": "< 600 ms"})
+    rows.append(
+        {
+            "figure": "spawn 8 procs + 1 actor each + one call()",
+            "median": f"{spawn[1] * 1e3:.0f} ms",
+            "p99": "",
+            "vs floor": "",
+            "target": "< 600 ms",
+        }
+    )
     async with this_host().spawn_procs(per_host={"procs": 32}) as procs:
         meshes = {}
         for n in (1, 2, 8):
@@ -53,7 +60,9 @@ async def _run() -> list[dict[str, Any]]:
             await m.initialized
         results: dict[str, Stats] = {}
         for n in (1, 2, 8, 32):
-            results[f"call() on {n} actors"] = await _call_latency(meshes[n], 400 if n < 32 else 200)
+            results[f"call() on {n} actors"] = await _call_latency(
+                meshes[n], 400 if n < 32 else 200
+            )
         old = config.cast_fanout
         try:
             config.cast_fanout = 0
@@ -69,13 +78,21 @@ def main() -> None:
     floor = _floors.uvloop_pingpong(3000)
     rows, results = uvloop.run(_run())
     for name, s in results.items():
-        rows.append({"figure": name, "median": f"{s.median_us:.0f} us", "p99": f"{s.p99_us:.0f} us",
-                     "vs floor": f"{s.median_us / floor.median_us:.1f}x",
-                     "target": "< 500 us" if name == "call() on 8 actors" else ""})
+        rows.append(
+            {
+                "figure": name,
+                "median": f"{s.median_us:.0f} us",
+                "p99": f"{s.p99_us:.0f} us",
+                "vs floor": f"{s.median_us / floor.median_us:.1f}x",
+                "target": "< 500 us" if name == "call() on 8 actors" else "",
+            }
+        )
     print(format_table(rows, ["figure", "median", "p99", "vs floor", "target"]))
-    print(f"\nfloor: raw uvloop ping-pong {floor.median_us:.1f} us median, this run. "
-          f"Meshes of 32 are 32 procs (one actor per proc) on this 2-vCPU machine; "
-          f"tree fan-out {config.cast_fanout} by default (meshes up to that size are sent flat).")
+    print(
+        f"\nfloor: raw uvloop ping-pong {floor.median_us:.1f} us median, this run. "
+        f"Meshes of 32 are 32 procs (one actor per proc) on this 2-vCPU machine; "
+        f"tree fan-out {config.cast_fanout} by default (meshes up to that size are sent flat)."
+    )
 
 
 if __name__ == "__main__":

@@ -83,8 +83,10 @@ async def _danaus(child_cpus: set[int] | None, full: bool) -> dict[str, Any]:
                 os.sched_setaffinity(pid, child_cpus)
         echo = procs.spawn("echo", Echo)
         await echo.initialized
-        out: dict[str, Any] = {"lat": await _latency(echo.echo, 2000),
-                               "alat": await _latency(echo.aecho, 2000)}
+        out: dict[str, Any] = {
+            "lat": await _latency(echo.echo, 2000),
+            "alat": await _latency(echo.aecho, 2000),
+        }
         if full:
             out["tput"] = await _throughput(echo.echo, 40)
             out["atput"] = await _throughput(echo.aecho, 40)
@@ -105,32 +107,62 @@ def main() -> None:
         floor = _floors.uvloop_pingpong(3000)
         got = uvloop.run(_danaus(child, full))
         for key, kind in (("lat", "sync"), ("alat", "async")):
-            rows.append({"figure": f"(b) call_one RTT, {kind} endpoint, {name}",
-                         "median us": got[key].median_us, "p99 us": got[key].p99_us,
-                         "floor us": floor.median_us,
-                         "ratio": got[key].median_us / floor.median_us, "target": "<= 1.6x"})
+            rows.append(
+                {
+                    "figure": f"(b) call_one RTT, {kind} endpoint, {name}",
+                    "median us": got[key].median_us,
+                    "p99 us": got[key].p99_us,
+                    "floor us": floor.median_us,
+                    "ratio": got[key].median_us / floor.median_us,
+                    "target": "<= 1.6x",
+                }
+            )
         if full:
             tfloor = _floors.uvloop_pipelined(50_000, 1000)
             bfloor = _floors.raw_unix_bulk(64 << 20, 5)
     _pin(None, None)
     hop = _floors.thread_handover(5000)
-    rows.append({"figure": "    floor: loop -> thread -> loop hand-over, in one process",
-                 "median us": hop.median_us, "p99 us": hop.p99_us, "floor us": "",
-                 "ratio": "", "target": ""})
+    rows.append(
+        {
+            "figure": "    floor: loop -> thread -> loop hand-over, in one process",
+            "median us": hop.median_us,
+            "p99 us": hop.p99_us,
+            "floor us": "",
+            "ratio": "",
+            "target": "",
+        }
+    )
     print(format_table(rows, ["figure", "median us", "p99 us", "floor us", "ratio", "target"]))
     print()
     rows2 = [
-        {"figure": "(c) pipelined calls/s, 1000 in flight, sync endpoint", "value": got["tput"],
-         "floor": tfloor, "ratio": got["tput"] / tfloor, "target": ">= 100,000/s"},
-        {"figure": "    async endpoint", "value": got["atput"], "floor": tfloor,
-         "ratio": got["atput"] / tfloor, "target": ">= 100,000/s"},
-        {"figure": "(d) 64 MiB numpy round trip, GB/s", "value": got["bulk"] / 1e9,
-         "floor": bfloor / 1e9, "ratio": got["bulk"] / bfloor, "target": ">= 0.5x"},
+        {
+            "figure": "(c) pipelined calls/s, 1000 in flight, sync endpoint",
+            "value": got["tput"],
+            "floor": tfloor,
+            "ratio": got["tput"] / tfloor,
+            "target": ">= 100,000/s",
+        },
+        {
+            "figure": "    async endpoint",
+            "value": got["atput"],
+            "floor": tfloor,
+            "ratio": got["atput"] / tfloor,
+            "target": ">= 100,000/s",
+        },
+        {
+            "figure": "(d) 64 MiB numpy round trip, GB/s",
+            "value": got["bulk"] / 1e9,
+            "floor": bfloor / 1e9,
+            "ratio": got["bulk"] / bfloor,
+            "target": ">= 0.5x",
+        },
     ]
     print(format_table(rows2, ["figure", "value", "floor", "ratio", "target"]))
-    print("\nfloors: (a) raw uvloop ping-pong, raw uvloop pipelined echo, raw Unix-socket "
-          "64 MiB round trip (2*n/s), each measured in this run. A sync endpoint runs on its "
-          "actor's thread: it pays about one loop -> thread -> loop hand-over over an async one")
+    print(
+        "\nfloors: (a) raw uvloop ping-pong, raw uvloop pipelined echo, raw Unix-socket "
+        "64 MiB round trip (2*n/s), each measured in this run. A sync endpoint runs on its "
+        "actor's thread: it pays about one loop -> thread -> loop hand-over over an async one"
+    )
 
 
 if __name__ == "__main__":

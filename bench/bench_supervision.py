@@ -55,8 +55,9 @@ async def _backpressure(total: int) -> tuple[float, float, int]:
 
     config.mailbox_limit = 500
     rss0 = _rss_mib()
-    async with this_host().spawn_procs(per_host={"procs": 5},
-                                       env={"DANAUS_MAILBOX_LIMIT": "500"}) as procs:
+    async with this_host().spawn_procs(
+        per_host={"procs": 5}, env={"DANAUS_MAILBOX_LIMIT": "500"}
+    ) as procs:
         sink = await procs.slice(procs=0).spawn("sink", Sink)
         sources = await procs.slice(procs=slice(1, 5)).spawn("source", Source)
         t = time.perf_counter()
@@ -73,13 +74,25 @@ def main() -> None:
     rate, rss, depth = uvloop.run(_backpressure(100_000))
     s = summarize(kills)
     rows = [
-        {"figure": "SIGKILL -> SupervisionError in the caller", "value": f"{s.median_us / 1e3:.1f} ms median",
-         "detail": f"p99 {s.p99_us / 1e3:.1f} ms, n={s.n}", "target": "< 200 ms"},
-        {"figure": "mailbox throughput, 4 senders, backpressure on", "value": f"{rate:,.0f} msg/s",
-         "detail": f"{rate / floor:.3f}x raw pipelined floor ({floor:,.0f}/s); max mailbox "
-                   f"{depth} (limit 500)", "target": ""},
-        {"figure": "controller RSS growth over that run", "value": f"{rss:.1f} MiB",
-         "detail": "100,000 messages", "target": "bounded"},
+        {
+            "figure": "SIGKILL -> SupervisionError in the caller",
+            "value": f"{s.median_us / 1e3:.1f} ms median",
+            "detail": f"p99 {s.p99_us / 1e3:.1f} ms, n={s.n}",
+            "target": "< 200 ms",
+        },
+        {
+            "figure": "mailbox throughput, 4 senders, backpressure on",
+            "value": f"{rate:,.0f} msg/s",
+            "detail": f"{rate / floor:.3f}x raw pipelined floor ({floor:,.0f}/s); max mailbox "
+            f"{depth} (limit 500)",
+            "target": "",
+        },
+        {
+            "figure": "controller RSS growth over that run",
+            "value": f"{rss:.1f} MiB",
+            "detail": "100,000 messages",
+            "target": "bounded",
+        },
     ]
     print(format_table(rows, ["figure", "value", "detail", "target"]))
 

@@ -58,13 +58,20 @@ def main() -> None:
             times.append(time.perf_counter() - t)
         mm_remote = sorted(times)[1]
     rows = [
-        {"figure": "controller issue rate, 10,000 elementwise ops", "value": f"{n / issue:,.0f} ops/s",
-         "detail": f"{issue / n * 1e6:.1f} us/op issued vs {local_per_op * 1e6:.1f} us/op run locally; "
-                   f"workers finished {drain * 1e3:.0f} ms after the last issue",
-         "target": ">= 20,000 ops/s; < 50 us/op"},
-        {"figure": "2048x2048 matmul per shard (2 procs)", "value": f"{mm_remote * 1e3:.1f} ms",
-         "detail": f"local {mm_local * 1e3:.1f} ms: ratio {mm_remote / mm_local:.2f} "
-                   "(2 shards share these 2 vCPUs)", "target": ""},
+        {
+            "figure": "controller issue rate, 10,000 elementwise ops",
+            "value": f"{n / issue:,.0f} ops/s",
+            "detail": f"{issue / n * 1e6:.1f} us/op issued vs {local_per_op * 1e6:.1f} us/op run locally; "
+            f"workers finished {drain * 1e3:.0f} ms after the last issue",
+            "target": ">= 20,000 ops/s; < 50 us/op",
+        },
+        {
+            "figure": "2048x2048 matmul per shard (2 procs)",
+            "value": f"{mm_remote * 1e3:.1f} ms",
+            "detail": f"local {mm_local * 1e3:.1f} ms: ratio {mm_remote / mm_local:.2f} "
+            "(2 shards share these 2 vCPUs)",
+            "target": "",
+        },
     ]
     print(format_table(rows, ["figure", "value", "detail", "target"]))
 

@@ -37,8 +37,9 @@ async def _call(d: Runtime, addr: str, enc: tuple[Any, bool, list[Any]]) -> Any:
         return e
 
 
-async def _timed(d: Runtime, addr: str, enc: tuple[Any, bool, list[Any]], warmup: int,
-                 n: int) -> list[float]:
+async def _timed(
+    d: Runtime, addr: str, enc: tuple[Any, bool, list[Any]], warmup: int, n: int
+) -> list[float]:
     """Seconds of each of ``n`` calls, after ``warmup`` untimed ones."""
     for _ in range(warmup):
         await _call(d, addr, enc)
@@ -59,8 +60,10 @@ async def _pair(listen: str) -> dict[str, Any]:
         small = (msgspec.Raw(msgspec.msgpack.encode([[], {}])), False, [])
         big = dumps_args((bytes(64 << 20),), {}, lambda: "a 64 MiB argument")
         times = await _timed(dialer, acceptor.addr, big, 2, 5)
-        return {"small": summarize(await _timed(dialer, acceptor.addr, small, 500, 5000)),
-                "bulk": (64 << 20) / sorted(times)[len(times) // 2]}
+        return {
+            "small": summarize(await _timed(dialer, acceptor.addr, small, 500, 5000)),
+            "bulk": (64 << 20) / sorted(times)[len(times) // 2],
+        }
     finally:
         await dialer.aclose()
         await acceptor.aclose()
@@ -71,17 +74,30 @@ def main() -> None:
     tcp = uvloop.run(_pair("tcp://127.0.0.1:0"))
     raw = _floors.raw_tcp_bulk(64 << 20, 5) / 2  # one way
     rows = [
-        {"figure": "small call round trip, Unix socket (untagged)",
-         "value": f"{unix['small'].median_us:.1f} us", "floor": "", "ratio": ""},
-        {"figure": "small call round trip, TCP (every frame tagged)",
-         "value": f"{tcp['small'].median_us:.1f} us",
-         "floor": f"{unix['small'].median_us:.1f} us (Unix)",
-         "ratio": f"{tcp['small'].median_us / unix['small'].median_us:.2f}"},
-        {"figure": "64 MiB argument one way, Unix socket",
-         "value": f"{unix['bulk'] / 1e9:.2f} GB/s", "floor": "", "ratio": ""},
-        {"figure": "64 MiB argument one way, TCP, tagged",
-         "value": f"{tcp['bulk'] / 1e9:.2f} GB/s", "floor": f"{raw / 1e9:.2f} GB/s raw TCP",
-         "ratio": f"{tcp['bulk'] / raw:.2f}"},
+        {
+            "figure": "small call round trip, Unix socket (untagged)",
+            "value": f"{unix['small'].median_us:.1f} us",
+            "floor": "",
+            "ratio": "",
+        },
+        {
+            "figure": "small call round trip, TCP (every frame tagged)",
+            "value": f"{tcp['small'].median_us:.1f} us",
+            "floor": f"{unix['small'].median_us:.1f} us (Unix)",
+            "ratio": f"{tcp['small'].median_us / unix['small'].median_us:.2f}",
+        },
+        {
+            "figure": "64 MiB argument one way, Unix socket",
+            "value": f"{unix['bulk'] / 1e9:.2f} GB/s",
+            "floor": "",
+            "ratio": "",
+        },
+        {
+            "figure": "64 MiB argument one way, TCP, tagged",
+            "value": f"{tcp['bulk'] / 1e9:.2f} GB/s",
+            "floor": f"{raw / 1e9:.2f} GB/s raw TCP",
+            "ratio": f"{tcp['bulk'] / raw:.2f}",
+        },
     ]
     print(format_table(rows, ["figure", "value", "floor", "ratio"]))
     print("\nboth ends in this process: each figure counts the tagging and the checking")

@@ -18,8 +18,11 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     agent = sub.add_parser("host-agent", help="run a host agent that starts procs on this host")
     agent.add_argument("--listen", required=True, help="tcp://ADDR:PORT to listen on")
-    agent.add_argument("--key-file", default=None,
-                       help="file holding the job key as hex (default: $DANAUS_AUTH_KEY)")
+    agent.add_argument(
+        "--key-file",
+        default=None,
+        help="file holding the job key as hex (default: $DANAUS_AUTH_KEY)",
+    )
     sub.add_parser("new-key", help="print a fresh random job key (hex)")
     sub.add_parser("rdma-bench", help="RDMA data-plane microbenchmark (danaus rdma-bench --help)")
     ns = parser.parse_args(args)
@@ -29,7 +32,6 @@ def main(argv: list[str] | None = None) -> None:
         main_host_agent(ns.listen, ns.key_file)
     elif ns.cmd == "new-key":
         print(secrets.token_hex(32))
-
 
 
 if __name__ == "__main__":

@@ -149,8 +149,15 @@ class RemoteException(ActorError):
     issued the operation. The workers keep running.
     """
 
-    def __init__(self, actor: str, rank: str, exc_type: str, message: str,
-                 remote_traceback: str, issued_at: str = "") -> None:
+    def __init__(
+        self,
+        actor: str,
+        rank: str,
+        exc_type: str,
+        message: str,
+        remote_traceback: str,
+        issued_at: str = "",
+    ) -> None:
         super().__init__(actor, rank, exc_type, message, remote_traceback)
         self.issued_at = issued_at
         self.args = (actor, rank, exc_type, message, remote_traceback, issued_at)

@@ -62,7 +62,10 @@ async def main() -> None:
         print(f"{n} pipelined calls in {time.perf_counter() - t:.3f} s")
 
         a = np.ones(8 << 20)  # 64 MiB travels out of band, straight into its buffer
-        print("norm of a 64 MiB array, computed remotely ->", await counters.slice(procs=0).norm.call_one(a))
+        print(
+            "norm of a 64 MiB array, computed remotely ->",
+            await counters.slice(procs=0).norm.call_one(a),
+        )
 
         port, receiver = Channel[str].open()
         counters.slice(procs=1).count_to.broadcast(port, 3)

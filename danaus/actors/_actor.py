@@ -54,9 +54,15 @@ class Endpoint(Generic[P, R]):
         concurrent: (async only) other messages may run while this one awaits.
     """
 
-    def __init__(self, fn: Callable[Concatenate[Any, P], R] | Callable[Concatenate[Any, P], Awaitable[R]],
-                 *, propagate: Any = None, explicit_response_port: bool = False,
-                 instrument: bool = False, concurrent: bool = False) -> None:
+    def __init__(
+        self,
+        fn: Callable[Concatenate[Any, P], R] | Callable[Concatenate[Any, P], Awaitable[R]],
+        *,
+        propagate: Any = None,
+        explicit_response_port: bool = False,
+        instrument: bool = False,
+        concurrent: bool = False,
+    ) -> None:
         self.fn = fn
         self.name: str = fn.__name__
         self.is_async = inspect.iscoroutinefunction(fn)
@@ -64,8 +70,10 @@ class Endpoint(Generic[P, R]):
         self.explicit_response_port = explicit_response_port
         self.instrument = instrument
         if concurrent and not self.is_async:
-            raise ValueError(f"concurrent_endpoint can only wrap async endpoints: "
-                             f"{fn.__qualname__} is a plain def")
+            raise ValueError(
+                f"concurrent_endpoint can only wrap async endpoints: "
+                f"{fn.__qualname__} is a plain def"
+            )
         self.concurrent = concurrent
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
@@ -91,10 +99,20 @@ def endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]]) -> Endpoint[P, R]:
 @overload
 def endpoint(fn: Callable[Concatenate[Any, P], R]) -> Endpoint[P, R]: ...
 @overload
-def endpoint(fn: None = None, *, propagate: Any = None, explicit_response_port: bool = False,
-             instrument: bool = False) -> Callable[[Callable[..., Any]], Endpoint[..., Any]]: ...
-def endpoint(fn: Any = None, *, propagate: Any = None, explicit_response_port: bool = False,
-             instrument: bool = False) -> Any:
+def endpoint(
+    fn: None = None,
+    *,
+    propagate: Any = None,
+    explicit_response_port: bool = False,
+    instrument: bool = False,
+) -> Callable[[Callable[..., Any]], Endpoint[..., Any]]: ...
+def endpoint(
+    fn: Any = None,
+    *,
+    propagate: Any = None,
+    explicit_response_port: bool = False,
+    instrument: bool = False,
+) -> Any:
     """Mark an actor method (sync or ``async def``) as callable from other processes.
 
     Usable bare (``@endpoint``) or called (``@endpoint(explicit_response_port=True)``).
@@ -110,15 +128,27 @@ def endpoint(fn: Any = None, *, propagate: Any = None, explicit_response_port: b
         instrument: accepted for Monarch compatibility.
     """
     if fn is None:
-        return functools.partial(endpoint, propagate=propagate,
-                                 explicit_response_port=explicit_response_port,
-                                 instrument=instrument)
-    return Endpoint(fn, propagate=propagate, explicit_response_port=explicit_response_port,
-                    instrument=instrument)
+        return functools.partial(
+            endpoint,
+            propagate=propagate,
+            explicit_response_port=explicit_response_port,
+            instrument=instrument,
+        )
+    return Endpoint(
+        fn,
+        propagate=propagate,
+        explicit_response_port=explicit_response_port,
+        instrument=instrument,
+    )
 
 
-def concurrent_endpoint(fn: Any = None, *, propagate: Any = None,
-                        explicit_response_port: bool = False, instrument: bool = False) -> Any:
+def concurrent_endpoint(
+    fn: Any = None,
+    *,
+    propagate: Any = None,
+    explicit_response_port: bool = False,
+    instrument: bool = False,
+) -> Any:
     """An async endpoint that does not hold the actor's mailbox while it awaits.
 
     It starts in arrival order like any message, but the next message starts as soon as
@@ -131,14 +161,24 @@ def concurrent_endpoint(fn: Any = None, *, propagate: Any = None,
         ValueError: the method is not an ``async def``.
     """
     if fn is None:
-        return functools.partial(concurrent_endpoint, propagate=propagate,
-                                 explicit_response_port=explicit_response_port,
-                                 instrument=instrument)
+        return functools.partial(
+            concurrent_endpoint,
+            propagate=propagate,
+            explicit_response_port=explicit_response_port,
+            instrument=instrument,
+        )
     if isinstance(fn, Endpoint):
-        raise ValueError("concurrent_endpoint does not wrap @endpoint; pass the endpoint "
-                         "options to @concurrent_endpoint itself")
-    return Endpoint(fn, propagate=propagate, explicit_response_port=explicit_response_port,
-                    instrument=instrument, concurrent=True)
+        raise ValueError(
+            "concurrent_endpoint does not wrap @endpoint; pass the endpoint "
+            "options to @concurrent_endpoint itself"
+        )
+    return Endpoint(
+        fn,
+        propagate=propagate,
+        explicit_response_port=explicit_response_port,
+        instrument=instrument,
+        concurrent=True,
+    )
 
 
 class Actor:
@@ -183,8 +223,16 @@ class ActorInstance:
     thread never waits for the loop between them; anything else waits its turn.
     """
 
-    def __init__(self, rt: Runtime, name: str, ctx: ActorContext, obj: Any,
-                 mesh: str = "", owner_addr: str = "", inline_sync: bool = False) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        name: str,
+        ctx: ActorContext,
+        obj: Any,
+        mesh: str = "",
+        owner_addr: str = "",
+        inline_sync: bool = False,
+    ) -> None:
         self.rt = rt
         self.name = name  # the wire key
         self.ctx = ctx
@@ -234,11 +282,20 @@ class ActorInstance:
         return self.task is not None or bool(self.jobs)
 
     def __repr__(self) -> str:
-        state = ("stopped" if self.stopped else "failed" if self.failed
-                 else "busy" if self.busy else "idle")
+        state = (
+            "stopped"
+            if self.stopped
+            else "failed"
+            if self.failed
+            else "busy"
+            if self.busy
+            else "idle"
+        )
         return f"<ActorInstance {self.ctx.actor_id} {state} queued={len(self.queue)}>"
 
-    def deliver(self, conn: Connection, msg: Call, parts: list[Any], sender: str | None = None) -> None:
+    def deliver(
+        self, conn: Connection, msg: Call, parts: list[Any], sender: str | None = None
+    ) -> None:
         """Take a message; ``sender`` (default: the connection's peer) orders it by ``msg.seq``."""
         seq = msg.seq
         if seq:
@@ -250,7 +307,8 @@ class ActorInstance:
                     self.held[(sender, seq)] = (conn, msg, parts)
                     if self._gap_timer is None:
                         self._gap_timer = self.rt.loop.call_later(
-                            config.seq_gap_timeout, self._gap_expired)
+                            config.seq_gap_timeout, self._gap_expired
+                        )
                 return  # seq < expected: already handled or skipped
             self.expect[sender] = seq + 1
             if self.held:
@@ -279,9 +337,14 @@ class ActorInstance:
             expected = self.expect.get(sender, 1)
             first = min(q for s, q in self.held if s == sender)
             if first > expected:
-                log.warning("%s: messages %d..%d from %s never arrived (lost with a failed "
-                            "path); handling the ones after them", self.ctx.actor_id,
-                            expected, first - 1, sender)
+                log.warning(
+                    "%s: messages %d..%d from %s never arrived (lost with a failed "
+                    "path); handling the ones after them",
+                    self.ctx.actor_id,
+                    expected,
+                    first - 1,
+                    sender,
+                )
                 self._release(sender, first)
         if self.held:
             self._gap_timer = self.rt.loop.call_later(config.seq_gap_timeout, self._gap_expired)
@@ -297,19 +360,27 @@ class ActorInstance:
 
     def _joins_thread(self, msg: Call) -> bool:
         """May ``msg`` go to the actor's thread now, behind the sync messages there?"""
-        if (self.task is not None or not self.jobs or self.failed is not None or self.stopped
-                or len(self.jobs) >= config.mailbox_limit):  # the thread's queue counts too
+        if (
+            self.task is not None
+            or not self.jobs
+            or self.failed is not None
+            or self.stopped
+            or len(self.jobs) >= config.mailbox_limit
+        ):  # the thread's queue counts too
             return False
         ep = self.endpoints.get(msg.method)
         return ep is not None and not ep.is_async and not self.inline_sync
 
     def _accept(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
-        if not self.queue and ((not self.jobs and self.task is None)
-                               or (self.jobs and self._joins_thread(msg))):
+        if not self.queue and (
+            (not self.jobs and self.task is None) or (self.jobs and self._joins_thread(msg))
+        ):
             self._run(conn, msg, parts)
             return
         self.queue.append((conn, msg, parts))
-        if len(self.queue) + len(self.jobs) >= config.mailbox_limit and isinstance(conn, Connection):
+        if len(self.queue) + len(self.jobs) >= config.mailbox_limit and isinstance(
+            conn, Connection
+        ):
             # Backpressure: stop reading from this sender until the mailbox drains;
             # its socket fills, then its own writes pause (see ActorEndpoint.post).
             conn.hold_reading(self)
@@ -319,32 +390,52 @@ class ActorInstance:
         queue = self.queue
         while queue and not self.stopped:
             conn, msg, parts = queue[0]
-            if self.task is not None or (self.jobs and (
-                    conn is None or not self._joins_thread(msg))):
+            if self.task is not None or (
+                self.jobs and (conn is None or not self._joins_thread(msg))
+            ):
                 break
             queue.popleft()
             if conn is None:
                 msg()  # a supervision event, in mailbox order
             else:
                 self._run(conn, msg, parts)
-        if self.holding and (len(queue) + len(self.jobs) <= config.mailbox_limit // 2
-                             or self.stopped):
+        if self.holding and (
+            len(queue) + len(self.jobs) <= config.mailbox_limit // 2 or self.stopped
+        ):
             for c in self.holding:
                 c.release_reading(self)
             self.holding.clear()
 
     def _run(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
         if self.failed is not None:
-            self._reply_error(conn, msg, ErrorInfo(
-                "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
-                f"actor {self.ctx.actor_id} failed earlier: {self.failed}", ""))
+            self._reply_error(
+                conn,
+                msg,
+                ErrorInfo(
+                    "supervision",
+                    self.ctx.actor_id,
+                    self.rank_text,
+                    "SupervisionError",
+                    f"actor {self.ctx.actor_id} failed earlier: {self.failed}",
+                    "",
+                ),
+            )
             return
         ep = self.endpoints.get(msg.method)
         if ep is None:
-            self._reply_error(conn, msg, ErrorInfo(
-                "endpoint", self.ctx.actor_id, self.rank_text, "EndpointNotFoundError",
-                f"{type(self.obj).__name__} has no endpoint {msg.method!r}; its endpoints are: "
-                f"{describe_endpoints(type(self.obj))}", ""))
+            self._reply_error(
+                conn,
+                msg,
+                ErrorInfo(
+                    "endpoint",
+                    self.ctx.actor_id,
+                    self.rank_text,
+                    "EndpointNotFoundError",
+                    f"{type(self.obj).__name__} has no endpoint {msg.method!r}; its endpoints are: "
+                    f"{describe_endpoints(type(self.obj))}",
+                    "",
+                ),
+            )
             return
         try:
             if msg.pickled:
@@ -353,8 +444,9 @@ class ActorInstance:
                 args, kwargs = _plain_decode(msg.args)
         except (SerializationError, msgspec.DecodeError, ValueError, TypeError) as e:
             if not isinstance(e, SerializationError):
-                e = SerializationError(f"arguments of {type(self.obj).__name__}.{msg.method} "
-                                       f"could not be decoded: {e}")
+                e = SerializationError(
+                    f"arguments of {type(self.obj).__name__}.{msg.method} could not be decoded: {e}"
+                )
             self._reply_error(conn, msg, _info(e, self, include_tb=False))
             return
         if ep.explicit_response_port:
@@ -364,8 +456,9 @@ class ActorInstance:
             self.jobs.append(job)
             thread = self._thread
             if thread is None:
-                thread = self._thread = ActorThread(self.rt, self, self.ctx.actor_id,
-                                                    self.cv.copy(), self._thread_done)
+                thread = self._thread = ActorThread(
+                    self.rt, self, self.ctx.actor_id, self.cv.copy(), self._thread_done
+                )
             thread.submit(job)
             return
         try:
@@ -392,20 +485,31 @@ class ActorInstance:
         if msg.reply and not ep.explicit_response_port:
             self._reply(conn, msg, result)
 
-    def _endpoint_raised(self, conn: Connection, msg: Call, ep: Endpoint[..., Any],
-                         exc: BaseException) -> None:
+    def _endpoint_raised(
+        self, conn: Connection, msg: Call, ep: Endpoint[..., Any], exc: BaseException
+    ) -> None:
         info = _info(exc, self)
         if ep.explicit_response_port:
             # As in Monarch: it owed its caller an answer through the port and raised
             # instead; nobody else will see this exception, so the actor has failed.
-            report = f"{info.exc_type}: {info.message} in {msg.method} (an explicit-response-port " \
-                     f"endpoint raised instead of answering)\n{info.traceback}"
+            report = (
+                f"{info.exc_type}: {info.message} in {msg.method} (an explicit-response-port "
+                f"endpoint raised instead of answering)\n{info.traceback}"
+            )
             if self.failed is None:
                 self.fail(report, "actor")
-            self._reply_error(conn, msg, ErrorInfo(
-                "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
-                f"actor {self.ctx.actor_id} failed: {info.exc_type}: {info.message}",
-                info.traceback))
+            self._reply_error(
+                conn,
+                msg,
+                ErrorInfo(
+                    "supervision",
+                    self.ctx.actor_id,
+                    self.rank_text,
+                    "SupervisionError",
+                    f"actor {self.ctx.actor_id} failed: {info.exc_type}: {info.message}",
+                    info.traceback,
+                ),
+            )
             return
         self._reply_error(conn, msg, info)
 
@@ -425,10 +529,18 @@ class ActorInstance:
             ep = self.endpoints[msg.method]
             if not job.started:
                 if msg.reply:
-                    self._reply_error(conn, msg, ErrorInfo(
-                        "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
-                        f"actor {self.ctx.actor_id} was stopped before handling {msg.method}",
-                        ""))
+                    self._reply_error(
+                        conn,
+                        msg,
+                        ErrorInfo(
+                            "supervision",
+                            self.ctx.actor_id,
+                            self.rank_text,
+                            "SupervisionError",
+                            f"actor {self.ctx.actor_id} was stopped before handling {msg.method}",
+                            "",
+                        ),
+                    )
             elif job.ok:
                 self._finish(conn, msg, ep, job.value)
             else:
@@ -439,34 +551,60 @@ class ActorInstance:
             self._jobs_idle.set_result(None)
         self._drain()
 
-    def _async_done(self, conn: Connection, msg: Call, ep: Endpoint[..., Any],
-                    task: asyncio.Task[Any]) -> None:
+    def _async_done(
+        self, conn: Connection, msg: Call, ep: Endpoint[..., Any], task: asyncio.Task[Any]
+    ) -> None:
         self.task = None
         self._task_call = None
         by_caller, self._caller_cancelled = self._caller_cancelled, False
         self._settle_task(conn, msg, ep, task, by_caller)
         self._drain()
 
-    def _concurrent_done(self, conn: Connection, msg: Call, ep: Endpoint[..., Any],
-                         task: asyncio.Task[Any]) -> None:
+    def _concurrent_done(
+        self, conn: Connection, msg: Call, ep: Endpoint[..., Any], task: asyncio.Task[Any]
+    ) -> None:
         self._concurrent.pop(task, None)
         by_caller = task in self._concurrent_cancelled
         self._concurrent_cancelled.discard(task)
         self._settle_task(conn, msg, ep, task, by_caller)
 
-    def _settle_task(self, conn: Connection, msg: Call, ep: Endpoint[..., Any],
-                     task: asyncio.Task[Any], by_caller: bool) -> None:
+    def _settle_task(
+        self,
+        conn: Connection,
+        msg: Call,
+        ep: Endpoint[..., Any],
+        task: asyncio.Task[Any],
+        by_caller: bool,
+    ) -> None:
         if by_caller and (task.cancelled() or task.exception() is None):
             return  # its caller gave up: nobody waits for the outcome
         if task.cancelled() and self.stopped:
             if msg.reply:  # (a broadcast has nobody to tell)
-                self._reply_error(conn, msg, ErrorInfo(
-                    "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
-                    f"actor {self.ctx.actor_id} was stopped while handling {msg.method}", ""))
+                self._reply_error(
+                    conn,
+                    msg,
+                    ErrorInfo(
+                        "supervision",
+                        self.ctx.actor_id,
+                        self.rank_text,
+                        "SupervisionError",
+                        f"actor {self.ctx.actor_id} was stopped while handling {msg.method}",
+                        "",
+                    ),
+                )
         elif task.cancelled():  # the endpoint's own code let a cancellation out
-            self._reply_error(conn, msg, ErrorInfo(
-                "actor", self.ctx.actor_id, self.rank_text, "asyncio.CancelledError",
-                f"{msg.method} was cancelled (by the endpoint's own code)", ""))
+            self._reply_error(
+                conn,
+                msg,
+                ErrorInfo(
+                    "actor",
+                    self.ctx.actor_id,
+                    self.rank_text,
+                    "asyncio.CancelledError",
+                    f"{msg.method} was cancelled (by the endpoint's own code)",
+                    "",
+                ),
+            )
         elif (exc := task.exception()) is not None:
             if by_caller and isinstance(exc, asyncio.CancelledError):
                 return
@@ -480,8 +618,9 @@ class ActorInstance:
         peer = getattr(conn, "peer", None)
 
         def mine(c: Any, m: Call) -> bool:
-            return m.reply == reply and (c is conn or (peer is not None
-                                                       and getattr(c, "peer", None) == peer))
+            return m.reply == reply and (
+                c is conn or (peer is not None and getattr(c, "peer", None) == peer)
+            )
 
         for i, (c, m, _) in enumerate(self.queue):
             if c is not None and mine(c, m):
@@ -524,8 +663,11 @@ class ActorInstance:
             self.rt.reply_error(conn, msg.reply, self.rank, info)
         elif info.kind == "actor" and self.failed is None:
             # Nobody waits for this result (broadcast): the actor has failed.
-            self.fail(f"{info.exc_type}: {info.message} in {msg.method} (called with "
-                      f"broadcast, so no caller saw it)\n{info.traceback}", "actor")
+            self.fail(
+                f"{info.exc_type}: {info.message} in {msg.method} (called with "
+                f"broadcast, so no caller saw it)\n{info.traceback}",
+                "actor",
+            )
         else:
             log.error("%s: %s (no caller waited for this result)", self.ctx.actor_id, info.message)
 
@@ -551,7 +693,8 @@ class ActorInstance:
         log.error("actor %s failed: %s", self.ctx.actor_id, report)
         if self.owner_addr:
             self.rt.connection(self.owner_addr).send(
-                Failure("", self.mesh, self.name, [self.rank], report, kind))
+                Failure("", self.mesh, self.name, [self.rank], report, kind)
+            )
 
     def supervise(self, failure: Any, escalate_report: str) -> None:
         """Give ``failure`` (of a mesh this actor owns) to ``__supervise__``, in mailbox order.
@@ -559,6 +702,7 @@ class ActorInstance:
         A falsy return (or none, or an exception) leaves it unhandled: this actor then
         fails too, and its own owner hears of it.
         """
+
         def run() -> None:
             fn = getattr(self.obj, "__supervise__", None)
             if fn is None:
@@ -567,8 +711,9 @@ class ActorInstance:
             try:
                 r = self.cv.run(fn, failure)
             except BaseException as e:  # user code: SystemExit too
-                self.fail(f"__supervise__ raised {type(e).__name__}: {e}; {escalate_report}",
-                          "unhandled")
+                self.fail(
+                    f"__supervise__ raised {type(e).__name__}: {e}; {escalate_report}", "unhandled"
+                )
                 return
             if inspect.isawaitable(r):
                 self.task = task = self.rt.loop.create_task(_await(r), context=self.cv)
@@ -611,16 +756,28 @@ class ActorInstance:
                 try:
                     await asyncio.wait_for(asyncio.shield(self._jobs_idle), config.stop_timeout)
                 except TimeoutError:
-                    log.warning("%s: stopping while a sync endpoint still runs (%s)",
-                                self.ctx.actor_id, self._thread)
+                    log.warning(
+                        "%s: stopping while a sync endpoint still runs (%s)",
+                        self.ctx.actor_id,
+                        self._thread,
+                    )
         waiting = [item for item in self.held.values() if item is not None]
         self.held.clear()
         while self.queue or waiting:
             conn, msg, _ = self.queue.popleft() if self.queue else waiting.pop(0)
             if conn is not None and msg.reply:
-                self._reply_error(conn, msg, ErrorInfo(
-                    "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError",
-                    f"actor {self.ctx.actor_id} was stopped before handling {msg.method}", ""))
+                self._reply_error(
+                    conn,
+                    msg,
+                    ErrorInfo(
+                        "supervision",
+                        self.ctx.actor_id,
+                        self.rank_text,
+                        "SupervisionError",
+                        f"actor {self.ctx.actor_id} was stopped before handling {msg.method}",
+                        "",
+                    ),
+                )
         for mesh in self.owned:  # meshes this actor spawned stop with it
             try:
                 await mesh.stop()
@@ -671,8 +828,13 @@ class ResponsePort(Port[Any]):
     def _post(self, status: int, raw: Any, pickled: bool, parts: list[Any], local: Any) -> None:
         if not self.port_id:
             return  # a broadcast: nobody waits for an answer
-        msg = Result(self.port_id, status, raw if raw is not None else msgspec.Raw(b"\xc0"),
-                     pickled, self._rank)
+        msg = Result(
+            self.port_id,
+            status,
+            raw if raw is not None else msgspec.Raw(b"\xc0"),
+            pickled,
+            self._rank,
+        )
         run_on(self._actor.rt, self._conn.send, msg, parts)
 
 
@@ -698,7 +860,15 @@ def _info(e: BaseException, actor: ActorInstance, include_tb: bool = True) -> Er
     from ._runtime import info_from_error
 
     # Skip the runtime's own frame: the user's code starts one frame down.
-    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next if e.__traceback__ else None)) if include_tb else ""
+    tb = (
+        "".join(
+            traceback.format_exception(
+                type(e), e, e.__traceback__.tb_next if e.__traceback__ else None
+            )
+        )
+        if include_tb
+        else ""
+    )
     return info_from_error(e, actor.ctx.actor_id, actor.rank_text, tb)
 
 
@@ -707,13 +877,20 @@ class _FailedActor:
 
     def __init__(self, rt: Runtime, actor_id: str, rank: int, info: ErrorInfo) -> None:
         self.rt = rt
-        self.info = ErrorInfo("supervision", actor_id, info.rank, "SupervisionError",
-                              f"actor {actor_id} failed to start: {info.exc_type}: {info.message}",
-                              info.traceback)
+        self.info = ErrorInfo(
+            "supervision",
+            actor_id,
+            info.rank,
+            "SupervisionError",
+            f"actor {actor_id} failed to start: {info.exc_type}: {info.message}",
+            info.traceback,
+        )
         self.rank = rank
         self.stopped = False
 
-    def deliver(self, conn: Connection, msg: Call, parts: list[Any], sender: str | None = None) -> None:
+    def deliver(
+        self, conn: Connection, msg: Call, parts: list[Any], sender: str | None = None
+    ) -> None:
         self.rt.reply_error(conn, msg.reply, self.rank, self.info)
 
     def skip(self, sender: str, seq: int) -> None:
@@ -757,13 +934,20 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> 
     name = msg.actor.split(".", 1)[0]  # the wire key is "name.job.n", unique per spawn
     actor_id = f"{msg.mesh}[{msg.rank}].{name}[{msg.rank}]"
     if msg.actor in rt.actors:
-        info = ErrorInfo("actor", actor_id, str(point), "ValueError",
-                         f"an actor named {msg.actor!r} already lives in proc {rt.addr}", "")
+        info = ErrorInfo(
+            "actor",
+            actor_id,
+            str(point),
+            "ValueError",
+            f"an actor named {msg.actor!r} already lives in proc {rt.addr}",
+            "",
+        )
         conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
         return
     try:
-        cls, args, kwargs = loads(msg.payload, msg.pickled, parts,
-                                  lambda: f"actor class and arguments of {actor_id}")
+        cls, args, kwargs = loads(
+            msg.payload, msg.pickled, parts, lambda: f"actor class and arguments of {actor_id}"
+        )
         obj = cls.__new__(cls)
         ctx = ActorContext(actor_id, name, point, rt.addr, obj)
         inst = ActorInstance(rt, msg.actor, ctx, obj, msg.mesh, msg.owner_addr)

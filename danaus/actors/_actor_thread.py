@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ActorThread", "Job", "thread_home", "waiting_actor"]
 
+
 class _Local(threading.local):
     """Per thread: set in actor threads only (class defaults elsewhere, no lookup miss)."""
 
@@ -68,8 +69,14 @@ class Job:
 
     __slots__ = ("args", "cancelled", "conn", "fn", "kwargs", "msg", "ok", "started", "value")
 
-    def __init__(self, conn: Any, msg: Any, fn: Callable[..., Any], args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        conn: Any,
+        msg: Any,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
         self.conn = conn
         self.msg = msg
         self.fn = fn
@@ -81,8 +88,15 @@ class Job:
         self.started = False
 
     def __repr__(self) -> str:
-        state = ("cancelled" if self.cancelled else "done" if self.ok or self.value is not None
-                 else "running" if self.started else "queued")
+        state = (
+            "cancelled"
+            if self.cancelled
+            else "done"
+            if self.ok or self.value is not None
+            else "running"
+            if self.started
+            else "queued"
+        )
         return f"<Job {getattr(self.fn, '__name__', self.fn)} {state}>"
 
 
@@ -90,8 +104,14 @@ class ActorThread:
     """Runs one actor's sync jobs in order on a daemon thread; reports finished ones
     back to the loop with ``on_done(jobs)``, called on the loop's thread."""
 
-    def __init__(self, rt: Runtime, actor: Any, name: str, cv: contextvars.Context,
-                 on_done: Callable[[list[Job]], None]) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        actor: Any,
+        name: str,
+        cv: contextvars.Context,
+        on_done: Callable[[list[Job]], None],
+    ) -> None:
         self._rt = rt
         self._loop = rt.loop
         self._actor = actor
@@ -102,8 +122,7 @@ class ActorThread:
         self._wake_pending = False
         self.closed = False
         self.current: Job | None = None
-        self._thread = threading.Thread(target=self._main, name=f"danaus-actor {name}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._main, name=f"danaus-actor {name}", daemon=True)
         self._thread.start()
 
     def __repr__(self) -> str:

@@ -53,5 +53,7 @@ def frame_keys(key: bytes, dialer_nonce: bytes, acceptor_nonce: bytes) -> tuple[
     """Session keys that bind every later frame of a connection to its handshake:
     ``(dialer -> acceptor, acceptor -> dialer)``. Both nonces are fresh per connection,
     so frames of one session verify in no other (and a relay cannot splice its own in)."""
-    return (proof(key, b"frames dialer->acceptor", dialer_nonce, acceptor_nonce),
-            proof(key, b"frames acceptor->dialer", dialer_nonce, acceptor_nonce))
+    return (
+        proof(key, b"frames dialer->acceptor", dialer_nonce, acceptor_nonce),
+        proof(key, b"frames acceptor->dialer", dialer_nonce, acceptor_nonce),
+    )

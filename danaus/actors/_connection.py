@@ -227,8 +227,11 @@ class Connection(asyncio.BufferedProtocol):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, n)
             except OSError:
                 pass
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6) \
-                and transport.get_extra_info("sslcontext") is None:
+        if (
+            sock is not None
+            and sock.family in (socket.AF_INET, socket.AF_INET6)
+            and transport.get_extra_info("sslcontext") is None
+        ):
             self._tag_frames = True  # TCP without TLS: bind each frame to this session
         if self.dialer:
             self._write_now(frame(_hs_encode(Hello(self._nonce, self.rt.addr))))
@@ -252,11 +255,15 @@ class Connection(asyncio.BufferedProtocol):
             # The peer did send: it is our own loop that was too busy to read it yet
             # (timers run before the poll). A busy proc is slow, not hostile: look again
             # shortly, bounded by the liveness timeout.
-            self._hs_timer = self.loop.call_later(min(0.1, self._hs_deadline()),
-                                                  self._handshake_expired)
+            self._hs_timer = self.loop.call_later(
+                min(0.1, self._hs_deadline()), self._handshake_expired
+            )
             return
-        self._fail(AuthenticationError(
-            f"peer {self._peer_name()} did not authenticate within {self._hs_deadline()} s"))
+        self._fail(
+            AuthenticationError(
+                f"peer {self._peer_name()} did not authenticate within {self._hs_deadline()} s"
+            )
+        )
 
     def _unread_bytes_waiting(self) -> bool:
         """Has the peer sent bytes that this side has not read yet?"""
@@ -295,8 +302,12 @@ class Connection(asyncio.BufferedProtocol):
         silently (calls among them fail through ``pending``; this covers the rest)."""
         hooks, self._undelivered = self._undelivered, []
         if self._backlog_msgs > len(hooks):
-            log.error("%d message(s) queued for %s while connecting were never delivered: %s",
-                      self._backlog_msgs - len(hooks), self._peer_name(), self.close_reason)
+            log.error(
+                "%d message(s) queued for %s while connecting were never delivered: %s",
+                self._backlog_msgs - len(hooks),
+                self._peer_name(),
+                self.close_reason,
+            )
         self._backlog = []
         self._backlog_msgs = 0
         for hook in hooks:
@@ -391,8 +402,9 @@ class Connection(asyncio.BufferedProtocol):
         """Queue one message; False when the connection is closed."""
         return self.send_encoded(self._encoder.encode(msg), parts)
 
-    def send_reported(self, msg: Any, parts: Sequence[Buffer],
-                      undelivered: Callable[[BaseException | None], None]) -> bool:
+    def send_reported(
+        self, msg: Any, parts: Sequence[Buffer], undelivered: Callable[[BaseException | None], None]
+    ) -> bool:
         """:meth:`send` for a message that nobody answers (a port value): if it is queued
         now, while connecting, and the connection then fails, ``undelivered(reason)``
         is called instead of the message vanishing."""
@@ -406,8 +418,13 @@ class Connection(asyncio.BufferedProtocol):
         """Queue one already-encoded header (shared by sends of one cast)."""
         state = self.state
         if state is OPEN:
-            if self._mac_out is not None and not parts and not self._wq and not self.pending \
-                    and not self._reading:
+            if (
+                self._mac_out is not None
+                and not parts
+                and not self._wq
+                and not self.pending
+                and not self._reading
+            ):
                 self._enqueue(header, parts)  # a lone message: out now, as below
                 self._flush()
                 return True
@@ -486,16 +503,25 @@ class Connection(asyncio.BufferedProtocol):
             self._hs_timer.cancel()
             self._hs_timer = None
         if self._tag_frames:
-            d2a, a2d = _auth.frame_keys(self.rt.key, *((self._nonce, self._peer_nonce)
-                                                      if self.dialer else
-                                                      (self._peer_nonce, self._nonce)))
+            d2a, a2d = _auth.frame_keys(
+                self.rt.key,
+                *(
+                    (self._nonce, self._peer_nonce)
+                    if self.dialer
+                    else (self._peer_nonce, self._nonce)
+                ),
+            )
             out_key, in_key = (d2a, a2d) if self.dialer else (a2d, d2a)
             # Keyed BLAKE2b for small frames (1 µs each), HMAC-SHA256 for large ones (faster
             # per byte here); both sides pick by the frame's length.
-            self._mac_out = (hashlib.blake2b(key=out_key, digest_size=_TAG_BYTES),
-                             hmac.new(out_key, digestmod=hashlib.sha256))
-            self._mac_in = (hashlib.blake2b(key=in_key, digest_size=_TAG_BYTES),
-                            hmac.new(in_key, digestmod=hashlib.sha256))
+            self._mac_out = (
+                hashlib.blake2b(key=out_key, digest_size=_TAG_BYTES),
+                hmac.new(out_key, digestmod=hashlib.sha256),
+            )
+            self._mac_in = (
+                hashlib.blake2b(key=in_key, digest_size=_TAG_BYTES),
+                hmac.new(in_key, digestmod=hashlib.sha256),
+            )
         if self._backlog:
             for header, parts in self._backlog:
                 self._enqueue(header, parts)
@@ -511,12 +537,12 @@ class Connection(asyncio.BufferedProtocol):
         if self._direct is not None:
             if self._direct_filled == len(self._direct):
                 self._grow_direct()
-            return self._direct[self._direct_filled:]
+            return self._direct[self._direct_filled :]
         if self._end == len(self._buf):
             self._compact(0)
         elif len(self._buf) < _RECV_BUFFER and self.state is OPEN:
             self._compact(_RECV_BUFFER)  # authenticated now: a buffer for real traffic
-        return self._mv[self._end:]
+        return self._mv[self._end :]
 
     def _grow_direct(self) -> None:
         """The part being received filled its buffer and more is due: double it."""
@@ -537,11 +563,11 @@ class Connection(asyncio.BufferedProtocol):
         unread = self._end - self._start
         if max(need, unread + 1) > len(self._buf):
             buf = bytearray(max(need, 2 * len(self._buf)))
-            buf[:unread] = self._mv[self._start:self._end]
+            buf[:unread] = self._mv[self._start : self._end]
             self._buf = buf
             self._mv = memoryview(buf)
         elif self._start:
-            self._mv[:unread] = self._mv[self._start:self._end]
+            self._mv[:unread] = self._mv[self._start : self._end]
         self._start = 0
         self._end = unread
 
@@ -576,7 +602,9 @@ class Connection(asyncio.BufferedProtocol):
 
     def eof_received(self) -> bool | None:
         if self._hlen >= 0 or self._start != self._end:
-            self._fail(ProtocolError(f"peer {self._peer_name()} closed mid-frame (truncated frame)"))
+            self._fail(
+                ProtocolError(f"peer {self._peer_name()} closed mid-frame (truncated frame)")
+            )
         return None
 
     def _parse(self) -> None:
@@ -589,15 +617,21 @@ class Connection(asyncio.BufferedProtocol):
             while end - start >= 12:
                 magic, hlen, nparts = unpack(mv, start)
                 e = start + 12 + hlen
-                if nparts or magic != MAGIC or 12 + hlen >= _LARGE_FRAME \
-                        or hlen > config.max_header_bytes or end - e < _TAG_BYTES:
+                if (
+                    nparts
+                    or magic != MAGIC
+                    or 12 + hlen >= _LARGE_FRAME
+                    or hlen > config.max_header_bytes
+                    or end - e < _TAG_BYTES
+                ):
                     break  # (the general path below checks, or waits for more)
-                self._check_tag((mv[start:e],), e - start, mv[e:e + _TAG_BYTES])
+                self._check_tag((mv[start:e],), e - start, mv[e : e + _TAG_BYTES])
                 try:
-                    msg = decode(mv[start + 12:e].tobytes())
+                    msg = decode(mv[start + 12 : e].tobytes())
                 except msgspec.DecodeError as ex:
                     raise ProtocolError(
-                        f"undecodable message header from {self._peer_name()}: {ex}") from ex
+                        f"undecodable message header from {self._peer_name()}: {ex}"
+                    ) from ex
                 start = self._start = e + _TAG_BYTES
                 dispatch(self, msg, _NO_PARTS)
                 if self.state is not OPEN or self._read_holders:
@@ -620,7 +654,8 @@ class Connection(asyncio.BufferedProtocol):
                     msg = decode(mv[s:start].tobytes())
                 except msgspec.DecodeError as e:
                     raise ProtocolError(
-                        f"undecodable message header from {self._peer_name()}: {e}") from e
+                        f"undecodable message header from {self._peer_name()}: {e}"
+                    ) from e
                 dispatch(self, msg, _NO_PARTS)
                 if self.state is not OPEN or self._read_holders:
                     return  # closed, or a full mailbox: the rest waits in the buffer
@@ -635,13 +670,18 @@ class Connection(asyncio.BufferedProtocol):
                     break
                 magic, hlen, nparts = unpack(mv, start)
                 if magic != MAGIC:
-                    raise ProtocolError(f"bad frame magic {bytes(magic)!r} from {self._peer_name()}")
-                limit = (config.max_header_bytes if self.state is OPEN
-                         else MAX_HANDSHAKE_HEADER)
+                    raise ProtocolError(
+                        f"bad frame magic {bytes(magic)!r} from {self._peer_name()}"
+                    )
+                limit = config.max_header_bytes if self.state is OPEN else MAX_HANDSHAKE_HEADER
                 if hlen > limit:
-                    raise ProtocolError(f"frame header of {hlen} bytes exceeds the limit of {limit}")
+                    raise ProtocolError(
+                        f"frame header of {hlen} bytes exceeds the limit of {limit}"
+                    )
                 if nparts > MAX_PARTS or (nparts and self.state is not OPEN):
-                    raise ProtocolError(f"frame of {nparts} parts refused in state {self.state.value}")
+                    raise ProtocolError(
+                        f"frame of {nparts} parts refused in state {self.state.value}"
+                    )
                 need = 12 + 8 * nparts
                 if avail < need:
                     if need > len(self._buf) - self._start:
@@ -655,7 +695,7 @@ class Connection(asyncio.BufferedProtocol):
                         f"frame of {total} bytes exceeds max_frame_bytes={config.max_frame_bytes}"
                     )
                 if self._mac_in is not None and self.state is OPEN:
-                    self._head = bytes(mv[self._start:self._start + need])
+                    self._head = bytes(mv[self._start : self._start + need])
                 self._start += need
                 self._hlen = hlen
                 self._lens = lens
@@ -670,7 +710,7 @@ class Connection(asyncio.BufferedProtocol):
                         self._compact(min(hlen, 2 * len(self._buf)))
                         mv = self._mv
                     break
-                self._header = bytes(mv[self._start:self._start + hlen])
+                self._header = bytes(mv[self._start : self._start + hlen])
                 self._start += hlen
                 continue
             i = len(self._parts)
@@ -681,7 +721,7 @@ class Connection(asyncio.BufferedProtocol):
                     buf = _pool.reuse(n) if n >= _POOLED_PART else None
                     if buf is None:
                         buf = bytearray(max(have, min(n, _GROW_FROM)))
-                    buf[:have] = mv[self._start:self._start + have]
+                    buf[:have] = mv[self._start : self._start + have]
                     self._start += have
                     if have == n:
                         self._parts.append(buf)
@@ -696,7 +736,7 @@ class Connection(asyncio.BufferedProtocol):
                         self._compact(n)
                         mv = self._mv
                     break
-                self._parts.append(bytearray(mv[self._start:self._start + n]))
+                self._parts.append(bytearray(mv[self._start : self._start + n]))
                 self._start += n
                 continue
             if self._mac_in is not None and self.state is OPEN:
@@ -706,9 +746,11 @@ class Connection(asyncio.BufferedProtocol):
                         mv = self._mv
                     break
                 assert self._header is not None
-                self._check_tag((self._head, self._header, *self._parts),
-                                len(self._head) + len(self._header) + sum(self._lens),
-                                mv[self._start:self._start + _TAG_BYTES])
+                self._check_tag(
+                    (self._head, self._header, *self._parts),
+                    len(self._head) + len(self._header) + sum(self._lens),
+                    mv[self._start : self._start + _TAG_BYTES],
+                )
                 self._start += _TAG_BYTES
             header, parts = self._header, self._parts
             self._hlen = -1
@@ -718,7 +760,9 @@ class Connection(asyncio.BufferedProtocol):
                 try:
                     msg = self._decode(header)
                 except msgspec.DecodeError as e:
-                    raise ProtocolError(f"undecodable message header from {self._peer_name()}: {e}") from e
+                    raise ProtocolError(
+                        f"undecodable message header from {self._peer_name()}: {e}"
+                    ) from e
                 self.rt.dispatch(self, msg, parts)
                 if self._read_holders:
                     return
@@ -737,7 +781,8 @@ class Connection(asyncio.BufferedProtocol):
         if not hmac.compare_digest(expected, tag):
             raise AuthenticationError(
                 f"a frame from {self._peer_name()} failed authentication (not from the peer "
-                "that completed the handshake, or altered on the way): connection closed")
+                "that completed the handshake, or altered on the way): connection closed"
+            )
 
     # ------------------------------------------------------------ handshake
 
@@ -753,16 +798,21 @@ class Connection(asyncio.BufferedProtocol):
             if len(msg.nonce) != _auth.NONCE_BYTES:
                 raise AuthenticationError(
                     f"peer {self._peer_name()} sent a {len(msg.nonce)}-byte nonce "
-                    f"(expected {_auth.NONCE_BYTES})")
+                    f"(expected {_auth.NONCE_BYTES})"
+                )
             self._peer_nonce = msg.nonce
             self.peer = msg.addr
             mac = _auth.proof(key, b"acceptor", msg.nonce, self._nonce)
             self._write_now(frame(_hs_encode(Challenge(self._nonce, mac))))
         elif self.dialer and isinstance(msg, Challenge) and not self._peer_nonce:
-            if len(msg.nonce) != _auth.NONCE_BYTES or not _auth.verify(key, b"acceptor", self._nonce, msg.nonce, msg.mac):
+            if len(msg.nonce) != _auth.NONCE_BYTES or not _auth.verify(
+                key, b"acceptor", self._nonce, msg.nonce, msg.mac
+            ):
                 raise AuthenticationError(f"peer {self.peer} failed to prove the job key")
             self._peer_nonce = msg.nonce
-            self._write_now(frame(_hs_encode(Auth(_auth.proof(key, b"dialer", msg.nonce, self._nonce)))))
+            self._write_now(
+                frame(_hs_encode(Auth(_auth.proof(key, b"dialer", msg.nonce, self._nonce))))
+            )
             self._open()
         elif not self.dialer and isinstance(msg, Auth) and self._peer_nonce:
             if not _auth.verify(key, b"dialer", self._nonce, self._peer_nonce, msg.mac):

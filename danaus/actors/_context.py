@@ -50,7 +50,9 @@ class Context:
 
 _CONTROLLER_POINT = Point({}, {})
 _CONTROLLER = Context(None)
-current: contextvars.ContextVar[Context] = contextvars.ContextVar("danaus_context", default=_CONTROLLER)
+current: contextvars.ContextVar[Context] = contextvars.ContextVar(
+    "danaus_context", default=_CONTROLLER
+)
 
 
 def context() -> Context:

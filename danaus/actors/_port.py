@@ -64,7 +64,9 @@ class Port(Generic[T]):
             return
         import msgspec
 
-        msg = Result(self.port_id, status, raw if raw is not None else msgspec.Raw(b"\xc0"), pickled, rank)
+        msg = Result(
+            self.port_id, status, raw if raw is not None else msgspec.Raw(b"\xc0"), pickled, rank
+        )
         run_on(rt, _send, rt, self.addr, msg, parts, current.get().actor_instance)
 
 
@@ -79,15 +81,18 @@ def _close_port(rt: Runtime, port_id: int) -> None:
         rt.ports.pop(port_id, None)
 
 
-def _send(rt: Runtime, addr: str, msg: Result, parts: list[Any],
-          sender: ActorContext | None) -> None:
+def _send(
+    rt: Runtime, addr: str, msg: Result, parts: list[Any], sender: ActorContext | None
+) -> None:
     conn = rt.connection(addr)
 
     def undelivered(reason: BaseException | None) -> None:
         # Never silently: the sending actor hears of it (as in Monarch, an undeliverable
         # message fails the sender unless its _handle_undeliverable_message takes it).
-        why = (f"a message to port {addr}#{msg.port} could not be delivered: "
-               f"{rt.peer_lost_error(addr, reason)}")
+        why = (
+            f"a message to port {addr}#{msg.port} could not be delivered: "
+            f"{rt.peer_lost_error(addr, reason)}"
+        )
         inst = sender.runtime_actor if sender is not None else None
         if inst is not None and not inst.stopped:
             inst.undeliverable(why)

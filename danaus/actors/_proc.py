@@ -53,6 +53,7 @@ async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> No
             stdin_closed.set_result(None)
 
     loop.add_reader(0, on_stdin)
+
     def on_sigterm() -> None:
         if not rt.stop_requested.done():
             rt.stop_requested.set_result(None)
@@ -81,8 +82,12 @@ def main() -> None:
     parser.add_argument("--addr", required=True)
     parser.add_argument("--parent", required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
-    parser.add_argument("--listen-fd", type=int, default=None,
-                        help="an inherited socket, already bound to --addr and listening")
+    parser.add_argument(
+        "--listen-fd",
+        type=int,
+        default=None,
+        help="an inherited socket, already bound to --addr and listening",
+    )
     ns = parser.parse_args()
     _die_with_parent(ns.parent_pid)
     _run_startup_hooks()
@@ -93,8 +98,10 @@ def main() -> None:
     from ._auth import set_job_key
 
     set_job_key(key)  # every runtime this proc makes (a thread's, the background one) uses it
-    logging.basicConfig(level=os.environ.get("DANAUS_LOG_LEVEL", "WARNING"),
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("DANAUS_LOG_LEVEL", "WARNING"),
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     from ..config import config
     from ._runtime import new_event_loop
 

@@ -102,8 +102,9 @@ def error_from_info(info: ErrorInfo) -> DanausError:
     if kind == "actor":
         return ActorError(info.actor, info.rank, info.exc_type, info.message, info.traceback)
     if kind == "remote":
-        return RemoteException(info.actor, info.rank, info.exc_type, info.message,
-                               info.traceback, info.issued_at)
+        return RemoteException(
+            info.actor, info.rank, info.exc_type, info.message, info.traceback, info.issued_at
+        )
     cls: type[DanausError] = {
         "supervision": SupervisionError,
         "serialization": SerializationError,
@@ -124,10 +125,19 @@ def info_from_error(exc: BaseException, actor: str = "", rank: str = "", tb: str
     elif isinstance(exc, ClosedError):
         kind = "closed"
     if isinstance(exc, RemoteException):
-        return ErrorInfo("remote", exc.actor, exc.rank, exc.exc_type, exc.message,
-                         exc.remote_traceback, exc.issued_at)
+        return ErrorInfo(
+            "remote",
+            exc.actor,
+            exc.rank,
+            exc.exc_type,
+            exc.message,
+            exc.remote_traceback,
+            exc.issued_at,
+        )
     if isinstance(exc, ActorError):
-        return ErrorInfo("actor", exc.actor, exc.rank, exc.exc_type, exc.message, exc.remote_traceback)
+        return ErrorInfo(
+            "actor", exc.actor, exc.rank, exc.exc_type, exc.message, exc.remote_traceback
+        )
     t = type(exc)
     name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
     try:
@@ -151,8 +161,13 @@ def encode_error(info: ErrorInfo) -> msgspec.Raw:
     try:
         return msgspec.Raw(_error_encode(info))
     except UnicodeEncodeError:  # text that is not UTF-8 (lone surrogates): escape it
-        return msgspec.Raw(_error_encode(ErrorInfo(*(
-            _utf8(v) if isinstance(v, str) else v for v in msgspec.structs.astuple(info)))))
+        return msgspec.Raw(
+            _error_encode(
+                ErrorInfo(
+                    *(_utf8(v) if isinstance(v, str) else v for v in msgspec.structs.astuple(info))
+                )
+            )
+        )
 
 
 def _A_REPLY() -> str:
@@ -214,22 +229,31 @@ peer_exited: dict[str, ThreadFuture[int]] = {}
 _extensions: dict[type, Callable[[Runtime, Connection, Any, list[Any]], None]] = {}
 
 
-def register_extension(msg_type: type, handler: Callable[[Runtime, Connection, Any, list[Any]], None]) -> None:
+def register_extension(
+    msg_type: type, handler: Callable[[Runtime, Connection, Any, list[Any]], None]
+) -> None:
     """Let a higher layer handle a message type of the wire union (e.g. the mesh's Cast)."""
     _extensions[msg_type] = handler
     for rt in all_runtimes():
         rt.extensions[msg_type] = handler
 
 
-_runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = weakref.WeakKeyDictionary()
+_runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
+    weakref.WeakKeyDictionary()
+)
 _runtimes_lock = threading.Lock()
 
 
 class Runtime:
     """Connections, ports and actors of one event loop. Use :func:`current_runtime`."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, addr: str | None = None,
-                 key: bytes | None = None, sock: socket.socket | None = None) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        addr: str | None = None,
+        key: bytes | None = None,
+        sock: socket.socket | None = None,
+    ) -> None:
         self.loop = loop
         self.key = key if key is not None else _auth.job_key()
         # A name nobody can predict: abstract socket names are listed to every local
@@ -257,7 +281,8 @@ class Runtime:
         self.seqs: dict[str, dict[str, int]] = {}
         #: handlers of message types defined by higher layers (the mesh's Cast)
         self.extensions: dict[type, Callable[[Runtime, Connection, Any, list[Any]], None]] = dict(
-            _extensions)
+            _extensions
+        )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._all_conns: set[Connection] = set()
         self._refused = 0  # strangers refused since the last log line about them
@@ -323,9 +348,12 @@ class Runtime:
                 conn.seen_reads = conn.reads
                 conn.quiet_since = now
             elif now - conn.quiet_since > config.heartbeat_timeout:
-                conn._fail(SupervisionError(
-                    f"peer {conn.peer} did not answer for {config.heartbeat_timeout} s "
-                    "(frozen, stopped, or partitioned)"))
+                conn._fail(
+                    SupervisionError(
+                        f"peer {conn.peer} did not answer for {config.heartbeat_timeout} s "
+                        "(frozen, stopped, or partitioned)"
+                    )
+                )
             elif now - conn.quiet_since >= config.heartbeat_interval:
                 conn.send(_PING)
         self.loop.call_later(config.heartbeat_interval, self._heartbeat)
@@ -334,8 +362,9 @@ class Runtime:
         if self._sock.family == socket.AF_UNIX:
             self._server = await self.loop.create_unix_server(self._accept, sock=self._sock)
         else:
-            self._server = await self.loop.create_server(self._accept, sock=self._sock,
-                                                         ssl=tls_context(server=True))
+            self._server = await self.loop.create_server(
+                self._accept, sock=self._sock, ssl=tls_context(server=True)
+            )
 
     def _accept(self) -> Connection:
         conn = Connection(self, dialer=False)
@@ -345,16 +374,21 @@ class Runtime:
     def admit(self, conn: Connection) -> bool:
         """May this accepted, not yet authenticated connection stay? Strangers are
         bounded: past ``config.max_unauthenticated`` of them, new ones are closed."""
-        waiting = sum(1 for c in self._all_conns
-                      if c.state is HANDSHAKE and not c.dialer and c is not conn)
+        waiting = sum(
+            1 for c in self._all_conns if c.state is HANDSHAKE and not c.dialer and c is not conn
+        )
         if waiting < config.max_unauthenticated:
             return True
         self._refused += 1
         now = self.loop.time()
         if now - self._refused_logged >= 1.0:  # a flood logs a line a second, not a line each
             self._refused_logged = now
-            log.error("refused %d connection(s): %d are already waiting to authenticate "
-                      "(config.max_unauthenticated)", self._refused, config.max_unauthenticated)
+            log.error(
+                "refused %d connection(s): %d are already waiting to authenticate "
+                "(config.max_unauthenticated)",
+                self._refused,
+                config.max_unauthenticated,
+            )
             self._refused = 0
         return False
 
@@ -429,7 +463,8 @@ class Runtime:
                     break
                 except ConnectionRefusedError as e:
                     raise ConnectionRefusedError(
-                        f"nothing listens at {conn.peer} any more (its proc exited)") from e
+                        f"nothing listens at {conn.peer} any more (its proc exited)"
+                    ) from e
                 except FileNotFoundError:
                     if self.loop.time() + delay > deadline:
                         raise
@@ -454,7 +489,8 @@ class Runtime:
         else:
             ctx = tls_context(server=False)
             transport, _ = await self.loop.create_connection(
-                lambda: conn, *where, ssl=ctx, server_hostname=where[0] if ctx else None)
+                lambda: conn, *where, ssl=ctx, server_hostname=where[0] if ctx else None
+            )
             tsock = transport.get_extra_info("socket")
             if tsock is not None:
                 tsock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -499,13 +535,18 @@ class Runtime:
     def _fail_pending(self, conn: Connection, pending: dict[int, Any]) -> None:
         for port, ranks in pending.items():
             for rank in ranks if isinstance(ranks, list) else (ranks,):
-                self.deliver(port, rank, ERROR,
-                             self.peer_lost_error(conn.peer or "(unknown)", conn.close_reason, rank))
+                self.deliver(
+                    port,
+                    rank,
+                    ERROR,
+                    self.peer_lost_error(conn.peer or "(unknown)", conn.close_reason, rank),
+                )
             if isinstance(ranks, SkipOnLoss):
                 ranks.send_skips(self)
 
-    async def _fail_pending_after_exit(self, conn: Connection, pending: dict[int, Any],
-                                       exited: ThreadFuture[int]) -> None:
+    async def _fail_pending_after_exit(
+        self, conn: Connection, pending: dict[int, Any], exited: ThreadFuture[int]
+    ) -> None:
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(exited)), 0.5)
         except TimeoutError:
@@ -513,8 +554,9 @@ class Runtime:
         finally:
             self._fail_pending(conn, pending)
 
-    def peer_lost_error(self, peer: str, cause: BaseException | None,
-                        rank: int = -1) -> SupervisionError:
+    def peer_lost_error(
+        self, peer: str, cause: BaseException | None, rank: int = -1
+    ) -> SupervisionError:
         why = None
         describe = peer_exit_reason.get(peer)
         if describe is not None and not isinstance(cause, SupervisionError):
@@ -657,16 +699,27 @@ class Runtime:
             retry()
 
     def no_actor(self, actor: str) -> ErrorInfo:
-        why = "it was stopped" if actor in self.gone_actors else (
-            f"it has: {sorted(self.actors) or 'none'}")
-        return ErrorInfo("supervision", actor, "", "SupervisionError",
-                         f"no actor named {actor!r} in proc {self.addr} ({why})", "")
+        why = (
+            "it was stopped"
+            if actor in self.gone_actors
+            else (f"it has: {sorted(self.actors) or 'none'}")
+        )
+        return ErrorInfo(
+            "supervision",
+            actor,
+            "",
+            "SupervisionError",
+            f"no actor named {actor!r} in proc {self.addr} ({why})",
+            "",
+        )
 
     def reply_error(self, conn: Connection, port: int, rank: int, info: ErrorInfo) -> None:
         if port:
             conn.send(Result(port, ERROR, encode_error(info), False, rank))
         else:
-            log.error("%s: %s (no caller waited for this result)", info.actor or self.addr, info.message)
+            log.error(
+                "%s: %s (no caller waited for this result)", info.actor or self.addr, info.message
+            )
 
     async def _stop_actor(self, conn: Connection, msg: StopActor) -> None:
         actor = self.actors.pop(msg.actor, None)
@@ -688,8 +741,17 @@ class Runtime:
 
     # ------------------------------------------------------------ sending
 
-    def send_call(self, addr: str, actor: str, method: str, reply: int, rank: int,
-                  args: msgspec.Raw, pickled: bool, parts: Sequence[Buffer]) -> None:
+    def send_call(
+        self,
+        addr: str,
+        actor: str,
+        method: str,
+        reply: int,
+        rank: int,
+        args: msgspec.Raw,
+        pickled: bool,
+        parts: Sequence[Buffer],
+    ) -> None:
         """Send one call to ``actor`` at ``addr``; its reply (if ``reply``) comes to that port."""
         conn = self.connection(addr)
         seqs = self.seqs.get(addr)
@@ -882,8 +944,7 @@ def _caller_can_await() -> bool:
         if code.co_flags & _ASYNC_CODE:
             return True
         back = f.f_back
-        if code.co_name == "<module>" and back is not None \
-                and back.f_code.co_flags & _ASYNC_CODE:
+        if code.co_name == "<module>" and back is not None and back.f_code.co_flags & _ASYNC_CODE:
             return False
         f = back
     return True

@@ -96,8 +96,13 @@ def _reduce_tensor(obj: Any) -> Any:
     dtype = str(t.dtype).removeprefix("torch.")
     return (
         _rebuild_tensor,
-        (pickle.PickleBuffer(raw), dtype, tuple(t.shape), obj.requires_grad,
-         isinstance(obj, torch.nn.Parameter)),
+        (
+            pickle.PickleBuffer(raw),
+            dtype,
+            tuple(t.shape),
+            obj.requires_grad,
+            isinstance(obj, torch.nn.Parameter),
+        ),
     )
 
 
@@ -141,9 +146,10 @@ def _override(obj: Any) -> Any:
 
 class _Pickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, (type, types.FunctionType)) and getattr(
-            obj, "__module__", None
-        ) in ("__main__", "__mp_main__"):
+        if isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) in (
+            "__main__",
+            "__mp_main__",
+        ):
             raise _NeedCloudpickle
         return _override(obj)
 
@@ -210,7 +216,8 @@ def dumps(obj: object, what: Callable[[], str]) -> tuple[msgspec.Raw, bool, list
         raise SerializationError(
             f"{what()} is {size:,} bytes, over the {config.max_frame_bytes:,}-byte frame "
             "limit (config.max_frame_bytes, DANAUS_MAX_FRAME_BYTES); send it as an "
-            "RDMABuffer, or raise the limit on both ends")
+            "RDMABuffer, or raise the limit on both ends"
+        )
     if len(pickled) > config.oob_threshold:
         parts.append(pickled)
         return _OOB_PICKLE, True, parts
@@ -241,7 +248,9 @@ def dumps_args(
     return dumps((args, kwargs), what)
 
 
-def loads(raw: msgspec.Raw | bytes, pickled: bool, parts: list[Any], what: Callable[[], str]) -> Any:
+def loads(
+    raw: msgspec.Raw | bytes, pickled: bool, parts: list[Any], what: Callable[[], str]
+) -> Any:
     """Decode what :func:`dumps` made.
 
     Raises:

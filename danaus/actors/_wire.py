@@ -209,8 +209,20 @@ class Cancel(msgspec.Struct, tag=27, array_like=True, frozen=True):
     reply: int
 
 
-Message: TypeAlias = (Call | Result | Spawn | StopActor | StopProc | Cast | Gathered | SeqSkip
-                      | Ping | Pong | Failure | Cancel)
+Message: TypeAlias = (
+    Call
+    | Result
+    | Spawn
+    | StopActor
+    | StopProc
+    | Cast
+    | Gathered
+    | SeqSkip
+    | Ping
+    | Pong
+    | Failure
+    | Cancel
+)
 
 
 class ErrorInfo(msgspec.Struct, array_like=True, frozen=True):

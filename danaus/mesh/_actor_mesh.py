@@ -44,10 +44,19 @@ class ActorMesh(Shaped, Generic[A]):
     it (or a slice of it) to another actor, and that actor can call it too.
     """
 
-    def __init__(self, name: str, wire: str, cls: type[A], shape: Shape,
-                 addrs: dict[int, str] | None, initialized: ThreadFuture[None],
-                 spawn_rt: Runtime | None, procs: ProcMesh | None,
-                 sent: ThreadFuture[None] | None = None, state: MeshState | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        wire: str,
+        cls: type[A],
+        shape: Shape,
+        addrs: dict[int, str] | None,
+        initialized: ThreadFuture[None],
+        spawn_rt: Runtime | None,
+        procs: ProcMesh | None,
+        sent: ThreadFuture[None] | None = None,
+        state: MeshState | None = None,
+    ) -> None:
         self._name = name
         self._wire = wire  # unique per spawn: the actor's key in its procs
         self._cls = cls
@@ -87,10 +96,17 @@ class ActorMesh(Shaped, Generic[A]):
         return addr
 
     @classmethod
-    def _spawn(cls, procs: ProcMesh, name: str, actor_cls: type[A], args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> ActorMesh[A]:
-        raw, pickled, parts = dumps((actor_cls, args, kwargs),
-                                    lambda: f"actor class {actor_cls.__name__} and its arguments")
+    def _spawn(
+        cls,
+        procs: ProcMesh,
+        name: str,
+        actor_cls: type[A],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> ActorMesh[A]:
+        raw, pickled, parts = dumps(
+            (actor_cls, args, kwargs), lambda: f"actor class {actor_cls.__name__} and its arguments"
+        )
         rt = current_runtime()
         init: ThreadFuture[None] = ThreadFuture()
         sent: ThreadFuture[None] = ThreadFuture()
@@ -99,8 +115,7 @@ class ActorMesh(Shaped, Generic[A]):
         errors: list[BaseException] = []
         left = [len(handles)]
         root = procs._root
-        state = MeshState(name, root.shape, current_owner(),
-                          frozenset(h.rank for h in handles))
+        state = MeshState(name, root.shape, current_owner(), frozenset(h.rank for h in handles))
         actor_states[wire] = state
         root._actor_states.append(state)
         for r, why in root._state.failed.items():
@@ -150,7 +165,8 @@ class ActorMesh(Shaped, Generic[A]):
             if not all(addrs.values()):
                 raise SerializationError(
                     f"{self!r} cannot be passed on before its procs have started (their "
-                    "addresses are not known yet): `await mesh.initialized` first")
+                    "addresses are not known yet): `await mesh.initialized` first"
+                )
         return (_rebuild, (self._name, self._wire, self._cls, self._shape, addrs))
 
     def __repr__(self) -> str:
@@ -167,8 +183,18 @@ class ActorMesh(Shaped, Generic[A]):
         return ActorEndpoint(self, name)
 
     def _with_shape(self, shape: Shape) -> ActorMesh[A]:
-        return ActorMesh(self._name, self._wire, self._cls, shape, self._addrs, self._init,
-                         self._spawn_rt, self._procs, self._sent, self._state)
+        return ActorMesh(
+            self._name,
+            self._wire,
+            self._cls,
+            shape,
+            self._addrs,
+            self._init,
+            self._spawn_rt,
+            self._procs,
+            self._sent,
+            self._state,
+        )
 
     @property
     def initialized(self) -> Future[None]:
@@ -254,7 +280,9 @@ class ActorMesh(Shaped, Generic[A]):
         return list(self._addrs)
 
 
-def _rebuild(name: str, wire: str, cls: type[Any], shape: Shape, addrs: dict[int, str]) -> ActorMesh[Any]:
+def _rebuild(
+    name: str, wire: str, cls: type[Any], shape: Shape, addrs: dict[int, str]
+) -> ActorMesh[Any]:
     return ActorMesh(name, wire, cls, shape, addrs, resolved(), None, None)
 
 
@@ -279,9 +307,16 @@ class ActorEndpoint(Generic[A]):
     def _describe_args(self) -> str:
         return f"arguments of {self._mesh._cls.__name__}.{self._name}"
 
-    def _send(self, rt: Runtime, ranks: list[int], port: int,
-              enc: tuple[Any, bool, list[Any]], mode: int = CAST_GATHER,
-              reducer: tuple[msgspec.Raw, bool] | None = None, here: bool | None = None) -> None:
+    def _send(
+        self,
+        rt: Runtime,
+        ranks: list[int],
+        port: int,
+        enc: tuple[Any, bool, list[Any]],
+        mode: int = CAST_GATHER,
+        reducer: tuple[msgspec.Raw, bool] | None = None,
+        here: bool | None = None,
+    ) -> None:
         if here is None:
             here = rt.on_loop()
         mesh = self._mesh
@@ -322,16 +357,31 @@ class ActorEndpoint(Generic[A]):
                 if a:
                     targets.append((r, a))
                 elif port:
-                    rt.deliver(port, r, ERROR, SupervisionError(
-                        f"the proc of rank {r} of {mesh!r} never started"))
+                    rt.deliver(
+                        port,
+                        r,
+                        ERROR,
+                        SupervisionError(f"the proc of rank {r} of {mesh!r} never started"),
+                    )
             if fanout and len(targets) > fanout:
                 tree = []
                 for rank, addr in targets:
                     seqs = rt.seqs.setdefault(addr, {})
                     seq = seqs[actor] = seqs.get(actor, 0) + 1
                     tree.append((rank, addr, seq))
-                send_cast(rt, actor, method, tree, port, mode if port else CAST_NONE, fanout,
-                          raw, pickled, parts, reducer)
+                send_cast(
+                    rt,
+                    actor,
+                    method,
+                    tree,
+                    port,
+                    mode if port else CAST_NONE,
+                    fanout,
+                    raw,
+                    pickled,
+                    parts,
+                    reducer,
+                )
             else:
                 for rank, addr in targets:
                     rt.send_call(addr, actor, method, port, rank, raw, pickled, parts)
@@ -351,8 +401,9 @@ class ActorEndpoint(Generic[A]):
             )
         return self._call_single(ranks, args, kwargs)
 
-    def _call_single(self, ranks: list[int], args: tuple[Any, ...],
-                     kwargs: dict[str, Any]) -> Future[Any]:
+    def _call_single(
+        self, ranks: list[int], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Future[Any]:
         enc = self._encode(args, kwargs)
         rt, here = runtime_here()
         fut: Future[Any] = Future(loop=rt.loop)
@@ -367,12 +418,16 @@ class ActorEndpoint(Generic[A]):
         fut._on_cancel = functools.partial(_cancel_calls, rt, self._mesh, port, ranks)
         waiter = waiting_actor()
         if waiter is not None and waiter.name == self._mesh._wire and waiter.rank in ranks:
-            fut._self_wait = (waiter, (
-                f"deadlock: actor {waiter.ctx.actor_id} waits for its own endpoint "
-                f"{self._name!r}; an actor handles one message at a time, so that call "
-                "could only start after the waiting endpoint returns. Send it without "
-                "waiting, make the waiting endpoint a @concurrent_endpoint, or move the "
-                "work to another actor"))
+            fut._self_wait = (
+                waiter,
+                (
+                    f"deadlock: actor {waiter.ctx.actor_id} waits for its own endpoint "
+                    f"{self._name!r}; an actor handles one message at a time, so that call "
+                    "could only start after the waiting endpoint returns. Send it without "
+                    "waiting, make the waiting endpoint a @concurrent_endpoint, or move the "
+                    "work to another actor"
+                ),
+            )
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call one actor of the mesh and return its result.
@@ -497,8 +552,9 @@ class Accumulator(Generic[A]):
     associative), and the caller gets ``combine(identity, reduced)``.
     """
 
-    def __init__(self, endpoint: ActorEndpoint[A], identity: Any,
-                 combine: Callable[[Any, Any], Any]) -> None:
+    def __init__(
+        self, endpoint: ActorEndpoint[A], identity: Any, combine: Callable[[Any, Any], Any]
+    ) -> None:
         self._endpoint = endpoint
         self._identity = identity
         self._combine = combine

@@ -53,23 +53,52 @@ def split(targets: Sequence[Target], fanout: int) -> list[list[Target]]:
     start = 0
     for i in range(k):
         size = n // k + (1 if i < n % k else 0)
-        out.append(list(targets[start:start + size]))
+        out.append(list(targets[start : start + size]))
         start += size
     return out
 
 
-def send_cast(rt: Runtime, actor: str, method: str, targets: list[Target], port: int,
-              mode: int, fanout: int, args: msgspec.Raw, pickled: bool, parts: Sequence[Any],
-              reducer: tuple[msgspec.Raw, bool] | None = None) -> None:
+def send_cast(
+    rt: Runtime,
+    actor: str,
+    method: str,
+    targets: list[Target],
+    port: int,
+    mode: int,
+    fanout: int,
+    args: msgspec.Raw,
+    pickled: bool,
+    parts: Sequence[Any],
+    reducer: tuple[msgspec.Raw, bool] | None = None,
+) -> None:
     """From the sender: start a cast over ``targets`` (results to local ``port``)."""
     red_raw, red_pickled = reducer or (msgspec.Raw(b"\xc0"), False)
     for chunk in split(targets, fanout):
-        _send_subtree(rt, chunk, port, Cast(actor, method, chunk, port, "", rt.addr, mode, fanout,
-                                            args, pickled, red_raw, red_pickled), parts)
+        _send_subtree(
+            rt,
+            chunk,
+            port,
+            Cast(
+                actor,
+                method,
+                chunk,
+                port,
+                "",
+                rt.addr,
+                mode,
+                fanout,
+                args,
+                pickled,
+                red_raw,
+                red_pickled,
+            ),
+            parts,
+        )
 
 
-def _send_subtree(rt: Runtime, chunk: list[Target], port: int, msg: Cast,
-                  parts: Sequence[Any]) -> None:
+def _send_subtree(
+    rt: Runtime, chunk: list[Target], port: int, msg: Cast, parts: Sequence[Any]
+) -> None:
     """Send ``msg`` to the head of ``chunk``; its results (or, if the head cannot be reached
     or is lost, an error per rank and a skip of the lost sequence numbers) go to ``port``."""
     head = chunk[0][1]
@@ -110,7 +139,9 @@ class _Node:
         self.error: tuple[int, msgspec.Raw] | None = None
         self._combine: Any = None
 
-    def add(self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Any]) -> None:
+    def add(
+        self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Any]
+    ) -> None:
         if self.msg.mode == CAST_REDUCE:
             self._reduce(rank, status, value, pickled, parts)
         else:
@@ -124,10 +155,10 @@ class _Node:
         i = 0
         for rank, status, value, pickled, n in msg.entries:
             if self.msg.mode == CAST_REDUCE:
-                self._reduce(rank, status, value, pickled, parts[i:i + n])
+                self._reduce(rank, status, value, pickled, parts[i : i + n])
             else:
                 self.entries.append((rank, status, value, pickled, n))
-                self.parts.extend(parts[i:i + n])
+                self.parts.extend(parts[i : i + n])
             i += n
         self.left -= 1
         if self.left == 0:
@@ -147,7 +178,9 @@ class _Node:
         if self.left == 0:
             self._finish()
 
-    def _reduce(self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Any]) -> None:
+    def _reduce(
+        self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Any]
+    ) -> None:
         if self.error is not None:
             return
         if status == ERROR:
@@ -159,8 +192,12 @@ class _Node:
                 self.acc = v
             else:
                 if self._combine is None:
-                    _, self._combine = loads(self.msg.reducer, self.msg.reducer_pickled, [],
-                                             lambda: "the accumulator's combine function")
+                    _, self._combine = loads(
+                        self.msg.reducer,
+                        self.msg.reducer_pickled,
+                        [],
+                        lambda: "the accumulator's combine function",
+                    )
                 self.acc = self._combine(self.acc, v)
         except Exception as e:
             self.error = (rank, encode_error(info_from_error(e)))
@@ -177,7 +214,9 @@ class _Node:
                     raw, pickled, parts = dumps(self.acc, lambda: f"reduced result of {msg.method}")
                     entries = [(msg.targets[0][0], OK, raw, pickled, len(parts))]
                 except SerializationError as e:
-                    entries = [(msg.targets[0][0], ERROR, encode_error(info_from_error(e)), False, 0)]
+                    entries = [
+                        (msg.targets[0][0], ERROR, encode_error(info_from_error(e)), False, 0)
+                    ]
                     parts = []
         else:
             entries, parts = self.entries, self.parts
@@ -194,7 +233,8 @@ _NOTHING = object()
 def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Any]) -> None:
     """In a proc: handle our own target of ``msg`` and forward the rest down the tree."""
     if msg.actor not in rt.actors and rt.await_actor(
-            msg.actor, lambda: handle_cast(rt, conn, msg, parts)):
+        msg.actor, lambda: handle_cast(rt, conn, msg, parts)
+    ):
         return  # the cast overtook the actor's Spawn: handle it once the actor exists
     rank, _, seq = msg.targets[0]
     subtrees = split(msg.targets[1:], msg.fanout)
@@ -207,9 +247,20 @@ def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Any]) -> N
             loss = _SubtreeLoss(rt, node, len(chunk))
             child_port = loss.port = rt.open_port(loss)
             rt.gathers[child_port] = node
-        fwd = Cast(msg.actor, msg.method, chunk, child_port, rt.addr if child_port else "",
-                   msg.sender, msg.mode if child_port else CAST_NONE, msg.fanout, msg.args,
-                   msg.pickled, msg.reducer, msg.reducer_pickled)
+        fwd = Cast(
+            msg.actor,
+            msg.method,
+            chunk,
+            child_port,
+            rt.addr if child_port else "",
+            msg.sender,
+            msg.mode if child_port else CAST_NONE,
+            msg.fanout,
+            msg.args,
+            msg.pickled,
+            msg.reducer,
+            msg.reducer_pickled,
+        )
         _send_subtree(rt, chunk, child_port, fwd, parts)
     actor = rt.actors.get(msg.actor)
     reply_to: Any = _Reply(node, msg.sender) if node is not None else conn
@@ -253,7 +304,7 @@ def handle_gathered(rt: Runtime, conn: Connection, msg: Gathered, parts: list[An
     for rank, status, raw, pickled, n in msg.entries:
         try:
             if status == OK:
-                value = loads(raw, pickled, parts[i:i + n], lambda: "a reply")
+                value = loads(raw, pickled, parts[i : i + n], lambda: "a reply")
             else:
                 value = error_from_info(_error_decode(raw))
         except (SerializationError, msgspec.DecodeError) as e:

@@ -52,8 +52,13 @@ class HostAgent(Actor):
                 h.stop_now()
 
     @endpoint
-    async def spawn_procs(self, owner: str, ranks: list[int], env: dict[str, str],
-                          log_port: Port[tuple[int, str, str]] | None = None) -> list[tuple[str, int]]:
+    async def spawn_procs(
+        self,
+        owner: str,
+        ranks: list[int],
+        env: dict[str, str],
+        log_port: Port[tuple[int, str, str]] | None = None,
+    ) -> list[tuple[str, int]]:
         """Start one proc per rank; return ``(address, pid)`` of each once all are up.
 
         Their output lines go to ``log_port`` as ``(rank, "out" | "err", line)``.
@@ -67,8 +72,9 @@ class HostAgent(Actor):
         if owner in rt.lost:
             # Its connection closed while this request waited behind others: procs
             # started now would belong to nobody and run for good.
-            raise SupervisionError(f"controller {owner} is gone (its connection closed): "
-                                   "not starting procs for it")
+            raise SupervisionError(
+                f"controller {owner} is gone (its connection closed): not starting procs for it"
+            )
 
         def sink_for(rank: int) -> LineSink | None:
             if log_port is None:
@@ -140,7 +146,9 @@ def read_key_file(path: str) -> bytes:
     try:
         return bytes.fromhex(text)
     except ValueError:
-        raise ValueError(f"key file {path} must hold the key as hex (make one with `danaus new-key`)") from None
+        raise ValueError(
+            f"key file {path} must hold the key as hex (make one with `danaus new-key`)"
+        ) from None
 
 
 async def serve(listen: str, key: bytes, ready: ThreadFuture[str] | None = None) -> None:
@@ -181,10 +189,14 @@ def main_host_agent(listen: str, key_file: str | None) -> None:
     elif config.auth_key:
         key = bytes.fromhex(config.auth_key)
     else:
-        raise SystemExit("danaus host-agent: set DANAUS_AUTH_KEY (hex) or pass --key-file; "
-                         "the controller must use the same key")
-    logging.basicConfig(level=os.environ.get("DANAUS_LOG_LEVEL", "WARNING"),
-                        format="[host-agent %(name)s] %(levelname)s %(message)s")
+        raise SystemExit(
+            "danaus host-agent: set DANAUS_AUTH_KEY (hex) or pass --key-file; "
+            "the controller must use the same key"
+        )
+    logging.basicConfig(
+        level=os.environ.get("DANAUS_LOG_LEVEL", "WARNING"),
+        format="[host-agent %(name)s] %(levelname)s %(message)s",
+    )
     loop = new_event_loop()
     try:
         loop.run_until_complete(serve(listen, key))
@@ -197,7 +209,8 @@ def use_key(key: bytes) -> None:
     if any(rt.key != key for rt in all_runtimes()):
         raise ClosedError(
             "a danaus runtime already runs with another key: give the key (DANAUS_AUTH_KEY or "
-            "key_file=) before spawning or attaching anything")
+            "key_file=) before spawning or attaching anything"
+        )
     set_job_key(key)
 
 

@@ -44,7 +44,9 @@ class HostMesh(Shaped):
     a host agent.
     """
 
-    def __init__(self, shape: Shape, name: str = "local", agents: ActorMesh[Any] | None = None) -> None:
+    def __init__(
+        self, shape: Shape, name: str = "local", agents: ActorMesh[Any] | None = None
+    ) -> None:
         self._shape = shape
         self.name = name
         self._agents = agents
@@ -58,8 +60,13 @@ class HostMesh(Shaped):
             agents = agents._with_shape(shape)
         return HostMesh(shape, self.name, agents)
 
-    def spawn_procs(self, per_host: Mapping[str, int] | None = None, *, name: str = "procs",
-                    env: Mapping[str, str] | None = None) -> ProcMesh:
+    def spawn_procs(
+        self,
+        per_host: Mapping[str, int] | None = None,
+        *,
+        name: str = "procs",
+        env: Mapping[str, str] | None = None,
+    ) -> ProcMesh:
         """Start procs on every host: ``per_host={"gpus": 4}`` gives a ``{..., "gpus": 4}`` mesh.
 
         Returns at once; the procs come up in parallel, and messages sent to them
@@ -86,12 +93,14 @@ class HostMesh(Shaped):
             # predict (a counter) could be bound by it first, failing the spawn.
             handles: list[Any] = [
                 start_proc(rt, "unix:@", r, env, printer(f"{name} {r}", options))
-                for r in range(len(shape))]
+                for r in range(len(shape))
+            ]
             return ProcMesh(shape, handles, name, started=resolved(), log_options=options)
         return self._spawn_remote(rt, shape, name, env, options)
 
-    def _spawn_remote(self, rt: Any, shape: Shape, name: str, env: dict[str, str],
-                      options: LogOptions) -> ProcMesh:
+    def _spawn_remote(
+        self, rt: Any, shape: Shape, name: str, env: dict[str, str], options: LogOptions
+    ) -> ProcMesh:
         agents = self._agents
         assert agents is not None
         per = len(shape) // len(self._shape)
@@ -112,8 +121,9 @@ class HostMesh(Shaped):
                     handle.started(addr, pid)
             else:
                 for handle in group:
-                    handle.failed(SupervisionError(f"host agent {by_host[i][0]} could not start "
-                                                   f"procs: {exc}"))
+                    handle.failed(
+                        SupervisionError(f"host agent {by_host[i][0]} could not start procs: {exc}")
+                    )
             left[0] -= 1
             if left[0] == 0:
                 started.set_result(None)
@@ -149,8 +159,9 @@ def attach_to_hosts(addrs: Sequence[str], *, key_file: str | None = None) -> Hos
     if key_file is not None:
         use_key(read_key_file(key_file))
     elif not config.auth_key:
-        raise ValueError("attach_to_hosts needs the agents' key: set DANAUS_AUTH_KEY (hex) "
-                         "or pass key_file=")
+        raise ValueError(
+            "attach_to_hosts needs the agents' key: set DANAUS_AUTH_KEY (hex) or pass key_file="
+        )
     shape = Shape.from_sizes({"hosts": len(addrs)})
     agents = mesh_ref(AGENT, HostAgent, shape, dict(enumerate(addrs)))
     return HostMesh(shape, "hosts", agents)
@@ -169,8 +180,9 @@ def this_proc() -> ProcMesh:
     blocks the caller too. Stopping the mesh stops its actors, not this process.
     """
     rt = current_runtime()
-    return ProcMesh(Shape.from_sizes({}), [SelfProcHandle(rt.addr)], "this_proc",
-                    started=resolved())
+    return ProcMesh(
+        Shape.from_sizes({}), [SelfProcHandle(rt.addr)], "this_proc", started=resolved()
+    )
 
 
 class ProcMesh(Shaped):
@@ -180,15 +192,20 @@ class ProcMesh(Shaped):
     with your program; they are killed when the controller exits in any case.
     """
 
-    def __init__(self, shape: Shape, procs: list[Any], name: str,
-                 root: ProcMesh | None = None, started: ThreadFuture[None] | None = None,
-                 log_options: LogOptions | None = None) -> None:
+    def __init__(
+        self,
+        shape: Shape,
+        procs: list[Any],
+        name: str,
+        root: ProcMesh | None = None,
+        started: ThreadFuture[None] | None = None,
+        log_options: LogOptions | None = None,
+    ) -> None:
         self._shape = shape
         self._procs = procs  # ProcHandle / RemoteProcHandle, indexed by global rank
         self.name = name
         self._root = root or self
-        self._started: ThreadFuture[None] = (
-            started if started is not None else self._root._started)
+        self._started: ThreadFuture[None] = started if started is not None else self._root._started
         self._stopped = False
         self._log: LogOptions = log_options or (root._log if root is not None else LogOptions())
         if root is None:
@@ -224,13 +241,15 @@ class ProcMesh(Shaped):
             try:
                 import danaus.tensor_engine  # noqa: F401 - sets activate_hook
             except ImportError as e:
-                raise RuntimeError(f"procs.activate() needs the tensor engine, which needs "
-                                   f"torch: {e}") from e
+                raise RuntimeError(
+                    f"procs.activate() needs the tensor engine, which needs torch: {e}"
+                ) from e
         assert activate_hook is not None
         return activate_hook(self)
 
-    def logging_option(self, stream_to_client: bool | None = None,
-                       level: int | None = None) -> None:
+    def logging_option(
+        self, stream_to_client: bool | None = None, level: int | None = None
+    ) -> None:
         """Whether the procs' output lines reach the controller, and their log level.
 
         Args:
@@ -242,8 +261,16 @@ class ProcMesh(Shaped):
             self._log.stream_to_client = stream_to_client
         if level is not None:
             self._log.level = level
-            control = ActorMesh("__proc__", "__proc__", ProcControl, self._shape, None,
-                                self._started, None, self._root)
+            control = ActorMesh(
+                "__proc__",
+                "__proc__",
+                ProcControl,
+                self._shape,
+                None,
+                self._started,
+                None,
+                self._root,
+            )
             control.set_log_level.broadcast(level)
 
     # supervision
@@ -267,8 +294,11 @@ class ProcMesh(Shaped):
     def failed_ranks(self) -> dict[str, str]:
         """Failed procs of this mesh: ``{str(point): reason}``."""
         state = self._root._state
-        return {str(state.point(r)): why for r, why in state.failed.items()
-                if r in set(self._shape.global_ranks())}
+        return {
+            str(state.point(r)): why
+            for r, why in state.failed.items()
+            if r in set(self._shape.global_ranks())
+        }
 
     def _with_shape(self, shape: Shape) -> ProcMesh:
         return ProcMesh(shape, self._procs, self.name, self._root)
@@ -321,7 +351,8 @@ class ProcMesh(Shaped):
         if shadowed:  # mesh.stop would be the mesh's, never the endpoint: refuse, as Monarch
             raise ValueError(
                 f"{cls.__name__} has endpoint(s) named like ActorMesh attributes, which "
-                f"mesh.<name> could never reach: {', '.join(shadowed)}; rename them")
+                f"mesh.<name> could never reach: {', '.join(shadowed)}; rename them"
+            )
         if self._root._stopped:
             raise ClosedError(f"{self!r} was stopped")
         return ActorMesh._spawn(self, name, cls, args, kwargs)
@@ -367,7 +398,9 @@ class ProcMesh(Shaped):
         exited = await asyncio.gather(*waits)
         for h, ok in zip(local, exited, strict=True):
             if not ok:
-                log.warning("proc %s did not stop within %s s; killing it", h.addr, config.stop_timeout)
+                log.warning(
+                    "proc %s did not stop within %s s; killing it", h.addr, config.stop_timeout
+                )
                 h.kill()
         await asyncio.gather(*(wait_exited(h, config.stop_timeout) for h in local))
         addrs = [h.addr for h in self._procs if h.addr]
@@ -436,9 +469,11 @@ def _on_peer_lost(addr: str) -> None:
         else:
             mesh._proc_failed(rank, f"proc {addr} is unreachable: connection lost")
         return
-    for mesh, rank in [e for a, e in list(_proc_index.items())
-                       if isinstance(e[0]._procs[e[1]], RemoteProcHandle)
-                       and e[0]._procs[e[1]].agent == addr]:
+    for mesh, rank in [
+        e
+        for a, e in list(_proc_index.items())
+        if isinstance(e[0]._procs[e[1]], RemoteProcHandle) and e[0]._procs[e[1]].agent == addr
+    ]:
         _proc_index.pop(mesh._procs[rank].addr, None)
         mesh._proc_failed(rank, f"its host agent {addr} is gone")
 
@@ -452,8 +487,11 @@ async def _lost_local(mesh: ProcMesh, rank: int, h: ProcHandle) -> None:
         if isinstance(why, SupervisionError):  # our heartbeat gave up on it
             mesh._proc_failed(rank, f"proc {h.addr} stopped answering (no heartbeat); killed it")
         else:  # a dropped connection is no missed heartbeat: say what happened
-            mesh._proc_failed(rank, f"proc {h.addr} lost its connection while alive "
-                                    f"({type(why).__name__}: {why}); killed it")
+            mesh._proc_failed(
+                rank,
+                f"proc {h.addr} lost its connection while alive "
+                f"({type(why).__name__}: {why}); killed it",
+            )
     # else: its exit callback reported the exit status
 
 

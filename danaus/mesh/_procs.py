@@ -198,8 +198,13 @@ class RemoteProcHandle:
         """Killing a remote proc goes through its agent: see ``ProcMesh.stop``."""
 
 
-def start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None = None,
-               sink: LineSink | None = None) -> ProcHandle:
+def start_proc(
+    rt: Runtime,
+    addr: str,
+    rank: int,
+    env: dict[str, str] | None = None,
+    sink: LineSink | None = None,
+) -> ProcHandle:
     """Start one proc that will listen on ``addr`` and dial ``rt`` when it is up.
 
     ``tcp://HOST:0`` picks a free port, and ``unix:@`` an abstract socket name that
@@ -224,8 +229,9 @@ def start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None = N
     return started.result(timeout=60)
 
 
-def _start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None,
-                sink: LineSink | None) -> ProcHandle:
+def _start_proc(
+    rt: Runtime, addr: str, rank: int, env: dict[str, str] | None, sink: LineSink | None
+) -> ProcHandle:
     sock = None
     pass_fds: tuple[int, ...] = ()
     extra: list[str] = []
@@ -234,7 +240,7 @@ def _start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None,
         pass_fds = (sock.fileno(),)
         extra = ["--listen-fd", str(sock.fileno())]
     elif addr.startswith("tcp://") and addr.endswith(":0"):
-        host = addr[len("tcp://"):].rpartition(":")[0].strip("[]")
+        host = addr[len("tcp://") :].rpartition(":")[0].strip("[]")
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, 0))
@@ -243,8 +249,18 @@ def _start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None,
         addr = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         pass_fds = (sock.fileno(),)
         extra = ["--listen-fd", str(sock.fileno())]
-    cmd = [sys.executable, "-m", "danaus.actors._proc", "--addr", addr,
-           "--parent", rt.addr, "--parent-pid", str(os.getpid()), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "danaus.actors._proc",
+        "--addr",
+        addr,
+        "--parent",
+        rt.addr,
+        "--parent-pid",
+        str(os.getpid()),
+        *extra,
+    ]
     proc_env = dict(os.environ)
     proc_env["PYTHONUNBUFFERED"] = "1"  # every line reaches the pipe at once, also before a crash
     # The procs import what the controller can: classes pickled by reference resolve.
@@ -255,8 +271,15 @@ def _start_proc(rt: Runtime, addr: str, rank: int, env: dict[str, str] | None,
     proc_ready[addr] = ThreadFuture()
     try:
         out = subprocess.PIPE if sink is not None else None
-        popen = subprocess.Popen(cmd, stdin=subprocess.PIPE, env=proc_env, close_fds=True,
-                                 pass_fds=pass_fds, stdout=out, stderr=out)
+        popen = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            env=proc_env,
+            close_fds=True,
+            pass_fds=pass_fds,
+            stdout=out,
+            stderr=out,
+        )
     finally:
         if sock is not None:
             sock.close()  # the proc holds its own copy
@@ -281,8 +304,9 @@ def _watch(rt: Runtime, h: ProcHandle, sink: LineSink | None) -> None:
     if sink is not None:
         for stream, pipe in (("out", h.popen.stdout), ("err", h.popen.stderr)):
             if pipe is not None:
-                rt.spawn_task(loop.connect_read_pipe(
-                    functools.partial(LineReader, stream, sink), pipe))
+                rt.spawn_task(
+                    loop.connect_read_pipe(functools.partial(LineReader, stream, sink), pipe)
+                )
     try:
         pidfd = os.pidfd_open(h.popen.pid)
     except (AttributeError, OSError):
@@ -315,12 +339,15 @@ def _watch(rt: Runtime, h: ProcHandle, sink: LineSink | None) -> None:
 
     def start_expired() -> None:
         if not h.ready.done():
-            log.error("proc %s did not come up within %s s; killing it", h.addr, config.proc_start_timeout)
+            log.error(
+                "proc %s did not come up within %s s; killing it", h.addr, config.proc_start_timeout
+            )
             h.kill()
 
     if pidfd >= 0:
         loop.add_reader(pidfd, on_exit)
     else:  # no pidfd: a thread waits
+
         def wait() -> None:
             h.popen.wait()
             loop.call_soon_threadsafe(on_exit)
@@ -369,12 +396,17 @@ def bind_abstract() -> tuple[socket.socket, str]:
             sock.close()
             if e.errno != errno.EADDRINUSE:
                 raise
-            log.warning("abstract socket name @%s is taken by another process; trying another", name)
+            log.warning(
+                "abstract socket name @%s is taken by another process; trying another", name
+            )
             continue
         sock.listen(512)
         return sock, f"unix:@{name}"
-    raise OSError(errno.EADDRINUSE, f"{_BIND_TRIES} fresh abstract socket names in a row were "
-                                    "taken: another process is binding them")
+    raise OSError(
+        errno.EADDRINUSE,
+        f"{_BIND_TRIES} fresh abstract socket names in a row were "
+        "taken: another process is binding them",
+    )
 
 
 def _kill_all() -> None:

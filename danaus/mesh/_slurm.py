@@ -78,8 +78,10 @@ class SlurmJob:
         """The node names the agents run on."""
         nodelist = self.nodelist or os.environ.get("SLURM_JOB_NODELIST")
         if not nodelist:
-            raise RuntimeError("no Slurm allocation: set nodelist= or run inside salloc/sbatch "
-                               "(SLURM_JOB_NODELIST is unset)")
+            raise RuntimeError(
+                "no Slurm allocation: set nodelist= or run inside salloc/sbatch "
+                "(SLURM_JOB_NODELIST is unset)"
+            )
         hosts = expand_hostlist(nodelist)
         if self.nodes is not None:
             if self.nodes > len(hosts):
@@ -91,15 +93,24 @@ class SlurmJob:
         """The shell command each Slurm task runs (``$(hostname)`` expands on its node)."""
         cmd = [self.python, "-m", "danaus", "host-agent"]
         listen = f"--listen tcp://$(hostname):{self.port}"
-        key = f" --key-file {shlex.quote(os.path.expanduser(self.key_file))}" if self.key_file else ""
+        key = (
+            f" --key-file {shlex.quote(os.path.expanduser(self.key_file))}" if self.key_file else ""
+        )
         return f"exec {shlex.join(cmd)} {listen}{key}"
 
     def srun_command(self) -> list[str]:
         """``srun`` starting one agent per node: exactly one task on each."""
         hosts = self.hosts()
-        args = ["srun", f"--nodes={len(hosts)}", "--ntasks-per-node=1",
-                f"--ntasks={len(hosts)}", f"--nodelist={','.join(hosts)}",
-                f"--job-name={self.job_name}", "--kill-on-bad-exit=1", *self.srun_args]
+        args = [
+            "srun",
+            f"--nodes={len(hosts)}",
+            "--ntasks-per-node=1",
+            f"--ntasks={len(hosts)}",
+            f"--nodelist={','.join(hosts)}",
+            f"--job-name={self.job_name}",
+            "--kill-on-bad-exit=1",
+            *self.srun_args,
+        ]
         if self.env:
             exports = ",".join(["ALL", *(f"{k}={v}" for k, v in self.env.items())])
             args.append(f"--export={exports}")

@@ -128,8 +128,9 @@ def _current_hook() -> Callable[[MeshFailure], object]:
 class MeshState:
     """Failure state of one mesh, shared by all its slices."""
 
-    def __init__(self, name: str, shape: Shape, owner: Any,
-                 ranks: frozenset[int] | None = None) -> None:
+    def __init__(
+        self, name: str, shape: Shape, owner: Any, ranks: frozenset[int] | None = None
+    ) -> None:
         self.name = name
         self.shape = shape  # of the whole mesh: global ranks index it
         self.owner = owner  # an ActorInstance, or None for the controller
@@ -178,8 +179,9 @@ def route(owner: Any, failure: MeshFailure) -> None:
         except Exception:
             log.exception("the unhandled-fault hook raised on %s", failure)
         return
-    owner.supervise(failure, f"{owner.ctx.actor_id} did not handle a failure of a mesh it "
-                             f"owns: {failure}")
+    owner.supervise(
+        failure, f"{owner.ctx.actor_id} did not handle a failure of a mesh it owns: {failure}"
+    )
 
 
 def current_owner() -> Any:

@@ -11,9 +11,11 @@ from ._hook import install
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
-        print("usage: python -m danaus.monarch prog.py [args...]\n"
-              "Runs a program written for Monarch (import monarch.actor, monarch.rdma) on "
-              "danaus, unmodified.")
+        print(
+            "usage: python -m danaus.monarch prog.py [args...]\n"
+            "Runs a program written for Monarch (import monarch.actor, monarch.rdma) on "
+            "danaus, unmodified."
+        )
         sys.exit(0 if args else 2)
     install()
     sys.argv = list(args)

@@ -70,7 +70,8 @@ class _Module(types.ModuleType):
             # ImportError, not AttributeError: `from monarch.actor import X` then says why.
             raise ImportError(
                 f"danaus does not provide {self.__name__}.{name} (running a Monarch "
-                f"program on danaus); see the README's Monarch section", name=self.__name__
+                f"program on danaus); see the README's Monarch section",
+                name=self.__name__,
             ) from None
         object.__setattr__(self, name, value)
         return value
@@ -84,12 +85,16 @@ class _Module(types.ModuleType):
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in _MODULES:
             if fullname.startswith("monarch."):
-                raise ImportError(f"danaus does not provide the module {fullname} (running a "
-                                  "Monarch program on danaus)", name=fullname)
+                raise ImportError(
+                    f"danaus does not provide the module {fullname} (running a "
+                    "Monarch program on danaus)",
+                    name=fullname,
+                )
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=fullname == "monarch")
 

@@ -29,8 +29,12 @@ def _time_limit(timeout: float | None) -> float:
     """A transfer's deadline in seconds: ``timeout``, else ``config.rdma_timeout``."""
     limit = config.rdma_timeout if timeout is None else timeout
     where = "config.rdma_timeout (DANAUS_RDMA_TIMEOUT)" if timeout is None else "timeout"
-    if (isinstance(limit, bool) or not isinstance(limit, int | float)
-            or not math.isfinite(limit) or limit <= 0):
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, int | float)
+        or not math.isfinite(limit)
+        or limit <= 0
+    ):
         raise ValueError(f"{where} must be a positive, finite number of seconds, got {limit!r}")
     return float(limit)
 
@@ -63,14 +67,18 @@ class RDMABuffer:
             import torch
 
             if data.dim() != 1 or not data.is_contiguous():
-                raise RDMABufferError("a CUDA tensor must be 1-D and contiguous; view others "
-                                      "with t.view(torch.uint8).flatten()")
-            staging = torch.empty(data.numel() * data.element_size(), dtype=torch.uint8,
-                                  pin_memory=True)
+                raise RDMABufferError(
+                    "a CUDA tensor must be 1-D and contiguous; view others "
+                    "with t.view(torch.uint8).flatten()"
+                )
+            staging = torch.empty(
+                data.numel() * data.element_size(), dtype=torch.uint8, pin_memory=True
+            )
             staging.copy_(data.view(torch.uint8))
             self._cuda = data
             data = staging
         view, addr, keepalive = byte_view(data, writable=False, what="an RDMABuffer's memory")
+
         def register() -> BufferHandle:
             return manager(rt).register(view, addr, (keepalive, data), cuda=self._cuda)
 
@@ -115,10 +123,10 @@ class RDMABuffer:
         if n != size - offset:
             raise RDMABufferError(
                 f"{what} has {n} bytes but the buffer range [{offset}, {size}) has "
-                f"{size - offset}: they must match")
+                f"{size - offset}: they must match"
+            )
 
-    def read_into(self, dst: Any, *, offset: int = 0,
-                  timeout: float | None = None) -> Future[None]:
+    def read_into(self, dst: Any, *, offset: int = 0, timeout: float | None = None) -> Future[None]:
         """Copy the buffer's bytes from ``offset`` to its end into ``dst``.
 
         ``dst`` (a writable, contiguous tensor, array or memoryview) must hold exactly that
@@ -141,8 +149,9 @@ class RDMABuffer:
         """
         return self._transfer(dst, offset, timeout, write=False)
 
-    def write_from(self, src: Any, *, offset: int = 0,
-                   timeout: float | None = None) -> Future[None]:
+    def write_from(
+        self, src: Any, *, offset: int = 0, timeout: float | None = None
+    ) -> Future[None]:
         """Copy ``src`` into the buffer from ``offset`` to its end (sizes must match).
 
         Args and raises: as :meth:`read_into` (the buffer is then not fully written).
@@ -153,13 +162,16 @@ class RDMABuffer:
         h = self._handle
         return f"buffer {h.buf_id} ({h.size} bytes) of {h.owner}"
 
-    def _transfer(self, obj: Any, offset: int, timeout: float | None, *,
-                  write: bool) -> Future[None]:
+    def _transfer(
+        self, obj: Any, offset: int, timeout: float | None, *, write: bool
+    ) -> Future[None]:
         what = "write_from's source" if write else "read_into's destination"
         limit = _time_limit(timeout)
         if write and not self._handle.writable:
-            raise RDMABufferError(f"{self!r} is read-only memory (bytes, or a non-writable "
-                                  "array): it cannot be written")
+            raise RDMABufferError(
+                f"{self!r} is read-only memory (bytes, or a non-writable "
+                "array): it cannot be written"
+            )
         view, _, keep = byte_view(obj, writable=not write, what=what)
         self._range(view.nbytes, offset, what)
         rt, here = runtime_here()
@@ -186,7 +198,8 @@ class RDMABuffer:
                     f"{op} of {self._describe()} did not finish within its timeout of "
                     f"{limit:g} s: the owner may be frozen, overloaded or unreachable (or the "
                     f"link too slow for that timeout); the {'buffer' if write else 'destination'}"
-                    " is not (fully) written") from None
+                    " is not (fully) written"
+                ) from None
 
         async def move() -> None:
             mgr = manager(rt)

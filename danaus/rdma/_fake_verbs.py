@@ -138,8 +138,10 @@ class FakeVerbs:
         fabric.devices.append(self)
 
     def __repr__(self) -> str:
-        return (f"<FakeVerbs {self.name} FAKE regions={len(self._regions)} "
-                f"qps={len(self._qps)} cq={len(self._cq)}>")
+        return (
+            f"<FakeVerbs {self.name} FAKE regions={len(self._regions)} "
+            f"qps={len(self._qps)} cq={len(self._cq)}>"
+        )
 
     # ------------------------------------------------------------ test hooks
 
@@ -173,8 +175,12 @@ class FakeVerbs:
             if mine is None or mine.state != QPS_RTS or mine.remote is None:
                 return False
             peer = self.fabric.qps.get(mine.remote.qpn)
-            return (peer is not None and peer.state == QPS_RTS and peer.remote is not None
-                    and peer.remote.qpn == mine.qpn)
+            return (
+                peer is not None
+                and peer.state == QPS_RTS
+                and peer.remote is not None
+                and peer.remote.qpn == mine.qpn
+            )
 
     # ------------------------------------------------------------ the adapter's interface
 
@@ -285,8 +291,12 @@ class FakeVerbs:
         if self._fail:
             return self._complete(qp, wr, self._fail.popleft())
         peer = self.fabric.qps.get(qp.remote.qpn) if qp.remote is not None else None
-        if (peer is None or peer.state != QPS_RTS or peer.remote is None
-                or peer.remote.qpn != qp.qpn):
+        if (
+            peer is None
+            or peer.state != QPS_RTS
+            or peer.remote is None
+            or peer.remote.qpn != qp.qpn
+        ):
             return self._complete(qp, wr, WC_RETRY_EXC_ERR)  # nobody answers
         opcode, sge = wr.opcode, wr.sge
         if opcode == WR_RDMA_READ:
@@ -296,12 +306,19 @@ class FakeVerbs:
         else:
             raise FakeVerbsError(f"FAKE: opcode {opcode} is not RDMA READ/WRITE")
         local = self._regions.get(sge.lkey)
-        if local is None or not _within(local, sge.addr, sge.length) or (
-                local.access & local_need) != local_need:
+        if (
+            local is None
+            or not _within(local, sge.addr, sge.length)
+            or (local.access & local_need) != local_need
+        ):
             return self._complete(qp, wr, WC_LOC_PROT_ERR)
         remote = self.fabric.regions.get(wr.rkey)
-        if remote is None or remote.device is not peer.device or not _within(
-                remote, wr.remote_addr, sge.length) or not remote.access & remote_need:
+        if (
+            remote is None
+            or remote.device is not peer.device
+            or not _within(remote, wr.remote_addr, sge.length)
+            or not remote.access & remote_need
+        ):
             self._to_error(peer)  # the responder's QP fails too (an access error)
             return self._complete(qp, wr, WC_REM_ACCESS_ERR)
         if opcode == WR_RDMA_READ:

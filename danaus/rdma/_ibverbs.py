@@ -127,9 +127,16 @@ class IbverbsBackend(Backend):
 
     name = "ibverbs"
 
-    def __init__(self, device: Device, exchange: Exchange, *, chunk_bytes: int = 1 << 20,
-                 transfer_timeout: float | None = 60.0, sq_depth: int = 128,
-                 mr_cache: int = 64) -> None:
+    def __init__(
+        self,
+        device: Device,
+        exchange: Exchange,
+        *,
+        chunk_bytes: int = 1 << 20,
+        transfer_timeout: float | None = 60.0,
+        sq_depth: int = 128,
+        mr_cache: int = 64,
+    ) -> None:
         if chunk_bytes <= 0 or sq_depth <= 0 or mr_cache <= 0:
             raise ValueError("chunk_bytes, sq_depth and mr_cache must be positive")
         self.device = device
@@ -146,16 +153,19 @@ class IbverbsBackend(Backend):
         self._served: dict[str, QueuePair] = {}  # reader token -> our queue pair
         self._owned: dict[int, Region] = {}  # buf_id -> region
         self._local: collections.OrderedDict[tuple[int, int, int], _LocalMR] = (
-            collections.OrderedDict())
+            collections.OrderedDict()
+        )
         self._inflight: dict[int, tuple[_Conn, _Transfer]] = {}
         self._wr_ids = itertools.count(1)
         self._cq_credits = device.cq_depth
         self._poller: _Poller | None = None
 
     def __repr__(self) -> str:
-        return (f"<IbverbsBackend {self.state.value} device={self.device.name} "
-                f"peers={len(self._conns)} served={len(self._served)} "
-                f"local_mrs={len(self._local)} in_flight={len(self._inflight)}>")
+        return (
+            f"<IbverbsBackend {self.state.value} device={self.device.name} "
+            f"peers={len(self._conns)} served={len(self._served)} "
+            f"local_mrs={len(self._local)} in_flight={len(self._inflight)}>"
+        )
 
     @classmethod
     def probe(cls) -> str | None:
@@ -188,8 +198,13 @@ class IbverbsBackend(Backend):
                 else:
                     region = self.device.register(buf.addr, buf.size, access)
             except Exception as e:  # e.g. the pinned-memory limit: other backends move it
-                log.warning("ibverbs: buffer %d (%d bytes) not registered: %s: %s",
-                            buf.buf_id, buf.size, type(e).__name__, e)
+                log.warning(
+                    "ibverbs: buffer %d (%d bytes) not registered: %s: %s",
+                    buf.buf_id,
+                    buf.size,
+                    type(e).__name__,
+                    e,
+                )
                 return {}
             buf.state[self.name] = region
             self._owned[buf.buf_id] = region
@@ -247,18 +262,22 @@ class IbverbsBackend(Backend):
     async def write(self, handle: BufferHandle, offset: int, src: memoryview) -> None:
         await self._transfer(handle, offset, src, _verbs.WR_RDMA_WRITE)
 
-    async def _transfer(self, handle: BufferHandle, offset: int, view: memoryview,
-                        opcode: int) -> None:
+    async def _transfer(
+        self, handle: BufferHandle, offset: int, view: memoryview, opcode: int
+    ) -> None:
         self._check_open()
         keys = handle.keys.get(self.name)
         if keys is None:
             raise RDMABackendUnavailableError(
-                f"buffer {handle.buf_id} of {handle.owner} is not registered with ibverbs")
+                f"buffer {handle.buf_id} of {handle.owner} is not registered with ibverbs"
+            )
         view = _byte_view(view)
         n = view.nbytes
         if offset < 0 or offset + n > handle.size:
-            raise RDMABufferError(f"range [{offset}, {offset + n}) is outside buffer "
-                                  f"{handle.buf_id} of {handle.size} bytes")
+            raise RDMABufferError(
+                f"range [{offset}, {offset + n}) is outside buffer "
+                f"{handle.buf_id} of {handle.size} bytes"
+            )
         reading = opcode == _verbs.WR_RDMA_READ
         if reading and view.readonly:
             raise RDMABufferError("the destination of a read is read-only")
@@ -270,10 +289,20 @@ class IbverbsBackend(Backend):
             self._poller = _Poller(self.device, loop, self._on_completions, self._on_poll_error)
         addr = _address(view)
         local = self._acquire_local(view, addr, _verbs.ACCESS_LOCAL_WRITE if reading else 0)
-        what = (f"RDMA {'READ' if reading else 'WRITE'} of {n} bytes at offset {offset} "
-                f"of buffer {handle.buf_id} of {handle.owner}")
-        t = _Transfer(what, opcode, local, addr, int(keys["addr"]) + offset, int(keys["rkey"]),
-                      n, loop.create_future())
+        what = (
+            f"RDMA {'READ' if reading else 'WRITE'} of {n} bytes at offset {offset} "
+            f"of buffer {handle.buf_id} of {handle.owner}"
+        )
+        t = _Transfer(
+            what,
+            opcode,
+            local,
+            addr,
+            int(keys["addr"]) + offset,
+            int(keys["rkey"]),
+            n,
+            loop.create_future(),
+        )
         conn.queue.append(t)
         self._pump(conn)
         try:
@@ -282,8 +311,9 @@ class IbverbsBackend(Backend):
         except TimeoutError:
             self._abandon(t, conn)
             self._break(conn, f"a transfer on it timed out after {self.transfer_timeout} s")
-            raise RDMATransferError(f"{what} timed out after {self.transfer_timeout} s; "
-                                    f"its queue pair was reset") from None
+            raise RDMATransferError(
+                f"{what} timed out after {self.transfer_timeout} s; its queue pair was reset"
+            ) from None
         except asyncio.CancelledError:
             # work requests already posted finish in the background, into memory that
             # stays referenced (the local region) until they complete
@@ -304,8 +334,11 @@ class IbverbsBackend(Backend):
             except Exception as e:
                 raise RDMATransferError(f"creating a queue pair failed: {e}") from e
             try:
-                request = {"op": "connect", "peer": self._token,
-                           "qp": self.device.local_info(qp).to_dict()}
+                request = {
+                    "op": "connect",
+                    "peer": self._token,
+                    "qp": self.device.local_info(qp).to_dict(),
+                }
                 answer = await self._exchange(owner, self.name, request)
                 self._check_open()
                 self.device.connect(qp, QPInfo.from_dict(answer["qp"]))
@@ -316,8 +349,9 @@ class IbverbsBackend(Backend):
                     raise
                 if isinstance(e, SupervisionError):
                     raise RDMAOwnerError(f"the owner of the buffer ({owner}) is gone: {e}") from e
-                raise RDMATransferError(f"queue-pair setup with {owner} failed: "
-                                        f"{type(e).__name__}: {e}") from e
+                raise RDMATransferError(
+                    f"queue-pair setup with {owner} failed: {type(e).__name__}: {e}"
+                ) from e
             conn = self._conns[owner] = _Conn(owner, qp, self._sq_depth)
             return conn
 
@@ -336,7 +370,8 @@ class IbverbsBackend(Backend):
                 region = self.device.register(addr, n, access)
             except Exception as e:
                 raise RDMATransferError(
-                    f"registering {n} bytes of local memory at {addr:#x} failed: {e}") from e
+                    f"registering {n} bytes of local memory at {addr:#x} failed: {e}"
+                ) from e
             entry = _LocalMR((addr, n, access), region, view)
             self._local[entry.key] = entry
         self._local.move_to_end(entry.key)
@@ -368,8 +403,15 @@ class IbverbsBackend(Backend):
                 return
             n = min(self.chunk_bytes, t.length - t.posted)
             wr_id = next(self._wr_ids)
-            wr = _verbs.rdma_work_request(wr_id, t.opcode, t.local_addr + t.posted, n,
-                                          t.local.region.lkey, t.remote_addr + t.posted, t.rkey)
+            wr = _verbs.rdma_work_request(
+                wr_id,
+                t.opcode,
+                t.local_addr + t.posted,
+                n,
+                t.local.region.lkey,
+                t.remote_addr + t.posted,
+                t.rkey,
+            )
             self._inflight[wr_id] = (conn, t)
             conn.credits -= 1
             conn.outstanding += 1
@@ -406,11 +448,16 @@ class IbverbsBackend(Backend):
                     if c.status == _verbs.WC_WR_FLUSH_ERR and conn.broken is not None:
                         why = conn.broken
                     else:
-                        why = (f"work completion {_verbs.status_text(c.status)}, "
-                               f"vendor error {c.vendor_err:#x}")
+                        why = (
+                            f"work completion {_verbs.status_text(c.status)}, "
+                            f"vendor error {c.vendor_err:#x}"
+                        )
                     t.error = RDMATransferError(f"{t.what} failed: {why}")
-                self._break(conn, f"the queue pair to {conn.owner} failed with "
-                                  f"{_verbs.WC_STATUS_NAMES.get(c.status, c.status)}")
+                self._break(
+                    conn,
+                    f"the queue pair to {conn.owner} failed with "
+                    f"{_verbs.WC_STATUS_NAMES.get(c.status, c.status)}",
+                )
             self._finish(t)
             touched[id(conn)] = conn
         for conn in touched.values():
@@ -469,8 +516,9 @@ class IbverbsBackend(Backend):
         try:
             self.device.set_error(conn.qp)
         except Exception as e:
-            log.warning("ibverbs: could not move the queue pair to %s to the error state: %s",
-                        conn.owner, e)
+            log.warning(
+                "ibverbs: could not move the queue pair to %s to the error state: %s", conn.owner, e
+            )
         self._pump(conn)
 
     def _drop_if_drained(self, conn: _Conn) -> None:
@@ -495,7 +543,8 @@ class IbverbsBackend(Backend):
         for t in transfers.values():
             if not t.future.done():
                 t.future.set_exception(
-                    RDMATransferError(f"{t.what} failed: the ibverbs backend was closed"))
+                    RDMATransferError(f"{t.what} failed: the ibverbs backend was closed")
+                )
         qps = [c.qp for c in [*self._conns.values(), *self._draining]]
         qps += self._served.values()
         self._conns.clear()
@@ -536,9 +585,13 @@ class _Poller:
     empty it yields the GIL, then sleeps a little longer each time, up to 1 ms.
     """
 
-    def __init__(self, device: Device, loop: asyncio.AbstractEventLoop,
-                 deliver: Callable[[list[Completion]], None],
-                 on_error: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self,
+        device: Device,
+        loop: asyncio.AbstractEventLoop,
+        deliver: Callable[[list[Completion]], None],
+        on_error: Callable[[BaseException], None],
+    ) -> None:
         self._device = device
         self._loop = loop
         self._deliver = deliver
@@ -546,8 +599,9 @@ class _Poller:
         self._cond = threading.Condition()
         self._expected = 0
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"danaus-ibverbs-cq-{device.name}")
+        self._thread = threading.Thread(
+            target=self._run, daemon=True, name=f"danaus-ibverbs-cq-{device.name}"
+        )
         self._thread.start()
 
     def expect(self, n: int) -> None:
@@ -586,8 +640,11 @@ class _Poller:
                     return
             else:
                 idle += 1
-                time.sleep(0 if idle < _SPIN_POLLS
-                           else min(_MAX_POLL_SLEEP, 2e-5 * (idle - _SPIN_POLLS + 1)))
+                time.sleep(
+                    0
+                    if idle < _SPIN_POLLS
+                    else min(_MAX_POLL_SLEEP, 2e-5 * (idle - _SPIN_POLLS + 1))
+                )
 
     def _call(self, fn: Callable[[Any], None], arg: Any) -> bool:
         try:
@@ -597,8 +654,9 @@ class _Poller:
         return True
 
 
-def make_ibverbs_backend(exchange: Exchange, *, device: str | None = None, port: int = 1,
-                         gid_index: int = 0) -> IbverbsBackend:
+def make_ibverbs_backend(
+    exchange: Exchange, *, device: str | None = None, port: int = 1, gid_index: int = 0
+) -> IbverbsBackend:
     """The backend over the real device ``device`` (default: the first one)."""
     return IbverbsBackend(_verbs.Verbs(device, port=port, gid_index=gid_index), exchange)
 

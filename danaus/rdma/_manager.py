@@ -128,8 +128,9 @@ class RDMAManager:
 
     # ------------------------------------------------------------ owner side
 
-    def register(self, view: memoryview, addr: int, keepalive: Any,
-                 cuda: Any = None) -> BufferHandle:
+    def register(
+        self, view: memoryview, addr: int, keepalive: Any, cuda: Any = None
+    ) -> BufferHandle:
         """Owner side: make these bytes reachable. With ``cuda`` (a CUDA tensor), the bytes
         are its pinned host staging copy, refreshed and written back on request."""
         buf_id = next(self._ids)
@@ -144,8 +145,18 @@ class RDMAManager:
             buf.state["cuda"] = cuda
             buf.keys["cuda"] = {"staged": 1}
         self.buffers[buf_id] = buf
-        return BufferHandle(self.rt.addr, self.pid, self.host, buf_id, addr, buf.size,
-                            valid_addr, self.data_addr, buf.keys, not view.readonly)
+        return BufferHandle(
+            self.rt.addr,
+            self.pid,
+            self.host,
+            buf_id,
+            addr,
+            buf.size,
+            valid_addr,
+            self.data_addr,
+            buf.keys,
+            not view.readonly,
+        )
 
     def drop(self, buf_id: int) -> None:
         buf = self.buffers.pop(buf_id, None)
@@ -171,9 +182,10 @@ class RDMAManager:
         if buf is None:
             raise RDMABufferDroppedError(f"buffer {buf_id} of {self.rt.addr} was dropped")
         if offset < 0 or offset + n > buf.size:
-            raise RDMABufferError(f"range [{offset}, {offset + n}) is outside buffer {buf_id} "
-                                  f"of {buf.size} bytes")
-        return buf.view[offset:offset + n]
+            raise RDMABufferError(
+                f"range [{offset}, {offset + n}) is outside buffer {buf_id} of {buf.size} bytes"
+            )
+        return buf.view[offset : offset + n]
 
     # ------------------------------------------------------------ reader side
 
@@ -183,12 +195,16 @@ class RDMAManager:
         if forced:
             backend = self.backends.get(forced)
             if backend is None:
-                why = self.unavailable.get(forced, f"no backend named {forced!r}; "
-                                                   f"known: {', '.join(PREFERENCE)}")
-                raise RDMABackendUnavailableError(f"DANAUS_RDMA_BACKEND={forced} cannot run here: {why}")
+                why = self.unavailable.get(
+                    forced, f"no backend named {forced!r}; known: {', '.join(PREFERENCE)}"
+                )
+                raise RDMABackendUnavailableError(
+                    f"DANAUS_RDMA_BACKEND={forced} cannot run here: {why}"
+                )
             if not backend.reaches(handle):
                 raise RDMABackendUnavailableError(
-                    f"DANAUS_RDMA_BACKEND={forced} cannot reach the buffer of {handle.owner}")
+                    f"DANAUS_RDMA_BACKEND={forced} cannot reach the buffer of {handle.owner}"
+                )
             return backend
         for name in PREFERENCE:
             backend = self.backends.get(name)
@@ -199,7 +215,8 @@ class RDMAManager:
                 return backend
         raise RDMABackendUnavailableError(
             f"no backend reaches the buffer of {handle.owner} from {self.rt.addr} "
-            f"(available here: {list(self.backends)}; not: {self.unavailable})")
+            f"(available here: {list(self.backends)}; not: {self.unavailable})"
+        )
 
     async def exchange(self, owner: str, backend: str, request: dict[str, Any]) -> dict[str, Any]:
         """Ask the owner proc's manager (``serve``); its answer, or RDMAOwnerError."""
@@ -224,13 +241,15 @@ class RDMAManager:
         rt = self.rt
         fut: Future[Any] = Future(loop=rt.loop)
         raw, pickled, parts = dumps_args((handle.buf_id,), {}, lambda: "a drop request")
-        rt.send_call(handle.owner, "__rdma__", "drop", rt.open_future_port(fut), -1, raw,
-                     pickled, parts)
+        rt.send_call(
+            handle.owner, "__rdma__", "drop", rt.open_future_port(fut), -1, raw, pickled, parts
+        )
         try:
             await fut
         except SupervisionError as e:
-            raise RDMAOwnerError(f"the owner of buffer {handle.buf_id} ({handle.owner}) is "
-                                 f"gone: {e}") from e
+            raise RDMAOwnerError(
+                f"the owner of buffer {handle.buf_id} ({handle.owner}) is gone: {e}"
+            ) from e
 
     async def aclose(self) -> None:
         for backend in self.backends.values():
@@ -252,7 +271,8 @@ class _RDMAService(Actor):
         if b is None:
             raise RDMABackendUnavailableError(
                 f"backend {backend} is not available in {self.mgr.rt.addr}: "
-                f"{self.mgr.unavailable.get(backend, 'unknown backend')}")
+                f"{self.mgr.unavailable.get(backend, 'unknown backend')}"
+            )
         return await b.serve(request)
 
     def _stage(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -276,8 +296,16 @@ class _RDMAService(Actor):
 
 
 _RDMA_ERRORS: dict[str, type[RDMAError]] = {
-    c.__name__: c for c in (RDMABufferError, RDMABufferDroppedError, RDMABackendUnavailableError,
-                            RDMAOwnerError, RDMATransferError, RDMAError)}
+    c.__name__: c
+    for c in (
+        RDMABufferError,
+        RDMABufferDroppedError,
+        RDMABackendUnavailableError,
+        RDMAOwnerError,
+        RDMATransferError,
+        RDMAError,
+    )
+}
 
 
 def _make(cls: type[Backend], mgr: RDMAManager) -> Backend:
@@ -303,6 +331,3 @@ def manager(rt: Runtime | None = None) -> RDMAManager:
     if mgr is None or mgr.rt is not rt:
         mgr = _managers[id(rt)] = RDMAManager(rt)
     return mgr
-
-
-

@@ -28,13 +28,16 @@ def byte_view(obj: Any, *, writable: bool, what: str) -> tuple[memoryview, int, 
 
         if isinstance(obj, torch.Tensor):
             if obj.device.type != "cpu":
-                raise RDMABufferError(f"{what}: a {obj.device.type} tensor needs staging "
-                                      "(handled by RDMABuffer), not a raw view")
+                raise RDMABufferError(
+                    f"{what}: a {obj.device.type} tensor needs staging "
+                    "(handled by RDMABuffer), not a raw view"
+                )
             if obj.dim() != 1 or not obj.is_contiguous():
                 raise RDMABufferError(
                     f"{what} must be a 1-D contiguous tensor (got shape {tuple(obj.shape)}, "
                     f"contiguous={obj.is_contiguous()}); view others with "
-                    "t.view(torch.uint8).flatten()")
+                    "t.view(torch.uint8).flatten()"
+                )
             obj = obj.detach()
             if obj.dtype != torch.uint8:
                 obj = obj.view(torch.uint8)
@@ -44,7 +47,9 @@ def byte_view(obj: Any, *, writable: bool, what: str) -> tuple[memoryview, int, 
 
     if isinstance(obj, np.ndarray):
         if not obj.flags.c_contiguous:
-            raise RDMABufferError(f"{what} must be a C-contiguous array (got strides {obj.strides})")
+            raise RDMABufferError(
+                f"{what} must be a C-contiguous array (got strides {obj.strides})"
+            )
         if writable and not obj.flags.writeable:
             raise RDMABufferError(f"{what} must be writable")
         flat = obj.reshape(-1).view(np.uint8)
@@ -54,13 +59,18 @@ def byte_view(obj: Any, *, writable: bool, what: str) -> tuple[memoryview, int, 
     except TypeError:
         raise RDMABufferError(
             f"{what} must be a torch.Tensor, a numpy array or a memoryview, "
-            f"not {type(obj).__name__}") from None
+            f"not {type(obj).__name__}"
+        ) from None
     if not mv.c_contiguous:
         raise RDMABufferError(f"{what} must be contiguous")
     if writable and mv.readonly:
         raise RDMABufferError(f"{what} must be writable (got a read-only {type(obj).__name__})")
     flat = np.frombuffer(mv, dtype=np.uint8) if mv.nbytes else np.empty(0, np.uint8)
-    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv, flat.ctypes.data, (flat, mv, obj)
+    return (
+        mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv,
+        flat.ctypes.data,
+        (flat, mv, obj),
+    )
 
 
 class _IOVec(ctypes.Structure):
@@ -77,8 +87,14 @@ def _lib() -> Any:
         for name in ("process_vm_readv", "process_vm_writev"):
             fn = getattr(_libc, name)
             fn.restype = ctypes.c_ssize_t
-            fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong,
-                           ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.c_ulong]
+            fn.argtypes = [
+                ctypes.c_int,
+                ctypes.POINTER(_IOVec),
+                ctypes.c_ulong,
+                ctypes.POINTER(_IOVec),
+                ctypes.c_ulong,
+                ctypes.c_ulong,
+            ]
     return _libc
 
 

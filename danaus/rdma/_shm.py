@@ -82,11 +82,17 @@ class ShmBackend(Backend):
                 ok = True
             except OSError as e:
                 if e.errno == errno.ESRCH:
-                    raise RDMAOwnerError(f"the owner of buffer {handle.buf_id} ({handle.owner}, "
-                                         f"pid {handle.owner_pid}) is gone") from None
+                    raise RDMAOwnerError(
+                        f"the owner of buffer {handle.buf_id} ({handle.owner}, "
+                        f"pid {handle.owner_pid}) is gone"
+                    ) from None
                 ok = False
-                log.warning("rdma shm: process_vm_readv of pid %d refused (%s); using a "
-                            "shared-memory segment instead", handle.owner_pid, e)
+                log.warning(
+                    "rdma shm: process_vm_readv of pid %d refused (%s); using a "
+                    "shared-memory segment instead",
+                    handle.owner_pid,
+                    e,
+                )
             self._vm_ok[handle.owner_pid] = ok
         return ok
 
@@ -94,11 +100,13 @@ class ShmBackend(Backend):
         try:
             word = read_word(handle.owner_pid, handle.valid_addr)
         except OSError as e:
-            raise RDMAOwnerError(f"the owner of buffer {handle.buf_id} ({handle.owner}) is gone "
-                                 f"({e})") from None
+            raise RDMAOwnerError(
+                f"the owner of buffer {handle.buf_id} ({handle.owner}) is gone ({e})"
+            ) from None
         if word != handle.buf_id:
             raise RDMABufferDroppedError(
-                f"buffer {handle.buf_id} of {handle.owner} was dropped {when} the transfer")
+                f"buffer {handle.buf_id} of {handle.owner} was dropped {when} the transfer"
+            )
 
     def _vm(self, handle: BufferHandle, offset: int, view: memoryview, write: bool) -> None:
         self._check_valid(handle, "before")
@@ -106,9 +114,12 @@ class ShmBackend(Backend):
             vm_copy(handle.owner_pid, _addr(view), handle.addr + offset, view.nbytes, write=write)
         except OSError as e:
             if e.errno == errno.ESRCH:
-                raise RDMAOwnerError(f"the owner of buffer {handle.buf_id} ({handle.owner}) died "
-                                     "during the transfer") from None
-            raise RDMATransferError(f"process_vm transfer from {handle.owner} failed: {e}") from None
+                raise RDMAOwnerError(
+                    f"the owner of buffer {handle.buf_id} ({handle.owner}) died during the transfer"
+                ) from None
+            raise RDMATransferError(
+                f"process_vm transfer from {handle.owner} failed: {e}"
+            ) from None
         self._check_valid(handle, "during")
 
     def move_now(self, handle: BufferHandle, offset: int, view: memoryview, write: bool) -> bool:
@@ -136,14 +147,16 @@ class ShmBackend(Backend):
 
     # ------------------------------------------------------------ fallback path
 
-    async def _segment_move(self, handle: BufferHandle, offset: int, view: memoryview,
-                            write: bool) -> None:
+    async def _segment_move(
+        self, handle: BufferHandle, offset: int, view: memoryview, write: bool
+    ) -> None:
         lock = self._locks.setdefault(handle.owner, asyncio.Lock())
         async with lock:  # one segment per owner: one transfer through it at a time
             await self._segment_move_locked(handle, offset, view, write)
 
-    async def _segment_move_locked(self, handle: BufferHandle, offset: int, view: memoryview,
-                                   write: bool) -> None:
+    async def _segment_move_locked(
+        self, handle: BufferHandle, offset: int, view: memoryview, write: bool
+    ) -> None:
         seg = self._segments.get(handle.owner)
         if seg is None:
             seg = shared_memory.SharedMemory(create=True, size=SEGMENT_BYTES)
@@ -159,20 +172,34 @@ class ShmBackend(Backend):
             seg.unlink()
             raise
 
-    async def _segment_steps(self, seg: shared_memory.SharedMemory, handle: BufferHandle,
-                             offset: int, view: memoryview, write: bool) -> None:
+    async def _segment_steps(
+        self,
+        seg: shared_memory.SharedMemory,
+        handle: BufferHandle,
+        offset: int,
+        view: memoryview,
+        write: bool,
+    ) -> None:
         done = 0
         n = view.nbytes
         while done < n:
             step = min(n - done, SEGMENT_BYTES)
             assert seg.buf is not None
             if write:
-                seg.buf[:step] = view[done:done + step]
-            await self.mgr.exchange(handle.owner, "shm", {
-                "op": "write" if write else "read", "buf": handle.buf_id,
-                "offset": offset + done, "n": step, "segment": seg.name})
+                seg.buf[:step] = view[done : done + step]
+            await self.mgr.exchange(
+                handle.owner,
+                "shm",
+                {
+                    "op": "write" if write else "read",
+                    "buf": handle.buf_id,
+                    "offset": offset + done,
+                    "n": step,
+                    "segment": seg.name,
+                },
+            )
             if not write:
-                view[done:done + step] = seg.buf[:step]
+                view[done : done + step] = seg.buf[:step]
             done += step
 
     async def serve(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -49,8 +49,9 @@ def _tune(sock: socket.socket) -> None:
     # heartbeat_timeout of unacknowledged data instead of the kernel's ~15 minutes.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     if hasattr(socket, "TCP_USER_TIMEOUT"):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
-                        int(config.heartbeat_timeout * 1000))
+        sock.setsockopt(
+            socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(config.heartbeat_timeout * 1000)
+        )
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         try:
             sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
@@ -58,7 +59,9 @@ def _tune(sock: socket.socket) -> None:
             pass
 
 
-async def _recv_exact(loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview) -> None:
+async def _recv_exact(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview
+) -> None:
     got = 0
     n = view.nbytes
     while got < n:
@@ -180,7 +183,9 @@ class TcpBackend(Backend):
             theirs, mac = bytes(answer[:16]), bytes(answer[16:])
             if not _auth.verify(self.mgr.rt.key, b"acceptor", mine, theirs, mac):
                 raise AuthenticationError(f"data server {data_addr} failed to prove the job key")
-            await self.loop.sock_sendall(sock, _auth.proof(self.mgr.rt.key, b"dialer", theirs, mine))
+            await self.loop.sock_sendall(
+                sock, _auth.proof(self.mgr.rt.key, b"dialer", theirs, mine)
+            )
         except BaseException:
             sock.close()
             raise
@@ -202,8 +207,10 @@ class TcpBackend(Backend):
 
     def _check_owner(self, handle: BufferHandle) -> None:
         if handle.owner in self.mgr.rt.lost:
-            raise RDMAOwnerError(f"the owner of buffer {handle.buf_id} ({handle.owner}) is "
-                                 f"gone: {self.mgr.rt.lost[handle.owner] or 'connection lost'}")
+            raise RDMAOwnerError(
+                f"the owner of buffer {handle.buf_id} ({handle.owner}) is "
+                f"gone: {self.mgr.rt.lost[handle.owner] or 'connection lost'}"
+            )
 
     async def _one(self, handle: BufferHandle, offset: int, view: memoryview, op: int) -> None:
         self._check_owner(handle)
@@ -212,8 +219,10 @@ class TcpBackend(Backend):
         try:
             sock = pool.pop() if pool else await self._connect(handle.data_addr)
         except OSError as e:
-            raise RDMAOwnerError(f"cannot reach the data server of {handle.owner} "
-                                 f"({handle.data_addr}) for buffer {handle.buf_id}: {e}") from None
+            raise RDMAOwnerError(
+                f"cannot reach the data server of {handle.owner} "
+                f"({handle.data_addr}) for buffer {handle.buf_id}: {e}"
+            ) from None
         if handle.owner in self.mgr.rt.lost:  # lost while we connected: owner_lost missed it
             sock.close()
             self._check_owner(handle)
@@ -233,8 +242,10 @@ class TcpBackend(Backend):
                 await _recv_exact(loop, sock, memoryview(status))
             ok = True
         except OSError as e:
-            raise RDMAOwnerError(f"the owner of buffer {handle.buf_id} ({handle.owner}) went "
-                                 f"away during the transfer: {e}") from None
+            raise RDMAOwnerError(
+                f"the owner of buffer {handle.buf_id} ({handle.owner}) went "
+                f"away during the transfer: {e}"
+            ) from None
         finally:  # also when cancelled (the deadline): a socket left mid-transfer is closed
             active.discard(sock)
             if ok:
@@ -244,8 +255,10 @@ class TcpBackend(Backend):
         if status[0] == _DROPPED:
             raise RDMABufferDroppedError(f"buffer {handle.buf_id} of {handle.owner} was dropped")
         if status[0] == _RANGE:
-            raise RDMABufferError(f"range [{offset}, {offset + view.nbytes}) is outside buffer "
-                                  f"{handle.buf_id} of {handle.owner}")
+            raise RDMABufferError(
+                f"range [{offset}, {offset + view.nbytes}) is outside buffer "
+                f"{handle.buf_id} of {handle.owner}"
+            )
         if status[0] != _OK:
             raise RDMATransferError(f"data server {handle.data_addr} answered status {status[0]}")
 
@@ -256,8 +269,10 @@ class TcpBackend(Backend):
             await self._one(handle, offset, view, op)
             return
         step = -(-n // streams)
-        results = await asyncio.gather(*(self._one(handle, offset + i, view[i:i + step], op)
-                                         for i in range(0, n, step)), return_exceptions=True)
+        results = await asyncio.gather(
+            *(self._one(handle, offset + i, view[i : i + step], op) for i in range(0, n, step)),
+            return_exceptions=True,
+        )
         for r in results:  # every stream has ended: only now report a failure
             if isinstance(r, BaseException):
                 raise r
@@ -277,5 +292,3 @@ class TcpBackend(Backend):
                 sock.close()
         self._pools.clear()
         self._listener.close()
-
-

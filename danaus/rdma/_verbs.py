@@ -119,13 +119,27 @@ class QPInfo:
     rd_atomic: int = 1
 
     def to_dict(self) -> dict[str, int | str]:
-        return {"qpn": self.qpn, "psn": self.psn, "lid": self.lid, "gid": self.gid,
-                "mtu": self.mtu, "port": self.port, "rd_atomic": self.rd_atomic}
+        return {
+            "qpn": self.qpn,
+            "psn": self.psn,
+            "lid": self.lid,
+            "gid": self.gid,
+            "mtu": self.mtu,
+            "port": self.port,
+            "rd_atomic": self.rd_atomic,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> QPInfo:
-        return cls(int(d["qpn"]), int(d["psn"]), int(d["lid"]), str(d["gid"]), int(d["mtu"]),
-                   int(d["port"]), int(d.get("rd_atomic", 1)))
+        return cls(
+            int(d["qpn"]),
+            int(d["psn"]),
+            int(d["lid"]),
+            str(d["gid"]),
+            int(d["mtu"]),
+            int(d["port"]),
+            int(d.get("rd_atomic", 1)),
+        )
 
 
 @dataclass(frozen=True)
@@ -192,8 +206,9 @@ class WorkRequest:
         return int(self.wr.opcode)
 
 
-def rdma_work_request(wr_id: int, opcode: int, local_addr: int, length: int, lkey: int,
-                      remote_addr: int, rkey: int) -> WorkRequest:
+def rdma_work_request(
+    wr_id: int, opcode: int, local_addr: int, length: int, lkey: int, remote_addr: int, rkey: int
+) -> WorkRequest:
     """Build a signalled RDMA READ or WRITE as real pyverbs objects (needs no device)."""
     from pyverbs.wr import SGE, SendWR
 
@@ -264,8 +279,12 @@ def cuda_dmabuf(ptr: int, length: int) -> tuple[int, int]:
     end = (ptr + length + page - 1) & ~(page - 1)
     fd = ctypes.c_int(-1)
     rc = lib.cuMemGetHandleForAddressRange(
-        ctypes.byref(fd), ctypes.c_uint64(start), ctypes.c_size_t(end - start),
-        ctypes.c_int(_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD), ctypes.c_ulonglong(0))
+        ctypes.byref(fd),
+        ctypes.c_uint64(start),
+        ctypes.c_size_t(end - start),
+        ctypes.c_int(_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD),
+        ctypes.c_ulonglong(0),
+    )
     if rc != 0:
         raise OSError(f"cuMemGetHandleForAddressRange failed with CUDA error {rc}")
     return fd.value, ptr - start
@@ -304,8 +323,9 @@ class Verbs:
         cq_depth: completion-queue entries, which bounds the work requests in flight.
     """
 
-    def __init__(self, name: str | None = None, *, port: int = 1, gid_index: int = 0,
-                 cq_depth: int = 4096) -> None:
+    def __init__(
+        self, name: str | None = None, *, port: int = 1, gid_index: int = 0, cq_depth: int = 4096
+    ) -> None:
         from pyverbs.cq import CQ
         from pyverbs.device import Context
         from pyverbs.pd import PD
@@ -384,8 +404,10 @@ class Verbs:
 
     def poll_cq(self, max_entries: int) -> list[Completion]:
         _, wcs = self._cq.poll(max_entries)
-        return [Completion(int(wc.wr_id), int(wc.status), int(wc.opcode), int(wc.vendor_err))
-                for wc in wcs]
+        return [
+            Completion(int(wc.wr_id), int(wc.status), int(wc.opcode), int(wc.vendor_err))
+            for wc in wcs
+        ]
 
     def close(self) -> None:
         self._ctx.close()  # closes the CQ, PD, QPs and MRs opened on it

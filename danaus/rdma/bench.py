@@ -55,7 +55,9 @@ class Reader(Actor):
         self.dst = np.ones(size, np.uint8)
 
     @endpoint
-    async def sweep(self, buf: Any, backend: str, sizes: list[int], ops: list[str]) -> list[dict[str, Any]]:
+    async def sweep(
+        self, buf: Any, backend: str, sizes: list[int], ops: list[str]
+    ) -> list[dict[str, Any]]:
         from danaus.rdma import get_rdma_backend
 
         os.environ["DANAUS_RDMA_BACKEND"] = backend
@@ -75,9 +77,16 @@ class Reader(Actor):
                     await fn(view, offset=offset)
                     samples.append(time.perf_counter() - t)
                 med = statistics.median(samples)
-                rows.append({"size": size, "backend": backend, "op": op,
-                             "GB/s": size / med / 1e9, "median_us": med * 1e6,
-                             "p99_us": _pct(samples, 99) * 1e6})
+                rows.append(
+                    {
+                        "size": size,
+                        "backend": backend,
+                        "op": op,
+                        "GB/s": size / med / 1e9,
+                        "median_us": med * 1e6,
+                        "p99_us": _pct(samples, 99) * 1e6,
+                    }
+                )
         return rows
 
 
@@ -134,8 +143,9 @@ def tcp_floor(size: int, iters: int = 5) -> float:
     return size / statistics.median(times) / 1e9
 
 
-async def run(sizes: list[int], backends: list[str] | None, ops: list[str],
-              hosts: list[str] | None) -> list[dict[str, Any]]:
+async def run(
+    sizes: list[int], backends: list[str] | None, ops: list[str], hosts: list[str] | None
+) -> list[dict[str, Any]]:
     from danaus import attach_to_hosts, this_host
     from danaus.rdma._manager import PREFERENCE, manager
 
@@ -150,8 +160,11 @@ async def run(sizes: list[int], backends: list[str] | None, ops: list[str],
         owner = await owner_procs.spawn("owner", Owner, biggest)
         reader = await reader_procs.spawn("reader", Reader, biggest)
         buf = await owner.buffer.call_one()
-        available = [b for b in PREFERENCE if b in manager().backends and
-                     manager().backends[b].reaches(buf.handle)]
+        available = [
+            b
+            for b in PREFERENCE
+            if b in manager().backends and manager().backends[b].reaches(buf.handle)
+        ]
         rows: list[dict[str, Any]] = []
         for backend in backends or available:
             rows += await reader.sweep.call_one(buf, backend, sizes, ops)
@@ -176,8 +189,10 @@ def main(argv: list[str] | None = None) -> None:
     import uvloop
 
     rows = uvloop.run(run(sizes, ns.backend, ops, ns.hosts))
-    floors = {s: {"memcpy": memcpy_floor(s), "tcp": tcp_floor(s, 3 if s >= 64 * MiB else 5)}
-              for s in sizes}
+    floors = {
+        s: {"memcpy": memcpy_floor(s), "tcp": tcp_floor(s, 3 if s >= 64 * MiB else 5)}
+        for s in sizes
+    }
     for r in rows:
         f = floors[r["size"]]
         r["memcpy_GB/s"], r["raw_tcp_GB/s"] = f["memcpy"], f["tcp"]
@@ -185,14 +200,20 @@ def main(argv: list[str] | None = None) -> None:
     if ns.json:
         print(json.dumps(rows, indent=1))
     else:
-        print(f"{'size':>8} {'backend':>8} {'op':>5} {'GB/s':>7} {'median us':>10} {'p99 us':>9}"
-              f" {'floor GB/s':>11} {'ratio':>6}")
+        print(
+            f"{'size':>8} {'backend':>8} {'op':>5} {'GB/s':>7} {'median us':>10} {'p99 us':>9}"
+            f" {'floor GB/s':>11} {'ratio':>6}"
+        )
         for r in rows:
             floor = r["raw_tcp_GB/s"] if r["backend"] == "tcp" else r["memcpy_GB/s"]
-            print(f"{_fmt_size(r['size']):>8} {r['backend']:>8} {r['op']:>5} {r['GB/s']:7.2f} "
-                  f"{r['median_us']:10.1f} {r['p99_us']:9.1f} {floor:11.2f} {r['vs_floor']:6.2f}")
-        print("floors, same run: memcpy of the same size (shm, ibverbs rows), raw one-way TCP "
-              "loopback into a reused buffer (tcp rows)")
+            print(
+                f"{_fmt_size(r['size']):>8} {r['backend']:>8} {r['op']:>5} {r['GB/s']:7.2f} "
+                f"{r['median_us']:10.1f} {r['p99_us']:9.1f} {floor:11.2f} {r['vs_floor']:6.2f}"
+            )
+        print(
+            "floors, same run: memcpy of the same size (shm, ibverbs rows), raw one-way TCP "
+            "loopback into a reused buffer (tcp rows)"
+        )
     if ns.plot:
         _plot(rows, floors, ns.plot)
 

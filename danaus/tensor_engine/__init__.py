@@ -18,8 +18,10 @@ from typing import Any
 try:
     import torch
 except ImportError as e:  # torch is an extra: the actor, mesh and RDMA layers run without it
-    raise ImportError(f"danaus.tensor_engine needs torch ({e}): install it, e.g. "
-                      "`pip install 'danaus[torch]'` or your CUDA build of torch") from e
+    raise ImportError(
+        f"danaus.tensor_engine needs torch ({e}): install it, e.g. "
+        "`pip install 'danaus[torch]'` or your CUDA build of torch"
+    ) from e
 
 from ..actors._future import Future
 from ..mesh import ProcMesh, _proc_mesh
@@ -45,13 +47,15 @@ def inspect(t: DTensor, **coords: int) -> torch.Tensor:
     return fetch_shard(t, **coords).get()
 
 
-def remote(fn: Callable[..., Any] | None = None, *,
-           propagate: Callable[..., Any] | None = None) -> Any:
+def remote(
+    fn: Callable[..., Any] | None = None, *, propagate: Callable[..., Any] | None = None
+) -> Any:
     """Run ``fn`` on every shard: ``@remote def f(x, y): ...`` then ``f(dx, dy)``.
 
     Outputs' shapes come from calling ``propagate`` (default: ``fn`` itself) on meta
     tensors on the controller; give ``propagate`` when ``fn`` cannot run on meta tensors.
     """
+
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
         shape_fn = propagate or f
 
@@ -77,8 +81,11 @@ class _Remote:
         self.__name__ = getattr(fn, "__name__", "remote")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        target = self.shape_fn if args and isinstance(args[0], torch.Tensor) and \
-            args[0].device.type == "meta" else self.fn
+        target = (
+            self.shape_fn
+            if args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta"
+            else self.fn
+        )
         return target(*args, **kwargs)
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -39,16 +39,62 @@ from ._worker import (
 )
 
 _FACTORIES = {
-    "rand", "randn", "randint", "randperm", "zeros", "ones", "empty", "full", "arange",
-    "linspace", "logspace", "eye", "tensor", "as_tensor", "normal", "bernoulli", "empty_strided",
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "arange",
+    "linspace",
+    "logspace",
+    "eye",
+    "tensor",
+    "as_tensor",
+    "normal",
+    "bernoulli",
+    "empty_strided",
 }
-_RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "rand_like",
-           "randn_like", "randint_like", "multinomial"}
+_RANDOM = {
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "normal",
+    "bernoulli",
+    "rand_like",
+    "randn_like",
+    "randint_like",
+    "multinomial",
+}
 _NO_META = {"backward"}  # run on the workers only; they return None
-_LOCAL_ONLY = {"size", "dim", "ndimension", "numel", "nelement", "is_contiguous", "element_size",
-               "is_floating_point", "is_complex", "stride", "get_device"}
-_NO_VALUE = {"item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__len__",
-             "__array__", "__iter__"}
+_LOCAL_ONLY = {
+    "size",
+    "dim",
+    "ndimension",
+    "numel",
+    "nelement",
+    "is_contiguous",
+    "element_size",
+    "is_floating_point",
+    "is_complex",
+    "stride",
+    "get_device",
+}
+_NO_VALUE = {
+    "item",
+    "tolist",
+    "numpy",
+    "__bool__",
+    "__float__",
+    "__int__",
+    "__index__",
+    "__len__",
+    "__array__",
+    "__iter__",
+}
 _HERE = os.path.dirname(__file__)
 _TORCH = os.path.dirname(torch.__file__)
 
@@ -77,10 +123,16 @@ class _Client:
         import torch.distributed as dist
 
         host = _store_host(procs)
-        self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,  # type: ignore[attr-defined]
-                                   timeout=datetime.timedelta(seconds=300))
-        self.workers = procs.spawn("tensor_worker", TensorWorker, (host, self.store.port),
-                                   world, sizes)
+        self.store = dist.TCPStore(  # type: ignore[attr-defined]
+            host,
+            0,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=300),
+        )
+        self.workers = procs.spawn(
+            "tensor_worker", TensorWorker, (host, self.store.port), world, sizes
+        )
         self.sizes = sizes
         self.ids = itertools.count(1)
         self.batch: list[tuple[Any, ...]] = []
@@ -114,8 +166,9 @@ class _Client:
         self.flush()
         mesh = self.workers.slice(**coords) if coords else self.workers
         if len(mesh) != 1:
-            raise ValueError(f"fetch_shard needs coordinates for every dim of {self.sizes} "
-                             f"(got {coords})")
+            raise ValueError(
+                f"fetch_shard needs coordinates for every dim of {self.sizes} (got {coords})"
+            )
         return mesh.fetch.call_one(t._id)
 
 
@@ -126,7 +179,7 @@ def _store_host(procs: ProcMesh) -> str:
     addr = getattr(h, "agent", None) or h.addr or ""
     if not addr.startswith("tcp://"):
         return "127.0.0.1"
-    host = addr[len("tcp://"):].rpartition(":")[0].strip("[]")
+    host = addr[len("tcp://") :].rpartition(":")[0].strip("[]")
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((host, 9))
         return str(s.getsockname()[0])
@@ -316,8 +369,10 @@ def _dispatch(client: _Client, func: Any, args: Any, kwargs: dict[str, Any]) -> 
 def _dispatch_now(client: _Client, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     name = getattr(func, "__name__", "")
     if name in _NO_VALUE:
-        raise TypeError(f"{name}() needs the value of a distributed tensor: fetch a shard "
-                        "first (fetch_shard(t).get(), or inspect(t))")
+        raise TypeError(
+            f"{name}() needs the value of a distributed tensor: fetch a shard "
+            "first (fetch_shard(t).get(), or inspect(t))"
+        )
     first = next((a for a in args if type(a) is DTensor), None)
     if name in _LOCAL_ONLY and first is not None:
         return func(first._meta, *args[1:], **kwargs)
@@ -327,9 +382,10 @@ def _dispatch_now(client: _Client, func: Any, args: Any, kwargs: dict[str, Any])
     else:
         out = _infer(func, args, kwargs, factory)  # shape errors raise here, on the controller
     where = _issued_at()
-    inplace = first is not None and ((name.endswith("_") and not name.endswith("__"))
-                                     or name in ("__setitem__", "__iadd__", "__isub__",
-                                                 "__imul__", "__itruediv__"))
+    inplace = first is not None and (
+        (name.endswith("_") and not name.endswith("__"))
+        or name in ("__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__")
+    )
     wkwargs = _to_wire(kwargs, client)
     if factory:
         wkwargs["device"] = None  # the worker's device (CUDA where present)
@@ -345,15 +401,20 @@ def _dispatch_now(client: _Client, func: Any, args: Any, kwargs: dict[str, Any])
     if inplace:
         assert first is not None
         if name == "requires_grad_":
-            first._requires_grad = bool(args[1]) if len(args) > 1 else kwargs.get("requires_grad", True)
+            first._requires_grad = (
+                bool(args[1]) if len(args) > 1 else kwargs.get("requires_grad", True)
+            )
         elif name in ("detach_",):
             first._requires_grad = False
         if isinstance(out, torch.Tensor):
             first._meta = out  # squeeze_, t_, resize_...: the shape may have changed
         client.issue((CALL, func, wargs, wkwargs, grad, [first._id], where))
         return None if name == "__setitem__" else first
-    rg = (_requires_grad(args, kwargs) and name not in ("detach", "detach_copy")
-          and (grad or kwargs.get("requires_grad") is True))
+    rg = (
+        _requires_grad(args, kwargs)
+        and name not in ("detach", "detach_copy")
+        and (grad or kwargs.get("requires_grad") is True)
+    )
     if isinstance(out, torch.Tensor):
         result = DTensor(client, out, rg and out.is_floating_point())
         client.issue((CALL, func, wargs, wkwargs, grad, [result._id], where))
@@ -361,8 +422,10 @@ def _dispatch_now(client: _Client, func: Any, args: Any, kwargs: dict[str, Any])
     if isinstance(out, (tuple, list)) and any(isinstance(o, torch.Tensor) for o in out):
         # Tuples, torch's named tuples (max, sort, topk...), lists: a DTensor per tensor;
         # the worker stores the tensors of its result under these ids, in order.
-        items = [DTensor(client, o, rg and o.is_floating_point())
-                 if isinstance(o, torch.Tensor) else o for o in out]
+        items = [
+            DTensor(client, o, rg and o.is_floating_point()) if isinstance(o, torch.Tensor) else o
+            for o in out
+        ]
         ids = [i._id for i in items if type(i) is DTensor]
         client.issue((CALL, func, wargs, wkwargs, grad, ids, where))
         return type(out)(items)
@@ -400,12 +463,16 @@ class DTensor:
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        first = next(a for a in itertools.chain(args, (kwargs or {}).values()) if type(a) is DTensor)
+        first = next(
+            a for a in itertools.chain(args, (kwargs or {}).values()) if type(a) is DTensor
+        )
         return _dispatch(first._client, func, args, kwargs or {})
 
     def __repr__(self) -> str:
-        return (f"DTensor(shape={tuple(self._meta.shape)}, dtype={self._meta.dtype}, "
-                f"mesh={self._client.sizes}, id={self._id})")
+        return (
+            f"DTensor(shape={tuple(self._meta.shape)}, dtype={self._meta.dtype}, "
+            f"mesh={self._client.sizes}, id={self._id})"
+        )
 
     @property
     def shape(self) -> torch.Size:
@@ -442,8 +509,9 @@ class DTensor:
         wire = None if value is None else Ref(value._id)
         self._client.issue((SET_ATTR, self._id, "grad", wire, [], _issued_at()))
 
-    def reduce(self, dims: str | tuple[str, ...] | list[str], reduction: str = "sum",
-               scatter: bool = False) -> DTensor:
+    def reduce(
+        self, dims: str | tuple[str, ...] | list[str], reduction: str = "sum", scatter: bool = False
+    ) -> DTensor:
         """Reduce over the procs along mesh ``dims`` (a collective: gloo, or NCCL on GPU).
 
         Args:
@@ -454,7 +522,9 @@ class DTensor:
         dims = (dims,) if isinstance(dims, str) else tuple(dims)
         unknown = [d for d in dims if d not in self._client.sizes]
         if unknown:
-            raise ValueError(f"unknown mesh dims {unknown}; the mesh has {list(self._client.sizes)}")
+            raise ValueError(
+                f"unknown mesh dims {unknown}; the mesh has {list(self._client.sizes)}"
+            )
         if reduction not in ("sum", "avg", "min", "max", "stack"):
             raise ValueError(f"reduction must be sum, avg, min, max or stack, not {reduction!r}")
         n = 1
@@ -465,20 +535,42 @@ class DTensor:
             shape = shape if scatter else [n, *shape]
         elif scatter:
             if not shape or shape[0] % n:
-                raise ValueError(f"scatter needs dim 0 ({shape[0] if shape else None}) "
-                                 f"divisible by the {n} procs reduced over")
+                raise ValueError(
+                    f"scatter needs dim 0 ({shape[0] if shape else None}) "
+                    f"divisible by the {n} procs reduced over"
+                )
             shape[0] //= n
         with torch._C.DisableTorchFunction():
             out = DTensor(self._client, torch.empty(shape, dtype=self.dtype, device="meta"))
-        self._client.issue((REDUCE, self._id, list(dims), reduction, scatter,
-                            tuple(self._meta.shape), self.dtype, [out._id], _issued_at()))
+        self._client.issue(
+            (
+                REDUCE,
+                self._id,
+                list(dims),
+                reduction,
+                scatter,
+                tuple(self._meta.shape),
+                self.dtype,
+                [out._id],
+                _issued_at(),
+            )
+        )
         return out
 
     def reduce_(self, dims: str | tuple[str, ...] | list[str], reduction: str = "sum") -> DTensor:
         """In-place :meth:`reduce` (no scatter)."""
         out = self.reduce(dims, reduction)
-        self._client.issue((CALL, torch.Tensor.copy_, (Ref(self._id), Ref(out._id)), {},
-                            False, [self._id], _issued_at()))
+        self._client.issue(
+            (
+                CALL,
+                torch.Tensor.copy_,
+                (Ref(self._id), Ref(out._id)),
+                {},
+                False,
+                [self._id],
+                _issued_at(),
+            )
+        )
         return self
 
     def to_mesh(self, procs: ProcMesh) -> DTensor:
@@ -486,7 +578,9 @@ class DTensor:
         over the RDMA data plane. Sync code only: it waits for the shards' handles."""
         client = self._client
         if procs.sizes != client.sizes:
-            raise ValueError(f"to_mesh needs a mesh of the same shape: {client.sizes} vs {procs.sizes}")
+            raise ValueError(
+                f"to_mesh needs a mesh of the same shape: {client.sizes} vs {procs.sizes}"
+            )
         target = client_for(procs)
         client.flush()
         bufs = client.workers.publish.call(self._id).get()  # in rank order
@@ -503,12 +597,39 @@ class DTensor:
         return _method(name).__get__(self)
 
 
-for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
-              "__truediv__", "__rtruediv__", "__matmul__", "__rmatmul__", "__pow__",
-              "__rpow__", "__neg__", "__abs__", "__getitem__", "__setitem__", "__lt__",
-              "__le__", "__gt__", "__ge__", "__eq__", "__ne__", "__and__", "__or__",
-              "__iadd__", "__isub__", "__imul__", "__itruediv__", "__floordiv__", "__mod__",
-              *_NO_VALUE):
+for _name in (
+    "__add__",
+    "__radd__",
+    "__sub__",
+    "__rsub__",
+    "__mul__",
+    "__rmul__",
+    "__truediv__",
+    "__rtruediv__",
+    "__matmul__",
+    "__rmatmul__",
+    "__pow__",
+    "__rpow__",
+    "__neg__",
+    "__abs__",
+    "__getitem__",
+    "__setitem__",
+    "__lt__",
+    "__le__",
+    "__gt__",
+    "__ge__",
+    "__eq__",
+    "__ne__",
+    "__and__",
+    "__or__",
+    "__iadd__",
+    "__isub__",
+    "__imul__",
+    "__itruediv__",
+    "__floordiv__",
+    "__mod__",
+    *_NO_VALUE,
+):
     setattr(DTensor, _name, _method(_name))
 DTensor.__hash__ = object.__hash__  # type: ignore[method-assign]
 

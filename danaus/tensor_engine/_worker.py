@@ -94,8 +94,11 @@ class TensorWorker(Actor):
         self.streams: dict[str, Any] = {}
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tensor-worker")
         self.loop = asyncio.get_running_loop()
-        self.device = torch.device("cuda", torch.cuda.current_device()) \
-            if torch.cuda.is_available() else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
         torch.manual_seed(self.rank)
 
     def __cleanup__(self, exc: BaseException | None) -> None:
@@ -125,7 +128,9 @@ class TensorWorker(Actor):
             await buf.drop()  # the snapshot has served its purpose: its owner frees it
             value: Any = dst.to(self.device)
         except Exception as e:
-            value = Failed(type(e).__qualname__, str(e), "".join(traceback.format_exception(e)), where)
+            value = Failed(
+                type(e).__qualname__, str(e), "".join(traceback.format_exception(e)), where
+            )
         for i in out_ids:
             self.table[i] = value
 
@@ -150,8 +155,14 @@ class TensorWorker(Actor):
         if t is None:
             raise KeyError(f"no tensor {i} on this worker (freed?)")
         if type(t) is Failed:
-            raise RemoteException(f"tensor_worker[{self.rank}]", current_rank_text(self),
-                                  t.exc_type, t.message, t.tb, t.issued_at)
+            raise RemoteException(
+                f"tensor_worker[{self.rank}]",
+                current_rank_text(self),
+                t.exc_type,
+                t.message,
+                t.tb,
+                t.issued_at,
+            )
         buf = RDMABuffer(t)  # the registration keeps the snapshot alive until dropped
         self.published.setdefault(i, []).append(buf)
         return buf
@@ -163,8 +174,14 @@ class TensorWorker(Actor):
                 raise KeyError(f"no tensor {i} on this worker (freed?)")
             v = self.table[i]
             if type(v) is Failed:
-                raise RemoteException(f"tensor_worker[{self.rank}]", str(current_rank_text(self)),
-                                      v.exc_type, v.message, v.tb, v.issued_at)
+                raise RemoteException(
+                    f"tensor_worker[{self.rank}]",
+                    str(current_rank_text(self)),
+                    v.exc_type,
+                    v.message,
+                    v.tb,
+                    v.issued_at,
+                )
             # A copy: the shard itself may change (later commands) while the reply is sent.
             return v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
 
@@ -195,8 +212,9 @@ class TensorWorker(Actor):
                     table[i] = p.failed
                 continue
             except Exception as e:
-                failed = Failed(type(e).__qualname__, str(e),
-                                "".join(traceback.format_exception(e)), where)
+                failed = Failed(
+                    type(e).__qualname__, str(e), "".join(traceback.format_exception(e)), where
+                )
                 for i in out_ids:
                     table[i] = failed
                 continue
@@ -254,11 +272,14 @@ class TensorWorker(Actor):
             if failed is not None:
                 raise _Propagate(failed)
             if bad:
-                raise KeyError(f"the input of this collective, tensor {src}, is not on this "
-                               "worker (freed?)")
+                raise KeyError(
+                    f"the input of this collective, tensor {src}, is not on this worker (freed?)"
+                )
             if anyone_failed:
-                raise RuntimeError("an input of this collective failed on another rank; "
-                                   "fetch that rank's input to see why")
+                raise RuntimeError(
+                    "an input of this collective failed on another rank; "
+                    "fetch that rank's input to see why"
+                )
             return out
         raise ValueError(f"unknown command kind {kind}")
 
@@ -280,9 +301,13 @@ class TensorWorker(Actor):
             timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT)
             host, port = self.rendezvous
             store = dist.TCPStore(host, port, is_master=False, timeout=timeout)  # type: ignore[attr-defined]
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
-                                    store=store, rank=self.rank, world_size=self.world,
-                                    timeout=timeout)
+            dist.init_process_group(
+                "nccl" if self.device.type == "cuda" else "gloo",
+                store=store,
+                rank=self.rank,
+                world_size=self.world,
+                timeout=timeout,
+            )
         names = list(self.sizes)
         key = tuple(sorted(dims, key=names.index))
         if key not in self.groups:
@@ -306,8 +331,9 @@ class TensorWorker(Actor):
             self.groups[key] = mine
         return self.groups[key]  # type: ignore[no-any-return]
 
-    def _reduce(self, t: torch.Tensor, dims: tuple[str, ...], op: str, scatter: bool,
-                failed: bool) -> tuple[torch.Tensor, bool]:
+    def _reduce(
+        self, t: torch.Tensor, dims: tuple[str, ...], op: str, scatter: bool, failed: bool
+    ) -> tuple[torch.Tensor, bool]:
         """The collective, and whether any rank's input had failed (then every result is)."""
         import torch.distributed as dist
 
@@ -316,8 +342,9 @@ class TensorWorker(Actor):
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         return self._collective(t, group, n, index, op, scatter), bool(flag.item())
 
-    def _collective(self, t: torch.Tensor, group: Any, n: int, index: int, op: str,
-                    scatter: bool) -> torch.Tensor:
+    def _collective(
+        self, t: torch.Tensor, group: Any, n: int, index: int, op: str, scatter: bool
+    ) -> torch.Tensor:
         import torch.distributed as dist
 
         if op == "stack":

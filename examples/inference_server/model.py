@@ -55,7 +55,9 @@ class CharModel(nn.Module):
         self.head = nn.Linear(hidden, len(VOCAB))
         self.flat = _flatten(self)
 
-    def forward(self, ids: torch.Tensor, h: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, ids: torch.Tensor, h: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits for each position of ``ids`` (batch, time), and the last hidden state."""
         out, h = self.rnn(self.embed(ids), h)
         return self.head(out), h
@@ -81,7 +83,7 @@ def _flatten(model: nn.Module) -> torch.Tensor:
     offset = 0
     for p in params:
         n = p.numel()
-        view = flat[offset:offset + n]
+        view = flat[offset : offset + n]
         view.copy_(p.detach().reshape(-1))
         p.data = view.view_as(p)
         offset += n
@@ -154,8 +156,13 @@ class Replica(Actor):
 
     @endpoint
     def state(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "version": self.version, "served": self.served,
-                "tokens": self.tokens, "cancelled": self.cancelled}
+        return {
+            "pid": os.getpid(),
+            "version": self.version,
+            "served": self.served,
+            "tokens": self.tokens,
+            "cancelled": self.cancelled,
+        }
 
 
 class Trainer(Actor):
@@ -181,10 +188,11 @@ class Trainer(Actor):
         loss = torch.tensor(0.0)
         for _ in range(steps):
             starts = torch.randint(0, len(ids) - 65, (16,), generator=g)
-            batch = torch.stack([ids[s:s + 65] for s in starts.tolist()])
+            batch = torch.stack([ids[s : s + 65] for s in starts.tolist()])
             logits, _ = self.model(batch[:, :-1])
-            loss = nn.functional.cross_entropy(logits.reshape(-1, len(VOCAB)),
-                                               batch[:, 1:].reshape(-1))
+            loss = nn.functional.cross_entropy(
+                logits.reshape(-1, len(VOCAB)), batch[:, 1:].reshape(-1)
+            )
             opt.zero_grad()
             loss.backward()
             opt.step()

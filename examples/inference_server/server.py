@@ -84,8 +84,7 @@ class Generation:
     def __init__(self, size: int, seed: int) -> None:
         self.name = f"replica{next(_mesh_ids)}"
         self.size = size
-        self.procs: ProcMesh = this_host().spawn_procs(per_host={"replicas": size},
-                                                       name=self.name)
+        self.procs: ProcMesh = this_host().spawn_procs(per_host={"replicas": size}, name=self.name)
         self.replicas: ActorMesh[Replica] = self.procs.spawn(self.name, Replica, seed)
         self.failed: dict[int, str] = {}
         #: what requests choose() over: all replicas, or the longest healthy run of them
@@ -95,8 +94,10 @@ class Generation:
         self._idle.set()
 
     def __repr__(self) -> str:
-        return (f"<Generation {self.name} size={self.size} failed={sorted(self.failed)} "
-                f"inflight={self.inflight}>")
+        return (
+            f"<Generation {self.name} size={self.size} failed={sorted(self.failed)} "
+            f"inflight={self.inflight}>"
+        )
 
     def fail(self, ranks: Sequence[int], why: str) -> None:
         for r in ranks:
@@ -156,34 +157,58 @@ class Metrics:
             "# HELP inference_requests_total POST /generate requests by HTTP status "
             "(499: the client went away).",
             "# TYPE inference_requests_total counter",
-            *(f'inference_requests_total{{status="{s}"}} {n}'
-              for s, n in sorted(self.requests.items())),
+            *(
+                f'inference_requests_total{{status="{s}"}} {n}'
+                for s, n in sorted(self.requests.items())
+            ),
         ]
         for name, window, what in (
-                ("inference_request_latency_seconds", self.latency,
-                 "Time from request to last token (successful requests)."),
-                ("inference_first_token_seconds", self.first_token,
-                 "Time from request to first token.")):
+            (
+                "inference_request_latency_seconds",
+                self.latency,
+                "Time from request to last token (successful requests).",
+            ),
+            (
+                "inference_first_token_seconds",
+                self.first_token,
+                "Time from request to first token.",
+            ),
+        ):
             lines += [f"# HELP {name} {what}", f"# TYPE {name} summary"]
             ordered = sorted(window)
             for q in self.QUANTILES:
                 lines.append(f'{name}{{quantile="{q}"}} {_quantile(ordered, q):.6f}')
             if name == "inference_request_latency_seconds":
-                lines += [f"{name}_sum {self.latency_sum:.6f}",
-                          f"{name}_count {self.latency_count}"]
+                lines += [
+                    f"{name}_sum {self.latency_sum:.6f}",
+                    f"{name}_count {self.latency_count}",
+                ]
             else:
                 lines += [f"{name}_sum {sum(ordered):.6f}", f"{name}_count {len(ordered)}"]
         for name, kind, value, what in (
-                ("inference_tokens_total", "counter", self.tokens, "Tokens streamed."),
-                ("inference_replica_failures_total", "counter", self.replica_failures,
-                 "Replicas that died."),
-                ("inference_replica_respawns_total", "counter", self.respawns,
-                 "Replacement replica meshes swapped in."),
-                ("inference_reloads_total", "counter", self.reloads, "Weight reloads."),
-                ("inference_reload_bytes_total", "counter", self.reload_bytes,
-                 "Bytes moved by weight reloads."),
-                ("inference_replicas_healthy", "gauge", healthy, "Replicas serving now."),
-                ("inference_replicas", "gauge", size, "Replicas configured.")):
+            ("inference_tokens_total", "counter", self.tokens, "Tokens streamed."),
+            (
+                "inference_replica_failures_total",
+                "counter",
+                self.replica_failures,
+                "Replicas that died.",
+            ),
+            (
+                "inference_replica_respawns_total",
+                "counter",
+                self.respawns,
+                "Replacement replica meshes swapped in.",
+            ),
+            ("inference_reloads_total", "counter", self.reloads, "Weight reloads."),
+            (
+                "inference_reload_bytes_total",
+                "counter",
+                self.reload_bytes,
+                "Bytes moved by weight reloads.",
+            ),
+            ("inference_replicas_healthy", "gauge", healthy, "Replicas serving now."),
+            ("inference_replicas", "gauge", size, "Replicas configured."),
+        ):
             lines += [f"# HELP {name} {what}", f"# TYPE {name} {kind}", f"{name} {value}"]
         return "\n".join(lines) + "\n"
 
@@ -206,8 +231,15 @@ class InferenceServer:
         spawn_timeout: how long a generation (or the trainer) may take to start.
     """
 
-    def __init__(self, replicas: int = 2, *, seed: int = 0, trainer_seed: int = 1,
-                 drain_timeout: float = 10.0, spawn_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        replicas: int = 2,
+        *,
+        seed: int = 0,
+        trainer_seed: int = 1,
+        drain_timeout: float = 10.0,
+        spawn_timeout: float = 60.0,
+    ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
         self.size = replicas
@@ -243,8 +275,9 @@ class InferenceServer:
         try:
             self._gen = self._spawn_generation()
             self._trainer_procs = this_host().spawn_procs(name=f"trainer{next(_mesh_ids)}")
-            self._trainer = self._trainer_procs.spawn(self._trainer_procs.name, Trainer,
-                                                      self.trainer_seed)
+            self._trainer = self._trainer_procs.spawn(
+                self._trainer_procs.name, Trainer, self.trainer_seed
+            )
             async with asyncio.timeout(self.spawn_timeout):
                 await asyncio.gather(self._gen.replicas.initialized, self._trainer.initialized)
         except BaseException:
@@ -359,8 +392,12 @@ class InferenceServer:
                 async with asyncio.timeout(self.drain_timeout):
                     await gen.drained()
             except TimeoutError:
-                log.warning("%s still had %d requests after %s s; stopping it", gen.name,
-                            gen.inflight, self.drain_timeout)
+                log.warning(
+                    "%s still had %d requests after %s s; stopping it",
+                    gen.name,
+                    gen.inflight,
+                    self.drain_timeout,
+                )
         try:
             await gen.procs.stop()
         finally:
@@ -380,8 +417,12 @@ class InferenceServer:
         while True:
             changed = self._changed
             gen = self._gen
-            if (self.metrics.replica_failures >= failures and gen is not None
-                    and not gen.failed and len(self._gens) == 1):
+            if (
+                self.metrics.replica_failures >= failures
+                and gen is not None
+                and not gen.failed
+                and len(self._gens) == 1
+            ):
                 return
             await changed.wait()
 
@@ -462,8 +503,13 @@ class InferenceServer:
                     entry.update(state="failed", reason=str(e).splitlines()[0])
             replicas.append(entry)
         healthy = sum(r["state"] != "failed" for r in replicas)
-        status = ("ok" if healthy == gen.size and self.state is State.SERVING
-                  else self.state.value if self.state is not State.SERVING else "degraded")
+        status = (
+            "ok"
+            if healthy == gen.size and self.state is State.SERVING
+            else self.state.value
+            if self.state is not State.SERVING
+            else "degraded"
+        )
         body = {
             "status": status,
             "generation": gen.name,
@@ -583,8 +629,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
             metrics.tokens += len(text)
             metrics.observe(200, time.perf_counter() - t0)
             return web.json_response({"text": "".join(text), "tokens": len(text)})
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await resp.prepare(request)
         try:
             await resp.write(b"".join(_sse(tok) for tok in first))
@@ -615,9 +662,12 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     server = request.app[SERVER]
-    return web.Response(text=server.metrics.render(server.healthy(), server.size),
-                        content_type="text/plain", charset="utf-8",
-                        headers={"X-Prometheus-Format": "0.0.4"})
+    return web.Response(
+        text=server.metrics.render(server.healthy(), server.size),
+        content_type="text/plain",
+        charset="utf-8",
+        headers={"X-Prometheus-Format": "0.0.4"},
+    )
 
 
 async def reload(request: web.Request) -> web.Response:
@@ -673,11 +723,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Serve until SIGINT/SIGTERM; then drain in-flight requests (bounded) and stop."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")),
-                        help="0 picks a free port (printed at startup)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("PORT", "8080")),
+        help="0 picks a free port (printed at startup)",
+    )
     parser.add_argument("--replicas", type=int, default=int(os.environ.get("REPLICAS", "2")))
-    parser.add_argument("--drain-timeout", type=float, default=10.0,
-                        help="seconds in-flight requests get at shutdown")
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=10.0,
+        help="seconds in-flight requests get at shutdown",
+    )
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -686,9 +744,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     except ImportError:
         loop = asyncio.new_event_loop()
-    web.run_app(make_app(ns.replicas, drain_timeout=ns.drain_timeout), host=ns.host,
-                port=ns.port, shutdown_timeout=ns.drain_timeout, loop=loop,
-                print=functools.partial(print, flush=True), access_log=None)
+    web.run_app(
+        make_app(ns.replicas, drain_timeout=ns.drain_timeout),
+        host=ns.host,
+        port=ns.port,
+        shutdown_timeout=ns.drain_timeout,
+        loop=loop,
+        print=functools.partial(print, flush=True),
+        access_log=None,
+    )
 
 
 if __name__ == "__main__":

@@ -64,8 +64,11 @@ class Owner(Actor):
 
     @endpoint
     def make(self, name: str, n: int, kind: str = "numpy") -> RDMABuffer:
-        a: Any = (np.arange(n, dtype=np.uint64).view(np.uint8)[:n].copy() if kind == "numpy"
-                  else torch.arange(n // 4, dtype=torch.float32))
+        a: Any = (
+            np.arange(n, dtype=np.uint64).view(np.uint8)[:n].copy()
+            if kind == "numpy"
+            else torch.arange(n // 4, dtype=torch.float32)
+        )
         self.arrays[name] = a
         self.bufs[name] = RDMABuffer(a)
         return self.bufs[name]
@@ -154,7 +157,9 @@ async def test_bad_destinations_raise_buffer_errors(backend: str, owner_mesh: An
     assert dst.tobytes() == _expected(4096)
 
 
-async def test_dropped_buffer_raises_and_the_owner_keeps_serving(backend: str, owner_mesh: Any) -> None:
+async def test_dropped_buffer_raises_and_the_owner_keeps_serving(
+    backend: str, owner_mesh: Any
+) -> None:
     zero = owner_mesh.slice(procs=0)
     buf = await zero.make.call_one("d", 8192)
     keep = await zero.make.call_one("k", 8192)
@@ -226,8 +231,11 @@ async def test_a_frozen_owner_never_hangs_a_transfer(backend: str) -> None:
         try:
             for write in (False, True):
                 start = time.monotonic()
-                move = (buf.write_from(np.full(N, 3, np.uint8), timeout=2) if write
-                        else buf.read_into(dst, timeout=2))
+                move = (
+                    buf.write_from(np.full(N, 3, np.uint8), timeout=2)
+                    if write
+                    else buf.read_into(dst, timeout=2)
+                )
                 if backend in ONE_SIDED:
                     await asyncio.wait_for(move, 20)
                 else:

@@ -158,8 +158,9 @@ class Parent(Actor):
         return self.failures
 
     def __supervise__(self, failure: Any) -> bool:
-        self.failures.append(f"{failure.mesh}|{[str(r) for r in failure.ranks]}|{failure.kind}|"
-                             f"{failure.report}")
+        self.failures.append(
+            f"{failure.mesh}|{[str(r) for r in failure.ranks]}|{failure.kind}|{failure.report}"
+        )
         if self.port is not None:
             self.port.send(self.failures[-1])
         return self.handle

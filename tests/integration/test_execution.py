@@ -47,7 +47,8 @@ def failures() -> Iterator[list[object]]:
 
 @pytest.mark.parametrize("how", ["sleep", "spin", "matmul"])
 async def test_a_sync_endpoint_may_block_for_three_heartbeat_timeouts(
-        fast_heartbeat: None, how: str) -> None:
+    fast_heartbeat: None, how: str
+) -> None:
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         busy = await procs.spawn("busy", Worker)
         other = await procs.spawn("other", Worker)  # another actor in the same proc
@@ -63,7 +64,8 @@ async def test_a_sync_endpoint_may_block_for_three_heartbeat_timeouts(
 
 
 async def test_a_frozen_proc_is_still_lost_while_a_sync_endpoint_runs(
-        fast_heartbeat: None, failures: list[object]) -> None:
+    fast_heartbeat: None, failures: list[object]
+) -> None:
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         w = await procs.spawn("w", Worker)
         long = w.sleep.call_one(60)
@@ -76,7 +78,8 @@ async def test_a_frozen_proc_is_still_lost_while_a_sync_endpoint_runs(
 
 
 async def test_a_proc_wedged_in_c_holding_the_gil_is_lost(
-        fast_heartbeat: None, failures: list[object], monkeypatch: pytest.MonkeyPatch) -> None:
+    fast_heartbeat: None, failures: list[object], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(config, "stop_timeout", 1.0)  # it cannot exit by itself: kill it
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         w = await procs.spawn("w", Worker)
@@ -89,10 +92,14 @@ async def test_get_inside_a_sync_endpoint_on_another_mesh_and_on_other_ranks() -
         counter = await procs.slice(procs=0).spawn("counter", Worker)
         callers = await procs.spawn("callers", Caller, counter)
         assert await asyncio.wait_for(callers.slice(procs=2).relay.call_one(7), 30) == 7
-        assert await asyncio.wait_for(
-            callers.slice(procs=0).sum_of_others.call_one(callers), 30) == 10 + 20
-        assert await asyncio.wait_for(
-            callers.slice(procs=1).sum_of_others.call_one(callers), 30) == 0 + 20
+        assert (
+            await asyncio.wait_for(callers.slice(procs=0).sum_of_others.call_one(callers), 30)
+            == 10 + 20
+        )
+        assert (
+            await asyncio.wait_for(callers.slice(procs=1).sum_of_others.call_one(callers), 30)
+            == 0 + 20
+        )
 
 
 @pytest.mark.parametrize("endpoint_name", ["call_self", "acall_self"])
@@ -110,7 +117,8 @@ async def test_an_actor_waiting_on_itself_gets_a_deadlock_error(endpoint_name: s
 
 
 async def test_ports_and_logs_flow_while_a_sync_endpoint_blocks(
-        fast_heartbeat: None, capfd: pytest.CaptureFixture[str]) -> None:
+    fast_heartbeat: None, capfd: pytest.CaptureFixture[str]
+) -> None:
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         w = await procs.spawn("w", Worker)
         port, receiver = Channel[int].open()
@@ -135,7 +143,8 @@ async def test_explicit_response_port_answers_later_from_another_message() -> No
 
 
 async def test_explicit_response_port_exceptions_and_unanswered_raises(
-        failures: list[object]) -> None:
+    failures: list[object],
+) -> None:
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         d = await procs.spawn("d", Deferred)
         with pytest.raises(ActorError, match="no answer for you") as info:
@@ -152,8 +161,7 @@ async def test_explicit_response_port_exceptions_and_unanswered_raises(
 async def test_concurrent_endpoint_may_wait_for_a_later_message() -> None:
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         b = await procs.spawn("b", Barrier)
-        got = await asyncio.wait_for(
-            asyncio.gather(*(b.arrive.call_one(3) for _ in range(3))), 10)
+        got = await asyncio.wait_for(asyncio.gather(*(b.arrive.call_one(3) for _ in range(3))), 10)
         assert got == [3, 3, 3]
         assert await b.count.call_one() == 3
 
@@ -167,6 +175,7 @@ async def test_plain_async_endpoints_still_run_one_at_a_time_in_order() -> None:
 
 def test_concurrent_endpoint_must_be_async() -> None:
     with pytest.raises(ValueError, match="only wrap async endpoints"):
+
         class Bad(Actor):
             @concurrent_endpoint
             def nope(self) -> None:

@@ -22,8 +22,11 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 def strict_liveness(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A peer silent for 1 s is lost; a mailbox holds 20 messages before backpressure."""
-    for name, value in (("heartbeat_interval", 0.2), ("heartbeat_timeout", 1.0),
-                        ("mailbox_limit", 20)):
+    for name, value in (
+        ("heartbeat_interval", 0.2),
+        ("heartbeat_timeout", 1.0),
+        ("mailbox_limit", 20),
+    ):
         monkeypatch.setenv(f"DANAUS_{name.upper()}", str(value))
         monkeypatch.setattr(config, name, value)
     yield
@@ -31,7 +34,8 @@ def strict_liveness(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.mark.parametrize("endpoint_name", ["work", "awork"])
 async def test_backpressure_does_not_kill_a_healthy_proc(
-        strict_liveness: None, endpoint_name: str) -> None:
+    strict_liveness: None, endpoint_name: str
+) -> None:
     n = 250  # 2.5 s of work: the receiver holds its connection most of that time
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         slow = await procs.spawn("slow", Slow)
@@ -42,7 +46,8 @@ async def test_backpressure_does_not_kill_a_healthy_proc(
 
 
 async def test_a_busy_peer_still_gets_port_messages_over_a_new_connection(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("DANAUS_HANDSHAKE_TIMEOUT", "0.5")
     monkeypatch.setattr(config, "handshake_timeout", 0.5)
     async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
@@ -58,7 +63,8 @@ async def test_a_busy_peer_still_gets_port_messages_over_a_new_connection(
 
 
 async def test_a_port_message_that_cannot_be_delivered_fails_its_sender(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("DANAUS_CONNECT_TIMEOUT", "1.0")  # how long a refused dial retries
     failed = asyncio.Event()
     failures: list[object] = []
@@ -96,7 +102,8 @@ def _rss(pid: int) -> int:
 
 
 async def test_a_thousand_idle_strangers_cost_a_proc_little(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import socket
 
     monkeypatch.setenv("DANAUS_HANDSHAKE_TIMEOUT", "60")  # they stay for the whole test
@@ -138,7 +145,8 @@ async def test_a_thousand_idle_strangers_cost_a_proc_little(
 
 
 async def test_an_actor_calling_a_dead_mesh_it_never_talked_to_fails_at_once(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from .exec_actors import Caller, Worker
 
     failures: list[object] = []

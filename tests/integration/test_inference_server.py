@@ -60,8 +60,9 @@ async def srv() -> AsyncIterator[Server]:
             await runner.cleanup()
 
 
-async def generate(session: aiohttp.ClientSession, url: str, prompt: str, n: int,
-                   on_token: Any = None) -> tuple[int, str]:
+async def generate(
+    session: aiohttp.ClientSession, url: str, prompt: str, n: int, on_token: Any = None
+) -> tuple[int, str]:
     """POST /generate and read the SSE stream: ``(status, text)``.
 
     A stream that ends with an ``error`` event counts as that event's status (503): the
@@ -76,9 +77,9 @@ async def generate(session: aiohttp.ClientSession, url: str, prompt: str, n: int
         async for raw in r.content:
             line = raw.decode().rstrip("\n")
             if line.startswith("event: "):
-                event = line[len("event: "):]
+                event = line[len("event: ") :]
             elif line.startswith("data: "):
-                data = json.loads(line[len("data: "):])
+                data = json.loads(line[len("data: ") :])
                 if event == "message":
                     tokens.append(data)
                     if on_token is not None:
@@ -100,14 +101,19 @@ async def test_generate_streams_tokens_health_and_metrics(srv: Server) -> None:
         t0 = time.perf_counter()
         first: list[float] = []
         status, text = await generate(
-            s, srv.url, "stream me", 512,
-            lambda _: first.append(time.perf_counter() - t0) if not first else None)
+            s,
+            srv.url,
+            "stream me",
+            512,
+            lambda _: first.append(time.perf_counter() - t0) if not first else None,
+        )
         total = time.perf_counter() - t0
         assert (status, text) == (200, expected(REPLICA_SEED, "stream me", 512))
         assert first[0] < total / 2, (first[0], total)
 
-        async with s.post(f"{srv.url}/generate",
-                          json={"prompt": "hello", "max_tokens": 32, "stream": False}) as r:
+        async with s.post(
+            f"{srv.url}/generate", json={"prompt": "hello", "max_tokens": 32, "stream": False}
+        ) as r:
             assert r.status == 200
             assert (await r.json())["text"] == expected(REPLICA_SEED, "hello", 32)
         async with s.post(f"{srv.url}/generate", json={"max_tokens": 0}) as r:
@@ -119,7 +125,8 @@ async def test_generate_streams_tokens_health_and_metrics(srv: Server) -> None:
         assert health["status"] == "ok" and health["trainer"] == "ok"
         assert [rep["state"] for rep in health["replicas"]] == ["healthy", "healthy"]
         assert sorted(rep["pid"] for rep in health["replicas"]) == sorted(
-            srv.server._gen.procs.pids)  # type: ignore[union-attr]
+            srv.server._gen.procs.pids
+        )  # type: ignore[union-attr]
         assert sum(rep["served"] for rep in health["replicas"]) == 3
 
         async with s.get(f"{srv.url}/metrics") as r:
@@ -141,7 +148,8 @@ async def test_generate_streams_tokens_health_and_metrics(srv: Server) -> None:
 
 
 async def test_a_client_that_leaves_mid_stream_stops_its_generation(
-        srv: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    srv: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import examples.inference_server.server as server_module
 
     monkeypatch.setattr(server_module, "MAX_TOKENS", 10**7)  # minutes of generation
@@ -164,10 +172,13 @@ async def test_32_concurrent_clients_all_answered(srv: Server) -> None:
     async def client(session: aiohttp.ClientSession, prompt: str) -> None:
         for n in (16, 24):
             assert await generate(session, srv.url, prompt, n) == (
-                200, expected(REPLICA_SEED, prompt, n))
+                200,
+                expected(REPLICA_SEED, prompt, n),
+            )
 
     async with aiohttp.ClientSession(
-            timeout=CLIENT_TIMEOUT, connector=aiohttp.TCPConnector(limit=32)) as s:
+        timeout=CLIENT_TIMEOUT, connector=aiohttp.TCPConnector(limit=32)
+    ) as s:
         async with asyncio.timeout(60):
             await asyncio.gather(*(client(s, p) for p in prompts))
         async with s.get(f"{srv.url}/health") as r:
@@ -176,7 +187,8 @@ async def test_32_concurrent_clients_all_answered(srv: Server) -> None:
 
 
 async def test_reload_switches_to_the_trainers_weights_without_dropping_requests(
-        srv: Server) -> None:
+    srv: Server,
+) -> None:
     old, new = expected(REPLICA_SEED, "reload", 48), expected(TRAINER_SEED, "reload", 48)
     assert old != new
     nbytes = build(0).nbytes()
@@ -185,8 +197,7 @@ async def test_reload_switches_to_the_trainers_weights_without_dropping_requests
         # Requests in flight while the reload happens all finish, each wholly on the
         # old weights or wholly on the new ones.
         async with asyncio.timeout(60):
-            during = [asyncio.ensure_future(generate(s, srv.url, "reload", 48))
-                      for _ in range(16)]
+            during = [asyncio.ensure_future(generate(s, srv.url, "reload", 48)) for _ in range(16)]
             async with s.post(f"{srv.url}/reload") as r:
                 assert r.status == 200
                 report = await r.json()
@@ -222,7 +233,8 @@ async def test_killed_replica_gives_503s_not_hangs_and_the_server_recovers(srv: 
     gen = srv.server._gen
     assert gen is not None
     async with aiohttp.ClientSession(
-            timeout=CLIENT_TIMEOUT, connector=aiohttp.TCPConnector(limit=32)) as s:
+        timeout=CLIENT_TIMEOUT, connector=aiohttp.TCPConnector(limit=32)
+    ) as s:
         clients = [asyncio.ensure_future(client(s, i)) for i in range(32)]
         try:
             async with asyncio.timeout(120):
@@ -253,7 +265,9 @@ async def test_killed_replica_gives_503s_not_hangs_and_the_server_recovers(srv: 
         assert killed not in [rep["pid"] for rep in health["replicas"]]
         for i in range(4):
             assert await generate(s, srv.url, f"after {i}", 16) == (
-                200, expected(REPLICA_SEED, f"after {i}", 16))
+                200,
+                expected(REPLICA_SEED, f"after {i}", 16),
+            )
         async with s.get(f"{srv.url}/metrics") as r:
             metrics = await r.text()
     assert "inference_replica_failures_total 1" in metrics
@@ -311,7 +325,9 @@ async def test_the_app_runs_in_another_thread_on_its_own_loop() -> None:
             url, loop, stop = await asyncio.wrap_future(started)
         async with aiohttp.ClientSession(timeout=CLIENT_TIMEOUT) as s:
             assert await generate(s, url, "thread", 16) == (
-                200, expected(REPLICA_SEED, "thread", 16))
+                200,
+                expected(REPLICA_SEED, "thread", 16),
+            )
             async with s.get(f"{url}/health") as r:
                 assert (await r.json())["status"] == "ok"
         loop.call_soon_threadsafe(stop.set)
@@ -333,8 +349,11 @@ def _procs_of(pid: int) -> list[int]:
                 zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
         except OSError:
             continue
-        if (not zombie and b"danaus.actors._proc" in cmd
-                and cmd[cmd.index(b"--parent-pid") + 1] == str(pid).encode()):
+        if (
+            not zombie
+            and b"danaus.actors._proc" in cmd
+            and cmd[cmd.index(b"--parent-pid") + 1] == str(pid).encode()
+        ):
             out.append(int(d))
     return out
 
@@ -342,10 +361,20 @@ def _procs_of(pid: int) -> list[int]:
 @pytest.mark.timeout(120)
 async def test_sigterm_drains_in_flight_requests_and_leaves_no_process() -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "examples.inference_server.server", "--port", "0",
-        "--replicas", "2", "--drain-timeout", "10", cwd=ROOT,
+        sys.executable,
+        "-m",
+        "examples.inference_server.server",
+        "--port",
+        "0",
+        "--replicas",
+        "2",
+        "--drain-timeout",
+        "10",
+        cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     assert proc.stdout is not None
     output: list[str] = []
     url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -369,7 +398,8 @@ async def test_sigterm_drains_in_flight_requests_and_leaves_no_process() -> None
             # A long request is streaming when SIGTERM comes: it is drained, not cut.
             first = asyncio.Event()
             in_flight = asyncio.ensure_future(
-                generate(s, base, "drain", 512, lambda _: first.set()))
+                generate(s, base, "drain", 512, lambda _: first.set())
+            )
             async with asyncio.timeout(30):
                 await first.wait()
             proc.send_signal(signal.SIGTERM)

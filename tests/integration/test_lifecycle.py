@@ -89,8 +89,13 @@ async def test_squatting_the_names_a_counter_would_give_next_does_not_stop_spawn
         where = probe.spawn("where", Where)
         await asyncio.wait_for(where.initialized, 30)
         squatter = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", SQUATTER, *map(str, probe.pids),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-c",
+            SQUATTER,
+            *map(str, probe.pids),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
         try:
             assert squatter.stdout is not None and squatter.stdin is not None
             line = await asyncio.wait_for(squatter.stdout.readline(), 30)
@@ -107,15 +112,22 @@ async def test_squatting_the_names_a_counter_would_give_next_does_not_stop_spawn
             await asyncio.wait_for(squatter.wait(), 10)
 
 
-async def test_squatting_the_names_later_runtimes_would_get_does_not_stop_a_new_event_loop() -> None:
+async def test_squatting_the_names_later_runtimes_would_get_does_not_stop_a_new_event_loop() -> (
+    None
+):
     """A controller makes a runtime per event loop it is used on (a server's worker
     loop, each ``asyncio.run``): a squatter on its next names must not break those."""
     from danaus.actors._runtime import close_loop_runtime, current_runtime
 
     current_runtime()  # this loop's runtime: its name is what the squatter sees
     squatter = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", SQUATTER, str(os.getpid()),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-c",
+        SQUATTER,
+        str(os.getpid()),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
     try:
         assert squatter.stdout is not None and squatter.stdin is not None
         line = await asyncio.wait_for(squatter.stdout.readline(), 30)
@@ -139,7 +151,8 @@ async def test_squatting_the_names_later_runtimes_would_get_does_not_stop_a_new_
 
 
 async def test_a_taken_socket_name_is_given_up_for_a_fresh_one(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     # Another socket holds a name; make it the first two names the spawner draws, as if
     # the squatter had guessed them.
     taken = f"danaus-{secrets.token_hex(16)}"
@@ -177,9 +190,12 @@ def test_spawn_says_so_when_every_fresh_name_is_taken(monkeypatch: pytest.Monkey
 def agent() -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """A host agent of its own (its procs are this test's alone), with the key ``KEY``."""
     env = dict(_program_env(), DANAUS_AUTH_KEY=KEY)
-    with subprocess.Popen([sys.executable, "-m", "danaus", "host-agent", "--listen",
-                           "tcp://127.0.0.6:0"], stdout=subprocess.PIPE, text=True,
-                          env=env) as p:
+    with subprocess.Popen(
+        [sys.executable, "-m", "danaus", "host-agent", "--listen", "tcp://127.0.0.6:0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as p:
         try:
             assert p.stdout is not None
             line = p.stdout.readline()  # printed once it listens
@@ -218,12 +234,19 @@ QUEUED_SPAWNS = textwrap.dedent("""
 
 @pytest.mark.timeout(120)
 async def test_a_controller_killed_with_spawns_queued_leaves_no_procs_on_the_agent(
-        agent: tuple[str, subprocess.Popen[str]], keyed: None) -> None:
+    agent: tuple[str, subprocess.Popen[str]], keyed: None
+) -> None:
     addr, agent_proc = agent
     env = dict(_program_env(), DANAUS_AUTH_KEY=KEY)
     ctl = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", QUEUED_SPAWNS, addr, env=env,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-c",
+        QUEUED_SPAWNS,
+        addr,
+        env=env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
     try:
         assert ctl.stdout is not None
         line = await asyncio.wait_for(ctl.stdout.readline(), 60)
@@ -250,8 +273,13 @@ async def test_a_controller_killed_with_spawns_queued_leaves_no_procs_on_the_age
 
 
 def _run(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
-                          text=True, timeout=timeout, env=_program_env())
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_program_env(),
+    )
 
 
 #: What a short sync program does: spawn, call, stop, exit.
@@ -363,4 +391,3 @@ async def test_a_proc_killed_by_someone_else_is_still_a_failure(failures: Failur
         assert handle.state == "killed by SIGKILL"
         assert [f.kind for f in failures] == ["proc"]
         assert "killed by SIGKILL" in failures[0].report
-

@@ -53,8 +53,7 @@ def console(monkeypatch: pytest.MonkeyPatch) -> Console:
     return c
 
 
-async def test_stdout_stderr_and_logging_are_prefixed_with_mesh_and_rank(
-        console: Console) -> None:
+async def test_stdout_stderr_and_logging_are_prefixed_with_mesh_and_rank(console: Console) -> None:
     async with this_host().spawn_procs(per_host={"procs": 2}, name="trainer") as procs:
         talker = await procs.spawn("talker", Talker)
         await talker.slice(procs=1).say.call_one("hello")

@@ -171,8 +171,9 @@ async def test_a_missing_sequence_number_delays_but_never_blocks_an_actor() -> N
     after seq_gap_timeout instead of waiting forever."""
     from danaus.actors._runtime import current_runtime
 
-    async with this_host().spawn_procs(per_host={"procs": 1},
-                                       env={"DANAUS_SEQ_GAP_TIMEOUT": "0.3"}) as procs:
+    async with this_host().spawn_procs(
+        per_host={"procs": 1}, env={"DANAUS_SEQ_GAP_TIMEOUT": "0.3"}
+    ) as procs:
         rec = await procs.spawn("rec", Recorder)
         rt = current_runtime()
         addr = rec._targets()[0][1]

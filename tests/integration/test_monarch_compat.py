@@ -37,10 +37,10 @@ async def test_an_endpoint_an_actor_mesh_attribute_would_shadow_is_refused_at_sp
 
 
 async def test_the_module_attribute_fault_hook_and_report_as_a_method(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     got: asyncio.Future[MeshFailure] = asyncio.get_running_loop().create_future()
-    monkeypatch.setattr(danaus, "unhandled_fault_hook",
-                        lambda f: got.done() or got.set_result(f))
+    monkeypatch.setattr(danaus, "unhandled_fault_hook", lambda f: got.done() or got.set_result(f))
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         w = await procs.spawn("w", Worker)
         os.kill(procs.pids[0], signal.SIGKILL)
@@ -63,8 +63,9 @@ def test_activate_imports_the_tensor_engine_on_demand() -> None:
             from danaus.tensor_engine import inspect
             print(inspect(x).tolist())
     """)
-    out = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[2.0, 2.0, 2.0]"
 

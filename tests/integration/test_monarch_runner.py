@@ -11,8 +11,9 @@ PROGRAMS = Path(__file__).parent / "monarch_programs"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=180)
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=180
+    )
 
 
 def test_getting_started_runs_unmodified() -> None:

@@ -37,9 +37,15 @@ def _agent_children(pid: int) -> list[int]:
 @pytest.fixture(scope="module")
 def agents() -> Iterator[list[tuple[str, subprocess.Popen[str]]]]:
     env = dict(os.environ, DANAUS_AUTH_KEY=KEY, PYTHONPATH=os.getcwd())
-    procs = [subprocess.Popen([sys.executable, "-m", "danaus", "host-agent", "--listen",
-                               f"tcp://127.0.0.{i}:0"], stdout=subprocess.PIPE, text=True, env=env)
-             for i in (2, 3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "danaus", "host-agent", "--listen", f"tcp://127.0.0.{i}:0"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in (2, 3)
+    ]
     out = []
     try:
         for p in procs:
@@ -95,8 +101,9 @@ async def test_calls_slicing_and_tree_casting_across_hosts(keyed: list[str]) -> 
         config.cast_fanout = old
 
 
-async def test_stop_leaves_no_procs_on_the_agents(keyed: list[str],
-                                                  agents: list[tuple[str, subprocess.Popen[str]]]) -> None:
+async def test_stop_leaves_no_procs_on_the_agents(
+    keyed: list[str], agents: list[tuple[str, subprocess.Popen[str]]]
+) -> None:
     procs = attach_to_hosts(keyed).spawn_procs(per_host={"procs": 2})
     await asyncio.wait_for(procs.initialized, 30)
     started = [pid for _, agent in agents for pid in _agent_children(agent.pid)]
@@ -107,14 +114,20 @@ async def test_stop_leaves_no_procs_on_the_agents(keyed: list[str],
 
 
 async def test_a_slice_of_hosts_spawns_only_there(keyed: list[str]) -> None:
-    async with attach_to_hosts(keyed).slice(hosts=slice(1, 2)).spawn_procs(per_host={"procs": 2}) as procs:
+    async with (
+        attach_to_hosts(keyed).slice(hosts=slice(1, 2)).spawn_procs(per_host={"procs": 2}) as procs
+    ):
         echo = procs.spawn("echo", Echo)
         who = await asyncio.wait_for(echo.whoami.call(), 30)
-        assert [w["rank"] for w in who.values()] == ["{'hosts': 0/1, 'procs': 0/2}",
-                                                     "{'hosts': 0/1, 'procs': 1/2}"]
+        assert [w["rank"] for w in who.values()] == [
+            "{'hosts': 0/1, 'procs': 0/2}",
+            "{'hosts': 0/1, 'procs': 1/2}",
+        ]
 
 
-def test_attach_without_a_key_is_a_clear_error(agents: list[tuple[str, subprocess.Popen[str]]]) -> None:
+def test_attach_without_a_key_is_a_clear_error(
+    agents: list[tuple[str, subprocess.Popen[str]]],
+) -> None:
     old = config.auth_key
     config.auth_key = ""
     try:
@@ -124,7 +137,9 @@ def test_attach_without_a_key_is_a_clear_error(agents: list[tuple[str, subproces
         config.auth_key = old
 
 
-async def test_wrong_key_is_refused_by_the_agent(agents: list[tuple[str, subprocess.Popen[str]]]) -> None:
+async def test_wrong_key_is_refused_by_the_agent(
+    agents: list[tuple[str, subprocess.Popen[str]]],
+) -> None:
     old_cfg, old_key = config.auth_key, _auth._key
     config.auth_key = os.urandom(32).hex()
     _auth._key = bytes.fromhex(config.auth_key)
@@ -148,12 +163,18 @@ asyncio.run(main())
 """
 
 
-def test_procs_on_agents_die_with_their_controller(agents: list[tuple[str, subprocess.Popen[str]]]) -> None:
+def test_procs_on_agents_die_with_their_controller(
+    agents: list[tuple[str, subprocess.Popen[str]]],
+) -> None:
     from .test_robustness import _wait_gone
 
     env = dict(os.environ, DANAUS_AUTH_KEY=KEY)
-    with subprocess.Popen([sys.executable, "-c", CONTROLLER, *[a for a, _ in agents]],
-                          stdout=subprocess.PIPE, text=True, env=env) as ctl:
+    with subprocess.Popen(
+        [sys.executable, "-c", CONTROLLER, *[a for a, _ in agents]],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as ctl:
         assert ctl.stdout is not None
         pids = [int(p) for p in ctl.stdout.readline().split()]
         assert len(pids) == 4
@@ -169,14 +190,56 @@ def _make_certs(d: str) -> dict[str, str]:
 
     assert shutil.which("openssl"), "the TLS test makes its certificates with the openssl command"
     run = lambda *a: subprocess.run(a, cwd=d, check=True, capture_output=True)  # noqa: E731
-    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-        "-keyout", "ca.key", "-out", "ca.pem", "-subj", "/CN=danaus-test-ca")
-    run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key",
-        "-out", "node.csr", "-subj", "/CN=danaus-node")
-    run("openssl", "x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", "node.pem", "-days", "1")
-    return {"DANAUS_TLS_CERT": f"{d}/node.pem", "DANAUS_TLS_KEY": f"{d}/node.key",
-            "DANAUS_TLS_CA": f"{d}/ca.pem"}
+    run(
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-subj",
+        "/CN=danaus-test-ca",
+    )
+    run(
+        "openssl",
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "node.key",
+        "-out",
+        "node.csr",
+        "-subj",
+        "/CN=danaus-node",
+    )
+    run(
+        "openssl",
+        "x509",
+        "-req",
+        "-in",
+        "node.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "node.pem",
+        "-days",
+        "1",
+    )
+    return {
+        "DANAUS_TLS_CERT": f"{d}/node.pem",
+        "DANAUS_TLS_KEY": f"{d}/node.key",
+        "DANAUS_TLS_CA": f"{d}/ca.pem",
+    }
 
 
 TLS_CONTROLLER = """
@@ -196,18 +259,31 @@ asyncio.run(main())
 def test_mutual_tls_between_controller_agent_and_procs(tmp_path: Any) -> None:
     certs = _make_certs(str(tmp_path))
     env = dict(os.environ, DANAUS_AUTH_KEY=KEY, PYTHONPATH=os.getcwd(), **certs)
-    with subprocess.Popen([sys.executable, "-m", "danaus", "host-agent", "--listen",
-                           "tcp://127.0.0.4:0"], stdout=subprocess.PIPE, text=True,
-                          env=env) as agent:
+    with subprocess.Popen(
+        [sys.executable, "-m", "danaus", "host-agent", "--listen", "tcp://127.0.0.4:0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as agent:
         try:
             assert agent.stdout is not None
             addr = agent.stdout.readline().split()[-1]
-            out = subprocess.run([sys.executable, "-c", TLS_CONTROLLER, addr], env=env,
-                                 capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [sys.executable, "-c", TLS_CONTROLLER, addr],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert out.stdout.strip() == "hi over tls", out.stderr
             plain = dict(os.environ, DANAUS_AUTH_KEY=KEY)  # no certificate: refused
-            bad = subprocess.run([sys.executable, "-c", TLS_CONTROLLER, addr], env=plain,
-                                 capture_output=True, text=True, timeout=90)
+            bad = subprocess.run(
+                [sys.executable, "-c", TLS_CONTROLLER, addr],
+                env=plain,
+                capture_output=True,
+                text=True,
+                timeout=90,
+            )
             assert bad.returncode != 0 and "SupervisionError" in bad.stderr, bad.stderr
         finally:
             agent.terminate()
@@ -230,21 +306,43 @@ asyncio.run(main())
 
 
 def test_new_key_and_key_files(tmp_path: Any) -> None:
-    key = subprocess.run([sys.executable, "-m", "danaus", "new-key"], capture_output=True,
-                         text=True, check=True, timeout=30).stdout.strip()
+    key = subprocess.run(
+        [sys.executable, "-m", "danaus", "new-key"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout.strip()
     assert len(bytes.fromhex(key)) == 32
     keyfile = tmp_path / "key"
     keyfile.write_text(key + "\n")
     env = {k: v for k, v in os.environ.items() if k != "DANAUS_AUTH_KEY"}
     env["PYTHONPATH"] = os.getcwd()
-    with subprocess.Popen([sys.executable, "-m", "danaus", "host-agent", "--listen",
-                           "tcp://127.0.0.5:0", "--key-file", str(keyfile)],
-                          stdout=subprocess.PIPE, text=True, env=env) as agent:
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "danaus",
+            "host-agent",
+            "--listen",
+            "tcp://127.0.0.5:0",
+            "--key-file",
+            str(keyfile),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as agent:
         try:
             assert agent.stdout is not None
             addr = agent.stdout.readline().split()[-1]
-            out = subprocess.run([sys.executable, "-c", KEYFILE_CONTROLLER, addr, str(keyfile)],
-                                 env=env, capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [sys.executable, "-c", KEYFILE_CONTROLLER, addr, str(keyfile)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert out.stdout.strip() == "hi with a key file", out.stderr
         finally:
             agent.terminate()

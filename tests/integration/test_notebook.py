@@ -83,20 +83,28 @@ print("stopped")""",
 
 
 def test_a_notebook_drives_meshes_with_get_and_await_in_any_mix(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A kernel spec of our own: this interpreter, whatever other kernels the machine has.
     spec = tmp_path / "kernels" / "danaus-test"
     spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "danaus test", "language": "python"}))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "danaus test",
+                "language": "python",
+            }
+        )
+    )
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
     old = os.environ.get("PYTHONPATH")
     monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{old}" if old else str(ROOT))
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
-    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="danaus-test",
-                                     resources={"metadata": {"path": str(ROOT)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=120, kernel_name="danaus-test", resources={"metadata": {"path": str(ROOT)}}
+    )
     client.execute()
     last = nb.cells[-1].outputs
     assert any("stopped" in out.get("text", "") for out in last), last

@@ -151,7 +151,8 @@ async def test_the_default_deadline_comes_from_the_config(pair: tuple[Any, Any, 
 
 
 async def test_write_and_a_large_multi_stream_read_to_a_frozen_owner_time_out(
-        pair: tuple[Any, Any, Any]) -> None:
+    pair: tuple[Any, Any, Any],
+) -> None:
     procs, owner, reader = pair
     small = await owner.make.call_one(N)
     large = await owner.make.call_one(24 << 20)  # split over 3 data connections
@@ -159,8 +160,9 @@ async def test_write_and_a_large_multi_stream_read_to_a_frozen_owner_time_out(
     await _warm(reader, large)
     pid = freeze(procs, 0)
     try:
-        done = await asyncio.wait_for(asyncio.gather(reader.write.call_one(small, 2.0),
-                                                     reader.read.call_one(large, 2.0)), 30)
+        done = await asyncio.wait_for(
+            asyncio.gather(reader.write.call_one(small, 2.0), reader.read.call_one(large, 2.0)), 30
+        )
         for kind, msg, took in done:
             assert kind == "TimeoutError", msg
             assert took < 10, took
@@ -169,8 +171,7 @@ async def test_write_and_a_large_multi_stream_read_to_a_frozen_owner_time_out(
     await _keeps_serving(owner, reader, large)
 
 
-async def test_the_controller_reading_a_frozen_owner_times_out(
-        pair: tuple[Any, Any, Any]) -> None:
+async def test_the_controller_reading_a_frozen_owner_times_out(pair: tuple[Any, Any, Any]) -> None:
     procs, owner, _ = pair
     buf = await owner.make.call_one(N)
     dst = np.empty(N, np.uint8)
@@ -189,7 +190,8 @@ async def test_the_controller_reading_a_frozen_owner_times_out(
 
 
 async def test_an_owner_declared_lost_fails_the_transfer_with_owner_error(
-        pair: tuple[Any, Any, Any], quiet_faults: list[Any]) -> None:
+    pair: tuple[Any, Any, Any], quiet_faults: list[Any]
+) -> None:
     # The controller watches its procs over the control plane: with a short heartbeat,
     # it declares the frozen owner lost well before the transfer's own deadline.
     procs, owner, _ = pair
@@ -220,9 +222,15 @@ def two_hosts() -> Iterator[list[str]]:
     uses for the test."""
     key = os.urandom(32).hex()
     env = dict(os.environ, DANAUS_AUTH_KEY=key, PYTHONPATH=os.getcwd())
-    agents = [subprocess.Popen([sys.executable, "-m", "danaus", "host-agent", "--listen",
-                                f"tcp://127.0.0.{i}:0"], stdout=subprocess.PIPE, text=True,
-                               env=env) for i in (2, 3)]
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-m", "danaus", "host-agent", "--listen", f"tcp://127.0.0.{i}:0"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in (2, 3)
+    ]
     old = config.auth_key, _auth._key
     try:
         addrs = []
@@ -244,7 +252,8 @@ def two_hosts() -> Iterator[list[str]]:
 
 
 async def test_a_reader_on_another_host_gets_a_timeout_from_a_frozen_owner(
-        two_hosts: list[str], tcp: dict[str, str]) -> None:
+    two_hosts: list[str], tcp: dict[str, str]
+) -> None:
     hosts = attach_to_hosts(two_hosts)
     async with hosts.spawn_procs(per_host={"procs": 1}, name="hosts", env=tcp) as procs:
         owner = (await procs.spawn("owner", Owner)).slice(hosts=0)
@@ -275,13 +284,14 @@ def test_a_timeout_must_be_a_positive_number() -> None:
 
 # ---------------------------------------------------------------- errors logged once
 
+
 def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 async def test_a_caught_transfer_error_is_not_also_logged(
-        pair: tuple[Any, Any, Any], quiet_faults: list[Any],
-        caplog: pytest.LogCaptureFixture) -> None:
+    pair: tuple[Any, Any, Any], quiet_faults: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
     # Needs run_task to hand a task's failure only to its Future (see the report on
     # danaus/actors/_runtime.py): the caller receives the error, so nothing logs it.
     procs, owner, _ = pair

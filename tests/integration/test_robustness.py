@@ -24,7 +24,7 @@ from .actors_lib import Echo
 
 def _abstract(addr: str) -> str:
     assert addr.startswith("unix:@")
-    return "\0" + addr[len("unix:@"):]
+    return "\0" + addr[len("unix:@") :]
 
 
 async def _hammer(echo: object, n: int) -> list[int]:
@@ -155,10 +155,16 @@ CONTROLLER = textwrap.dedent("""
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "exit"])
 def test_no_proc_outlives_its_controller(how: str) -> None:
-    script = CONTROLLER if how != "exit" else CONTROLLER.replace(
-        "await asyncio.Event().wait()", "sys.stdin.readline(); raise SystemExit(0)")
-    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                          stdin=subprocess.PIPE, text=True) as ctl:
+    script = (
+        CONTROLLER
+        if how != "exit"
+        else CONTROLLER.replace(
+            "await asyncio.Event().wait()", "sys.stdin.readline(); raise SystemExit(0)"
+        )
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
+    ) as ctl:
         try:
             assert ctl.stdout is not None and ctl.stdin is not None
             pids = []

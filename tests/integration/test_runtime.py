@@ -130,7 +130,9 @@ async def test_unpicklable_argument_fails_only_that_call() -> None:
 
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         echo = procs.spawn("echo", Echo)
-        with pytest.raises(SerializationError, match=r"arguments of Echo\.echo could not be pickled"):
+        with pytest.raises(
+            SerializationError, match=r"arguments of Echo\.echo could not be pickled"
+        ):
             echo.echo.call_one(threading.Lock())
         assert await echo.echo.call_one("still fine") == "still fine"
 
@@ -180,7 +182,9 @@ async def test_init_that_raises_fails_the_spawn_naming_the_rank() -> None:
             await asyncio.wait_for(actors.initialized, 10)
         assert info.value.rank == "{'procs': 1/2}"
         assert await actors.slice(procs=0).ping.call_one() == "pong"
-        with pytest.raises(SupervisionError, match=r"rank \{'procs': 1/2\} failed: .*init failed on purpose"):
+        with pytest.raises(
+            SupervisionError, match=r"rank \{'procs': 1/2\} failed: .*init failed on purpose"
+        ):
             await actors.slice(procs=1).ping.call_one()
 
 
@@ -215,8 +219,9 @@ async def test_a_malformed_plain_argument_payload_fails_only_that_call() -> None
         rt = current_runtime()
         fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         port = rt.open_port(lambda rank, status, value: fut.set_result(value) or True)
-        rt.send_call(echo._targets()[0][1], echo._wire, "echo", port, 0, encode_plain(5),
-                     False, [])  # not [args, kwargs]
+        rt.send_call(
+            echo._targets()[0][1], echo._wire, "echo", port, 0, encode_plain(5), False, []
+        )  # not [args, kwargs]
         err = await asyncio.wait_for(fut, 10)
         assert isinstance(err, SerializationError)
         assert "arguments of Echo.echo could not be decoded" in str(err)

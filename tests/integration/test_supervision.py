@@ -162,7 +162,8 @@ async def test_a_frozen_proc_is_detected_by_heartbeats(failures: Failures) -> No
 
 
 async def test_killing_a_proc_during_1000_pipelined_calls_resolves_every_call(
-        failures: Failures) -> None:
+    failures: Failures,
+) -> None:
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         echo = await procs.spawn("echo", Echo)
         futs = [echo.echo.call_one(i) for i in range(1000)]
@@ -180,7 +181,8 @@ async def test_100k_messages_from_4_senders_exactly_once_in_order_with_bounded_m
     config.mailbox_limit = 500
     try:
         async with this_host().spawn_procs(
-                per_host={"procs": 5}, env={"DANAUS_MAILBOX_LIMIT": "500"}) as procs:
+            per_host={"procs": 5}, env={"DANAUS_MAILBOX_LIMIT": "500"}
+        ) as procs:
             sink = await procs.slice(procs=0).spawn("sink", Sink)
             sources = await procs.slice(procs=slice(1, 5)).spawn("source", Source)
             sent = await asyncio.wait_for(sources.pump.call(sink, 25_000), 120)

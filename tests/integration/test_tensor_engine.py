@@ -80,8 +80,14 @@ def test_reduce_over_the_mesh(procs: Any) -> None:
     assert stacked.shape == (2, 4) and part.shape == (2,)
 
 
-def _reference_train(xs: list[torch.Tensor], ys: list[torch.Tensor], w1: torch.Tensor,
-                     w2: torch.Tensor, steps: int, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _reference_train(
+    xs: list[torch.Tensor],
+    ys: list[torch.Tensor],
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    steps: int,
+    lr: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     w1, w2 = w1.clone(), w2.clone()
     for _ in range(steps):
         grads = []
@@ -229,18 +235,18 @@ def test_remote_with_propagate_for_functions_meta_tensors_cannot_run(procs: Any)
 def test_values_shapes_and_tuples_the_review_found_wrong(procs: Any) -> None:
     with procs.activate():
         x = torch.rand(3, 4)
-        hi, where = torch.max(x, 0)          # a named tuple
-        (one,) = torch.chunk(x, 1)           # a one-element tuple
+        hi, where = torch.max(x, 0)  # a named tuple
+        (one,) = torch.chunk(x, 1)  # a one-element tuple
         ints = torch.full((3,), 1)
-        bools = torch.full((3,), True)       # True == 1 as a key: must not share a shape/dtype
+        bools = torch.full((3,), True)  # True == 1 as a key: must not share a shape/dtype
         r1 = torch.arange(0, 2.5)
-        r2 = torch.arange(0, 4.5)            # floats differ: different lengths
+        r2 = torch.arange(0, 4.5)  # floats differ: different lengths
         m = torch.zeros(4, 4)
-        flat = m.t().t().view(16)            # contiguous again: view must work
+        flat = m.t().t().view(16)  # contiguous again: view must work
         p = torch.zeros(1, 4)
         p.squeeze_()
         q = torch.zeros(1, 4)
-        q.squeeze_()                         # the cached in-place op still updates the shape
+        q.squeeze_()  # the cached in-place op still updates the shape
         w = torch.rand(3, requires_grad=True)
     lx = inspect(x, procs=1)
     torch.testing.assert_close(inspect(hi, procs=1), lx.max(0).values)
@@ -277,15 +283,18 @@ def _seed_where_one_rank_is_big() -> int:
     for s in range(100):
         torch.manual_seed(s)
         drawn = int(torch.randint(0, 2**62, (1,)).item())
-        vals = [float(torch.rand(1, generator=torch.Generator().manual_seed(drawn + r)))
-                for r in range(2)]
+        vals = [
+            float(torch.rand(1, generator=torch.Generator().manual_seed(drawn + r)))
+            for r in range(2)
+        ]
         if (vals[0] > 0.5) != (vals[1] > 0.5):
             return s
     raise AssertionError("no such seed below 100")
 
 
 def test_a_collective_with_a_failed_input_on_one_rank_fails_everywhere_without_hanging(
-        procs: Any) -> None:
+    procs: Any,
+) -> None:
     seed = _seed_where_one_rank_is_big()
     with procs.activate():
         torch.manual_seed(seed)

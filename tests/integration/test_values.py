@@ -34,7 +34,8 @@ async def test_plain_values_larger_than_a_header_travel(procs: ProcMesh) -> None
 
 
 async def test_values_over_the_frame_limit_fail_that_call_only(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("DANAUS_MAX_FRAME_BYTES", str(1 << 20))
     monkeypatch.setattr(config, "max_frame_bytes", 1 << 20)
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
@@ -65,8 +66,7 @@ async def test_text_that_is_not_utf8_round_trips(procs: ProcMesh) -> None:
 
 
 @pytest.mark.parametrize("which", ["KeyboardInterrupt", "SystemExit", "Custom"])
-async def test_base_exceptions_from_endpoints_are_actor_errors(
-        procs: ProcMesh, which: str) -> None:
+async def test_base_exceptions_from_endpoints_are_actor_errors(procs: ProcMesh, which: str) -> None:
     v = await procs.spawn("v", Values)
     pid = await v.pid.call_one()
     for endpoint in (v.raise_base, v.araise_base):

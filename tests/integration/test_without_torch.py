@@ -40,10 +40,17 @@ def test_everything_but_the_tensor_engine_runs_without_torch(tmp_path: Path) -> 
     # A `torch` that cannot be imported, first on the path of the controller and procs.
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text(
-        'raise ImportError("torch is not installed here")\n')
+        'raise ImportError("torch is not installed here")\n'
+    )
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{tmp_path}:{ROOT}"}
-    out = subprocess.run([sys.executable, "-c", PROGRAM], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [sys.executable, "-c", PROGRAM],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[-1] == "ok"

@@ -24,8 +24,20 @@ def test_all_names_exist_once(module: str) -> None:
 
 
 def test_monarch_names_are_exported() -> None:
-    for name in ["Actor", "endpoint", "this_host", "context", "current_rank", "current_size",
-                 "Channel", "Port", "Future", "ValueMesh", "ActorError", "SupervisionError"]:
+    for name in [
+        "Actor",
+        "endpoint",
+        "this_host",
+        "context",
+        "current_rank",
+        "current_size",
+        "Channel",
+        "Port",
+        "Future",
+        "ValueMesh",
+        "ActorError",
+        "SupervisionError",
+    ]:
         assert name in danaus.__all__
 
 
@@ -44,7 +56,7 @@ def _imports(path: pathlib.Path) -> set[str]:
 
 @pytest.mark.parametrize("layer", LAYERS)
 def test_layers_import_downwards_only(layer: str) -> None:
-    forbidden = LAYERS[LAYERS.index(layer) + 1:]
+    forbidden = LAYERS[LAYERS.index(layer) + 1 :]
     for path in (ROOT / layer).rglob("*.py"):
         for target in _imports(path):
             top = target.split(".")[0]

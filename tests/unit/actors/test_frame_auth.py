@@ -47,8 +47,7 @@ class _Relay:
         self.upstream = uw
         self._writers += [w, uw]
 
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                       back: bool) -> None:
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, back: bool) -> None:
             while data := await src.read(65536):
                 dst.write(data)
                 if back:
@@ -94,8 +93,9 @@ async def pair() -> AsyncIterator[tuple[Runtime, Runtime, _Relay]]:
 async def _pid_through(dialer: Runtime, addr: str) -> Any:
     fut: Future[Any] = Future(loop=dialer.loop)
     port = dialer.open_future_port(fut)
-    dialer.send_call(addr, "__proc__", "pid", port, 0, msgspec.Raw(msgspec.msgpack.encode(
-        [[], {}])), False, [])
+    dialer.send_call(
+        addr, "__proc__", "pid", port, 0, msgspec.Raw(msgspec.msgpack.encode([[], {}])), False, []
+    )
     return await asyncio.wait_for(fut, TIMEOUT)
 
 
@@ -133,17 +133,16 @@ async def test_a_relay_cannot_inject_a_frame_after_a_real_handshake(
     assert any("failed authentication" in r.getMessage() for r in caplog.records)
     # The acceptor keeps serving: a new session (a runtime that never saw this one
     # fail: a lost peer stays lost for the one that lost it) works.
-    other = Runtime(asyncio.get_running_loop(), addr=f"unix:@danaus-test-{secrets.token_hex(8)}",
-                    key=KEY)
+    other = Runtime(
+        asyncio.get_running_loop(), addr=f"unix:@danaus-test-{secrets.token_hex(8)}", key=KEY
+    )
     try:
         assert await _pid_through(other, acceptor.addr) == os.getpid()
     finally:
         await other.aclose()
 
 
-async def test_tagged_frames_with_parts_round_trip(
-    pair: tuple[Runtime, Runtime, _Relay]
-) -> None:
+async def test_tagged_frames_with_parts_round_trip(pair: tuple[Runtime, Runtime, _Relay]) -> None:
     from danaus.actors._serialize import dumps_args
     from danaus.errors import ActorError
 

@@ -356,7 +356,9 @@ def test_large_bytes_in_a_list_travel_out_of_band() -> None:
 # ---------------------------------------------------------------- call arguments
 
 
-def roundtrip_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, bool, list[Any], bytes]:
+def roundtrip_args(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, bool, list[Any], bytes]:
     raw, pickled, parts = dumps_args(args, kwargs, what)
     value = loads(bytes(raw), pickled, [bytearray(p) for p in parts], what)
     return value, pickled, parts, bytes(raw)
@@ -441,8 +443,15 @@ def assert_same_tensor(out: Any, t: torch.Tensor) -> None:
 
 @pytest.mark.parametrize(
     "dtype",
-    [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.bool,
-     torch.complex64],
+    [
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+    ],
     ids=str,
 )
 def test_large_cpu_tensor_travels_out_of_band(dtype: torch.dtype) -> None:

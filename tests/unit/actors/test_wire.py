@@ -178,8 +178,9 @@ Dial = Callable[[], Awaitable[RawPeer]]
 
 @pytest.fixture
 async def runtime() -> AsyncIterator[Runtime]:
-    rt = Runtime(asyncio.get_running_loop(), addr=f"unix:@danaus-test-{secrets.token_hex(8)}",
-                 key=KEY)
+    rt = Runtime(
+        asyncio.get_running_loop(), addr=f"unix:@danaus-test-{secrets.token_hex(8)}", key=KEY
+    )
     try:
         yield rt
     finally:
@@ -216,7 +217,9 @@ def test_frame_without_parts_is_one_buffer_prefix_then_header() -> None:
     bufs = frame(b"hdr")
 
     assert len(bufs) == 1
-    assert bytes(bufs[0]) == b"DNS1" + (3).to_bytes(4, "little") + (0).to_bytes(4, "little") + b"hdr"
+    assert (
+        bytes(bufs[0]) == b"DNS1" + (3).to_bytes(4, "little") + (0).to_bytes(4, "little") + b"hdr"
+    )
 
 
 def test_frame_with_parts_lists_byte_lengths_and_does_not_copy_parts() -> None:
@@ -307,7 +310,9 @@ def test_wire_messages_are_frozen() -> None:
 # ---------------------------------------------------------------- refused before the handshake
 
 
-async def test_bad_magic_closes_connection_and_logs(dial: Dial, logs: pytest.LogCaptureFixture) -> None:
+async def test_bad_magic_closes_connection_and_logs(
+    dial: Dial, logs: pytest.LogCaptureFixture
+) -> None:
     peer = await dial()
     peer.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 
@@ -323,8 +328,10 @@ async def test_handshake_header_over_the_limit_is_refused(
     peer.send(PREFIX.pack(MAGIC, MAX_HANDSHAKE_HEADER + 1, 0))
 
     assert await expect_closed(peer.reader) == b""
-    assert any(f"{MAX_HANDSHAKE_HEADER + 1} bytes exceeds the limit of {MAX_HANDSHAKE_HEADER}" in m
-               for m in errors(logs))
+    assert any(
+        f"{MAX_HANDSHAKE_HEADER + 1} bytes exceeds the limit of {MAX_HANDSHAKE_HEADER}" in m
+        for m in errors(logs)
+    )
 
 
 async def test_parts_before_authentication_are_refused(
@@ -435,8 +442,10 @@ async def test_wrong_key_is_refused_and_logged(
     # A dialer holding the wrong key sees that the runtime's proof does not verify either.
     assert not verify(WRONG_KEY, b"acceptor", peer.nonce, challenge.nonce, challenge.mac)
     assert await expect_closed(peer.reader) == b""
-    assert any(m.startswith("refused connection") and "failed to prove the job key" in m
-               for m in errors(logs))
+    assert any(
+        m.startswith("refused connection") and "failed to prove the job key" in m
+        for m in errors(logs)
+    )
     assert peer.addr not in runtime.conns
 
 
@@ -539,7 +548,9 @@ async def test_eof_in_the_middle_of_a_frame_is_logged_as_truncated(
     assert any("truncated frame" in m for m in errors(logs))
 
 
-def record_dispatch(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, list[Any]]]:
+def record_dispatch(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[Any, list[Any]]]:
     """Record each message the runtime dispatches, with its parts as received."""
     seen: list[tuple[Any, list[Any]]] = []
     dispatch = runtime.dispatch
@@ -592,8 +603,7 @@ async def test_large_parts_of_one_size_reuse_one_pooled_buffer(
 
 
 async def test_strangers_past_the_cap_are_refused_and_members_still_served(
-    runtime: Runtime, dial: Dial, logs: pytest.LogCaptureFixture,
-    monkeypatch: pytest.MonkeyPatch
+    runtime: Runtime, dial: Dial, logs: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(config, "max_unauthenticated", 3)
     logs.set_level(logging.ERROR, logger="danaus.runtime")
@@ -602,8 +612,11 @@ async def test_strangers_past_the_cap_are_refused_and_members_still_served(
         await expect_open(s.reader, 0.05)
     extra = await dial()
     assert await expect_closed(extra.reader) == b""
-    assert any("already waiting to authenticate" in r.getMessage() for r in logs.records
-               if r.name == "danaus.runtime")
+    assert any(
+        "already waiting to authenticate" in r.getMessage()
+        for r in logs.records
+        if r.name == "danaus.runtime"
+    )
     await strangers[0].handshake()  # one of them authenticates: a slot frees up
     await strangers[0].call_ghost(5)
     late = await dial()
@@ -674,7 +687,8 @@ async def test_runtime_as_dialer_authenticates_then_sends_queued_calls(
 
 
 async def test_runtime_as_dialer_refuses_an_acceptor_without_the_key(
-    runtime: Runtime, raw_acceptor: tuple[str, asyncio.Queue[Any]],
+    runtime: Runtime,
+    raw_acceptor: tuple[str, asyncio.Queue[Any]],
     logs: pytest.LogCaptureFixture,
 ) -> None:
     addr, accepted = raw_acceptor
@@ -690,8 +704,10 @@ async def test_runtime_as_dialer_refuses_an_acceptor_without_the_key(
 
     # Neither an Auth nor the queued call reaches a peer that did not prove the key.
     assert await expect_closed(reader) == b""
-    assert any(m.startswith("refused connection") and "failed to prove the job key" in m
-               for m in errors(logs))
+    assert any(
+        m.startswith("refused connection") and "failed to prove the job key" in m
+        for m in errors(logs)
+    )
     rank, status, exc = await asyncio.wait_for(reply, TIMEOUT)
     assert (rank, status) == (3, ERROR)
     assert isinstance(exc, SupervisionError)
@@ -837,7 +853,7 @@ async def test_a_claimed_huge_part_costs_memory_only_as_its_bytes_arrive(
         rest -= k
     [(msg, parts)] = seen
     assert msg.reply == 9 and len(parts[0]) == n
-    assert bytes(parts[0][(3 << 20) - 2:(3 << 20) + 2]) == b"xxyy"
+    assert bytes(parts[0][(3 << 20) - 2 : (3 << 20) + 2]) == b"xxyy"
 
 
 async def test_bad_frame_fed_directly_aborts_the_transport(

@@ -91,8 +91,17 @@ class Procs:
         addr = int(np.frombuffer(view, np.uint8).ctypes.data)
         buf = LocalBuffer(self._ids, view, addr, arr)
         keys = self.owners[owner].register(buf)
-        handle = BufferHandle(owner, os.getpid(), "host", buf.buf_id, addr, buf.size, 0, "",
-                              {"ibverbs": keys} if keys else {})
+        handle = BufferHandle(
+            owner,
+            os.getpid(),
+            "host",
+            buf.buf_id,
+            addr,
+            buf.size,
+            0,
+            "",
+            {"ibverbs": keys} if keys else {},
+        )
         return buf, handle
 
 
@@ -145,7 +154,7 @@ async def test_read_at_an_offset_into_part_of_a_destination(procs: Procs) -> Non
     _, handle = procs.share(src)
     dst = np.zeros(200_000, np.uint8)
     await procs.reader.read(handle, 12_345, memoryview(dst)[1000:150_000])
-    assert np.array_equal(dst[1000:150_000], src[12_345:12_345 + 149_000])
+    assert np.array_equal(dst[1000:150_000], src[12_345 : 12_345 + 149_000])
     assert not dst[:1000].any() and not dst[150_000:].any()
 
 
@@ -174,8 +183,10 @@ async def test_many_chunks_flow_through_a_small_send_queue() -> None:
         src = _random(MiB, seed=3)
         _, handle = p.share(src)
         dst = np.zeros(MiB, np.uint8)
-        await asyncio.gather(p.reader.read(handle, 0, memoryview(dst)[:MiB // 2]),
-                             p.reader.read(handle, MiB // 2, memoryview(dst)[MiB // 2:]))
+        await asyncio.gather(
+            p.reader.read(handle, 0, memoryview(dst)[: MiB // 2]),
+            p.reader.read(handle, MiB // 2, memoryview(dst)[MiB // 2 :]),
+        )
         assert np.array_equal(dst, src)
         assert len(p.reader_dev.posted) == 256
         assert p.reader_dev.peak_outstanding == 4  # the fake refuses a fifth
@@ -210,7 +221,7 @@ async def test_queue_pair_is_set_up_once_per_peer(procs: Procs) -> None:
 async def test_exchange_carries_queue_pair_info_and_both_ends_are_connected(procs: Procs) -> None:
     _, handle = procs.share(_random(100))
     await procs.reader.read(handle, 0, memoryview(bytearray(100)))
-    (_, payload), = procs.exchanges
+    ((_, payload),) = procs.exchanges
     assert payload["op"] == "connect"
     info = QPInfo.from_dict(payload["qp"])
     assert info.gid == procs.reader_dev.gid and info.lid == procs.reader_dev.lid
@@ -261,8 +272,17 @@ async def test_wrong_rkey_completes_with_remote_access_error(procs: Procs) -> No
     _, handle = procs.share(src)
     keys = dict(handle.keys["ibverbs"])
     keys["rkey"] = int(keys["rkey"]) + 1000
-    bad = BufferHandle(OWNER, handle.owner_pid, "host", handle.buf_id, handle.addr, handle.size,
-                       0, "", {"ibverbs": keys})
+    bad = BufferHandle(
+        OWNER,
+        handle.owner_pid,
+        "host",
+        handle.buf_id,
+        handle.addr,
+        handle.size,
+        0,
+        "",
+        {"ibverbs": keys},
+    )
     dst = np.zeros(MiB, np.uint8)
     with pytest.raises(RDMATransferError, match=r"IBV_WC_REM_ACCESS_ERR \(remote access error\)"):
         await procs.reader.read(bad, 0, memoryview(dst))
@@ -275,8 +295,17 @@ async def test_wrong_rkey_completes_with_remote_access_error(procs: Procs) -> No
 async def test_read_past_the_region_completes_with_an_error(procs: Procs) -> None:
     src = _random(64 * KiB)
     _, handle = procs.share(src)
-    liar = BufferHandle(OWNER, handle.owner_pid, "host", handle.buf_id, handle.addr,
-                        handle.size + 4096, 0, "", handle.keys)  # says more than registered
+    liar = BufferHandle(
+        OWNER,
+        handle.owner_pid,
+        "host",
+        handle.buf_id,
+        handle.addr,
+        handle.size + 4096,
+        0,
+        "",
+        handle.keys,
+    )  # says more than registered
     with pytest.raises(RDMATransferError, match="IBV_WC_REM_ACCESS_ERR"):
         await procs.reader.read(liar, 60 * KiB, memoryview(bytearray(8 * KiB)))
 
@@ -290,8 +319,7 @@ async def test_range_outside_the_handle_is_refused_before_any_work(procs: Procs)
     assert not procs.exchanges and not procs.reader_dev.posted
 
 
-async def test_injected_completion_error_fails_the_transfer_then_next_works(
-        procs: Procs) -> None:
+async def test_injected_completion_error_fails_the_transfer_then_next_works(procs: Procs) -> None:
     src = _random(MiB)
     _, handle = procs.share(src)
     dst = np.zeros(MiB, np.uint8)
@@ -362,7 +390,8 @@ async def test_stalled_transfer_times_out_and_resets_its_queue_pair() -> None:
 
 
 async def test_cancelled_transfer_keeps_its_memory_until_posted_requests_finish(
-        procs: Procs) -> None:
+    procs: Procs,
+) -> None:
     src = _random(MiB)
     _, handle = procs.share(src)
     dst = np.zeros(MiB, np.uint8)
@@ -443,16 +472,31 @@ def test_abi_constants_match_pyverbs() -> None:
 def test_queue_pair_attributes_build_without_a_device() -> None:
     from pyverbs.qp import QPAttr, QPInitAttr
 
-    local = QPInfo(qpn=0x11, psn=123, lid=0, gid="fe80:0000:0000:0000:0000:0000:0000:0001",
-                   mtu=5, port=1, rd_atomic=16)
-    roce = QPInfo(qpn=0x22, psn=456, lid=0, gid="fe80:0000:0000:0000:0002:c903:0000:0002",
-                  mtu=3, port=1, rd_atomic=4)
+    local = QPInfo(
+        qpn=0x11,
+        psn=123,
+        lid=0,
+        gid="fe80:0000:0000:0000:0000:0000:0000:0001",
+        mtu=5,
+        port=1,
+        rd_atomic=16,
+    )
+    roce = QPInfo(
+        qpn=0x22,
+        psn=456,
+        lid=0,
+        gid="fe80:0000:0000:0000:0002:c903:0000:0002",
+        mtu=3,
+        port=1,
+        rd_atomic=4,
+    )
     attr = _verbs.rts_attr(local, roce, gid_index=3)
     assert isinstance(attr, QPAttr)
     assert (attr.dest_qp_num, attr.rq_psn, attr.sq_psn) == (0x22, 456, 123)
     assert attr.path_mtu == 3 and attr.max_rd_atomic == 4 and attr.max_dest_rd_atomic == 16
-    assert attr.qp_access_flags == (_verbs.ACCESS_LOCAL_WRITE | _verbs.ACCESS_REMOTE_READ
-                                    | _verbs.ACCESS_REMOTE_WRITE)
+    assert attr.qp_access_flags == (
+        _verbs.ACCESS_LOCAL_WRITE | _verbs.ACCESS_REMOTE_READ | _verbs.ACCESS_REMOTE_WRITE
+    )
     assert attr.ah_attr.is_global == 1 and attr.ah_attr.dgid == roce.gid
     assert attr.ah_attr.sgid_index == 3
     ib = QPInfo(qpn=0x33, psn=7, lid=42, gid=roce.gid, mtu=5, port=1)
@@ -490,7 +534,8 @@ async def test_repr_states_and_close(procs: Procs) -> None:
     _, handle = procs.share(_random(100))
     await procs.reader.read(handle, 0, memoryview(bytearray(100)))
     assert repr(procs.reader) == (
-        "<IbverbsBackend open device=reader peers=1 served=0 local_mrs=1 in_flight=0>")
+        "<IbverbsBackend open device=reader peers=1 served=0 local_mrs=1 in_flight=0>"
+    )
     assert "served=1" in repr(procs.owner)
     assert procs.reader.reaches(handle)
     await procs.reader.aclose()
@@ -539,8 +584,9 @@ def test_probe_names_why_not(monkeypatch: pytest.MonkeyPatch) -> None:
 # ------------------------------------------------------------------ real hardware
 
 
-@pytest.mark.skipif(not _have_device(),
-                    reason="needs an RDMA NIC (ibverbs device); none on this machine")
+@pytest.mark.skipif(
+    not _have_device(), reason="needs an RDMA NIC (ibverbs device); none on this machine"
+)
 async def test_real_device_loopback_read_and_write() -> None:
     owner: IbverbsBackend
 
@@ -554,14 +600,15 @@ async def test_real_device_loopback_read_and_write() -> None:
         view = memoryview(src).cast("B")
         buf = LocalBuffer(1, view, src.ctypes.data, src)
         keys = owner.register(buf)
-        handle = BufferHandle(OWNER, os.getpid(), "host", 1, src.ctypes.data, src.nbytes, 0, "",
-                              {"ibverbs": keys})
+        handle = BufferHandle(
+            OWNER, os.getpid(), "host", 1, src.ctypes.data, src.nbytes, 0, "", {"ibverbs": keys}
+        )
         dst = np.zeros(4 * MiB, np.uint8)
         await reader.read(handle, 0, memoryview(dst))
         assert np.array_equal(dst, src)
         new = _random(MiB, seed=8)
         await reader.write(handle, MiB, memoryview(new))
-        assert np.array_equal(src[MiB:2 * MiB], new)
+        assert np.array_equal(src[MiB : 2 * MiB], new)
     finally:
         await reader.aclose()
         await owner.aclose()

@@ -34,7 +34,8 @@ async def test_a_cancelled_copy_ends_only_after_its_thread() -> None:
 
 
 async def test_a_copy_that_fails_after_its_caller_left_is_not_reported_as_unretrieved(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     started, release = threading.Event(), threading.Event()
 
     def copy() -> None:
