@@ -19,6 +19,8 @@ def _env(name: str, default: Any) -> Any:
         return int(raw)
     if isinstance(default, float):
         return float(raw)
+    if isinstance(default, list):
+        return [part.strip() for part in raw.split(",") if part.strip()]
     return raw
 
 
@@ -86,6 +88,13 @@ class Config:
     rdma_timeout: float = 60.0
     #: Use uvloop for event loops danaus creates, when it is importable.
     use_uvloop: bool = True
+    #: How procs start: "fork" (from a per-host fork server that has imported danaus and
+    #: the modules in ``preload``, in milliseconds) or "exec" (a fresh interpreter each).
+    #: "fork" falls back to "exec", with a log line saying why, where forking is unsafe.
+    spawn_method: str = "fork"
+    #: Modules the fork server imports before it forks procs (``DANAUS_PRELOAD=a,b``),
+    #: besides the heavy ones of a safe list that the spawning process has imported.
+    preload: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
