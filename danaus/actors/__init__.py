@@ -3,7 +3,7 @@
 from ._actor import Actor, Endpoint, concurrent_endpoint, endpoint
 from ._context import Context, context, current_rank, current_size
 from ._future import Future
-from ._point import Point
+from ._point import Extent, Point
 from ._port import Channel, Port, PortReceiver
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "Channel",
     "Context",
     "Endpoint",
+    "Extent",
     "Future",
     "Point",
     "Port",

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from itertools import pairwise
 from typing import NoReturn, SupportsIndex
 
-from danaus.actors._point import Point
+from danaus.actors._point import Extent, Point
 
 Selector = int | slice
 """What :meth:`Shape.slice` takes per dim: an index (drops the dim) or a slice (keeps it)."""
@@ -142,13 +142,28 @@ class Shape:
         """The number of dims."""
         return len(self._labels)
 
-    def size(self, dim: str) -> int:
-        """The size of ``dim``.
+    @property
+    def extent(self) -> Extent:
+        """The dim names and sizes as an :class:`Extent` (Monarch's name)."""
+        return Extent(self._labels, self._sizes)
+
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        """The size of ``dim``; of several dims, the product of their sizes; of ``None``,
+        the number of ranks (as Monarch's ``size``).
 
         Raises:
-            ValueError: The shape has no dim named ``dim``.
+            ValueError: The shape has no dim named ``dim`` (or one of them).
         """
-        return self._sizes[self._dim_index(dim)]
+        if dim is None:
+            return len(self)
+        if isinstance(dim, str):
+            return self._sizes[self._dim_index(dim)]
+        n = 1
+        for d in dim:
+            if not isinstance(d, str):
+                raise TypeError(f"size() takes dim names, got {d!r} in {dim!r}")
+            n *= self._sizes[self._dim_index(d)]
+        return n
 
     def __len__(self) -> int:
         """The number of ranks (1 for a shape with no dims)."""
@@ -206,11 +221,23 @@ class Shape:
                 offset += _check_index(label, sel, size) * stride
         return Shape(labels, sizes, strides, offset)
 
-    def split(self, dim: str, into: Mapping[str, int]) -> Shape:
-        """Replace ``dim`` by several dims, row-major, whose sizes multiply to its size.
+    def split(
+        self,
+        dim: str | None = None,
+        into: Mapping[str, int] | None = None,
+        /,
+        **monarch: Sequence[str] | int,
+    ) -> Shape:
+        """Replace dims by several dims each, row-major, whose sizes multiply to its size.
 
-        Example:
-            ``Shape.from_sizes({"gpus": 8}).split("gpus", {"nodes": 2, "local": 4})``
+        Two spellings. Monarch's names the dims to split and the sizes of new dims,
+        inferring at most one unknown size per split dim (dims not named stay)::
+
+            shape.split(host=("dp", "pp"), gpu=("tp", "cp"), pp=16, cp=2)
+
+        danaus's names one dim and every new size::
+
+            Shape.from_sizes({"gpus": 8}).split("gpus", {"nodes": 2, "local": 4})
 
         Args:
             dim: The dim to split.
@@ -222,8 +249,17 @@ class Shape:
 
         Raises:
             ValueError: ``dim`` is unknown, ``into`` is empty or clashes with another dim,
-                or its sizes do not multiply to the size of ``dim``.
+                or its sizes do not multiply to the size of ``dim``; in Monarch's form, a
+                size cannot be inferred, does not divide the dim, is left unused, or a new
+                name repeats.
         """
+        if dim is None and into is None:
+            return self._split_monarch(monarch)
+        if dim is None or into is None or monarch:
+            raise TypeError(
+                "split() takes either a dim and its new sizes, split('gpus', {'a': 2, 'b': 4}), "
+                "or Monarch's keywords, split(gpus=('a', 'b'), b=4); not both"
+            )
         i = self._dim_index(dim)
         new = {name: operator.index(size) for name, size in into.items()}
         if not new:
@@ -248,6 +284,78 @@ class Shape:
             self._strides[:i] + inner + self._strides[i + 1 :],
             self._offset,
         )
+
+    def _split_monarch(self, kw: Mapping[str, Sequence[str] | int]) -> Shape:
+        splits: dict[str, tuple[str, ...]] = {}
+        known: dict[str, int] = {}  # sizes of new dims, given or inferred
+        for key, value in kw.items():
+            if key in self._labels:
+                if isinstance(value, str) or not isinstance(value, Sequence):
+                    raise ValueError(
+                        f"split({key}=...) takes a sequence of new dim names for dim {key!r}, "
+                        f"like split({key}=('a', 'b'), b=2); got {value!r}"
+                    )
+                if not value or not all(isinstance(n, str) and n for n in value):
+                    raise ValueError(
+                        f"split({key}={value!r}): new dim names must be non-empty strings"
+                    )
+                splits[key] = tuple(value)
+            else:
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ValueError(
+                        f"{key!r} is not a dim of {self!r}: expected an integer size for a new "
+                        f"dim, got {value!r}"
+                    )
+                if value < 1:
+                    raise ValueError(f"size {key}={value} must be at least 1")
+                known[key] = value
+        unused = set(known)
+        labels: list[str] = []
+        sizes: list[int] = []
+        strides: list[int] = []
+        for label, size, stride in zip(self._labels, self._sizes, self._strides, strict=True):
+            names = splits.get(label, (label,))
+            given = 1
+            unknown: str | None = None
+            for name in names:
+                if name in known:
+                    given *= known[name]
+                    unused.discard(name)
+                elif unknown is None:
+                    unknown = name
+                else:
+                    raise ValueError(
+                        f"Cannot infer the sizes of {names} (splitting {label!r}): both "
+                        f"{unknown!r} and {name!r} have unknown size; give at least one, "
+                        f"e.g. {name}=4"
+                    )
+            new_sizes = {n: known.get(n, 0) for n in names}
+            if unknown is not None:
+                inferred, rest = divmod(size, given)
+                if rest:
+                    shown = tuple(known.get(n, "?") for n in names)
+                    raise ValueError(
+                        f"Dimension {label!r} of size {size} is not evenly divided by "
+                        f"{names!r} with sizes {shown!r}"
+                    )
+                new_sizes[unknown] = inferred
+            elif given != size:
+                raise ValueError(
+                    f"Dimension {label!r} of size {size} is not evenly divided by {names!r} "
+                    f"with sizes {tuple(new_sizes.values())!r}"
+                )
+            for name in names:
+                if name in labels or list(names).count(name) > 1:
+                    raise ValueError(f"Duplicate dimension name {name!r} in split({dict(kw)})")
+            labels.extend(names)
+            sizes.extend(new_sizes.values())
+            strides.extend(s * stride for s in _row_major(tuple(new_sizes.values())))
+        if unused:
+            raise ValueError(
+                f"unused size constraints: {tuple(sorted(unused))} name no new dim of "
+                f"split({dict(kw)})"
+            )
+        return Shape(labels, sizes, strides, self._offset)
 
     def flatten(self, name: str) -> Shape:
         """Merge all dims into one dim ``name``, keeping row-major order and global ranks.

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
+
+from danaus.actors._point import Extent
 
 from ._shape import Selector, Shape
 
@@ -29,9 +31,14 @@ class Shaped:
         """The size of each named dim."""
         return self._shape.sizes
 
-    def size(self, dim: str | None = None) -> int:
-        """The size of ``dim``, or the number of ranks."""
-        return len(self._shape) if dim is None else self._shape.size(dim)
+    @property
+    def extent(self) -> Extent:
+        """The dim names and sizes (Monarch's ``extent``: ``.labels``, ``.sizes``, a mapping)."""
+        return self._shape.extent
+
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        """The size of ``dim``, the product of several dims' sizes, or the number of ranks."""
+        return self._shape.size(dim)
 
     def __len__(self) -> int:
         return len(self._shape)
@@ -40,9 +47,17 @@ class Shaped:
         """The selected ranks (an int drops a dim, a ``slice`` keeps it; steps allowed)."""
         return self._with_shape(self._shape.slice(**dims))
 
-    def split(self: M, dim: str, into: Mapping[str, int]) -> M:
-        """Split ``dim`` into several dims whose sizes multiply to its size."""
-        return self._with_shape(self._shape.split(dim, into))
+    def split(
+        self: M,
+        dim: str | None = None,
+        into: Mapping[str, int] | None = None,
+        /,
+        **monarch: Sequence[str] | int,
+    ) -> M:
+        """Split dims into several dims each: Monarch's
+        ``split(host=("dp", "pp"), pp=16)`` (one unknown size per split dim is inferred),
+        or ``split("host", {"dp": 2, "pp": 16})``. See :meth:`Shape.split`."""
+        return self._with_shape(self._shape.split(dim, into, **monarch))
 
     def flatten(self: M, name: str) -> M:
         """All dims as one named dim."""

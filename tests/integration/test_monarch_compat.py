@@ -127,3 +127,22 @@ async def test_stream_yields_futures_in_arrival_order_as_monarchs() -> None:
         assert [await f for f in futures] == [2, 2, 2]
         assert sorted([await f for f in w.incr.stream(1)]) == [3, 3, 3]
         assert sorted([v async for v in w.aget.stream()]) == [3, 3, 3]
+
+
+async def test_split_with_monarchs_keywords_size_of_dims_and_extent() -> None:
+    from .compat_actors import Ranks
+
+    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        grid = procs.split(procs=("x", "y"), y=2)
+        assert grid.extent.labels == ["x", "y"] and grid.extent.sizes == [2, 2]
+        assert grid.size(["x", "y"]) == 4 and grid.size("y") == 2
+        ranks = await procs.spawn("ranks", Ranks)
+        mesh = ranks.split(procs=("x", "y"), x=2)
+        assert mesh.extent == danaus.Extent(["x", "y"], [2, 2])
+        column = await mesh.slice(y=1).who.call()
+        assert [v["own_rank"] for v in column.values()] == [1, 3]
+        assert [v["pid"] for v in column.values()] == procs.split(procs=("x", "y"), y=2).slice(
+            y=1
+        ).pids
+        values = await ranks.who.call()
+        assert values.split(procs=("x", "y"), y=2).slice(x=1).extent.sizes == [2]

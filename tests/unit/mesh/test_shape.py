@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from danaus.actors._point import Point
+from danaus.actors._point import Extent, Point
 from danaus.mesh._shape import Shape
 
 
@@ -199,3 +199,65 @@ def test_immutable_and_pickles(shape: Shape) -> None:
     back = pickle.loads(pickle.dumps(sub))
     assert back == sub
     assert back.global_ranks() == [1, 3, 5, 7]
+
+
+def test_split_monarch_keywords_infer_one_size_per_dim() -> None:
+    # The cases of Monarch's test_device_mesh.py test_mesh_reshape.
+    mesh = Shape.from_sizes({"host": 60, "gpu": 24})
+    dm2 = mesh.split(host=("dp", "pp"), gpu=("tp",), pp=4)
+    assert dm2.labels == ("dp", "pp", "tp")
+    assert dm2.sizes == {"dp": 15, "pp": 4, "tp": 24}
+    assert dm2.strides == {"dp": 4 * 24, "pp": 24, "tp": 1}
+    assert dm2.global_ranks() == mesh.global_ranks()
+    assert list(mesh.split(host=("dp", "pp"), gpu=("tp",), dp=4).sizes.values()) == [4, 15, 24]
+    assert list(mesh.split(host=("dp", "pp"), dp=60).sizes.values()) == [60, 1, 24]
+    assert list(mesh.split(host=("dp", "pp"), pp=60).sizes.values()) == [1, 60, 24]
+    assert mesh.split(host=("dp",)).labels == ("dp", "gpu")  # a rename
+    # A strided slice keeps its global ranks.
+    evens = Shape.from_sizes({"x": 12}).slice(x=slice(None, None, 2))
+    assert evens.split(x=("a", "b"), b=2).global_ranks() == evens.global_ranks()
+
+
+def test_split_monarch_keywords_errors() -> None:
+    mesh = Shape.from_sizes({"host": 60, "gpu": 24})
+    with pytest.raises(ValueError, match="Cannot infer"):
+        mesh.split(host=("dp", "pp"))
+    with pytest.raises(ValueError, match=r"unused size constraints: \('ddp',\)"):
+        mesh.split(host=("dp", "pp"), pp=4, ddp=3)
+    with pytest.raises(ValueError, match="Duplicate dimension name 'pp'"):
+        mesh.split(host=("dp", "pp"), gpu=("pp",), dp=3)
+    with pytest.raises(ValueError, match="evenly divided"):
+        mesh.split(host=("dp", "pp"), dp=7)
+    with pytest.raises(ValueError, match="sequence of new dim names for dim 'host'"):
+        mesh.split(host="dp")
+    with pytest.raises(ValueError, match="'pp' is not a dim"):
+        mesh.split(pp="4")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not both"):
+        mesh.split("host", {"a": 60}, gpu=("b",))
+
+
+def test_size_of_several_dims_and_extent(shape: Shape) -> None:
+    assert shape.size(["hosts", "gpus"]) == 8
+    assert shape.size(("gpus",)) == 4
+    assert shape.size() == 8
+    with pytest.raises(ValueError, match="unknown dim 'nodes'"):
+        shape.size(["hosts", "nodes"])
+    extent = shape.extent
+    assert extent.labels == ["hosts", "gpus"]
+    assert extent.sizes == [2, 4]
+    assert extent.nelements == 8
+    assert extent["gpus"] == 4 and dict(extent) == {"hosts": 2, "gpus": 4}
+    assert str(extent) == "{hosts: 2, gpus: 4}"
+    assert extent == Extent(["hosts", "gpus"], [2, 4]) != Extent(["gpus", "hosts"], [4, 2])
+    assert pickle.loads(pickle.dumps(extent)) == extent
+    with pytest.raises(KeyError, match="'nodes' not found"):
+        extent["nodes"]
+    with pytest.raises(ValueError, match="sizes must be at least 1, got a=0"):
+        Extent(["a"], [0])
+
+
+def test_point_from_a_rank_and_an_extent() -> None:
+    extent = Extent(["label0", "label1"], [3, 4])
+    p = Point(11, extent)
+    assert str(p) == "{'label0': 2/3, 'label1': 3/4}"
+    assert p.rank == 11 and p.extent == extent and p.size("label1") == 4

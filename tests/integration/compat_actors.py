@@ -1,0 +1,29 @@
+"""Actors for the Monarch compatibility tests (importable by procs)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from danaus import Actor, context, current_rank, current_size, endpoint
+
+
+class Ranks(Actor):
+    """Says who it is and where the message found it."""
+
+    @endpoint
+    def who(self) -> dict[str, Any]:
+        me = context().actor_instance
+        assert me is not None
+        return {
+            "pid": os.getpid(),
+            "own": dict(me.rank),
+            "own_rank": me.rank.rank,
+            "message": dict(current_rank()),
+            "message_rank": current_rank().rank,
+            "size": current_size(),
+        }
+
+    @endpoint
+    async def awho(self) -> dict[str, Any]:
+        return {"message": dict(current_rank()), "size": current_size()}
