@@ -1,7 +1,7 @@
 """The actor runtime of one proc: actors, endpoints, ports, futures, context."""
 
 from ._actor import Actor, Endpoint, concurrent_endpoint, endpoint
-from ._context import Context, context, current_rank, current_size
+from ._context import Context, context, current_actor_name, current_rank, current_size
 from ._future import Future
 from ._point import Extent, Point
 from ._port import Channel, Port, PortReceiver
@@ -18,6 +18,7 @@ __all__ = [
     "PortReceiver",
     "concurrent_endpoint",
     "context",
+    "current_actor_name",
     "current_rank",
     "current_size",
     "endpoint",

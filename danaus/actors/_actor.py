@@ -191,6 +191,14 @@ class Actor:
 
     __endpoints__: dict[str, Endpoint[..., Any]] = {}
 
+    @functools.cached_property
+    def logger(self) -> logging.Logger:
+        """A logger named after the actor's class, at DEBUG (Monarch's ``Actor.logger``);
+        its records reach the controller like the proc's other log lines."""
+        lgr = logging.getLogger(type(self).__name__)
+        lgr.setLevel(logging.DEBUG)
+        return lgr
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         eps: dict[str, Endpoint[..., Any]] = {}
@@ -451,8 +459,12 @@ class ActorInstance:
             return
         if ep.explicit_response_port:
             args = [ResponsePort(self, conn, msg), *args]
+        region = msg.region
+        fn: Callable[..., Any] = ep.fn
+        if region is not None:  # a slice was called: current_rank() is the place in it
+            fn = functools.partial(_in_message, Context(self.ctx, region), ep.fn)
         if not ep.is_async and not self.inline_sync:
-            job = Job(conn, msg, ep.fn, (self.obj, *args), kwargs)
+            job = Job(conn, msg, fn, (self.obj, *args), kwargs)
             self.jobs.append(job)
             thread = self._thread
             if thread is None:
@@ -466,7 +478,11 @@ class ActorInstance:
                 # A Task per call, in the actor's context (so asyncio.timeout,
                 # current_task and TaskGroup work).
                 coro: Any = ep.fn(self.obj, *args, **kwargs)
-                task = self.rt.loop.create_task(coro, context=self.cv)
+                cv = self.cv
+                if region is not None:
+                    cv = cv.copy()
+                    cv.run(current.set, Context(self.ctx, region))
+                task = self.rt.loop.create_task(coro, context=cv)
                 if ep.concurrent:
                     self._concurrent[task] = (conn, msg)
                     task.add_done_callback(functools.partial(self._concurrent_done, conn, msg, ep))
@@ -475,7 +491,7 @@ class ActorInstance:
                     self._task_call = (conn, msg)
                     task.add_done_callback(functools.partial(self._async_done, conn, msg, ep))
                 return
-            result = self.cv.run(ep.fn, self.obj, *args, **kwargs)
+            result = self.cv.run(fn, self.obj, *args, **kwargs)
         except BaseException as e:  # user code: SystemExit too
             self._endpoint_raised(conn, msg, ep, e)
             return
@@ -854,6 +870,15 @@ class _Describe:
 
 async def _await(r: Any) -> Any:
     return await r
+
+
+def _in_message(ctx: Context, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a sync endpoint with ``context()`` saying where its message found the actor."""
+    token = current.set(ctx)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        current.reset(token)
 
 
 def _info(e: BaseException, actor: ActorInstance, include_tb: bool = True) -> ErrorInfo:

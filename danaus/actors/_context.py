@@ -1,4 +1,4 @@
-"""Who is running: ``context()``, ``current_rank()``, ``current_size()``."""
+"""Who is running: ``context()``, ``current_rank()``, ``current_size()``, ``current_actor_name()``."""
 
 from __future__ import annotations
 
@@ -6,19 +6,28 @@ import contextvars
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._point import Point
+from ._point import Point, point_in_region
+from ._wire import Region
 
-__all__ = ["ActorContext", "Context", "context", "current_rank", "current_size"]
+__all__ = [
+    "ActorContext",
+    "Context",
+    "context",
+    "current_actor_name",
+    "current_rank",
+    "current_size",
+]
 
 
 @dataclass(frozen=True)
 class ActorContext:
-    """The actor handling the current message.
+    """The actor handling the current message (Monarch's ``context().actor_instance``).
 
     Attributes:
-        actor_id: stable text id, like ``world.procs[1].counter[1]``.
+        actor_id: stable text id, like ``procs[1].counter[1]``.
         name: the actor mesh's name (``"counter"``).
-        rank: this actor's rank in its mesh, in named coordinates.
+        rank: this actor's own rank in the mesh it was spawned in, in named coordinates
+            (the message rank, :func:`current_rank`, may differ: see ``Context``).
         proc_addr: the listening address of the proc it lives in.
         instance: the actor object itself.
     """
@@ -31,17 +40,48 @@ class ActorContext:
     #: the ActorInstance (runtime side): owner of the meshes spawned in its endpoints
     runtime_actor: Any = field(repr=False, default=None, compare=False)
 
+    @property
+    def proc_id(self) -> str:
+        """The id of the proc this actor lives in, like ``procs[1]`` (Monarch's name)."""
+        return self.actor_id.rpartition(".")[0] or self.proc_addr
+
+    @property
+    def class_name(self) -> str:
+        """The actor's class, qualified by its module."""
+        t = type(self.instance)
+        return f"{t.__module__}.{t.__qualname__}"
+
 
 @dataclass(frozen=True)
 class Context:
-    """What :func:`context` returns: the current actor, or ``None`` on the controller."""
+    """What :func:`context` returns: the current actor (``None`` on the controller) and
+    where the message being handled found it.
+
+    ``message_rank`` is the position of this actor in the slice that was called, as in
+    Monarch: ``mesh.slice(procs=slice(2, 4)).ep.call()`` reaches rank 2 at message rank
+    ``{'procs': 0/2}``; ``actor_instance.rank`` stays ``{'procs': 2/4}``.
+    """
 
     actor_instance: ActorContext | None
+    #: the slice the current message was sent to, when not the actor's whole mesh
+    region: Region | None = field(default=None, repr=False)
 
     @property
     def rank(self) -> Point:
-        """The current rank (an empty point on the controller)."""
+        """The actor's own rank (an empty point on the controller)."""
         return self.actor_instance.rank if self.actor_instance else _CONTROLLER_POINT
+
+    @property
+    def message_rank(self) -> Point:
+        """The current actor's position in the slice the current message was sent to (its
+        own rank when the whole mesh was called; an empty point on the controller)."""
+        me = self.actor_instance
+        if me is None:
+            return _CONTROLLER_POINT
+        if self.region is None:
+            return me.rank
+        point = point_in_region(me.rank.rank, self.region)
+        return me.rank if point is None else point
 
     @property
     def is_controller(self) -> bool:
@@ -61,10 +101,19 @@ def context() -> Context:
 
 
 def current_rank() -> Point:
-    """This actor's rank as a :class:`Point` (``str()`` like ``{'procs': 1/2}``)."""
-    return current.get().rank
+    """Where the current message found this actor, as a :class:`Point`
+    (``str()`` like ``{'procs': 1/2}``): its position in the slice that was called, as in
+    Monarch. The actor's own rank is ``context().actor_instance.rank``."""
+    return current.get().message_rank
 
 
 def current_size() -> dict[str, int]:
-    """The size of each dimension of the current actor's mesh (``{}`` on the controller)."""
-    return current.get().rank.sizes
+    """The size of each dimension of the slice the current message was sent to (``{}``
+    on the controller)."""
+    return current.get().message_rank.sizes
+
+
+def current_actor_name() -> str:
+    """The current actor's id (``procs[1].counter[1]``), or ``"client"`` on the controller."""
+    me = current.get().actor_instance
+    return "client" if me is None else me.actor_id

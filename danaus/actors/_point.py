@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._wire import Region
 
 
 class Extent(Mapping[str, int]):
@@ -192,3 +196,25 @@ def _coords_of(rank: int, sizes: Mapping[str, int]) -> dict[str, int]:
     for dim in reversed(list(sizes)):
         rank, coords[dim] = divmod(rank, sizes[dim])
     return {d: coords[d] for d in sizes}
+
+
+def point_in_region(global_rank: int, region: Region) -> Point | None:
+    """Where ``global_rank`` lies in ``region`` (local, row-major coordinates), or ``None``
+    when it is not one of its ranks. Dims of a region never overlap (sorted by stride,
+    each steps past what the smaller ones reach), so greedy division finds the point."""
+    rest = global_rank - region.offset
+    if rest < 0:
+        return None
+    n = len(region.labels)
+    coords = [0] * n
+    for i in sorted(range(n), key=lambda j: -region.strides[j]):
+        if region.sizes[i] > 1:
+            coords[i], rest = divmod(rest, region.strides[i])
+            if coords[i] >= region.sizes[i]:
+                return None
+    if rest:
+        return None
+    return Point(
+        dict(zip(region.labels, coords, strict=True)),
+        dict(zip(region.labels, region.sizes, strict=True)),
+    )

@@ -53,6 +53,7 @@ from ._wire import (
     Message,
     Ping,
     Pong,
+    Region,
     Result,
     SeqSkip,
     Spawn,
@@ -751,14 +752,16 @@ class Runtime:
         args: msgspec.Raw,
         pickled: bool,
         parts: Sequence[Buffer],
+        region: Region | None = None,
     ) -> None:
-        """Send one call to ``actor`` at ``addr``; its reply (if ``reply``) comes to that port."""
+        """Send one call to ``actor`` at ``addr``; its reply (if ``reply``) comes to that port.
+        ``region``: the slice called, when not the actor's whole mesh (its message rank)."""
         conn = self.connection(addr)
         seqs = self.seqs.get(addr)
         if seqs is None:
             seqs = self.seqs[addr] = {}
         seq = seqs[actor] = seqs.get(actor, 0) + 1
-        if not conn.send(Call(actor, method, reply, args, pickled, seq), parts):
+        if not conn.send(Call(actor, method, reply, args, pickled, seq, region), parts):
             if reply:
                 self.deliver(reply, rank, ERROR, self.peer_lost_error(addr, conn.close_reason))
             return

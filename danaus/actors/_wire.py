@@ -66,6 +66,16 @@ Handshake: TypeAlias = Hello | Challenge | Auth | Welcome
 OK, ERROR, CLOSE = 0, 1, 2
 
 
+class Region(msgspec.Struct, array_like=True, frozen=True):
+    """The slice of a mesh a message was sent to: named dims laid over the global ranks
+    (``offset + sum(coord * stride)``). Its receivers find their *message rank* in it."""
+
+    labels: list[str]
+    sizes: list[int]
+    strides: list[int]
+    offset: int
+
+
 class Call(msgspec.Struct, tag=16, array_like=True, frozen=True):
     """Run ``method`` on the local actor named ``actor``.
 
@@ -82,6 +92,8 @@ class Call(msgspec.Struct, tag=16, array_like=True, frozen=True):
     #: Per (sender, actor) sequence number from 1; the actor handles a sender's messages
     #: in this order even when some took another path (a cast tree). 0: unordered.
     seq: int = 0
+    #: the slice called, when it is not the whole mesh the actor was spawned in
+    region: Region | None = None
 
 
 class Result(msgspec.Struct, tag=17, array_like=True, frozen=True):
@@ -156,6 +168,8 @@ class Cast(msgspec.Struct, tag=21, array_like=True, frozen=True):
     #: For CAST_REDUCE: ``(identity, combine)``, encoded like ``args``.
     reducer: msgspec.Raw = msgspec.Raw(b"\xc0")
     reducer_pickled: bool = False
+    #: as in :class:`Call`
+    region: Region | None = None
 
 
 class Gathered(msgspec.Struct, tag=22, array_like=True, frozen=True):

@@ -17,7 +17,16 @@ from ..actors._future import Future
 from ..actors._port import PortReceiver
 from ..actors._runtime import JOB_ID, Runtime, current_runtime, run_on, runtime_here
 from ..actors._serialize import dumps, dumps_args
-from ..actors._wire import CAST_GATHER, CAST_NONE, CAST_REDUCE, ERROR, Cancel, Spawn, StopActor
+from ..actors._wire import (
+    CAST_GATHER,
+    CAST_NONE,
+    CAST_REDUCE,
+    ERROR,
+    Cancel,
+    Region,
+    Spawn,
+    StopActor,
+)
 from ..config import config
 from ..errors import ActorError, EndpointNotFoundError, SerializationError, SupervisionError
 from ._cast import send_cast
@@ -74,6 +83,29 @@ class ActorMesh(Shaped, Generic[A]):
         self._state = state if state is not None else MeshState(name, shape, None)
         #: the runtime for which the spawn gate is known open (skips checking it again)
         self._open_for: Runtime | None = None
+        self._region_memo: tuple[Region | None] | None = None
+
+    @property
+    def _region(self) -> Region | None:
+        """What calls to this mesh tell their actors about the slice called, so that
+        ``current_rank()`` there is the place in it (Monarch's message rank); ``None``
+        when this is the whole mesh, where message ranks are the actors' own ranks."""
+        memo = self._region_memo
+        if memo is None:
+            shape, whole = self._shape, self._state.shape
+            if shape == whole and whole == Shape.from_sizes(whole.sizes):
+                memo = (None,)
+            else:
+                memo = (
+                    Region(
+                        list(shape.labels),
+                        list(shape.sizes.values()),
+                        list(shape.strides.values()),
+                        shape.offset,
+                    ),
+                )
+            self._region_memo = memo
+        return memo[0]
 
     @property
     def _targets_list(self) -> list[tuple[int, str]]:
@@ -167,7 +199,10 @@ class ActorMesh(Shaped, Generic[A]):
                     f"{self!r} cannot be passed on before its procs have started (their "
                     "addresses are not known yet): `await mesh.initialized` first"
                 )
-        return (_rebuild, (self._name, self._wire, self._cls, self._shape, addrs))
+        return (
+            _rebuild,
+            (self._name, self._wire, self._cls, self._shape, addrs, self._state.shape),
+        )
 
     def __repr__(self) -> str:
         return f"ActorMesh({self._name}: {self._cls.__name__}, {self._shape.sizes})"
@@ -281,9 +316,15 @@ class ActorMesh(Shaped, Generic[A]):
 
 
 def _rebuild(
-    name: str, wire: str, cls: type[Any], shape: Shape, addrs: dict[int, str]
+    name: str,
+    wire: str,
+    cls: type[Any],
+    shape: Shape,
+    addrs: dict[int, str],
+    whole: Shape | None = None,
 ) -> ActorMesh[Any]:
-    return ActorMesh(name, wire, cls, shape, addrs, resolved(), None, None)
+    state = MeshState(name, whole, None) if whole is not None else None
+    return ActorMesh(name, wire, cls, shape, addrs, resolved(), None, None, state=state)
 
 
 def mesh_ref(name: str, cls: type[A], shape: Shape, addrs: dict[int, str]) -> ActorMesh[A]:
@@ -337,16 +378,19 @@ class ActorEndpoint(Generic[A]):
             ranks = live
             if not ranks:
                 return
+        region = mesh._region
         if here and len(ranks) == 1 and mesh._open_for is rt:
             rank = ranks[0]  # the hot path: one actor, already spawned, from its loop
-            rt.send_call(mesh._addr_of(rank), actor, method, port, rank, raw, pickled, parts)
+            rt.send_call(
+                mesh._addr_of(rank), actor, method, port, rank, raw, pickled, parts, region
+            )
             return
         gate = mesh._sent if rt is mesh._spawn_rt else mesh._init
         ready = gate.done()
         if ready and mesh._open_for is None and here:
             mesh._open_for = rt
         if ready and len(ranks) == 1 and here and (addr := mesh._addr_of(ranks[0])):
-            rt.send_call(addr, actor, method, port, ranks[0], raw, pickled, parts)
+            rt.send_call(addr, actor, method, port, ranks[0], raw, pickled, parts, region)
             return
         fanout = config.cast_fanout
 
@@ -381,10 +425,11 @@ class ActorEndpoint(Generic[A]):
                     pickled,
                     parts,
                     reducer,
+                    region,
                 )
             else:
                 for rank, addr in targets:
-                    rt.send_call(addr, actor, method, port, rank, raw, pickled, parts)
+                    rt.send_call(addr, actor, method, port, rank, raw, pickled, parts, region)
 
         if ready:
             run_on(rt, go)

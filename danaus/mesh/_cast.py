@@ -35,6 +35,7 @@ from ..actors._wire import (
     Cast,
     ErrorInfo,
     Gathered,
+    Region,
     Result,
 )
 from ..errors import SerializationError
@@ -70,8 +71,10 @@ def send_cast(
     pickled: bool,
     parts: Sequence[Any],
     reducer: tuple[msgspec.Raw, bool] | None = None,
+    region: Region | None = None,
 ) -> None:
-    """From the sender: start a cast over ``targets`` (results to local ``port``)."""
+    """From the sender: start a cast over ``targets`` (results to local ``port``);
+    ``region``: the slice called, when not the actors' whole mesh."""
     red_raw, red_pickled = reducer or (msgspec.Raw(b"\xc0"), False)
     for chunk in split(targets, fanout):
         _send_subtree(
@@ -91,6 +94,7 @@ def send_cast(
                 pickled,
                 red_raw,
                 red_pickled,
+                region,
             ),
             parts,
         )
@@ -260,11 +264,14 @@ def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Any]) -> N
             msg.pickled,
             msg.reducer,
             msg.reducer_pickled,
+            msg.region,
         )
         _send_subtree(rt, chunk, child_port, fwd, parts)
     actor = rt.actors.get(msg.actor)
     reply_to: Any = _Reply(node, msg.sender) if node is not None else conn
-    call = Call(msg.actor, msg.method, 1 if node is not None else 0, msg.args, msg.pickled, seq)
+    call = Call(
+        msg.actor, msg.method, 1 if node is not None else 0, msg.args, msg.pickled, seq, msg.region
+    )
     if actor is None:
         if node is not None:
             node.add(rank, ERROR, encode_error(rt.no_actor(msg.actor)), False, [])

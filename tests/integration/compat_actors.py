@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from danaus import Actor, context, current_rank, current_size, endpoint
+from danaus import Actor, context, current_actor_name, current_rank, current_size, endpoint
 
 
 class Ranks(Actor):
@@ -22,7 +22,13 @@ class Ranks(Actor):
             "message": dict(current_rank()),
             "message_rank": current_rank().rank,
             "size": current_size(),
+            "proc_id": me.proc_id,
+            "name": current_actor_name(),
         }
+
+    @endpoint
+    def log(self, text: str) -> None:
+        self.logger.info(text)
 
     @endpoint
     async def awho(self) -> dict[str, Any]:

@@ -146,3 +146,40 @@ async def test_split_with_monarchs_keywords_size_of_dims_and_extent() -> None:
         ).pids
         values = await ranks.who.call()
         assert values.split(procs=("x", "y"), y=2).slice(x=1).extent.sizes == [2]
+
+
+@pytest.mark.parametrize("fanout", [16, 2], ids=["direct", "cast-tree"])
+async def test_current_rank_is_the_message_rank_and_the_own_rank_stays_in_context(
+    fanout: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .compat_actors import Ranks
+
+    monkeypatch.setattr(danaus.config, "cast_fanout", fanout)
+    async with this_host().spawn_procs(per_host={"procs": 5}) as procs:
+        ranks = await procs.spawn("ranks", Ranks)
+        whole = (await ranks.who.call()).values()
+        assert [v["message"] for v in whole] == [v["own"] for v in whole]
+        assert [v["size"] for v in whole] == [{"procs": 5}] * 5
+        tail = (await ranks.slice(procs=slice(1, 5, 1)).who.call()).values()
+        assert [v["own_rank"] for v in tail] == [1, 2, 3, 4]
+        assert [v["message"] for v in tail] == [{"procs": i} for i in range(4)]
+        assert [v["size"] for v in tail] == [{"procs": 4}] * 4
+        odd = (await ranks.slice(procs=slice(1, None, 2)).awho.call()).values()
+        assert odd == [{"message": {"procs": i}, "size": {"procs": 2}} for i in range(2)]
+        one = await ranks.slice(procs=3).who.call_one()
+        assert (one["own_rank"], one["message"], one["size"]) == (3, {}, {})
+        grid = ranks.slice(procs=slice(0, 4)).split(procs=("x", "y"), y=2).slice(y=1)
+        col = (await grid.who.call()).values()
+        assert [(v["own_rank"], v["message"]) for v in col] == [(1, {"x": 0}), (3, {"x": 1})]
+
+
+async def test_the_actor_instance_its_name_and_logger(capfd: pytest.CaptureFixture[str]) -> None:
+    from .compat_actors import Ranks
+
+    assert danaus.current_actor_name() == "client"
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        ranks = await procs.spawn("ranks", Ranks)
+        who = await ranks.slice(procs=1).who.call_one()
+        assert who["name"].endswith("ranks[1]") and who["proc_id"] + ".ranks[1]" == who["name"]
+        await ranks.slice(procs=1).log.call_one("a line from Actor.logger")
+    assert "a line from Actor.logger" in capfd.readouterr().err
