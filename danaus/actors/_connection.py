@@ -130,35 +130,21 @@ class Connection(asyncio.BufferedProtocol):
             self._tag_frames = True  # TCP without TLS: bind each frame to this session
         if self.dialer:
             self._write_now(self._hs.start())
-        # Both sides: a peer that accepts (or dials) and then says nothing is dropped. The
-        # dialer chose its peer, which may merely be busy: it waits as long as for any
-        # peer's answer (heartbeat_timeout); the acceptor bounds strangers more tightly.
+        # Both sides: a peer that accepts (or dials) and then says nothing is dropped.
         self._hs_started = self.loop.time()
-        self._hs_timer = self.loop.call_later(self._hs_deadline(), self._handshake_expired)
-
-    def _hs_deadline(self) -> float:
-        if self.dialer:
-            return max(config.handshake_timeout, config.heartbeat_timeout)
-        return config.handshake_timeout
+        self._hs_timer = self.loop.call_later(self._hs.deadline, self._handshake_expired)
 
     def _handshake_expired(self) -> None:
         self._hs_timer = None
         if self.state is not HANDSHAKE:
             return
         waited = self.loop.time() - self._hs_started
-        if self._unread_bytes_waiting() and waited < self._hs_deadline() + config.heartbeat_timeout:
-            # The peer did send: it is our own loop that was too busy to read it yet
-            # (timers run before the poll). A busy proc is slow, not hostile: look again
-            # shortly, bounded by the liveness timeout.
-            self._hs_timer = self.loop.call_later(
-                min(0.1, self._hs_deadline()), self._handshake_expired
-            )
+        again = self._hs.look_again_in(waited, unread=self._unread_bytes_waiting())
+        if again is not None:
+            self._hs_timer = self.loop.call_later(again, self._handshake_expired)
             return
-        self.fail(
-            AuthenticationError(
-                f"peer {self._peer_name()} did not authenticate within {self._hs_deadline()} s"
-            )
-        )
+        why = f"peer {self._peer_name()} did not authenticate within {self._hs.deadline} s"
+        self.fail(AuthenticationError(why))
 
     def _unread_bytes_waiting(self) -> bool:
         """Has the peer sent bytes that this side has not read yet?"""

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from ..config import config
 from ..errors import AuthenticationError
 from . import _auth
 from ._wire import Auth, Buffer, Challenge, Handshake, Hello, frame
@@ -64,6 +65,26 @@ class HandshakeMachine:
     @property
     def done(self) -> bool:
         return self.state is HandshakeState.DONE
+
+    @property
+    def deadline(self) -> float:
+        """Seconds the peer has to complete the handshake. The dialer chose its peer, which
+        may merely be busy: it waits as long as for any peer's answer
+        (``heartbeat_timeout``); the acceptor bounds strangers more tightly."""
+        if self.dialer:
+            return max(config.handshake_timeout, config.heartbeat_timeout)
+        return config.handshake_timeout
+
+    def look_again_in(self, waited: float, *, unread: bool) -> float | None:
+        """At the deadline, ``waited`` seconds in: when to look again, or None to give up.
+
+        Bytes from the peer still ``unread`` mean that it did send, and that our own loop
+        was too busy to read them (timers run before the poll). A busy proc is slow, not
+        hostile: look again shortly, bounded by the liveness timeout.
+        """
+        if unread and waited < self.deadline + config.heartbeat_timeout:
+            return min(0.1, self.deadline)
+        return None
 
     def start(self) -> list[Buffer]:
         """The frames to send first: the dialer's Hello (the acceptor waits)."""

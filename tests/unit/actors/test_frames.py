@@ -542,3 +542,26 @@ def test_no_message_is_decoded_before_the_handshake() -> None:
     [header] = list(reader.handshake_frames())
     assert msgspec.msgpack.Decoder(Message).decode(header) == call(7)  # (untouched bytes)
     assert not reader.opened
+
+
+def test_the_dialer_waits_for_a_busy_peer_as_long_as_for_any_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(config, "handshake_timeout", 2.0)
+    monkeypatch.setattr(config, "heartbeat_timeout", 5.0)
+
+    assert HandshakeMachine(KEY, dialer=True).deadline == 5.0
+    assert HandshakeMachine(KEY, dialer=False).deadline == 2.0
+
+
+def test_a_peer_whose_bytes_wait_unread_gets_another_look_until_the_liveness_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(config, "handshake_timeout", 2.0)
+    monkeypatch.setattr(config, "heartbeat_timeout", 5.0)
+    hs = HandshakeMachine(KEY, dialer=False)
+
+    assert hs.look_again_in(2.0, unread=False) is None  # silent: give up
+    assert hs.look_again_in(2.0, unread=True) == 0.1  # it sent; our loop was busy
+    assert hs.look_again_in(6.9, unread=True) == 0.1
+    assert hs.look_again_in(7.0, unread=True) is None  # past deadline + heartbeat_timeout
