@@ -7,6 +7,9 @@ the remote code you called (an endpoint that raised), or something outside both
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 __all__ = [
     "ActorError",
     "AuthenticationError",
@@ -35,7 +38,14 @@ class ActorError(DanausError):
     """Remote code's fault: an endpoint (or an actor's ``__init__``) raised.
 
     The actor survives an endpoint that raised for a caller that waits, and serves
-    the next call. The remote traceback travels as text.
+    the next call. The remote traceback travels as text, and the exception itself as
+    ``exception`` where it could be pickled there and unpickled here.
+
+    When the remote exception's type is importable here and is an ``Exception`` that
+    can be subclassed, the error raised is also an instance of that type (a class
+    made for it, named like ``ActorError(ValueError)``), so ``except ValueError``
+    catches it; its ``args`` and attributes are the remote exception's. Otherwise it is
+    a plain ``ActorError``.
 
     Attributes:
         actor: the actor's id text, like ``world.procs[1].counter[1]``.
@@ -43,7 +53,11 @@ class ActorError(DanausError):
         exc_type: qualified name of the remote exception's type.
         message: ``str()`` of the remote exception.
         remote_traceback: the formatted remote traceback.
+        exception: the remote exception object (without its traceback), or ``None``
+            when it could not travel (not picklable there, or not importable here).
     """
+
+    exception: BaseException | None = None
 
     def __init__(
         self,
@@ -52,12 +66,14 @@ class ActorError(DanausError):
         exc_type: str,
         message: str,
         remote_traceback: str,
+        exception: BaseException | None = None,
     ) -> None:
         self.actor = actor
         self.rank = rank
         self.exc_type = exc_type
         self.message = message
         self.remote_traceback = remote_traceback
+        self.exception = exception
         super().__init__(actor, rank, exc_type, message, remote_traceback)
 
     def __str__(self) -> str:
@@ -165,3 +181,114 @@ class RemoteException(ActorError):
     def __str__(self) -> str:
         where = f"\n  issued on the controller at {self.issued_at}" if self.issued_at else ""
         return super().__str__().replace("\nremote traceback:", f"{where}\nremote traceback:", 1)
+
+
+def actor_error(
+    actor: str,
+    rank: str,
+    exc_type: str,
+    message: str,
+    remote_traceback: str,
+    exception: BaseException | None = None,
+) -> ActorError:
+    """The error a caller gets for a remote exception: an instance of both
+    :class:`ActorError` and the remote exception's type where that works (see
+    :class:`ActorError`), else a plain ``ActorError``. Never raises."""
+    if exception is not None:
+        cls = _dual_class(type(exception))
+        if cls is not None:
+            try:
+                return _make_dual(cls, exception, actor, rank, exc_type, message, remote_traceback)
+            except Exception:  # an unusual __new__ or state: the plain error below
+                pass
+    return ActorError(actor, rank, exc_type, message, remote_traceback, exception)
+
+
+_duals: dict[type, type[ActorError] | None] = {}
+_duals_lock = threading.Lock()
+
+
+def _dual_class(t: type[BaseException]) -> type[ActorError] | None:
+    """``ActorError(T)``: a subclass of both, made once per ``T``; ``None`` where ``T`` is
+    not an ``Exception``, is one of ours, or cannot be a base (``@final``, a C layout
+    that clashes)."""
+    if not issubclass(t, Exception) or issubclass(t, DanausError):
+        return None
+    with _duals_lock:
+        if t in _duals:
+            return _duals[t]
+        cls: type[ActorError] | None
+        try:
+            cls = type(
+                f"ActorError({t.__name__})",
+                (ActorError, t),
+                {
+                    "__module__": __name__,
+                    "__init__": _dual_init,
+                    "__str__": ActorError.__str__,
+                    "__repr__": _dual_repr,
+                    "__reduce__": _dual_reduce,
+                },
+            )
+        except TypeError:
+            cls = None
+        _duals[t] = cls
+        return cls
+
+
+def _make_dual(
+    cls: type[ActorError],
+    exception: BaseException,
+    actor: str,
+    rank: str,
+    exc_type: str,
+    message: str,
+    remote_traceback: str,
+) -> ActorError:
+    try:
+        err = Exception.__new__(cls)
+    except TypeError:  # a C base with its own __new__ (OSError): "not safe", use it
+        err = type(exception).__new__(cls)
+    # The remote exception's attributes (e.code, an OSError's errno), then ours on top.
+    if isinstance(exception, OSError):
+        for name in ("errno", "strerror", "filename", "filename2"):
+            setattr(err, name, getattr(exception, name))
+    err.__dict__.update(getattr(exception, "__dict__", {}))
+    _dual_init(err, actor, rank, exc_type, message, remote_traceback, exception)
+    return err
+
+
+def _dual_init(
+    self: ActorError,
+    actor: str,
+    rank: str,
+    exc_type: str,
+    message: str,
+    remote_traceback: str,
+    exception: BaseException | None = None,
+) -> None:
+    self.actor = actor
+    self.rank = rank
+    self.exc_type = exc_type
+    self.message = message
+    self.remote_traceback = remote_traceback
+    self.exception = exception
+    self.args = exception.args if exception is not None else (message,)
+
+
+def _dual_repr(self: ActorError) -> str:
+    return f"{type(self).__name__}({self.exc_type}: {self.message!r}, actor={self.actor!r})"
+
+
+def _dual_reduce(self: ActorError) -> tuple[Any, ...]:
+    return (
+        actor_error,
+        (
+            self.actor,
+            self.rank,
+            self.exc_type,
+            self.message,
+            self.remote_traceback,
+            self.exception,
+        ),
+    )

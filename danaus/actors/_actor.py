@@ -981,7 +981,9 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> 
         tb = "".join(traceback.format_exception(e))
         info = info_from_error(e, actor_id, str(point), tb)
         if not isinstance(e, SerializationError):
-            info = ErrorInfo("actor", actor_id, str(point), info.exc_type, info.message, tb)
+            info = ErrorInfo(
+                "actor", actor_id, str(point), info.exc_type, info.message, tb, "", info.exception
+            )
         rt.actors[msg.actor] = _FailedActor(rt, actor_id, msg.rank, info)  # type: ignore[assignment]
         conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
         rt.release_actor(msg.actor)

@@ -13,6 +13,7 @@ import atexit
 import inspect
 import itertools
 import logging
+import pickle
 import secrets
 import socket
 import ssl
@@ -36,12 +37,13 @@ from ..errors import (
     RemoteException,
     SerializationError,
     SupervisionError,
+    actor_error,
 )
 from . import _auth
 from ._actor_thread import thread_home
 from ._connection import CLOSED, HANDSHAKE, OPEN, Connection, trim_part_pool
 from ._future import Future
-from ._serialize import loads
+from ._serialize import _pickle, loads
 from ._wire import (
     CLOSE,
     ERROR,
@@ -101,7 +103,14 @@ def error_from_info(info: ErrorInfo) -> DanausError:
     """Turn wire error data back into the right exception."""
     kind = info.kind
     if kind == "actor":
-        return ActorError(info.actor, info.rank, info.exc_type, info.message, info.traceback)
+        return actor_error(
+            info.actor,
+            info.rank,
+            info.exc_type,
+            info.message,
+            info.traceback,
+            _unpickle_exception(info.exception),
+        )
     if kind == "remote":
         return RemoteException(
             info.actor, info.rank, info.exc_type, info.message, info.traceback, info.issued_at
@@ -137,7 +146,14 @@ def info_from_error(exc: BaseException, actor: str = "", rank: str = "", tb: str
         )
     if isinstance(exc, ActorError):
         return ErrorInfo(
-            "actor", exc.actor, exc.rank, exc.exc_type, exc.message, exc.remote_traceback
+            "actor",
+            exc.actor,
+            exc.rank,
+            exc.exc_type,
+            exc.message,
+            exc.remote_traceback,
+            "",
+            _pickle_exception(exc.exception),
         )
     t = type(exc)
     name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
@@ -145,7 +161,40 @@ def info_from_error(exc: BaseException, actor: str = "", rank: str = "", tb: str
         message = str(exc)
     except Exception as e:  # a __str__ that raises must not lose the error itself
         message = f"<str() of the exception raised {type(e).__name__}: {e}>"
-    return ErrorInfo(kind, actor, rank, name, _utf8(message), _utf8(tb))
+    pickled = _pickle_exception(exc) if kind == "actor" else b""
+    return ErrorInfo(kind, actor, rank, name, _utf8(message), _utf8(tb), "", pickled)
+
+
+#: An exception pickle larger than this travels as text only (it rides in the header).
+_MAX_EXCEPTION_PICKLE = 64 << 10
+
+
+def _pickle_exception(exc: BaseException | None) -> bytes:
+    """A pickle of ``exc`` for the caller, or ``b""`` where it would not arrive whole:
+    unpicklable, too large, or not unpickling even here (an ``__init__`` whose
+    arguments are not its ``args``). Never raises: the text fields still travel."""
+    if exc is None or isinstance(exc, DanausError):
+        return b""
+    try:
+        data, buffers = _pickle(exc)
+        if buffers or len(data) > _MAX_EXCEPTION_PICKLE:
+            return b""
+        pickle.loads(data)
+    except Exception:
+        return b""
+    return data
+
+
+def _unpickle_exception(data: bytes) -> BaseException | None:
+    """The remote exception, or ``None`` where it does not unpickle here (its class is
+    not importable in this process, say): the caller keeps the text fields."""
+    if not data:
+        return None
+    try:
+        exc = pickle.loads(data)
+    except Exception:
+        return None
+    return exc if isinstance(exc, BaseException) else None
 
 
 def _utf8(text: str) -> str:
@@ -162,13 +211,10 @@ def encode_error(info: ErrorInfo) -> msgspec.Raw:
     try:
         return msgspec.Raw(_error_encode(info))
     except UnicodeEncodeError:  # text that is not UTF-8 (lone surrogates): escape it
-        return msgspec.Raw(
-            _error_encode(
-                ErrorInfo(
-                    *(_utf8(v) if isinstance(v, str) else v for v in msgspec.structs.astuple(info))
-                )
-            )
-        )
+        fields: list[Any] = [
+            _utf8(v) if isinstance(v, str) else v for v in msgspec.structs.astuple(info)
+        ]
+        return msgspec.Raw(_error_encode(ErrorInfo(*fields)))
 
 
 def _A_REPLY() -> str:

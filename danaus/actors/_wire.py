@@ -249,6 +249,8 @@ class ErrorInfo(msgspec.Struct, array_like=True, frozen=True):
     message: str
     traceback: str
     issued_at: str = ""  # "remote" (tensor engine): the controller line that issued the op
+    #: "actor": a pickle of the exception itself, where it pickled (and unpickled) there
+    exception: bytes = b""
 
 
 def frame(header: bytes, parts: Sequence[Buffer] = ()) -> list[Buffer]:

@@ -33,3 +33,44 @@ class Ranks(Actor):
     @endpoint
     async def awho(self) -> dict[str, Any]:
         return {"message": dict(current_rank()), "size": current_size()}
+
+
+class CodedError(Exception):
+    """An exception with an attribute of its own."""
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(message, code)
+        self.code = code
+
+
+class OddInitError(Exception):
+    """Its __init__ takes other arguments than its args: it does not unpickle."""
+
+    def __init__(self, a: str, b: str) -> None:
+        super().__init__(f"{a}+{b}")
+
+
+class Raiser(Actor):
+    @endpoint
+    def raise_(self, kind: str) -> None:
+        import threading
+
+        if kind == "value":
+            raise ValueError("bad value", 42)
+        if kind == "coded":
+            raise CodedError("coded", code=7)
+        if kind == "odd":
+            raise OddInitError("a", "b")
+        if kind == "unpicklable":
+            err = RuntimeError("holds a lock")
+            err.lock = threading.Lock()  # type: ignore[attr-defined]
+            raise err
+        if kind == "interrupt":
+            raise KeyboardInterrupt("stop")
+        if kind == "local":
+
+            class LocalError(Exception):
+                pass
+
+            raise LocalError("defined in the endpoint")
+        raise AssertionError(kind)

@@ -183,3 +183,38 @@ async def test_the_actor_instance_its_name_and_logger(capfd: pytest.CaptureFixtu
         assert who["name"].endswith("ranks[1]") and who["proc_id"] + ".ranks[1]" == who["name"]
         await ranks.slice(procs=1).log.call_one("a line from Actor.logger")
     assert "a line from Actor.logger" in capfd.readouterr().err
+
+
+async def test_a_remote_exception_is_caught_by_its_own_type_and_kept_in_exception() -> None:
+    from danaus import ActorError
+
+    from .compat_actors import CodedError, Raiser
+
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        r = await procs.spawn("r", Raiser)
+        with pytest.raises(ValueError) as value:
+            await r.raise_.call_one("value")
+        err = value.value
+        assert isinstance(err, ActorError) and isinstance(err.exception, ValueError)
+        assert err.exception.args == ("bad value", 42) and err.args == ("bad value", 42)
+        assert err.exc_type == "ValueError" and "raise_" in err.remote_traceback
+        assert "bad value" in str(err) and "raised in actor" in str(err)
+        with pytest.raises(CodedError) as coded:
+            await r.raise_.call(kind="coded")  # through call() too
+        assert coded.value.code == 7 and isinstance(coded.value, ActorError)
+        # Fall back to the plain ActorError, with the text fields, never worse:
+        for kind, exc_type in [
+            ("odd", "OddInitError"),
+            ("unpicklable", "RuntimeError"),
+        ]:
+            with pytest.raises(ActorError) as plain:
+                await r.raise_.call_one(kind)
+            assert type(plain.value) is ActorError and plain.value.exception is None
+            assert plain.value.exc_type.endswith(exc_type)
+        with pytest.raises(ActorError) as interrupt:
+            await r.raise_.call_one("interrupt")  # a BaseException: kept, not mixed in
+        assert type(interrupt.value) is ActorError
+        assert isinstance(interrupt.value.exception, KeyboardInterrupt)
+        with pytest.raises(Exception, match="defined in the endpoint") as local:
+            await r.raise_.call_one("local")
+        assert isinstance(local.value, ActorError)
