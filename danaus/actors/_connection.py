@@ -24,7 +24,7 @@ from ..config import config
 from ..errors import AuthenticationError, ProtocolError, SupervisionError
 from ._frames import TAG_BYTES, FrameMacs, FrameReader, frame_macs, frame_tag, trim_part_pool
 from ._handshake import HandshakeMachine
-from ._wire import MAGIC, PREFIX, Buffer, Ping, frame
+from ._wire import MAGIC, PREFIX, Buffer, Message, Ping, frame
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -70,7 +70,9 @@ class Connection(asyncio.BufferedProtocol):
         #: calls whose reply comes back here; failed if the connection is lost
         self.pending: dict[int, Any] = {}
         self._encoder = msgspec.msgpack.Encoder()
-        self._reader = FrameReader(self._peer_name)
+        self._reader = FrameReader(self._on_message, self._on_handshake, self._peer_name)
+        # The transport fills the reader's buffers with no call through this class.
+        self.get_buffer = self._reader.get_buffer  # type: ignore[method-assign]
         self._hs = HandshakeMachine(
             runtime.key, dialer=dialer, addr=runtime.addr, peer_name=self._peer_name
         )
@@ -434,18 +436,14 @@ class Connection(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------ reading
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._reader.get_buffer()
-
     def buffer_updated(self, nbytes: int) -> None:
         if self.state is CLOSED:
             return
         self.reads += 1  # the heartbeat sees whether the peer said anything lately
         try:
-            if not self._reader.buffer_updated(nbytes):
-                return  # a large part is still arriving
             self._reading = True
-            self._parse()
+            if not self._reader.buffer_updated(nbytes):  # (it hands out what is whole)
+                return  # a large part is still arriving
         except ProtocolError as e:
             self.fail(e)
             return
@@ -462,23 +460,20 @@ class Connection(asyncio.BufferedProtocol):
             self.fail(ProtocolError(f"peer {self._peer_name()} closed mid-frame (truncated frame)"))
         return None
 
-    def _parse(self) -> None:
-        reader = self._reader
-        if self.state is HANDSHAKE:
-            hs = self._hs
-            for header in reader.handshake_frames():
-                reply = hs.receive(header)
-                if hs.peer_addr is not None:
-                    self.peer = hs.peer_addr
-                if reply:
-                    self._write_now(reply)
-                if hs.done:
-                    self._open()
-                    break
-            if self.state is not OPEN:
-                return
-        dispatch = self.rt.dispatch
-        for msg, parts in reader.frames():
-            dispatch(self, msg, parts)
-            if self.state is not OPEN or self._read_holders:
-                return  # closed, or a full mailbox: the rest waits in the buffer
+    def _on_handshake(self, header: bytes) -> bool:
+        """Take one handshake frame; true (stop parsing) if the connection closed."""
+        hs = self._hs
+        reply = hs.receive(header)
+        if hs.peer_addr is not None:
+            self.peer = hs.peer_addr
+        if reply:
+            self._write_now(reply)
+        if hs.done:
+            self._open()
+        return self.state is CLOSED
+
+    def _on_message(self, msg: Message, parts: list[bytearray]) -> object:
+        """Dispatch; true (stop parsing) when closed, or a full mailbox holds reading:
+        the rest waits in the buffer."""
+        self.rt.dispatch(self, msg, parts)
+        return self.state is not OPEN or self._read_holders

@@ -18,7 +18,7 @@ import hmac
 import struct
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
 import msgspec
@@ -57,8 +57,6 @@ _NO_PARTS: list[bytearray] = []  # shared, never mutated: the parts of a part-le
 
 #: (keyed BLAKE2b, HMAC-SHA256) holding one direction's session key, copied per frame.
 FrameMacs: TypeAlias = "tuple[hashlib.blake2b, hmac.HMAC]"
-#: A whole frame: its decoded header and its out-of-band parts (writable buffers).
-Frame: TypeAlias = "tuple[Message, list[bytearray]]"
 
 
 def frame_macs(key: bytes) -> FrameMacs:
@@ -146,16 +144,24 @@ def _part_lens(mv: memoryview, offset: int, n: int) -> tuple[int, ...]:
 
 
 class FrameReader:
-    """The frames of one connection's incoming byte stream.
+    """The frames of one connection's incoming byte stream, handed to callbacks.
 
     It starts in handshake mode: headers of at most ``MAX_HANDSHAKE_HEADER`` bytes, no
-    parts, handed out undecoded by :meth:`handshake_frames`. After :meth:`open` it takes
-    ``config`` limits, decodes each header as a :data:`~danaus.actors._wire.Message`
-    (:meth:`frames`), and, given the session's incoming tag makers, checks the tag after
-    every frame. ``peer_name`` names the peer in errors.
+    parts, each handed undecoded to ``on_handshake(header)``. After :meth:`open` it takes
+    ``config`` limits, decodes each header as a :data:`~danaus.actors._wire.Message` for
+    ``on_message(msg, parts)`` and, given the session's incoming tag makers, checks the
+    tag after every frame. A callback that returns true stops the parse (the rest waits
+    for :meth:`parse`). ``peer_name`` names the peer in errors.
     """
 
-    def __init__(self, peer_name: Callable[[], str] = lambda: "(unknown peer)") -> None:
+    def __init__(
+        self,
+        on_message: Callable[[Message, list[bytearray]], object],
+        on_handshake: Callable[[bytes], object],
+        peer_name: Callable[[], str] = lambda: "(unknown peer)",
+    ) -> None:
+        self._on_message = on_message
+        self._on_handshake = on_handshake
         self._peer_name = peer_name
         self._decode = msgspec.msgpack.Decoder(Message).decode
         self.opened = False
@@ -204,7 +210,7 @@ class FrameReader:
 
     # ------------------------------------------------------------ bytes in
 
-    def get_buffer(self) -> memoryview:
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Where the next bytes go (``BufferedProtocol.get_buffer``)."""
         if self._direct is not None:
             if self._direct_filled == len(self._direct):
@@ -217,8 +223,8 @@ class FrameReader:
         return self._mv[self._end :]
 
     def buffer_updated(self, nbytes: int) -> bool:
-        """``nbytes`` arrived in the last :meth:`get_buffer`; False while they only went
-        on filling a large part (no frame can be complete yet)."""
+        """``nbytes`` arrived in the last :meth:`get_buffer`: hand out the frames now whole
+        (:meth:`parse`). False while they only went on filling a large part."""
         if self._direct is not None:
             self._direct_filled += nbytes
             if self._direct_filled < self._direct_need:
@@ -231,11 +237,12 @@ class FrameReader:
             self._direct_buf = None
         else:
             self._end += nbytes
+        self.parse()
         return True
 
     def feed(self, data: Buffer) -> None:
-        """Copy ``data`` in (for a caller that has bytes rather than a buffer to fill);
-        take frames out after each call."""
+        """Copy ``data`` in (for a caller that has bytes rather than a buffer to fill),
+        handing out frames as they become whole."""
         view = memoryview(data).cast("B")
         i, n = 0, len(view)
         while i < n:
@@ -274,14 +281,17 @@ class FrameReader:
 
     # ------------------------------------------------------------ frames out
 
-    def handshake_frames(self) -> Iterator[bytes]:
-        """The headers of the whole handshake frames received (until :meth:`open`)."""
-        while not self.opened and (got := self._next_frame()) is not None:
-            yield got[0]
-
-    def frames(self) -> Iterator[Frame]:
-        """The whole frames received, each as soon as it is. Stopping early leaves the
-        rest in the buffer for the next call (a full mailbox holds reading)."""
+    def parse(self) -> None:
+        """Hand every whole frame received to ``on_handshake`` (its header, until
+        :meth:`open`) or ``on_message``; stop early where one returns true (a full mailbox
+        holds reading, or the connection closed): the rest stays for the next call."""
+        if not self.opened:
+            on_handshake = self._on_handshake
+            while not self.opened:
+                got = self._next_frame()
+                if got is None or on_handshake(got[0]):
+                    return
+        on_message = self._on_message
         unpack = PREFIX.unpack_from
         decode = self._decode
         while True:
@@ -308,7 +318,8 @@ class FrameReader:
                         except msgspec.DecodeError as ex:
                             raise self._undecodable(ex) from ex
                         start = self._start = e + TAG_BYTES
-                        yield msg, _NO_PARTS
+                        if on_message(msg, _NO_PARTS):
+                            return
                 else:
                     while end - start >= 12:
                         magic, hlen, nparts = unpack(mv, start)
@@ -320,7 +331,8 @@ class FrameReader:
                             msg = decode(mv[s:start].tobytes())
                         except msgspec.DecodeError as ex:
                             raise self._undecodable(ex) from ex
-                        yield msg, _NO_PARTS
+                        if on_message(msg, _NO_PARTS):
+                            return
                 if start == end:
                     self._start = self._end = 0
                     return
@@ -332,7 +344,8 @@ class FrameReader:
                 msg = decode(header)
             except msgspec.DecodeError as ex:
                 raise self._undecodable(ex) from ex
-            yield msg, parts
+            if on_message(msg, parts):
+                return
 
     def _undecodable(self, ex: msgspec.DecodeError) -> ProtocolError:
         return ProtocolError(f"undecodable message header from {self._peer_name()}: {ex}")
