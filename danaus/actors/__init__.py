@@ -4,7 +4,7 @@ from ._actor import Actor, Endpoint, concurrent_endpoint, endpoint
 from ._context import Context, context, current_actor_name, current_rank, current_size
 from ._future import Future
 from ._point import Extent, Point
-from ._port import Channel, Port, PortReceiver
+from ._port import Channel, Port, PortReceiver, RankedPortReceiver
 
 __all__ = [
     "Actor",
@@ -16,6 +16,7 @@ __all__ = [
     "Point",
     "Port",
     "PortReceiver",
+    "RankedPortReceiver",
     "concurrent_endpoint",
     "context",
     "current_actor_name",

@@ -211,6 +211,11 @@ class Actor:
         cls.__endpoints__ = eps
 
 
+#: Marks a call's method name as a plain method called through ``as_endpoint``:
+#: ``"\x00as:call:name"`` (returns its result) or ``"\x00as:port:name"`` (explicit port).
+AS_ENDPOINT = "\x00as:"
+
+
 def endpoints_of(cls: type) -> dict[str, Endpoint[..., Any]]:
     eps: dict[str, Endpoint[..., Any]] = getattr(cls, "__endpoints__", {})
     return eps
@@ -251,6 +256,7 @@ class ActorInstance:
         self.rank = ctx.rank.rank
         self.rank_text = str(ctx.rank)
         self.endpoints = endpoints_of(type(obj))
+        self._as_endpoints: dict[str, Endpoint[..., Any]] = {}
         #: system actors (a proc's control actor, the host agent, the RDMA service) run
         #: their short sync endpoints on the loop: they use the runtime's own state
         self.inline_sync = inline_sync
@@ -283,6 +289,22 @@ class ActorInstance:
         token = current.set(self.context)
         self.cv = contextvars.copy_context()
         current.reset(token)
+
+    def endpoint(self, method: str) -> Endpoint[..., Any] | None:
+        """The endpoint a message names: one of the class's, or a plain method that the
+        caller made one with ``as_endpoint`` (its name then carries a marker)."""
+        ep = self.endpoints.get(method)
+        if ep is not None or not method.startswith(AS_ENDPOINT):
+            return ep
+        ep = self._as_endpoints.get(method)
+        if ep is None:
+            explicit, _, name = method[len(AS_ENDPOINT) :].partition(":")
+            fn = getattr(type(self.obj), name, None)
+            if name.startswith("__") or not inspect.isfunction(fn):
+                return None
+            ep = Endpoint(fn, explicit_response_port=explicit == "port")
+            self._as_endpoints[method] = ep
+        return ep
 
     @property
     def busy(self) -> bool:
@@ -376,7 +398,7 @@ class ActorInstance:
             or len(self.jobs) >= config.mailbox_limit
         ):  # the thread's queue counts too
             return False
-        ep = self.endpoints.get(msg.method)
+        ep = self.endpoint(msg.method)
         return ep is not None and not ep.is_async and not self.inline_sync
 
     def _accept(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
@@ -429,7 +451,7 @@ class ActorInstance:
                 ),
             )
             return
-        ep = self.endpoints.get(msg.method)
+        ep = self.endpoint(msg.method)
         if ep is None:
             self._reply_error(
                 conn,
@@ -542,7 +564,8 @@ class ActorInstance:
             conn, msg = job.conn, job.msg
             if job.cancelled:
                 continue  # its caller gave up: the result goes nowhere
-            ep = self.endpoints[msg.method]
+            ep = self.endpoint(msg.method)
+            assert ep is not None  # it ran, so it was found
             if not job.started:
                 if msg.reply:
                     self._reply_error(

@@ -15,7 +15,7 @@ from ._runtime import Runtime, current_runtime, encode_error, info_from_error, r
 from ._serialize import dumps
 from ._wire import CLOSE, ERROR, OK, Result
 
-__all__ = ["Channel", "Port", "PortReceiver"]
+__all__ = ["Channel", "Port", "PortReceiver", "RankedPortReceiver"]
 
 log = logging.getLogger("danaus.port")
 
@@ -70,6 +70,25 @@ class Port(Generic[T]):
         run_on(rt, _send, rt, self.addr, msg, parts, current.get().actor_instance)
 
 
+def forward(rt: Runtime, port: Port[Any], rank: int, status: int, value: Any) -> None:
+    """Give ``port`` a value (or, with status ``ERROR``, an exception) that arrived here,
+    saying it comes from ``rank`` (what a ranked receiver reports). On ``rt``'s loop."""
+    if port.addr == rt.addr:
+        rt.deliver(port.port_id, rank, status, value)
+        return
+    parts: list[Any] = []
+    pickled = False
+    if status == ERROR:
+        raw: Any = encode_error(info_from_error(value))
+    else:
+        try:
+            raw, pickled, parts = dumps(value, lambda: f"value forwarded to {port!r}")
+        except Exception as e:  # the receiver hears why instead of waiting for nothing
+            raw, pickled, parts = encode_error(info_from_error(e)), False, []
+            status = ERROR
+    _send(rt, port.addr, Result(port.port_id, status, raw, pickled, rank), list(parts), None)
+
+
 def _close_port(rt: Runtime, port_id: int) -> None:
     """A dropped receiver's port goes away (from any thread; also once the loop closed)."""
     if rt.loop.is_closed():
@@ -109,8 +128,8 @@ class PortReceiver(Generic[T]):
     def __init__(self, rt: Runtime, once: bool) -> None:
         self._rt = rt
         self._once = once
-        self._values: collections.deque[tuple[int, Any]] = collections.deque()
-        self._waiters: collections.deque[Future[T]] = collections.deque()
+        self._values: collections.deque[tuple[int, int, Any]] = collections.deque()
+        self._waiters: collections.deque[tuple[Future[Any], bool]] = collections.deque()
         self._closed = False
         ref = weakref.ref(self)
 
@@ -129,40 +148,77 @@ class PortReceiver(Generic[T]):
         if status == CLOSE:
             self._closed = True
         else:
-            self._values.append((status, value))
+            self._values.append((rank, status, value))
         self._wake()
         return self._closed or self._once
 
     def _wake(self) -> None:
         while self._waiters and (self._values or self._closed):
-            w = self._waiters.popleft()
+            w, ranked = self._waiters.popleft()
             if w.done():
                 continue
             if self._values:
-                status, value = self._values.popleft()
+                rank, status, value = self._values.popleft()
                 if status == ERROR:
                     w.set_exception(value)
-                else:
+                elif not ranked:
                     w.set_result(value)
+                elif rank < 0:
+                    w.set_exception(
+                        ValueError(
+                            f"a ranked receiver (port #{self.port_id}) got a value without a "
+                            f"rank (sent from outside any actor): {value!r}"
+                        )
+                    )
+                else:
+                    w.set_result((rank, value))
             else:
                 w.set_exception(ClosedError(f"port #{self.port_id} was closed by its sender"))
 
     def recv(self) -> Future[T]:
         """The next value, in the order sent: ``await r.recv()`` or ``r.recv().get()``."""
-        fut: Future[T] = Future(loop=self._rt.loop)
+        return self._recv(False)
+
+    def _recv(self, ranked: bool) -> Future[Any]:
+        fut: Future[Any] = Future(loop=self._rt.loop)
 
         def arm() -> None:
-            self._waiters.append(fut)
+            self._waiters.append((fut, ranked))
             self._wake()
 
         run_on(self._rt, arm)
         return fut
+
+    def ranked(self) -> RankedPortReceiver[T]:
+        """This receiver, giving ``(rank, value)`` pairs: ``rank`` is where the sending
+        actor was in the mesh its message was sent to (as Monarch's ``ranked()``)."""
+        return RankedPortReceiver(self)
 
     def close(self) -> None:
         """Stop receiving: the port is unregistered; later sends to it are dropped."""
         self._closed = True
         run_on(self._rt, self._rt.close_port, self.port_id)
         run_on(self._rt, self._wake)
+
+
+class RankedPortReceiver(Generic[T]):
+    """A :class:`PortReceiver` whose ``recv()`` gives ``(rank, value)``; a value sent from
+    outside any actor (no rank) raises ``ValueError``."""
+
+    def __init__(self, receiver: PortReceiver[T]) -> None:
+        self._receiver = receiver
+        self.port_id = receiver.port_id
+
+    def __repr__(self) -> str:
+        return f"<RankedPortReceiver of {self._receiver!r}>"
+
+    def recv(self) -> Future[tuple[int, T]]:
+        """The next ``(rank, value)``, in the order sent."""
+        return self._receiver._recv(True)
+
+    def close(self) -> None:
+        """Stop receiving (see :meth:`PortReceiver.close`)."""
+        self._receiver.close()
 
 
 class Channel(Generic[T]):
@@ -178,3 +234,10 @@ class Channel(Generic[T]):
         rt = current_runtime()
         receiver: PortReceiver[T] = PortReceiver(rt, once)
         return Port(rt.addr, receiver.port_id), receiver
+
+    @staticmethod
+    def open_ranked(once: bool = False) -> tuple[Port[T], RankedPortReceiver[T]]:
+        """Like :meth:`open`, with a receiver that gives ``(rank, value)`` pairs (what
+        ``send(endpoint, args, kwargs, port=port)`` fills, one per actor)."""
+        port, receiver = Channel[T].open(once)
+        return port, receiver.ranked()

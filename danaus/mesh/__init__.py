@@ -1,6 +1,7 @@
 """Meshes: hosts, procs and actors laid out as named multi-dimensional meshes."""
 
-from ._actor_mesh import Accumulator, ActorEndpoint, ActorMesh
+from ._actor_mesh import Accumulator, ActorEndpoint, ActorMesh, as_endpoint, send
+from ._controllers import get_or_spawn_controller
 from ._proc_mesh import HostMesh, ProcMesh, attach_to_hosts, this_host, this_proc
 from ._shape import Shape
 from ._slurm import SlurmJob
@@ -17,7 +18,10 @@ __all__ = [
     "Shape",
     "SlurmJob",
     "ValueMesh",
+    "as_endpoint",
     "attach_to_hosts",
+    "get_or_spawn_controller",
+    "send",
     "set_unhandled_fault_hook",
     "this_host",
     "this_proc",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -11,10 +12,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
 
-from ..actors._actor import Actor, describe_endpoints, endpoints_of
+from ..actors._actor import AS_ENDPOINT, Actor, describe_endpoints, endpoints_of
 from ..actors._actor_thread import waiting_actor
 from ..actors._future import Future
-from ..actors._port import PortReceiver
+from ..actors._port import Port, PortReceiver, forward
 from ..actors._runtime import JOB_ID, Runtime, current_runtime, run_on, runtime_here
 from ..actors._serialize import dumps, dumps_args
 from ..actors._wire import (
@@ -38,7 +39,7 @@ from ._value_mesh import ValueMesh
 if TYPE_CHECKING:
     from ._proc_mesh import ProcMesh
 
-__all__ = ["Accumulator", "ActorEndpoint", "ActorMesh"]
+__all__ = ["Accumulator", "ActorEndpoint", "ActorMesh", "NotAnEndpoint", "as_endpoint", "send"]
 
 A = TypeVar("A", bound=Actor)
 _spawn_ids = itertools.count()
@@ -168,6 +169,9 @@ class ActorMesh(Shaped, Generic[A]):
             return False
 
         def send() -> None:
+            from ._controllers import ensure_controllers
+
+            ensure_controllers(rt)  # the actors' get_or_spawn_controller requests come here
             port = rt.open_port(on_reply)
             sizes = procs._root.sizes
             for h in handles:
@@ -211,6 +215,8 @@ class ActorMesh(Shaped, Generic[A]):
         if name.startswith("__"):
             raise AttributeError(name)
         if name not in endpoints_of(self._cls):
+            if not name.startswith("_") and inspect.isfunction(getattr(self._cls, name, None)):
+                return NotAnEndpoint(self, name)  # type: ignore[return-value]
             raise EndpointNotFoundError(
                 f"{self._cls.__name__} has no endpoint {name!r}; its endpoints are: "
                 f"{describe_endpoints(self._cls)}"
@@ -665,3 +671,104 @@ class _Stream:
         for f in futures:
             f._keepalive = self._receiver  # type: ignore[attr-defined]  # the port lives while a future waits
         yield from futures
+
+
+class NotAnEndpoint:
+    """``mesh.method`` for a plain method (not an ``@endpoint``) of the actor class: not
+    callable as is; ``as_endpoint(mesh.method)`` makes an endpoint of it, as in Monarch."""
+
+    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+        self._mesh = mesh
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"<plain method {self._mesh._cls.__name__}.{self._name} of {self._mesh!r}>"
+
+    def __getattr__(self, adverb: str) -> Any:
+        if adverb.startswith("__"):
+            raise AttributeError(adverb)
+        raise EndpointNotFoundError(
+            f"{self._mesh._cls.__name__}.{self._name} is a plain method, not an @endpoint: "
+            f"mark it @endpoint, or call it through as_endpoint(mesh.{self._name}).{adverb}(...)"
+        )
+
+
+def as_endpoint(
+    not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False
+) -> ActorEndpoint[Any]:
+    """Call a plain method of a spawned actor (not an ``@endpoint``) with the adverbs:
+    ``as_endpoint(mesh.method).call(...)``, as in Monarch.
+
+    Args:
+        not_an_endpoint: ``mesh.method`` for a plain method of the actor class.
+        propagate: accepted for Monarch compatibility.
+        explicit_response_port: the method gets the caller's reply port as its first
+            argument and answers through it (see ``endpoint``).
+
+    Raises:
+        ValueError: ``not_an_endpoint`` is not a plain method of an actor mesh.
+    """
+    del propagate
+    if not isinstance(not_an_endpoint, NotAnEndpoint):
+        raise ValueError(
+            f"as_endpoint expects a plain method of an actor mesh (mesh.method), got "
+            f"{not_an_endpoint!r}"
+        )
+    kind = "port" if explicit_response_port else "call"
+    return ActorEndpoint(not_an_endpoint._mesh, f"{AS_ENDPOINT}{kind}:{not_an_endpoint._name}")
+
+
+def send(
+    endpoint: ActorEndpoint[Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    port: Port[Any] | None = None,
+    selection: str = "all",
+) -> None:
+    """Send a call without waiting for it, as Monarch's ``send``.
+
+    Args:
+        endpoint: ``mesh.method`` (or a slice's).
+        args: positional arguments.
+        kwargs: keyword arguments.
+        port: where each actor's result (or error) goes; a receiver from
+            ``Channel.open_ranked()`` gets ``(rank, value)`` pairs, ``rank`` being the
+            actor's place in the mesh called. ``None``: results are dropped (an endpoint
+            that raises then fails its actor, as with ``broadcast``).
+        selection: ``"all"`` (every actor) or ``"choose"`` (one of them).
+
+    Raises:
+        ValueError: ``selection`` is neither ``"all"`` nor ``"choose"``.
+    """
+    if selection not in ("all", "choose"):
+        raise ValueError(f"send(selection=...) takes 'all' or 'choose', not {selection!r}")
+    if not isinstance(endpoint, ActorEndpoint):
+        raise TypeError(
+            f"send() takes an endpoint of an actor mesh (mesh.method), got {endpoint!r}"
+        )
+    if port is None:
+        if selection == "all":
+            endpoint.broadcast(*args, **kwargs)
+        else:
+            endpoint.choose(*args, **kwargs)  # its result is dropped
+        return
+    enc = endpoint._encode(args, kwargs)
+    rt = current_runtime()
+    mesh = endpoint._mesh
+    ranks = mesh._ranks
+    if selection == "choose":
+        with _choose_lock:
+            i = mesh._rr % len(ranks)
+            mesh._rr += 1
+        ranks = [ranks[i]]
+        index = {ranks[0]: i}
+    else:
+        index = {g: i for i, g in enumerate(ranks)}
+    left = [len(ranks)]
+
+    def on_reply(rank: int, status: int, value: Any) -> bool:
+        left[0] -= 1
+        forward(rt, port, index.get(rank, -1), status, value)
+        return left[0] == 0
+
+    endpoint._send(rt, ranks, rt.open_port(on_reply), enc)

@@ -74,3 +74,68 @@ class Raiser(Actor):
 
             raise LocalError("defined in the endpoint")
         raise AssertionError(kind)
+
+
+class Registry(Actor):
+    """A singleton service: counts who registered."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.count = start
+
+    @endpoint
+    def register(self) -> int:
+        self.count += 1
+        return self.count
+
+
+class Client(Actor):
+    """Finds the registry from inside an endpoint, sync and async, and from a child."""
+
+    @endpoint
+    def register_sync(self) -> int:
+        from danaus import get_or_spawn_controller
+
+        registry = get_or_spawn_controller("registry", Registry, 100).get(timeout=30)
+        return int(registry.register.call_one().get(timeout=30))
+
+    @endpoint
+    async def register_async(self) -> int:
+        from danaus import get_or_spawn_controller
+
+        registry = await get_or_spawn_controller("registry", Registry, 100)
+        return int(await registry.register.call_one())
+
+    @endpoint
+    async def register_from_child(self) -> int:
+        from danaus import this_host
+
+        procs = this_host().spawn_procs(per_host={"procs": 1}, name="child")
+        child = procs.spawn("child", Client)
+        try:
+            return int(await child.register_async.call_one())
+        finally:
+            await procs.stop()
+
+
+class Plain(Actor):
+    """A plain method beside an endpoint."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def plain(self, x: int) -> int:
+        self.calls += 1
+        return x * 2 + current_rank().rank
+
+    async def aplain(self, x: int) -> int:
+        return -x
+
+    @endpoint
+    def double(self, x: int) -> int:
+        if x < 0:
+            raise ValueError(f"negative {x}")
+        return x * 2
+
+    @endpoint
+    def calls_made(self) -> int:
+        return self.calls

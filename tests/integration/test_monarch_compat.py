@@ -218,3 +218,53 @@ async def test_a_remote_exception_is_caught_by_its_own_type_and_kept_in_exceptio
         with pytest.raises(Exception, match="defined in the endpoint") as local:
             await r.raise_.call_one("local")
         assert isinstance(local.value, ActorError)
+
+
+async def test_get_or_spawn_controller_is_one_actor_for_the_controller_and_its_procs() -> None:
+    from danaus import get_or_spawn_controller
+
+    from .compat_actors import Client, Registry
+
+    registry = await get_or_spawn_controller("registry", Registry, 100)
+    assert await registry.register.call_one() == 101
+    again = await get_or_spawn_controller("registry", Registry, 0)  # args of the first call win
+    assert again._wire == registry._wire
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        clients = await procs.spawn("clients", Client)
+        assert sorted((await clients.register_sync.call()).values()) == [102, 103]
+        assert sorted((await clients.register_async.call()).values()) == [104, 105]
+        assert await clients.slice(procs=0).register_from_child.call_one() == 106
+    assert await registry.register.call_one() == 107
+    with pytest.raises(TypeError, match=r"subclass of danaus\.Actor"):
+        get_or_spawn_controller("x", object)  # type: ignore[type-var]
+
+
+async def test_send_to_a_ranked_port_and_as_endpoint() -> None:
+    from danaus import Channel, EndpointNotFoundError, as_endpoint, send
+
+    from .compat_actors import Plain
+
+    async with this_host().spawn_procs(per_host={"procs": 3}) as procs:
+        p = await procs.spawn("p", Plain)
+        port, ranked = Channel[int].open_ranked()
+        send(p.slice(procs=slice(1, 3)).double, (5,), {}, port=port)
+        assert sorted([await ranked.recv(), await ranked.recv()]) == [(0, 10), (1, 10)]
+        send(p.double, (-1,), {}, port=port, selection="choose")
+        with pytest.raises(ValueError, match="negative -1"):
+            await ranked.recv()
+        plain_port, receiver = Channel[int].open()
+        send(p.double, (), {"x": 4}, port=plain_port)
+        assert [await receiver.recv() for _ in range(3)] == [8, 8, 8]
+        with pytest.raises(ValueError, match="selection"):
+            send(p.double, (1,), {}, selection="some")
+        # A plain method is no endpoint, until as_endpoint makes one of it.
+        with pytest.raises(EndpointNotFoundError, match="as_endpoint"):
+            p.plain.call(1)
+        values = await as_endpoint(p.plain).call(3)
+        assert values.values() == [6, 7, 8]
+        assert await as_endpoint(p.slice(procs=2).aplain).call_one(3) == -3
+        assert (await p.calls_made.call()).values() == [1, 1, 1]
+        with pytest.raises(ValueError, match="plain method of an actor mesh"):
+            as_endpoint(p.double)
+        with pytest.raises(EndpointNotFoundError, match="no endpoint 'nope'"):
+            p.nope  # noqa: B018

@@ -1,0 +1,124 @@
+"""``get_or_spawn_controller``: singleton service actors, one per name per controller.
+
+The first call with a name spawns the actor in the controller's own process
+(``this_proc()``); every later call, from the controller or from inside any actor of
+its procs, gets the same actor mesh. A call from inside an actor goes up the chain of
+spawners (each runtime that spawned actors hosts a small system actor,
+``__controllers__``) to the controller, so it works from procs on other hosts too.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, TypeVar
+
+from ..actors._actor import Actor, concurrent_endpoint, install_actor
+from ..actors._context import context
+from ..actors._future import Future
+from ..actors._runtime import Runtime, current_runtime, run_task
+from ._actor_mesh import ActorMesh, mesh_ref
+from ._shape import Shape
+from ._supervision import MeshFailure
+
+__all__ = ["get_or_spawn_controller"]
+
+A = TypeVar("A", bound=Actor)
+
+#: The wire key of the system actor that answers get_or_spawn_controller requests.
+CONTROLLERS = "__controllers__"
+
+_lock = threading.Lock()
+#: name -> the singleton's mesh, or the failure that ended it (this process is the root)
+_singletons: dict[str, ActorMesh[Any] | MeshFailure] = {}
+
+
+def get_or_spawn_controller(name: str, Class: type[A], *args: Any, **kwargs: Any) -> Future[A]:
+    """The singleton actor ``name``: spawned as ``Class(*args, **kwargs)`` in the
+    controller's process on first use, the same actor mesh on every later call (from
+    the controller, or from inside any actor of its procs). As in Monarch, a
+    :class:`~danaus.Future` of the mesh: ``await`` it, or ``.get()``.
+
+    The future raises ``ActorError`` if the actor's ``__init__`` raised, and
+    ``ValueError`` if the singleton failed since.
+    """
+    if not (isinstance(Class, type) and issubclass(Class, Actor)):
+        raise TypeError(f"get_or_spawn_controller needs a subclass of danaus.Actor, got {Class!r}")
+    rt = current_runtime()
+    parent = _parent_of(rt)
+    if parent is not None:  # inside a proc: ask whoever spawned us, up to the controller
+        ref = mesh_ref(CONTROLLERS, _Controllers, Shape.from_sizes({}), {0: parent})
+        fut: Future[A] = ref.get_or_spawn.call_one(name, Class, args, kwargs)
+        return fut
+    mesh = _get_or_spawn_here(name, Class, args, kwargs)
+
+    async def ready() -> Any:
+        await mesh.initialized
+        return mesh
+
+    return run_task(rt, ready)
+
+
+def _get_or_spawn_here(
+    name: str, cls: type[Actor], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> ActorMesh[Any]:
+    from ._proc_mesh import this_proc
+
+    with _lock:
+        found = _singletons.get(name)
+        if isinstance(found, MeshFailure):
+            raise ValueError(f"the controller {name!r} failed: {found}")
+        if found is not None and found._spawn_rt is not None and found._spawn_rt.closed:
+            found = None  # its loop ended (an earlier asyncio.run): spawn it anew
+        if found is None:
+            found = this_proc().spawn(name, cls, *args, **kwargs)
+            _singletons[name] = found
+        return found
+
+
+def _parent_of(rt: Runtime) -> str | None:
+    """Where requests from this runtime go: the runtime that spawned the actor asking (or,
+    in a proc, any of its actors' spawner); ``None`` in the controller itself."""
+    me = context().actor_instance
+    inst = me.runtime_actor if me is not None else None
+    owner = getattr(inst, "owner_addr", "")
+    if owner and owner != rt.addr:
+        return str(owner)
+    for actor in list(rt.actors.values()):
+        owner = getattr(actor, "owner_addr", "")
+        if owner and owner != rt.addr:
+            return str(owner)
+    return None
+
+
+def ensure_controllers(rt: Runtime) -> None:
+    """Before ``rt`` spawns actors: host the system actor their requests come to (on
+    ``rt``'s loop)."""
+    if CONTROLLERS not in rt.actors:
+        install_actor(rt, CONTROLLERS, _Controllers())
+
+
+class _Controllers(Actor):
+    """Answers get_or_spawn_controller requests from the actors this runtime spawned."""
+
+    @concurrent_endpoint
+    async def get_or_spawn(
+        self, name: str, cls: type[Actor], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ActorMesh[Any]:
+        rt = current_runtime()
+        parent = _parent_of(rt)
+        if parent is not None:  # a proc that spawned actors itself: pass it on up
+            ref = mesh_ref(CONTROLLERS, _Controllers, Shape.from_sizes({}), {0: parent})
+            mesh: ActorMesh[Any] = await ref.get_or_spawn.call_one(name, cls, args, kwargs)
+            return mesh
+        mesh = _get_or_spawn_here(name, cls, tuple(args), dict(kwargs))
+        await mesh.initialized
+        return mesh
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        """A singleton spawned here failed: later requests for it raise ``ValueError``."""
+        with _lock:
+            found = _singletons.get(failure.mesh)
+            if isinstance(found, ActorMesh):
+                _singletons[failure.mesh] = failure
+                return True
+            return isinstance(found, MeshFailure)  # a later report of the same failure
