@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Config", "config"]
+__all__ = [
+    "Config",
+    "clear_runtime_config",
+    "config",
+    "configure",
+    "configured",
+    "get_global_config",
+    "get_runtime_config",
+]
 
 
 def _env(name: str, default: Any) -> Any:
@@ -102,3 +112,171 @@ class Config:
 
 
 config = Config()
+
+
+# ---------------------------------------------------------------- Monarch's monarch.config
+
+#: Monarch setting names with a danaus equivalent: name -> (danaus field, is a duration).
+_MONARCH_NAMES: dict[str, tuple[str, bool]] = {
+    "codec_max_frame_length": ("max_frame_bytes", False),
+    "stop_actor_timeout": ("stop_timeout", True),
+    "host_spawn_ready_timeout": ("proc_start_timeout", True),
+    "mesh_proc_spawn_max_idle": ("proc_start_timeout", True),
+    "actor_spawn_max_idle": ("spawn_wait", True),
+    "supervision_watchdog_timeout": ("heartbeat_timeout", True),
+}
+#: Monarch settings that mean nothing here (Hyperactor's own machinery): accepted, with
+#: a warning, so a Monarch program that sets them runs.
+_MONARCH_IGNORED = frozenset(
+    {
+        "default_transport",
+        "enable_log_forwarding",
+        "enable_file_capture",
+        "tail_log_lines",
+        "message_delivery_timeout",
+        "process_exit_timeout",
+        "message_ack_time_interval",
+        "message_ack_every_n_messages",
+        "message_ttl_default",
+        "split_max_buffer_size",
+        "split_max_buffer_age",
+        "cleanup_timeout",
+        "default_encoding",
+        "channel_net_rx_buffer_full_check_interval",
+        "channel_tcp_congestion",
+        "message_latency_sampling_rate",
+        "enable_dest_actor_reordering_buffer",
+        "mesh_bootstrap_enable_pdeathsig",
+        "mesh_terminate_concurrency",
+        "mesh_terminate_timeout",
+        "small_write_threshold",
+        "max_cast_dimension_size",
+        "remote_alloc_bind_to_inaddr_any",
+        "remote_alloc_bootstrap_addr",
+        "remote_alloc_allowed_port_range",
+        "read_log_buffer",
+        "force_file_log",
+        "prefix_with_rank",
+        "get_actor_state_max_idle",
+        "proc_stop_max_idle",
+        "get_proc_state_max_idle",
+        "mesh_admin_addr",
+        "mesh_attach_config_timeout",
+        "rdma_allow_tcp_fallback",
+        "rdma_max_chunk_size_mb",
+        "rdma_ibverbs_target",
+        "rdma_peer_device_affinity",
+        "rdma_runtime_worker_threads",
+    }
+)
+_DURATION_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "sec": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+}
+#: What configure() changed since the process started: field -> value before the change.
+_runtime_layer: dict[str, Any] = {}
+
+
+def _seconds(name: str, value: Any) -> float:
+    """A duration: seconds as a number, or Monarch's humantime text ("30s", "1h 30m")."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    import re
+
+    text = str(value).strip()
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]+)", text)
+    if not parts or re.sub(r"(\d+(?:\.\d+)?)\s*([a-z]+)|\s", "", text):
+        raise ValueError(f"{name}={value!r} is not a duration: use seconds or text like '30s'")
+    total = 0.0
+    for number, unit in parts:
+        if unit not in _DURATION_UNITS:
+            raise ValueError(f"{name}={value!r}: unknown time unit {unit!r}")
+        total += float(number) * _DURATION_UNITS[unit]
+    return total
+
+
+def _resolve(name: str, value: Any) -> tuple[str, Any] | None:
+    """``(field, value)`` for a setting, ``None`` for a Monarch one ignored here."""
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    if name in fields:
+        kind = str(fields[name].type)
+        if kind == "bool" and not isinstance(value, bool):
+            raise ValueError(f"{name} takes True or False, not {value!r}")
+        if kind == "float":
+            return name, _seconds(name, value)
+        if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{name} takes an int, not {value!r}")
+        return name, value
+    if name in _MONARCH_NAMES:
+        target, duration = _MONARCH_NAMES[name]
+        return target, _seconds(name, value) if duration else value
+    if name in _MONARCH_IGNORED:
+        import logging
+
+        logging.getLogger("danaus.config").warning(
+            "configure(%s=...): a Monarch setting danaus has no use for; ignored", name
+        )
+        return None
+    raise ValueError(
+        f"unknown setting {name!r}; danaus's settings are: "
+        f"{', '.join(sorted(fields))} (and Monarch's {', '.join(sorted(_MONARCH_NAMES))})"
+    )
+
+
+def configure(**settings: Any) -> None:
+    """Change settings of this process, by danaus's names (``stop_timeout=10``) or, as
+    Monarch's ``monarch.config.configure``, Monarch's where danaus has an equivalent
+    (``stop_actor_timeout="10s"``; durations take Monarch's text too). Monarch settings
+    with no meaning here are accepted with a warning.
+
+    Like assigning ``danaus.config.x``, this applies to this process; procs spawned
+    later read ``DANAUS_*`` variables instead.
+
+    Raises:
+        ValueError: a setting is unknown, or its value has the wrong kind.
+    """
+    resolved = [r for name, value in settings.items() if (r := _resolve(name, value)) is not None]
+    for field, value in resolved:
+        _runtime_layer.setdefault(field, getattr(config, field))
+        setattr(config, field, value)
+
+
+def get_runtime_config() -> dict[str, Any]:
+    """The settings :func:`configure` changed, with their current values."""
+    return {field: getattr(config, field) for field in _runtime_layer}
+
+
+def get_global_config() -> dict[str, Any]:
+    """Every setting's current value."""
+    return dataclasses.asdict(config)
+
+
+def clear_runtime_config() -> None:
+    """Undo every :func:`configure`: settings return to what they were before it."""
+    for field, before in _runtime_layer.items():
+        setattr(config, field, before)
+    _runtime_layer.clear()
+
+
+@contextlib.contextmanager
+def configured(**settings: Any) -> Iterator[dict[str, Any]]:
+    """``with configured(stop_timeout=1): ...``: :func:`configure` for the block, then
+    the previous values back (as Monarch's ``monarch.config.configured``). Yields every
+    setting's value inside the block."""
+    before = dict(_runtime_layer)
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    configure(**settings)
+    try:
+        yield get_global_config()
+    finally:
+        for name, value in values.items():
+            setattr(config, name, value)
+        _runtime_layer.clear()
+        _runtime_layer.update(before)

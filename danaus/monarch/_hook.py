@@ -31,6 +31,10 @@ def _rdma(name: str) -> Any:
     return getattr(importlib.import_module("danaus.rdma"), name)
 
 
+def _config(name: str) -> Any:
+    return getattr(importlib.import_module("danaus.config"), name)
+
+
 def _top(name: str) -> Any:
     """``monarch.X``: the tensor engine's names first (Monarch keeps them at the top)."""
     try:
@@ -49,6 +53,7 @@ _MODULES: dict[str, Callable[[str], Any]] = {
     "monarch": _top,
     "monarch.actor": _actor,
     "monarch.rdma": _rdma,
+    "monarch.config": _config,
 }
 
 
@@ -113,8 +118,8 @@ def installed() -> bool:
 
 
 def install() -> None:
-    """Serve ``monarch``, ``monarch.actor`` and ``monarch.rdma`` from danaus, here and in
-    procs spawned from now on (through the environment)."""
+    """Serve ``monarch``, ``monarch.actor``, ``monarch.rdma`` and ``monarch.config`` from
+    danaus, here and in procs spawned from now on (through the environment)."""
     if not installed():
         sys.meta_path.insert(0, _finder)
     hooks = [h for h in os.environ.get(ENV, "").split(",") if h]

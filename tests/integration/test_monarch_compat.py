@@ -268,3 +268,25 @@ async def test_send_to_a_ranked_port_and_as_endpoint() -> None:
             as_endpoint(p.double)
         with pytest.raises(EndpointNotFoundError, match="no endpoint 'nope'"):
             p.nope  # noqa: B018
+
+
+def test_a_program_using_more_monarch_names_runs_through_the_runner() -> None:
+    program = Path(__file__).parent / "monarch_programs" / "more_names.py"
+    out = subprocess.run(
+        [sys.executable, "-m", "danaus.monarch", str(program)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "extent {hosts: 2, gpus: 2} True" in lines
+    assert "joined [1, 2, 3, 4]" in lines
+    assert "where [\"{'a': 0} of {'a': 2}\", \"{'a': 1} of {'a': 2}\"]" in lines
+    assert (
+        "ranked [(0, \"{'hosts': 0} of {'hosts': 2}\"), (1, \"{'hosts': 1} of {'hosts': 2}\")]"
+        in lines
+    )
+    assert "helpers ['helper 0', 'helper 1', 'helper 2', 'helper 3']" in lines
+    assert lines[-1] == "done"

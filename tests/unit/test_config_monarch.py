@@ -1,0 +1,55 @@
+"""monarch.config's configure() / configured() over danaus's settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from danaus.config import (
+    clear_runtime_config,
+    config,
+    configure,
+    configured,
+    get_global_config,
+    get_runtime_config,
+)
+
+
+def test_configured_applies_for_the_block_then_restores() -> None:
+    before = (config.stop_timeout, config.cast_fanout)
+    with configured(stop_actor_timeout="1m 30s", cast_fanout=4) as merged:
+        assert config.stop_timeout == 90.0 and config.cast_fanout == 4
+        assert merged["stop_timeout"] == 90.0 and merged["cast_fanout"] == 4
+        assert get_runtime_config() == {"stop_timeout": 90.0, "cast_fanout": 4}
+        with configured(stop_timeout=0.5):
+            assert config.stop_timeout == 0.5
+        assert config.stop_timeout == 90.0
+    assert (config.stop_timeout, config.cast_fanout) == before
+    assert get_runtime_config() == {}
+
+
+def test_configure_and_clear() -> None:
+    before = config.spawn_wait
+    try:
+        configure(actor_spawn_max_idle="250ms")
+        assert config.spawn_wait == 0.25
+        assert get_global_config()["spawn_wait"] == 0.25
+    finally:
+        clear_runtime_config()
+    assert config.spawn_wait == before
+
+
+def test_bad_settings_name_what_is_wrong(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(ValueError, match=r"unknown setting 'nope'.*stop_timeout"):
+        configure(nope=1)
+    with pytest.raises(ValueError, match="'soon' is not a duration"):
+        configure(stop_timeout="soon")
+    with pytest.raises(ValueError, match="unknown time unit 'fortnights'"):
+        configure(stop_timeout="2 fortnights")
+    with pytest.raises(ValueError, match="use_uvloop takes True or False"):
+        configure(use_uvloop="yes")
+    with pytest.raises(ValueError, match="cast_fanout takes an int"):
+        configure(cast_fanout="4")
+    assert get_runtime_config() == {}  # nothing half-applied
+    with configured(enable_log_forwarding=True):  # Monarch's, meaningless here: a warning
+        pass
+    assert "enable_log_forwarding" in caplog.text
