@@ -1,5 +1,6 @@
-"""Tests of the frame layout (danaus.actors._wire) and the frame parser and handshake of
-danaus.actors._connection, against a real Runtime over real unix sockets.
+"""Tests of the frame layout (danaus.actors._wire) and of danaus.actors._connection (the
+frame reader and handshake at work in a connection), against a real Runtime over real
+unix sockets. The reader and the handshake alone, without sockets: test_frames.py.
 
 The peer side is written by hand here (raw asyncio streams, frames built from
 ``PREFIX``/``PART_LEN``), so these tests check the wire protocol itself, not danaus
@@ -41,6 +42,7 @@ from danaus.actors._wire import (
     Handshake,
     Hello,
     Message,
+    Ping,
     Result,
     Spawn,
     StopActor,
@@ -727,6 +729,7 @@ class FakeTransport:
         self.out = bytearray()
         self.aborted = False
         self.closed = False
+        self.paused = False
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default
@@ -740,6 +743,12 @@ class FakeTransport:
 
     def abort(self) -> None:
         self.aborted = True
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
 
     def close(self) -> None:
         self.closed = True
@@ -871,3 +880,106 @@ async def test_bad_frame_fed_directly_aborts_the_transport(
     # Bytes arriving after the failure are ignored, not dispatched.
     feed(conn, ghost_call(7), chunk=1 << 20)
     assert transport.take() == []
+
+
+# ---------------------------------------------------------------- liveness, failing, flushing
+
+
+def sent_messages(transport: FakeTransport) -> list[Any]:
+    return [_decode_message(h) for h, _ in transport.take()]
+
+
+async def test_heartbeat_pings_a_quiet_peer_and_fails_a_silent_one(
+    acceptor: Any, logs: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(config, "heartbeat_interval", 2.0)
+    monkeypatch.setattr(config, "heartbeat_timeout", 10.0)
+    conn, transport = acceptor
+    handshake_fed(conn, transport, chunk=1 << 20)
+
+    conn.heartbeat(100.0)  # the peer said something since the last look: alive, quiet
+    assert sent_messages(transport) == []
+    conn.heartbeat(101.0)  # quiet for less than the interval
+    assert sent_messages(transport) == []
+    conn.heartbeat(102.0)  # quiet for an interval: are you alive?
+    assert sent_messages(transport) == [Ping()]
+    feed(conn, ghost_call(7), chunk=1 << 20)  # it answers (anything counts)
+    transport.take()
+    conn.heartbeat(111.0)
+    assert sent_messages(transport) == []
+    conn.heartbeat(121.5)  # silent past heartbeat_timeout since then
+    assert conn.state is State.CLOSED and transport.aborted
+    assert isinstance(conn.close_reason, SupervisionError)
+    assert "did not answer for 10.0 s" in str(conn.close_reason)
+    conn.heartbeat(122.0)  # a closed connection is left alone
+    assert sent_messages(transport) == []
+
+
+async def test_heartbeat_of_a_connection_held_by_a_full_mailbox_says_we_are_alive(
+    acceptor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(config, "heartbeat_timeout", 10.0)
+    conn, transport = acceptor
+    handshake_fed(conn, transport, chunk=1 << 20)
+    conn.heartbeat(100.0)
+    holder = object()
+    conn.hold_reading(holder)
+
+    assert transport.paused
+
+    conn.heartbeat(200.0)  # the peer's silence says nothing: we stopped reading
+
+    assert conn.state is State.OPEN
+    assert sent_messages(transport) == [Ping()]
+    conn.release_reading(holder)
+    assert not transport.paused
+
+
+async def test_heartbeat_leaves_a_connection_still_in_its_handshake_alone(acceptor: Any) -> None:
+    conn, transport = acceptor
+
+    conn.heartbeat(1e9)
+
+    assert conn.state is State.HANDSHAKE and not transport.aborted
+
+
+async def test_fail_closes_logs_and_keeps_the_first_reason(
+    acceptor: Any, logs: pytest.LogCaptureFixture
+) -> None:
+    from danaus.errors import ProtocolError
+
+    conn, transport = acceptor
+    handshake_fed(conn, transport, chunk=1 << 20)
+
+    conn.fail(ProtocolError("bad bytes"))
+    conn.fail(ProtocolError("later"))
+
+    assert transport.aborted and conn.state is State.CLOSED
+    assert str(conn.close_reason) == "bad bytes"
+    assert errors(logs) == ["closing connection from unix:@danaus-test-fed: bad bytes"]
+    assert not conn.send(StopProc(1))
+
+
+async def test_flush_writes_what_a_burst_queued_at_once(acceptor: Any) -> None:
+    conn, transport = acceptor
+    handshake_fed(conn, transport, chunk=1 << 20)
+    assert conn.batch_begin()
+    for port in (1, 2, 3):
+        conn.send(StopProc(port))
+    assert transport.out == b""  # queued until the burst ends
+
+    conn.flush()
+
+    assert sent_messages(transport) == [StopProc(1), StopProc(2), StopProc(3)]
+    conn.batch_end()
+    assert transport.out == b""
+
+
+async def test_a_connection_to_a_lost_peer_is_closed_from_the_start(runtime: Runtime) -> None:
+    reason = ConnectionResetError("gone")
+
+    conn = Connection.lost(runtime, "unix:@danaus-test-gone", reason)
+
+    assert conn.state is State.CLOSED and conn.close_reason is reason
+    assert repr(conn) == "<Connection dialer peer=unix:@danaus-test-gone closed>"
+    assert not conn.send(StopProc(1))
