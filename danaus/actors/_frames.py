@@ -368,8 +368,9 @@ class FrameReader:
                     )
                 limit = config.max_header_bytes if self.opened else MAX_HANDSHAKE_HEADER
                 if hlen > limit:
+                    which = "max_header_bytes" if self.opened else "before authentication"
                     raise ProtocolError(
-                        f"frame header of {hlen} bytes exceeds the limit of {limit}"
+                        f"frame header of {hlen} bytes exceeds the limit of {limit} ({which})"
                     )
                 if nparts > MAX_PARTS or (nparts and not self.opened):
                     state = "open" if self.opened else "handshake"

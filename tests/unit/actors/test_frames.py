@@ -273,13 +273,13 @@ def test_header_over_max_header_bytes_is_refused_from_the_prefix_alone(
 
     msg = refused(opened(), PREFIX.pack(MAGIC, 1025, 0))
 
-    assert msg == "frame header of 1025 bytes exceeds the limit of 1024"
+    assert msg == "frame header of 1025 bytes exceeds the limit of 1024 (max_header_bytes)"
 
 
 def test_handshake_header_over_its_limit_is_refused() -> None:
     msg = refused(Sink(), PREFIX.pack(MAGIC, MAX_HANDSHAKE_HEADER + 1, 0))
 
-    assert msg.endswith(f"exceeds the limit of {MAX_HANDSHAKE_HEADER}")
+    assert msg.endswith(f"exceeds the limit of {MAX_HANDSHAKE_HEADER} (before authentication)")
 
 
 def test_frame_over_max_frame_bytes_is_refused_before_its_parts_arrive(
