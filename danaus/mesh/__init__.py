@@ -2,7 +2,16 @@
 
 from ._actor_mesh import Accumulator, ActorEndpoint, ActorMesh, as_endpoint, send
 from ._controllers import get_or_spawn_controller
-from ._proc_mesh import HostMesh, ProcMesh, attach_to_hosts, this_host, this_proc
+from ._host_agent import run_worker_loop_forever
+from ._proc_mesh import (
+    HostMesh,
+    ProcMesh,
+    attach_to_hosts,
+    attach_to_workers,
+    hosts_from_config,
+    this_host,
+    this_proc,
+)
 from ._shape import Shape
 from ._slurm import SlurmJob
 from ._supervision import MeshFailure, set_unhandled_fault_hook
@@ -20,7 +29,10 @@ __all__ = [
     "ValueMesh",
     "as_endpoint",
     "attach_to_hosts",
+    "attach_to_workers",
     "get_or_spawn_controller",
+    "hosts_from_config",
+    "run_worker_loop_forever",
     "send",
     "set_unhandled_fault_hook",
     "this_host",

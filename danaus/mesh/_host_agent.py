@@ -222,3 +222,26 @@ def agent_addrs(addrs: Sequence[str]) -> list[str]:
             raise ValueError(f"host agents are reached over tcp://ADDR:PORT, not {a!r}")
         out.append(a)
     return out
+
+
+def run_worker_loop_forever(
+    *,
+    address: str,
+    ca: Any = None,
+    private_key: Any = None,
+    key_file: str | None = None,
+) -> None:
+    """Monarch's name for running a host agent here (``danaus host-agent``): serve
+    ``address`` (``tcp://ADDR:PORT``) until SIGTERM or SIGINT, starting procs for the
+    controllers that attach (``attach_to_workers`` / ``attach_to_hosts``).
+
+    Unlike Monarch, connections are always authenticated: the key comes from
+    ``key_file`` or ``DANAUS_AUTH_KEY``, whatever ``ca`` says (``ca`` and
+    ``private_key``, Monarch's TLS material, are not used: set ``DANAUS_TLS_*``).
+
+    Raises:
+        SystemExit: no key was given.
+        ValueError: ``address`` is not ``tcp://ADDR:PORT``.
+    """
+    del ca, private_key
+    main_host_agent(address, key_file)

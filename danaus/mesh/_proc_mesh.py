@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
+import itertools
 import logging
-from collections.abc import Mapping, Sequence
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future as ThreadFuture
+from types import EllipsisType
 from typing import Any, TypeVar
 
 from ..actors._actor import Actor, ProcControl, endpoints_of
@@ -30,7 +35,15 @@ from ._shape import Shape
 from ._shaped import Shaped
 from ._supervision import MeshState, current_owner, resolved
 
-__all__ = ["HostMesh", "ProcMesh", "attach_to_hosts", "this_host", "this_proc"]
+__all__ = [
+    "HostMesh",
+    "ProcMesh",
+    "attach_to_hosts",
+    "attach_to_workers",
+    "hosts_from_config",
+    "this_host",
+    "this_proc",
+]
 
 log = logging.getLogger("danaus.mesh")
 A = TypeVar("A", bound=Actor)
@@ -45,11 +58,17 @@ class HostMesh(Shaped):
     """
 
     def __init__(
-        self, shape: Shape, name: str = "local", agents: ActorMesh[Any] | None = None
+        self,
+        shape: Shape,
+        name: str = "local",
+        agents: ActorMesh[Any] | None = None,
+        spawned: list[ProcMesh] | None = None,
     ) -> None:
         self._shape = shape
         self.name = name
         self._agents = agents
+        #: proc meshes spawned on these hosts (shared by slices): shutdown() stops them
+        self._spawned: list[ProcMesh] = spawned if spawned is not None else []
 
     def __repr__(self) -> str:
         return f"HostMesh({self.name}, {self._shape.sizes})"
@@ -58,13 +77,30 @@ class HostMesh(Shaped):
         agents = self._agents
         if agents is not None:
             agents = agents._with_shape(shape)
-        return HostMesh(shape, self.name, agents)
+        return HostMesh(shape, self.name, agents, self._spawned)
+
+    def shutdown(self) -> Future[None]:
+        """Stop every proc mesh spawned on these hosts (Monarch's ``HostMesh.shutdown``).
+
+        The hosts themselves stay usable: a host agent keeps serving other controllers,
+        and ``spawn_procs`` may be called again.
+        """
+        meshes = [m for m in self._spawned if not m._root._stopped]
+        self._spawned[:] = []
+
+        async def stop_all() -> None:
+            await asyncio.gather(
+                *(m._root._stop_all("its host mesh was shut down") for m in meshes)
+            )
+
+        return run_task(current_runtime(), stop_all)
 
     def spawn_procs(
         self,
         per_host: Mapping[str, int] | None = None,
+        bootstrap: Callable[[], None] | Callable[[], Awaitable[None]] | None = None,
+        name: str | None = None,
         *,
-        name: str = "procs",
         env: Mapping[str, str] | None = None,
     ) -> ProcMesh:
         """Start procs on every host: ``per_host={"gpus": 4}`` gives a ``{..., "gpus": 4}`` mesh.
@@ -74,9 +110,32 @@ class HostMesh(Shaped):
 
         Args:
             per_host: named dims of procs on each host; ``{"procs": 1}`` when omitted.
-            name: the mesh name, used in actor ids and log prefixes.
+            bootstrap: as in Monarch, a function (sync or ``async def``) run in each proc
+                before any actor is spawned there, with ``current_rank()`` the proc's
+                rank: set per-proc environment there, e.g. ``CUDA_VISIBLE_DEVICES`` from
+                ``current_rank()["gpus"]``. If it raises, ``await procs.initialized``
+                raises ``ActorError``. (It runs on the proc's loop: keep it short.)
+            name: the mesh name, used in actor ids and log prefixes; by default
+                ``"procs"``, or ``"procs2"``, ``"procs3"``... while meshes of the
+                earlier names still run, so that log lines say which mesh they come from.
             env: extra environment variables for the procs.
         """
+        if name is None:
+            name = _default_name()
+        elif not isinstance(name, str) or not name or "." in name or "[" in name:
+            raise ValueError(f"proc mesh name {name!r} must be a non-empty str without '.' or '['")
+        if bootstrap is not None and not callable(bootstrap):
+            raise TypeError(f"bootstrap must be a function run in each proc, got {bootstrap!r}")
+        mesh = self._spawn_procs(per_host, name, env)
+        _live_names[name] = mesh
+        self._spawned.append(mesh)
+        if bootstrap is not None:
+            mesh._bootstrap = mesh.spawn("bootstrap", _Bootstrap, bootstrap)
+        return mesh
+
+    def _spawn_procs(
+        self, per_host: Mapping[str, int] | None, name: str, env: Mapping[str, str] | None
+    ) -> ProcMesh:
         per_host = dict(per_host or {"procs": 1})
         for dim, size in per_host.items():
             if not isinstance(size, int) or size < 1:
@@ -92,7 +151,7 @@ class HostMesh(Shaped):
             # "unix:@": a fresh unguessable name per proc; a name another process could
             # predict (a counter) could be bound by it first, failing the spawn.
             handles: list[Any] = [
-                start_proc(rt, "unix:@", r, env, printer(f"{name} {r}", options))
+                start_proc(rt, "unix:@", r, env, printer(name, r, options))
                 for r in range(len(shape))
             ]
             return ProcMesh(shape, handles, name, started=resolved(), log_options=options)
@@ -128,7 +187,7 @@ class HostMesh(Shaped):
             if left[0] == 0:
                 started.set_result(None)
 
-        sinks = [printer(f"{name} {r}", options) for r in range(len(shape))]
+        sinks = [printer(name, r, options) for r in range(len(shape))]
 
         def on_line(rank: int, status: int, value: Any) -> bool:
             if status == OK:
@@ -144,7 +203,9 @@ class HostMesh(Shaped):
         return ProcMesh(shape, handles, name, started=started, log_options=options)
 
 
-def attach_to_hosts(addrs: Sequence[str], *, key_file: str | None = None) -> HostMesh:
+def attach_to_hosts(
+    addrs: Sequence[str], *, key_file: str | None = None, name: str = "hosts"
+) -> HostMesh:
     """A mesh of the hosts whose host agents listen at ``addrs`` (``tcp://host:port``).
 
     Every connection authenticates with the job key, which must be the agents' key:
@@ -164,7 +225,47 @@ def attach_to_hosts(addrs: Sequence[str], *, key_file: str | None = None) -> Hos
         )
     shape = Shape.from_sizes({"hosts": len(addrs)})
     agents = mesh_ref(AGENT, HostAgent, shape, dict(enumerate(addrs)))
-    return HostMesh(shape, "hosts", agents)
+    return HostMesh(shape, name, agents)
+
+
+def attach_to_workers(
+    *,
+    workers: Sequence[str],
+    ca: Any = None,
+    private_key: Any = None,
+    name: str | None = None,
+    key_file: str | None = None,
+) -> HostMesh:
+    """Monarch's name for :func:`attach_to_hosts`: a mesh (dim ``hosts``) of the host
+    agents at ``workers`` (``tcp://host:port``, each started with
+    ``run_worker_loop_forever`` or ``danaus host-agent``).
+
+    Unlike Monarch, connections are always authenticated with the job key
+    (``DANAUS_AUTH_KEY`` or ``key_file``), whatever ``ca`` says; ``ca`` and
+    ``private_key`` (Monarch's TLS material) are not used: set ``DANAUS_TLS_*`` for TLS.
+
+    Raises:
+        ValueError: no worker, an address that is not ``tcp://``, or no key.
+    """
+    del ca, private_key
+    workers = [w if isinstance(w, str) else str(w.get()) for w in workers]
+    return attach_to_hosts(workers, key_file=key_file, name=name or "hosts")
+
+
+def hosts_from_config(name: str) -> HostMesh:
+    """The hosts of the job, as Monarch's ``hosts_from_config``.
+
+    The environment variable ``name`` may list host agents, comma-separated
+    (``tcp://10.0.0.2:26600,tcp://10.0.0.3:26600``): then they are attached (with the
+    job key from ``DANAUS_AUTH_KEY``). Otherwise, like Monarch's stand-in, two hosts on
+    this machine: a mesh ``{"hosts": 2}`` whose procs all run here.
+    """
+    import os
+
+    listed = [a.strip() for a in os.environ.get(name, "").split(",") if a.strip()]
+    if listed:
+        return attach_to_hosts(listed, name=name)
+    return HostMesh(Shape.from_sizes({"hosts": 2}), name)
 
 
 def this_host() -> HostMesh:
@@ -208,6 +309,8 @@ class ProcMesh(Shaped):
         self._started: ThreadFuture[None] = started if started is not None else self._root._started
         self._stopped = False
         self._log: LogOptions = log_options or (root._log if root is not None else LogOptions())
+        #: the actors running the spawn_procs(bootstrap=...) function, if any
+        self._bootstrap: ActorMesh[Any] | None = root._bootstrap if root is not None else None
         if root is None:
             self._owner = current_owner()
             self._state = MeshState(name, shape, self._owner)
@@ -248,15 +351,43 @@ class ProcMesh(Shaped):
         return activate_hook(self)
 
     def logging_option(
-        self, stream_to_client: bool | None = None, level: int | None = None
-    ) -> None:
-        """Whether the procs' output lines reach the controller, and their log level.
+        self,
+        stream_to_client: bool | None = None,
+        aggregate_window_sec: float | EllipsisType | None = ...,
+        level: int | None = None,
+    ) -> Future[None]:
+        """Whether the procs' output lines reach the controller, whether identical lines
+        are aggregated, and the procs' log level. Settings not given stay as they are.
+
+        As in Monarch it may be awaited (``await procs.logging_option(...)``); it takes
+        effect at once either way, for lines and calls that follow.
 
         Args:
             stream_to_client: print the procs' stdout/stderr here, prefixed
                 ``[mesh rank]`` (the default), or drop them.
+            aggregate_window_sec: collect lines for this many seconds and print those
+                that several ranks printed identically once, as ``[mesh 0-7] line``;
+                ``None`` prints every line as it comes (the default).
             level: the procs' root ``logging`` level (e.g. ``logging.INFO``).
+
+        Raises:
+            ValueError: ``aggregate_window_sec`` is negative or not a number.
         """
+        if aggregate_window_sec is not ...:
+            if aggregate_window_sec is not None and (
+                isinstance(aggregate_window_sec, bool)
+                or not isinstance(aggregate_window_sec, (int, float))
+                or aggregate_window_sec < 0
+            ):
+                raise ValueError(
+                    f"aggregate_window_sec must be seconds (>= 0) or None, got "
+                    f"{aggregate_window_sec!r}"
+                )
+            if aggregate_window_sec is None and self._log.aggregator is not None:
+                self._log.aggregator.flush()
+            self._log.aggregate_window_sec = (
+                None if aggregate_window_sec is None else float(aggregate_window_sec)
+            )
         if stream_to_client is not None:
             self._log.stream_to_client = stream_to_client
         if level is not None:
@@ -272,6 +403,20 @@ class ProcMesh(Shaped):
                 self._root,
             )
             control.set_log_level.broadcast(level)
+        done: Future[None] = Future(loop=current_runtime().loop)
+        done.set_result(None)
+        return done
+
+    def to_table(self) -> str:
+        """A text table of the procs: rank, coordinates, process id and address."""
+        rows = [("rank", *self._shape.labels, "pid", "address")]
+        for rank, (point, h) in enumerate(zip(self._shape.points(), self._handles(), strict=True)):
+            rows.append((str(rank), *(str(c) for c in point.values()), str(h.pid), h.addr or "-"))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines = [
+            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows
+        ]
+        return "\n".join(line.rstrip() for line in lines)
 
     # supervision
     def _proc_exited(self, rank: int, why: str) -> None:
@@ -313,6 +458,8 @@ class ProcMesh(Shaped):
         fut: Future[None] = Future(loop=rt.loop)
         handles = self._handles()
 
+        bootstrap = self._root._bootstrap
+
         def check() -> None:
             if fut.done():
                 return
@@ -322,6 +469,14 @@ class ProcMesh(Shaped):
                     return
                 if h.ready.exception() is not None:
                     fut.set_exception(h.ready.exception())
+                    return
+            if bootstrap is not None:  # and the bootstrap function ran in every proc
+                boot = bootstrap._init
+                if not boot.done():
+                    boot.add_done_callback(lambda _: run_on(rt, check))
+                    return
+                if boot.exception() is not None:
+                    fut.set_exception(boot.exception())  # type: ignore[arg-type]
                     return
             fut.set_result(None)
 
@@ -372,6 +527,8 @@ class ProcMesh(Shaped):
         from ._supervision import actor_states
 
         self._stopped = True
+        if _live_names.get(self.name) is self:
+            del _live_names[self.name]
         for state in self._actor_states:
             state.stopped = state.stopped or f"its proc mesh {self.name!r} was stopped: {reason}"
         self._state.stopped = reason
@@ -410,6 +567,8 @@ class ProcMesh(Shaped):
         for key, st in list(actor_states.items()):
             if st in self._actor_states:
                 del actor_states[key]
+        if self._log.aggregator is not None:  # the procs' last lines, before we return
+            self._log.aggregator.flush()
 
     async def _stop_remote(self, handles: list[RemoteProcHandle]) -> None:
         """Ask each host agent to stop (and reap) its procs of this mesh."""
@@ -445,6 +604,42 @@ class ProcMesh(Shaped):
 
 #: set by danaus.tensor_engine when imported (the mesh layer does not import it)
 activate_hook: Any = None
+
+#: default-named proc meshes not stopped yet, by name
+_live_names: weakref.WeakValueDictionary[str, ProcMesh] = weakref.WeakValueDictionary()
+_names_lock = threading.Lock()
+
+
+def _default_name() -> str:
+    """``"procs"``, or ``"procsN"`` while a mesh of that name still runs here."""
+    with _names_lock:
+        for n in itertools.count(1):
+            name = "procs" if n == 1 else f"procs{n}"
+            mesh = _live_names.get(name)
+            if mesh is None or mesh._root._stopped:
+                return name
+    raise AssertionError("unreachable")
+
+
+class _Bootstrap(Actor):
+    """Runs a ``spawn_procs(bootstrap=...)`` function in its proc, before other actors."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        result = fn()
+        if inspect.isawaitable(result):
+            # __init__ runs on the proc's loop, which must not start another actor
+            # before this one is done: run the coroutine to its end on a thread.
+            import concurrent.futures
+
+            async def run() -> Any:
+                return await result
+
+            import contextvars
+
+            ctx = contextvars.copy_context()  # current_rank() works in it too
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pool.submit(ctx.run, asyncio.run, run()).result()
+
 
 #: procs this process spawned, by address: which mesh and rank (for lost connections)
 _proc_index: dict[str, tuple[ProcMesh, int]] = {}

@@ -13,6 +13,7 @@ T = TypeVar("T")
 
 _EDGE = 3  # repr shows this many items at each end of a longer dim, with "..." between
 _VALUE_WIDTH = 40  # repr cuts each value's repr to this many characters
+_LINES = 16  # a mesh of at most this many points shows one line per point, as Monarch's
 
 
 def _short_repr(value: object) -> str:
@@ -36,7 +37,9 @@ class ValueMesh(Shaped, Generic[T]):
         >>> mesh.item(hosts=1, gpus=0)
         'c'
         >>> mesh.slice(gpus=1)
-        ValueMesh({'hosts': 2}, ['b', 'd'])
+        ValueMesh({hosts: 2}):
+          {'hosts': 0/2}: 'b'
+          {'hosts': 1/2}: 'd'
 
     Args:
         shape: Where the values lie.
@@ -132,7 +135,12 @@ class ValueMesh(Shaped, Generic[T]):
         return hash((self._shape, self._values))
 
     def __repr__(self) -> str:
-        return f"ValueMesh({self.sizes}, {self._render(0, 0)})"
+        """One line per point for a small mesh, like Monarch's (``{'procs': 0/2}: value``);
+        a larger one on one line, the middle of each long dim cut to ``...``."""
+        if len(self._values) <= _LINES:
+            lines = [f"  {p}: {_short_repr(v)}" for p, v in self.items()]
+            return f"ValueMesh({self._shape.extent}):\n" + "\n".join(lines)
+        return f"ValueMesh({self._shape.extent}, {self._render(0, 0)})"
 
     def _render(self, dim: int, base: int) -> str:
         sizes = list(self._shape.sizes.values())

@@ -139,3 +139,38 @@ class Plain(Actor):
     @endpoint
     def calls_made(self) -> int:
         return self.calls
+
+
+def gpu_setup() -> None:
+    """A spawn_procs bootstrap: each proc's CUDA_VISIBLE_DEVICES from its gpus coordinate."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(current_rank()["gpus"])
+
+
+async def async_setup() -> None:
+    import asyncio
+
+    await asyncio.sleep(0)
+    os.environ["SETUP_RANK"] = str(current_rank().rank)
+
+
+def failing_setup() -> None:
+    raise RuntimeError(f"setup failed at {current_rank()}")
+
+
+class Env(Actor):
+    """Reads its proc's environment (set by a bootstrap function before it started)."""
+
+    def __init__(self) -> None:
+        self.at_init = os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    @endpoint
+    def get(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    @endpoint
+    def seen_at_init(self) -> str | None:
+        return self.at_init
+
+    @endpoint
+    def say(self, text: str) -> None:
+        print(text, flush=True)

@@ -290,3 +290,144 @@ def test_a_program_using_more_monarch_names_runs_through_the_runner() -> None:
     )
     assert "helpers ['helper 0', 'helper 1', 'helper 2', 'helper 3']" in lines
     assert lines[-1] == "done"
+
+
+async def test_spawn_procs_bootstrap_sets_per_coordinate_environment_first() -> None:
+    from danaus import ActorError
+
+    from .compat_actors import Env, async_setup, failing_setup, gpu_setup
+
+    procs = this_host().spawn_procs({"hosts": 1, "gpus": 3}, gpu_setup, "trainers")
+    async with procs:
+        env = procs.spawn("env", Env)  # not awaited: still runs after the bootstrap
+        assert (await env.seen_at_init.call()).values() == ["0", "1", "2"]
+        await procs.initialized
+    async with this_host().spawn_procs(per_host={"procs": 2}, bootstrap=async_setup) as procs:
+        env = await procs.spawn("env", Env)
+        assert (await env.get.call("SETUP_RANK")).values() == ["0", "1"]
+    async with this_host().spawn_procs(per_host={"procs": 2}, bootstrap=failing_setup) as procs:
+        with pytest.raises(ActorError, match="setup failed at"):
+            await procs.initialized
+    with pytest.raises(TypeError, match="bootstrap must be a function"):
+        this_host().spawn_procs(per_host={"procs": 1}, bootstrap="setup.sh")  # type: ignore[arg-type]
+
+
+async def test_default_mesh_names_are_distinct_and_to_table() -> None:
+    first = this_host().spawn_procs(per_host={"procs": 2})
+    second = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        assert first.name != second.name
+        assert first.name.startswith("procs") and second.name.startswith("procs")
+        await first.initialized
+        table = first.to_table().splitlines()
+        assert table[0].split() == ["rank", "procs", "pid", "address"]
+        assert [line.split()[:3] for line in table[1:]] == [
+            ["0", "0", str(first.pids[0])],
+            ["1", "1", str(first.pids[1])],
+        ]
+    finally:
+        await first.stop()
+        await second.stop()
+    third = this_host().spawn_procs(per_host={"procs": 1})  # a stopped mesh's name is free
+    async with third:
+        assert third.name in (first.name, second.name)
+
+
+async def test_host_mesh_shutdown_stops_its_proc_meshes() -> None:
+    from danaus import SupervisionError
+
+    from .compat_actors import Env
+
+    host = this_host()
+    procs = host.spawn_procs(per_host={"procs": 2})
+    env = await procs.spawn("env", Env)
+    pids = procs.pids
+    await host.shutdown()
+    with pytest.raises(SupervisionError):
+        await env.get.call("HOME")
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # reaped: gone
+
+
+async def test_hosts_from_config_without_a_config_is_two_local_hosts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from .compat_actors import Ranks
+
+    monkeypatch.delenv("MONARCH_HOSTS", raising=False)
+    hosts = danaus.hosts_from_config("MONARCH_HOSTS")
+    assert hosts.extent == danaus.Extent(["hosts"], [2])
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    async with procs:
+        assert procs.extent.labels == ["hosts", "gpus"] and procs.extent.sizes == [2, 2]
+        ranks = await procs.spawn("ranks", Ranks)
+        who = await ranks.slice(hosts=1).who.call()
+        assert [w["message"] for w in who.values()] == [{"gpus": 0}, {"gpus": 1}]
+        await hosts.shutdown()
+
+
+async def test_logging_option_is_awaitable_and_aggregates_identical_lines(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from .compat_actors import Env
+
+    async with this_host().spawn_procs(per_host={"procs": 4}, name="agg") as procs:
+        env = await procs.spawn("env", Env)
+        await procs.logging_option(stream_to_client=True, aggregate_window_sec=0.5)
+        await env.say.call("the same line from every rank")
+        await env.slice(procs=2).say.call_one("only rank 2")
+        await procs.logging_option(aggregate_window_sec=None)  # flushes what is pending
+        await env.slice(procs=1).say.call_one("one by one")
+    out = capfd.readouterr().out
+    assert out.count("the same line from every rank") == 1
+    assert "[agg 0-3] the same line from every rank" in out
+    assert "[agg 2] only rank 2" in out
+    assert "[agg 1] one by one" in out
+    with pytest.raises(ValueError, match="aggregate_window_sec"):
+        procs.logging_option(aggregate_window_sec=-1)
+
+
+def test_run_worker_loop_forever_and_attach_to_workers() -> None:
+    key = os.urandom(32).hex()
+    env = dict(os.environ, DANAUS_AUTH_KEY=key, PYTHONPATH=str(ROOT))
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from danaus import run_worker_loop_forever; "
+            "run_worker_loop_forever(address='tcp://127.0.0.2:0', ca='trust_all_connections')",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert worker.stdout is not None
+        line = worker.stdout.readline()
+        assert "listening on tcp://" in line, line
+        program = textwrap.dedent(f"""
+            from danaus import attach_to_workers
+            from tests.integration.compat_actors import Ranks
+            hosts = attach_to_workers(workers=["{line.split()[-1]}"], ca="trust_all_connections")
+            with hosts.spawn_procs(per_host={{"gpus": 2}}) as procs:
+                ranks = procs.spawn("ranks", Ranks)
+                print([w["own"] for w in ranks.who.call().get(timeout=60).values()])
+        """)
+        out = subprocess.run(
+            [sys.executable, "-c", program],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip().splitlines()[-1] == (
+            "[{'hosts': 0, 'gpus': 0}, {'hosts': 0, 'gpus': 1}]"
+        )
+    finally:
+        worker.terminate()
+        worker.wait(30)
+        if worker.stdout is not None:
+            worker.stdout.close()

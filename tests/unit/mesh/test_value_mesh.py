@@ -88,19 +88,30 @@ def test_from_ranks() -> None:
         ValueMesh.from_ranks(shape, {0: "a", 2: "c", 5: "x"})
 
 
-def test_repr() -> None:
+def test_repr_small_meshes_one_line_per_point_as_monarch() -> None:
     shape = Shape.from_sizes({"hosts": 2, "gpus": 2})
-    assert (
-        repr(ValueMesh(shape, [0, 1, 2, 3]))
-        == "ValueMesh({'hosts': 2, 'gpus': 2}, [[0, 1], [2, 3]])"
+    assert repr(ValueMesh(shape, [0, 1, 2, "three"])) == (
+        "ValueMesh({hosts: 2, gpus: 2}):\n"
+        "  {'hosts': 0/2, 'gpus': 0/2}: 0\n"
+        "  {'hosts': 0/2, 'gpus': 1/2}: 1\n"
+        "  {'hosts': 1/2, 'gpus': 0/2}: 2\n"
+        "  {'hosts': 1/2, 'gpus': 1/2}: 'three'"
     )
     one = ValueMesh(Shape((), ()), ["x"])
-    assert repr(one) == "ValueMesh({}, 'x')"
-    long = ValueMesh(Shape.from_sizes({"r": 100}), range(100))
-    assert repr(long) == "ValueMesh({'r': 100}, [0, 1, 2, ..., 97, 98, 99])"
+    assert repr(one) == "ValueMesh({}):\n  {}: 'x'"
     wide = ValueMesh(Shape.from_sizes({"r": 1}), ["y" * 100])
-    assert repr(wide) == "ValueMesh({'r': 1}, ['" + "y" * 36 + "...])"
-    assert "\n" not in repr(ValueMesh(Shape.from_sizes({"r": 1}), [_Multiline()]))
+    assert repr(wide) == "ValueMesh({r: 1}):\n  {'r': 0/1}: '" + "y" * 36 + "..."
+    multiline = repr(ValueMesh(Shape.from_sizes({"r": 1}), [_Multiline()]))
+    assert multiline.splitlines()[1] == "  {'r': 0/1}: line one line two"
+
+
+def test_repr_large_meshes_on_one_line() -> None:
+    long = ValueMesh(Shape.from_sizes({"r": 100}), range(100))
+    assert repr(long) == "ValueMesh({r: 100}, [0, 1, 2, ..., 97, 98, 99])"
+    grid = ValueMesh(Shape.from_sizes({"a": 2, "b": 9}), range(18))
+    assert repr(grid) == (
+        "ValueMesh({a: 2, b: 9}, [[0, 1, 2, ..., 6, 7, 8], [9, 10, 11, ..., 15, 16, 17]])"
+    )
 
 
 class _Multiline:
