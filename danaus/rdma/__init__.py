@@ -4,7 +4,28 @@ Tensor bytes never ride in control messages: a buffer is a small handle, and
 ``read_into`` / ``write_from`` move the bytes one-sidedly where the backend allows.
 """
 
-from ._buffer import RDMAAction, RDMABuffer, backends, get_rdma_backend
+from ._buffer import (
+    RDMAAction,
+    RDMABuffer,
+    RDMAReadTransferWarning,
+    RDMATcpFallbackWarning,
+    RDMAWriteTransferWarning,
+    backends,
+    get_rdma_backend,
+    is_ibverbs_available,
+    is_rdma_available,
+)
 from ._handle import BufferHandle
 
-__all__ = ["BufferHandle", "RDMAAction", "RDMABuffer", "backends", "get_rdma_backend"]
+__all__ = [
+    "BufferHandle",
+    "RDMAAction",
+    "RDMABuffer",
+    "RDMAReadTransferWarning",
+    "RDMATcpFallbackWarning",
+    "RDMAWriteTransferWarning",
+    "backends",
+    "get_rdma_backend",
+    "is_ibverbs_available",
+    "is_rdma_available",
+]

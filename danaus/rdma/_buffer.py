@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -116,21 +117,38 @@ class RDMABuffer:
         """The number of bytes."""
         return self._handle.size
 
-    def _range(self, n: int, offset: int, what: str) -> None:
+    def _range(self, n: int, offset: int, what: str, *, write: bool) -> int:
+        """How many bytes move: the range ``[offset, size)`` of a read, into a destination
+        at least that large (its prefix is filled, as in Monarch); all of a write's
+        source, which must fit in that range."""
         size = self._handle.size
         if offset < 0 or offset > size:
             raise RDMABufferError(f"offset {offset} is outside the buffer of {size} bytes")
-        if n != size - offset:
+        room = size - offset
+        if write and n > room:
+            raise RDMABufferError(
+                f"{what} has {n} bytes but the buffer range [{offset}, {size}) has only "
+                f"{room}: it must fit"
+            )
+        if not write and n < room:
             raise RDMABufferError(
                 f"{what} has {n} bytes but the buffer range [{offset}, {size}) has "
-                f"{size - offset}: they must match"
+                f"{room}: it must hold at least that many"
             )
+        return n if write else room
+
+    @property
+    def backend(self) -> str:
+        """The backend a transfer between this process and the buffer uses (``"shm"``,
+        ``"tcp"`` or ``"ibverbs"``; Monarch's ``RDMABuffer.backend``)."""
+        return get_rdma_backend(self)
 
     def read_into(self, dst: Any, *, offset: int = 0, timeout: float | None = None) -> Future[None]:
         """Copy the buffer's bytes from ``offset`` to its end into ``dst``.
 
-        ``dst`` (a writable, contiguous tensor, array or memoryview) must hold exactly that
-        many bytes. Await it, or ``.get()`` in sync code.
+        ``dst`` (a writable, contiguous tensor, array or memoryview) must hold at least that
+        many bytes; a larger one gets them at its start, the rest untouched (as in
+        Monarch). Await it, or ``.get()`` in sync code.
 
         Args:
             dst: where the bytes go.
@@ -140,7 +158,7 @@ class RDMABuffer:
 
         Raises:
             ValueError: ``timeout`` is not a positive, finite number (raised at once).
-            RDMABufferError: ``dst`` is not contiguous, not writable, or of another size.
+            RDMABufferError: ``dst`` is not contiguous, not writable, or too small.
             RDMABufferDroppedError: the buffer was dropped.
             RDMAOwnerError: the owner died, became unreachable, or was declared lost
                 (frozen) by the control plane (``dst`` not fully written).
@@ -152,7 +170,8 @@ class RDMABuffer:
     def write_from(
         self, src: Any, *, offset: int = 0, timeout: float | None = None
     ) -> Future[None]:
-        """Copy ``src`` into the buffer from ``offset`` to its end (sizes must match).
+        """Copy ``src`` into the buffer from ``offset`` on; ``src`` must fit in the range
+        ``[offset, size)`` (a smaller one fills its start, as in Monarch).
 
         Args and raises: as :meth:`read_into` (the buffer is then not fully written).
         """
@@ -173,7 +192,9 @@ class RDMABuffer:
                 "array): it cannot be written"
             )
         view, _, keep = byte_view(obj, writable=not write, what=what)
-        self._range(view.nbytes, offset, what)
+        n = self._range(view.nbytes, offset, what, write=write)
+        if n != view.nbytes:
+            view = view[:n]
         rt, here = runtime_here()
         handle = self._handle
         cuda = "cuda" in handle.keys
@@ -254,6 +275,14 @@ class RDMAAction:
         self._ops.append(lambda limit: buf.write_from(src, offset=offset, timeout=limit))
         return self
 
+    def read_remote(self, dst: Any, src: RDMABuffer) -> RDMAAction:
+        """Queue a read of buffer ``src`` into local ``dst`` (Monarch's argument order)."""
+        return self.read_into(src, dst)
+
+    def write_remote(self, dst: RDMABuffer, src: Any) -> RDMAAction:
+        """Queue a write of local ``src`` into buffer ``dst`` (Monarch's argument order)."""
+        return self.write_from(dst, src)
+
     def submit(self, *, timeout: float | None = None) -> Future[None]:
         """Start every queued transfer; the result settles once all of them ended.
 
@@ -295,7 +324,44 @@ def backends() -> list[str]:
     return [n for n in PREFERENCE if n in mgr.backends]
 
 
-def get_rdma_backend(buf: RDMABuffer | BufferHandle) -> str:
-    """The backend a transfer between this process and ``buf`` would use."""
+def get_rdma_backend(buf: RDMABuffer | BufferHandle | None = None) -> str:
+    """The backend a transfer between this process and ``buf`` would use; without
+    ``buf`` (as Monarch's ``get_rdma_backend()``), the best one available here."""
+    if buf is None:
+        return backends()[0]
     handle = buf.handle if isinstance(buf, RDMABuffer) else buf
     return manager().backend_for(handle).name
+
+
+def is_ibverbs_available() -> bool:
+    """Whether this process can use ibverbs (an RDMA device and pyverbs; not disabled by
+    ``DANAUS_RDMA_DISABLE_IBVERBS``)."""
+    from ._ibverbs import IbverbsBackend
+
+    return IbverbsBackend.probe() is None
+
+
+def is_rdma_available() -> bool:
+    """Deprecated in Monarch (several backends make it ambiguous): whether ibverbs is
+    available. Use :func:`is_ibverbs_available` or :func:`get_rdma_backend`."""
+    warnings.warn(
+        "is_rdma_available is deprecated (as in Monarch): use is_ibverbs_available() or "
+        "get_rdma_backend()",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return is_ibverbs_available()
+
+
+class RDMAReadTransferWarning(Warning):
+    """Monarch's warning class for reads that take a slow path; danaus defines it for
+    programs that filter it, and does not raise it (it logs its backend choice instead)."""
+
+
+class RDMAWriteTransferWarning(Warning):
+    """As :class:`RDMAReadTransferWarning`, for writes."""
+
+
+class RDMATcpFallbackWarning(Warning):
+    """Monarch's warning that transfers fall back to TCP; danaus defines it for programs
+    that filter it, and does not raise it: shm and tcp are regular backends here."""
