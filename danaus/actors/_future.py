@@ -72,6 +72,9 @@ class Future(asyncio.Future[T], Generic[T]):
 
         loop.call_soon_threadsafe(arm)
         if not event.wait(timeout):
+            # The caller stopped waiting: an error that comes later is for a get() called
+            # again, not for asyncio's "exception was never retrieved" log.
+            loop.call_soon_threadsafe(self.add_done_callback, _quiet)
             raise TimeoutError(f"no result within {timeout} s")
         return super().result()
 
@@ -161,6 +164,11 @@ async def _relay(fut: Future[T], running: asyncio.AbstractEventLoop) -> T:
         home.call_soon_threadsafe(fut.cancel)
         raise
     return fut.result()
+
+
+def _quiet(f: asyncio.Future[Any]) -> None:
+    if not f.cancelled():
+        f.exception()  # marks it retrieved
 
 
 def _set_none(f: asyncio.Future[None]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import subprocess
@@ -431,3 +432,40 @@ def test_run_worker_loop_forever_and_attach_to_workers() -> None:
         worker.wait(30)
         if worker.stdout is not None:
             worker.stdout.close()
+
+
+def _run_program(name: str) -> subprocess.CompletedProcess[str]:
+    program = Path(__file__).parent / "monarch_programs" / name
+    return subprocess.run(
+        [sys.executable, "-m", "danaus.monarch", str(program)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_crawler_pattern_runs_through_the_runner() -> None:
+    out = _run_program("crawler.py")
+    assert out.returncode == 0, out.stderr
+    # Pages 0..39 are within depth 3 of page 0 (1 + 3 + 9 + 27); each is crawled once.
+    assert "Finished - Found 40 (seen 40)." in out.stdout
+    lines = out.stdout.splitlines()
+    assert lines[-5] == "ValueMesh({procs: 4}):"
+    assert sum(int(line.rsplit(": ", 1)[1]) for line in lines[-4:]) == 40
+    found = {line.split("found page ")[1].split()[0] for line in lines if "found page" in line}
+    assert found == {str(p) for p in range(40)}
+    # The crawlers' last get() timed out and failed later, at stop: nobody is told twice.
+    assert "never retrieved" not in out.stderr, out.stderr
+
+
+def test_the_grpo_pattern_runs_through_the_runner() -> None:
+    out = _run_program("grpo.py")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    losses = [line for line in lines if line.startswith("[Step ")]
+    assert [line[:9] for line in losses] == [f"[Step {i:02d}]" for i in range(5)]
+    assert all(math.isfinite(float(line.split("loss=")[1])) for line in losses)
+    assert "weights in sync True" in lines  # pulled from the learner over RDMA
+    assert "scored 12" in lines  # 2 generators x (1 + 5 steps)
+    assert lines[-1] == "Training complete"
