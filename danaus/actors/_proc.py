@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from typing import NoReturn
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -89,7 +90,16 @@ def main() -> None:
         help="an inherited socket, already bound to --addr and listening",
     )
     ns = parser.parse_args()
-    _die_with_parent(ns.parent_pid)
+    run(ns.addr, ns.parent, ns.parent_pid, ns.listen_fd)
+
+
+def run(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> NoReturn:
+    """Be a proc until told to stop, then exit the process.
+
+    Entered from ``main`` in a fresh interpreter, or in a child of a fork server (whose
+    pid is then ``parent_pid``) with stdin, stdout and stderr already in place.
+    """
+    _die_with_parent(parent_pid)
     _run_startup_hooks()
     line = sys.stdin.buffer.readline()
     if not line.strip():
@@ -102,12 +112,10 @@ def main() -> None:
         level=os.environ.get("DANAUS_LOG_LEVEL", "WARNING"),
         format="%(levelname)s %(name)s: %(message)s",
     )
-    from ..config import config
     from ._runtime import new_event_loop
 
-    del config
     loop = new_event_loop()
-    main_task = loop.create_task(_main(ns.addr, ns.parent, key, ns.listen_fd))
+    main_task = loop.create_task(_main(addr, parent, key, listen_fd))
     try:
         while not main_task.done():
             try:
