@@ -23,8 +23,11 @@ $(STAMP): pyproject.toml Makefile
 	bash scripts/install_pyverbs.sh $(PY)
 	touch $(STAMP)
 
+# The process tests run twice: procs forked by the fork server (the default), then
+# started as fresh interpreters.
 test: compile
 	$(PY) -m pytest -q tests
+	DANAUS_SPAWN_METHOD=exec $(PY) -m pytest -q tests/integration tests/conformance
 
 test-unit: compile
 	$(PY) -m pytest -q tests/unit

@@ -12,7 +12,15 @@ from .faults import danaus_children
 
 
 def _children() -> list[int]:
-    """Pids of live (non-zombie) danaus procs whose parent is this process."""
+    """Pids of live (non-zombie) danaus procs whose parent is this process.
+
+    A fork server forks a proc some time after ``spawn_procs`` returned: procs asked for
+    before now are waited for, so that they are not counted as a later test's."""
+    from danaus.mesh import _forkserver
+
+    server = _forkserver._server
+    if server is not None:
+        server.settle(30)
     return danaus_children(os.getpid())
 
 

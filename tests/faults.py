@@ -47,9 +47,9 @@ def delay_reads(addr: str) -> Any:
     return lambda: conn.release_reading(token)
 
 
-def danaus_children(parent: int) -> list[int]:
-    """Pids of the live (non-zombie) danaus procs whose parent is ``parent``: one look."""
-    out = []
+def _process_table() -> list[tuple[int, int, str, bytes]]:
+    """(pid, parent pid, state, command line) of every process: one look at /proc."""
+    rows = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -60,6 +60,30 @@ def danaus_children(parent: int) -> list[int]:
                 cmd = f.read()
         except OSError:
             continue
-        if int(fields[1]) == parent and fields[0] != "Z" and b"danaus.actors._proc" in cmd:
-            out.append(int(d))
-    return out
+        rows.append((int(d), int(fields[1]), fields[0], cmd))
+    return rows
+
+
+def danaus_procs(spawner: int, servers: bool = False) -> list[int]:
+    """Pids of the live (non-zombie) danaus procs that process ``spawner`` started, however
+    they were started (exec: its children; fork: children of its fork server) and wherever
+    they were reparented since; with ``servers``, its fork servers too."""
+    rows = _process_table()
+    tag = f"--parent-pid\0{spawner}\0".encode()
+    exec_procs = {
+        p for p, _, st, cmd in rows if st != "Z" and b"danaus.actors._proc" in cmd and tag in cmd
+    }
+    forked = {
+        p: pp
+        for p, pp, st, cmd in rows
+        if st != "Z" and b"danaus.mesh._forkserver" in cmd and tag in cmd
+    }
+    # A fork server's children run its command line too: the server is the one whose
+    # parent is not a fork server of the same spawner.
+    found = [p for p, pp in forked.items() if servers or pp in forked]
+    return sorted(exec_procs | set(found))
+
+
+def danaus_children(parent: int) -> list[int]:
+    """Pids of the live (non-zombie) danaus procs that ``parent`` started: one look."""
+    return danaus_procs(parent)

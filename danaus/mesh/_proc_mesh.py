@@ -21,6 +21,7 @@ from ..actors._runtime import current_runtime, run_on, run_task
 from ..actors._wire import OK
 from ..config import config
 from ..errors import ClosedError, SupervisionError
+from ._forkserver import note_actor_module
 from ._host_agent import AGENT, HostAgent
 from ._logs import LogOptions, printer
 from ._procs import (
@@ -498,6 +499,7 @@ class ProcMesh(Shaped):
         """
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise TypeError(f"spawn needs a subclass of danaus.Actor, got {cls!r}")
+        note_actor_module(cls.__module__)  # procs forked later have it imported already
         if not name or "." in name or "[" in name:
             raise ValueError(f"actor mesh name {name!r} must be non-empty, without '.' or '['")
         from ._actor_mesh import ActorMesh

@@ -1,7 +1,10 @@
 """Starting proc processes on this host and watching them die.
 
-Each proc is ``python -m danaus.actors._proc``. It gets the job key on stdin and keeps
-stdin open as a lifeline; the kernel's parent-death signal backs that up. Every proc is
+Each proc is forked by this host's fork server (``_forkserver``: milliseconds, with danaus
+and the heavy modules already imported) or, with ``config.spawn_method = "exec"`` or where
+forking is unsafe, started as ``python -m danaus.actors._proc``. Either way it gets the job
+key on stdin and keeps stdin open as a lifeline; the kernel's parent-death signal backs
+that up. Every proc is
 also killed by an ``atexit`` hook, so none outlives the controller; procs killed that way
 (or by a mesh's ``stop``) are stopped, not failed, and their exits are not reported.
 
@@ -31,6 +34,7 @@ from concurrent.futures import Future as ThreadFuture
 from ..actors._runtime import Runtime, peer_exit_reason, peer_exited, proc_ready, run_on
 from ..config import config
 from ..errors import SupervisionError
+from ._forkserver import ForkedPopen, fork_server, python_path, stop_fork_server
 from ._logs import LineReader, LineSink
 from ._supervision import interpreter_exiting
 
@@ -56,9 +60,10 @@ def describe_exit(returncode: int) -> str:
 
 
 class ProcHandle:
-    """One proc process: its address, ``Popen``, readiness and exit."""
+    """One proc process: its address, ``Popen`` (or the same for a forked proc),
+    readiness and exit."""
 
-    def __init__(self, addr: str, rank: int, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, addr: str, rank: int, popen: subprocess.Popen[bytes] | ForkedPopen) -> None:
         self.addr = addr
         self.rank = rank
         self.popen = popen
@@ -249,37 +254,21 @@ def _start_proc(
         addr = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         pass_fds = (sock.fileno(),)
         extra = ["--listen-fd", str(sock.fileno())]
-    cmd = [
-        sys.executable,
-        "-m",
-        "danaus.actors._proc",
-        "--addr",
-        addr,
-        "--parent",
-        rt.addr,
-        "--parent-pid",
-        str(os.getpid()),
-        *extra,
-    ]
     proc_env = dict(os.environ)
     proc_env["PYTHONUNBUFFERED"] = "1"  # every line reaches the pipe at once, also before a crash
     # The procs import what the controller can: classes pickled by reference resolve.
-    paths = [os.path.abspath(p or os.getcwd()) for p in sys.path]
-    proc_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if os.path.isdir(p)))
+    proc_env["PYTHONPATH"] = python_path()
     if env:
         proc_env.update(env)
     proc_ready[addr] = ThreadFuture()
+    popen: subprocess.Popen[bytes] | ForkedPopen
+    server = fork_server()
     try:
-        out = subprocess.PIPE if sink is not None else None
-        popen = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            env=proc_env,
-            close_fds=True,
-            pass_fds=pass_fds,
-            stdout=out,
-            stderr=out,
-        )
+        if server is not None:
+            listen_fd = sock.fileno() if sock is not None else None
+            popen = server.fork(addr, rt.addr, proc_env, listen_fd, capture=sink is not None)
+        else:
+            popen = _exec_proc(rt, addr, extra, pass_fds, proc_env, sink is not None)
     finally:
         if sock is not None:
             sock.close()  # the proc holds its own copy
@@ -295,6 +284,39 @@ def _start_proc(
     return handle
 
 
+def _exec_proc(
+    rt: Runtime,
+    addr: str,
+    extra: list[str],
+    pass_fds: tuple[int, ...],
+    env: dict[str, str],
+    capture: bool,
+) -> subprocess.Popen[bytes]:
+    """Start a proc as a fresh interpreter."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "danaus.actors._proc",
+        "--addr",
+        addr,
+        "--parent",
+        rt.addr,
+        "--parent-pid",
+        str(os.getpid()),
+        *extra,
+    ]
+    out = subprocess.PIPE if capture else None
+    return subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        env=env,
+        close_fds=True,
+        pass_fds=pass_fds,
+        stdout=out,
+        stderr=out,
+    )
+
+
 def _watch(rt: Runtime, h: ProcHandle, sink: LineSink | None) -> None:
     """On ``rt``'s loop: expect the proc's dial, time out its start, notice its exit,
     forward its output."""
@@ -307,10 +329,12 @@ def _watch(rt: Runtime, h: ProcHandle, sink: LineSink | None) -> None:
                 rt.spawn_task(
                     loop.connect_read_pipe(functools.partial(LineReader, stream, sink), pipe)
                 )
-    try:
-        pidfd = os.pidfd_open(h.popen.pid)
-    except (AttributeError, OSError):
-        pidfd = -1
+    pidfd = -1
+    if not isinstance(h.popen, ForkedPopen):  # a forked proc's exit comes from its server
+        try:
+            pidfd = os.pidfd_open(h.popen.pid)
+        except (AttributeError, OSError):
+            pidfd = -1
 
     def on_exit() -> None:
         if pidfd >= 0:
@@ -344,7 +368,14 @@ def _watch(rt: Runtime, h: ProcHandle, sink: LineSink | None) -> None:
             )
             h.kill()
 
-    if pidfd >= 0:
+    if isinstance(h.popen, ForkedPopen):
+
+        def exited() -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(on_exit)
+
+        h.popen.on_exit(exited)
+    elif pidfd >= 0:
         loop.add_reader(pidfd, on_exit)
     else:  # no pidfd: a thread waits
 
@@ -428,6 +459,7 @@ def _kill_all() -> None:
 def _at_exit() -> None:
     interpreter_exiting()  # what our own kills cause is not a failure
     _kill_all()
+    stop_fork_server(timeout=1.0)
 
 
 atexit.register(_at_exit)

@@ -23,6 +23,8 @@ from aiohttp import web
 from examples.inference_server.model import build
 from examples.inference_server.server import SERVER, InferenceServer, make_app
 
+from ..faults import danaus_procs
+
 ROOT = Path(__file__).resolve().parents[2]
 REPLICA_SEED, TRAINER_SEED = 0, 1
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30)
@@ -338,24 +340,7 @@ async def test_the_app_runs_in_another_thread_on_its_own_loop() -> None:
 
 def _procs_of(pid: int) -> list[int]:
     """Live danaus procs started by the controller ``pid`` (wherever they were reparented)."""
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-            with open(f"/proc/{d}/stat") as f:
-                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except OSError:
-            continue
-        if (
-            not zombie
-            and b"danaus.actors._proc" in cmd
-            and cmd[cmd.index(b"--parent-pid") + 1] == str(pid).encode()
-        ):
-            out.append(int(d))
-    return out
+    return danaus_procs(pid)
 
 
 @pytest.mark.timeout(120)
@@ -408,7 +393,7 @@ async def test_sigterm_drains_in_flight_requests_and_leaves_no_process() -> None
                 assert await proc.wait() == 0
             with pytest.raises(aiohttp.ClientConnectionError):
                 await generate(s, base, "too late", 8)
-        assert _procs_of(proc.pid) == []
+        assert danaus_procs(proc.pid, servers=True) == []
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -15,23 +15,15 @@ from danaus import SupervisionError, attach_to_hosts
 from danaus.actors import _auth
 from danaus.config import config
 
+from ..faults import danaus_procs
 from .actors_lib import Counter, Echo
 
 KEY = os.urandom(32).hex()
 
 
 def _agent_children(pid: int) -> list[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out.append(int(d))
-    return out
+    """The agent's live procs and fork servers."""
+    return danaus_procs(pid, servers=True)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,644 @@
+"""A fork server: one warm process per host that forks procs in milliseconds.
+
+Starting a proc as a fresh interpreter costs an ``import`` of danaus and of whatever the
+actors need; with torch that is about 1.5 s of CPU per proc. The fork server imports
+danaus and the heavy modules once (``config.preload``, plus those of ``SAFE_PRELOAD``
+that the spawning process has imported, plus each actor class's module as it is first
+spawned) and forks every proc from that state, so they share those pages copy-on-write.
+
+Fork safety: the server never creates an event loop, a socket other than its control
+socket, a Python thread or a CUDA context; it checks after every import that this still
+holds and says "unsafe" otherwise, and the spawner then starts procs with ``exec``. Each
+child closes what it inherited, resets signal handlers, takes its environment, working
+directory and standard streams from the request, reseeds numpy's and torch's generators
+(``random`` reseeds itself at fork) and only then builds its own loop and connections.
+
+The server dies with the process that started it: a parent-death signal (set from a
+thread that lives as long as the spawner) and its stdin, held by the spawner, as a
+lifeline. Each child dies with the server (its own parent-death signal) and with the
+spawner (its stdin lifeline, as with ``exec``).
+
+Wire: one ``SOCK_SEQPACKET`` socket pair, msgpack messages, file descriptors as
+``SCM_RIGHTS``. Requests ``fork`` (with the child's stdin, stdout, stderr and listening
+socket), ``preload``, ``status``; answers ``ready``, ``forked``, ``exit``, ``unsafe``,
+``status``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import logging
+import os
+import queue
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+log = logging.getLogger("danaus.procs")
+
+#: heavy modules worth preloading whenever the spawning process has imported them
+SAFE_PRELOAD = ("numpy", "torch", "scipy", "pandas")
+#: modules every proc imports: always preloaded
+_BASE = ("danaus", "danaus.actors._proc", "danaus.actors._runtime", "danaus.actors._actor")
+_MAX_MSG = 1 << 20
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder().decode
+
+
+# --- the server ----------------------------------------------------------------------
+
+
+class _Server:
+    def __init__(self, ctl: socket.socket, parent_pid: int) -> None:
+        self.ctl = ctl
+        self.parent_pid = parent_pid
+        self.children: set[int] = set()
+        self.unsafe = ""
+        self.preloaded: list[str] = []
+        self.sel = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        try:
+            self.ctl.send(_encode(msg))
+        except OSError:
+            pass  # the spawner is gone: the loop notices the closed socket
+
+    def preload(self, modules: list[str]) -> None:
+        failed = {}
+        for name in modules:
+            if name in self.preloaded:
+                continue
+            try:
+                importlib.import_module(name)
+            except BaseException as e:  # a module that fails to import is not preloaded
+                failed[name] = f"{type(e).__name__}: {e}"
+                continue
+            self.preloaded.append(name)
+            why = _unsafe_state()
+            if why and not self.unsafe:
+                self.unsafe = f"importing {name} {why}"
+                self.send({"op": "unsafe", "reason": self.unsafe})
+        if failed:
+            self.send({"op": "preload_failed", "failed": failed})
+
+    def serve(self) -> None:
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.sel.register(self.ctl, selectors.EVENT_READ, "ctl")
+        self.sel.register(0, selectors.EVENT_READ, "lifeline")
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "signal")
+        self.reap()
+        while True:
+            for key, _ in self.sel.select():
+                if key.data == "signal":
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self.wake_r, 512)
+                    self.reap()
+                elif key.data == "lifeline":
+                    if not os.read(0, 512):
+                        return
+                else:
+                    try:
+                        data, fds, _, _ = socket.recv_fds(self.ctl, _MAX_MSG, 8)
+                    except OSError:
+                        return
+                    if not data:
+                        return
+                    self.handle(_decode(data), fds)
+
+    def handle(self, msg: dict[str, Any], fds: list[int]) -> None:
+        op = msg.get("op")
+        if op == "fork":
+            self.fork(msg, fds)
+        elif op == "preload":
+            self.preload(list(msg["modules"]))
+        elif op == "status":
+            self.send(
+                {
+                    "op": "status",
+                    "id": msg["id"],
+                    "pid": os.getpid(),
+                    "preloaded": self.preloaded,
+                    "children": sorted(self.children),
+                    "python_threads": threading.active_count(),
+                    "cuda_initialized": _cuda_initialized(),
+                    "unsafe": self.unsafe,
+                }
+            )
+        for fd in fds:
+            os.close(fd)
+
+    def fork(self, msg: dict[str, Any], fds: list[int]) -> None:
+        try:
+            pid = os.fork()
+        except OSError as e:
+            self.send({"op": "forked", "id": msg["id"], "pid": -1, "error": str(e)})
+            return
+        if pid == 0:
+            self._child(msg, fds)  # never returns
+        self.children.add(pid)
+        self.send({"op": "forked", "id": msg["id"], "pid": pid})
+
+    def _child(self, msg: dict[str, Any], fds: list[int]) -> None:
+        try:
+            self.sel.close()
+            self.ctl.close()
+            signal.set_wakeup_fd(-1)
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+            # As a fresh interpreter has them (Python ignores SIGPIPE: EPIPE is an error).
+            for sig in (signal.SIGCHLD, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            stdin, out, err = fds[:3]
+            for fd, target in ((stdin, 0), (out, 1), (err, 2)):
+                os.dup2(fd, target)
+            listen_fd = None
+            if len(fds) > 3:
+                listen_fd = os.dup(fds[3])
+                os.set_inheritable(listen_fd, False)
+            for fd in fds:
+                os.close(fd)
+            _become(msg["env"], msg["cwd"])
+            from ..actors import _proc
+
+            _proc.run(msg["addr"], msg["parent"], os.getppid(), listen_fd)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(1)
+
+    def reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.children.discard(pid)
+            self.send({"op": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+
+    def kill_children(self) -> None:
+        for pid in self.children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in self.children:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+
+def _unsafe_state() -> str:
+    """What would make forking from this process unsafe now ("" if nothing)."""
+    if threading.active_count() > 1:
+        names = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+        return f"started Python threads {names}"
+    if _cuda_initialized():
+        return "initialised CUDA"
+    return ""
+
+
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def _become(env: dict[str, str], cwd: str) -> None:
+    """In a freshly forked child: take the proc's environment as ``exec`` would give it."""
+    os.environ.clear()
+    os.environ.update(env)
+    _reread_config()
+    os.chdir(cwd)
+    sys.path[0] = cwd
+    for path in reversed(env.get("PYTHONPATH", "").split(os.pathsep)):
+        if path and path not in sys.path:
+            sys.path.insert(1, path)
+    importlib.invalidate_caches()  # modules written after the server started
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()  # from the OS: every child draws differently, as if started fresh
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.seed()
+        threads = env.get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0:
+            torch.set_num_threads(int(threads))
+
+
+def _reread_config() -> None:
+    """Settings as a fresh interpreter with this environment would read them: the
+    server read its own environment when it imported danaus."""
+    import dataclasses
+
+    from ..config import Config, config
+
+    fresh = Config()
+    for f in dataclasses.fields(config):
+        setattr(config, f.name, getattr(fresh, f.name))
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    from ..actors._proc import _die_with_parent as die
+
+    die(parent_pid)
+
+
+def serve_main() -> None:
+    parser = argparse.ArgumentParser(description="danaus fork server (started by a spawner)")
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--preload", default="")
+    ns = parser.parse_args()
+    _die_with_parent(ns.parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the controller's to handle
+    ctl = socket.socket(fileno=ns.control_fd)
+    os.set_inheritable(ctl.fileno(), False)
+    server = _Server(ctl, ns.parent_pid)
+
+    def on_sigterm(*_: object) -> None:
+        server.kill_children()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    server.preload([*_BASE, *filter(None, ns.preload.split(","))])
+    server.send(
+        {"op": "ready", "pid": os.getpid(), "preloaded": server.preloaded, "unsafe": server.unsafe}
+    )
+    try:
+        server.serve()
+    finally:
+        server.kill_children()
+        os._exit(0)
+
+
+# --- the client (in the spawning process) --------------------------------------------
+
+
+class ForkedPopen:
+    """The part of ``subprocess.Popen`` that ``ProcHandle`` uses, for a forked proc.
+
+    Its parent is the fork server, which reports its exit; ``stdin``, ``stdout`` and
+    ``stderr`` are pipes of this process, as with ``Popen``.
+    """
+
+    def __init__(self, server: ForkServer, stdin: int, stdout: int, stderr: int) -> None:
+        self.server = server
+        self.stdin = os.fdopen(stdin, "wb")
+        self.stdout = os.fdopen(stdout, "rb") if stdout >= 0 else None
+        self.stderr = os.fdopen(stderr, "rb") if stderr >= 0 else None
+        self._pid = -1
+        self.returncode: int | None = None
+        self.forked = threading.Event()
+        self._exited = threading.Event()
+        self._kill_asked = False
+        self._on_exit: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        """The proc's pid (-1 until the server forked it)."""
+        return self._pid
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._exited.wait(timeout):
+            raise subprocess.TimeoutExpired(f"proc pid {self._pid}", timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        with self._lock:
+            if self.returncode is not None:
+                return
+            if self._pid <= 0:
+                self._kill_asked = True  # killed as soon as it exists
+                return
+            pid = self._pid
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+    def on_exit(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from another thread) once the proc exited."""
+        with self._lock:
+            if self.returncode is None:
+                self._on_exit.append(callback)
+                return
+        callback()
+
+    # called by the server's reader thread
+    def _forked(self, pid: int) -> None:
+        with self._lock:
+            self._pid = pid
+            kill = self._kill_asked
+        self.forked.set()
+        if kill:
+            self.kill()
+
+    def _exit(self, code: int) -> None:
+        with self._lock:
+            if self.returncode is not None:
+                return
+            self.returncode = code
+            callbacks, self._on_exit = self._on_exit, []
+        self._exited.set()
+        self.forked.set()
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("exit callback of forked proc %s", self._pid)
+
+
+class ForkServer:
+    """The spawning process's end of its fork server."""
+
+    def __init__(self, preload: list[str]) -> None:
+        self.preload = preload
+        self.pid = -1
+        self.dead = ""  # why it cannot be used ("" while it can)
+        self.unsafe = ""
+        self._ctl, self._child_ctl = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._requests: dict[int, ForkedPopen] = {}
+        self._by_pid: dict[int, ForkedPopen] = {}
+        self._status: dict[int, queue.SimpleQueue[dict[str, Any]]] = {}
+        self._next_id = 0
+        self._lock = threading.Lock()
+        self._outbox: queue.SimpleQueue[tuple[bytes, list[int]] | None] = queue.SimpleQueue()
+        self.ready = threading.Event()
+        self._popen: subprocess.Popen[bytes] | None = None
+        # Started from a thread that lives as long as this process: the server's
+        # parent-death signal follows the thread that started it.
+        threading.Thread(target=self._run, name="danaus-forkserver", daemon=True).start()
+        threading.Thread(target=self._write, name="danaus-forkserver-out", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=python_path())
+            self._popen = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",  # not -m: the package imports this module before running it
+                    "from danaus.mesh._forkserver import serve_main; serve_main()",
+                    "--control-fd",
+                    str(self._child_ctl.fileno()),
+                    "--parent-pid",
+                    str(os.getpid()),
+                    "--preload",
+                    ",".join(self.preload),
+                ],
+                stdin=subprocess.PIPE,
+                # Not this process's streams: a server holding them would keep the
+                # pipes of a proc that spawns procs open after that proc died.
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(self._child_ctl.fileno(),),
+                env=env,
+                close_fds=True,
+            )
+        except OSError as e:
+            self._die(f"it could not start: {e}")
+            self._ctl.close()
+            return
+        finally:
+            self._child_ctl.close()
+        self.pid = self._popen.pid
+        try:
+            self._read()
+        finally:
+            self._ctl.close()
+            if self._popen.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self._popen.stdin.close()
+
+    def _read(self) -> None:
+        assert self._popen is not None
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self._ctl, _MAX_MSG, 8)
+            except OSError as e:
+                self._die(f"its control socket failed: {e}")
+                return
+            for fd in fds:
+                os.close(fd)
+            if not data:
+                code = self._popen.wait()
+                self._die(f"it exited ({code})")
+                return
+            self._dispatch(_decode(data))
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        op = msg["op"]
+        if op == "ready":
+            if msg["unsafe"]:
+                self._mark_unsafe(msg["unsafe"])
+            self.ready.set()
+        elif op == "forked":
+            with self._lock:
+                popen = self._requests.pop(msg["id"], None)
+                if popen is not None and msg["pid"] > 0:
+                    self._by_pid[msg["pid"]] = popen
+            if popen is not None:
+                if msg["pid"] > 0:
+                    popen._forked(msg["pid"])
+                else:
+                    log.error("the fork server could not fork a proc: %s", msg.get("error"))
+                    popen._exit(1)
+        elif op == "exit":
+            with self._lock:
+                popen = self._by_pid.pop(msg["pid"], None)
+            if popen is not None:
+                popen._exit(msg["code"])
+        elif op == "unsafe":
+            self._mark_unsafe(msg["reason"])
+        elif op == "preload_failed":
+            log.info("the fork server did not preload %s", msg["failed"])
+        elif op == "status":
+            box = self._status.pop(msg["id"], None)
+            if box is not None:
+                box.put(msg)
+
+    def _mark_unsafe(self, reason: str) -> None:
+        if not self.unsafe:
+            self.unsafe = reason
+            log.warning("forking procs is unsafe (%s): new procs start with exec", reason)
+
+    def _die(self, why: str) -> None:
+        """The server is gone: its children died with it (parent-death signal)."""
+        with self._lock:
+            self.dead = why
+            orphans = list(self._requests.values()) + list(self._by_pid.values())
+            self._requests.clear()
+            self._by_pid.clear()
+        self.ready.set()
+        self._outbox.put(None)
+        for popen in orphans:
+            _wait_gone(popen.pid, 5.0)
+            popen._exit(-signal.SIGKILL)
+        if orphans or "exited" not in why:
+            log.warning("the fork server (pid %s) is gone: %s", self.pid, why)
+
+    def _write(self) -> None:
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                return
+            data, fds = item
+            try:
+                socket.send_fds(self._ctl, [data], fds)
+            except OSError as e:
+                log.warning("could not send to the fork server: %s", e)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+    def usable(self) -> bool:
+        return not self.dead and not self.unsafe
+
+    def fork(
+        self,
+        addr: str,
+        parent: str,
+        env: dict[str, str],
+        listen_fd: int | None,
+        capture: bool,
+    ) -> ForkedPopen:
+        """Ask for a proc; returns at once (its pid comes when the server forked it)."""
+        stdin_r, stdin_w = os.pipe()
+        fds = [stdin_r]
+        if capture:
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            fds += [out_w, err_w]
+        else:
+            out_r = err_r = -1
+            fds += [os.dup(1), os.dup(2)]
+        if listen_fd is not None:
+            fds.append(os.dup(listen_fd))
+        popen = ForkedPopen(self, stdin_w, out_r, err_r)
+        with self._lock:
+            if self.dead:
+                for fd in fds:
+                    os.close(fd)
+                popen.stdin.close()
+                popen._exit(1)
+                return popen
+            self._next_id += 1
+            rid = self._next_id
+            self._requests[rid] = popen
+        msg = {"op": "fork", "id": rid, "addr": addr, "parent": parent, "env": env}
+        msg["cwd"] = os.getcwd()
+        self._outbox.put((_encode(msg), fds))
+        return popen
+
+    def settle(self, timeout: float) -> bool:
+        """Wait (bounded) until every proc asked for so far has been forked (or failed);
+        True if they have."""
+        with self._lock:
+            pending = list(self._requests.values())
+        deadline = time.monotonic() + timeout
+        return all(p.forked.wait(max(0.0, deadline - time.monotonic())) for p in pending)
+
+    def add_preload(self, modules: list[str]) -> None:
+        """Import these in the server too (for procs forked from now on)."""
+        fresh = [m for m in modules if m not in self.preload]
+        if fresh and not self.dead:
+            self.preload.extend(fresh)
+            self._outbox.put((_encode({"op": "preload", "modules": fresh}), []))
+
+    def status(self, timeout: float = 30.0) -> dict[str, Any]:
+        """The server's own report: pid, preloaded modules, threads, CUDA, children."""
+        box: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        with self._lock:
+            self._next_id += 1
+            rid = self._next_id
+            self._status[rid] = box
+        self._outbox.put((_encode({"op": "status", "id": rid}), []))
+        return box.get(timeout=timeout)
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Wait (bounded) until ``pid`` is gone: killed with the server, it is on its way."""
+    if pid <= 0:
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(fd, selectors.EVENT_READ)
+        sel.select(timeout)
+        sel.close()
+    finally:
+        os.close(fd)
+
+
+def python_path() -> str:
+    """What the procs import from: everything this process can (as for ``exec``)."""
+    paths = [os.path.abspath(p or os.getcwd()) for p in sys.path]
+    return os.pathsep.join(dict.fromkeys(p for p in paths if os.path.isdir(p)))
+
+
+_server: ForkServer | None = None
+_server_lock = threading.Lock()
+
+
+def fork_server() -> ForkServer | None:
+    """This process's fork server, started on first use; None where procs must start with
+    ``exec`` (``config.spawn_method``, no fork on this platform, an unsafe server)."""
+    from ..config import config
+
+    global _server
+    if config.spawn_method != "fork" or not hasattr(os, "fork"):
+        return None
+    with _server_lock:
+        if _server is None or _server.dead:
+            preload = [m for m in SAFE_PRELOAD if m in sys.modules]
+            preload += [m for m in config.preload if m not in preload]
+            _server = ForkServer(preload)
+        server = _server
+    return server if not server.unsafe else None
+
+
+def note_actor_module(module: str) -> None:
+    """An actor class of ``module`` is being spawned: procs forked later inherit it."""
+    server = _server
+    if server is None or not server.usable():
+        return
+    if module == "__main__" or module.startswith("danaus.") or module in sys.builtin_module_names:
+        return
+    server.add_preload([module])
+
+
+def stop_fork_server(timeout: float = 5.0) -> None:
+    """Stop this process's fork server (its children die with it)."""
+    global _server
+    with _server_lock:
+        server, _server = _server, None
+    if server is None or server._popen is None:
+        return
+    popen = server._popen
+    with contextlib.suppress(ProcessLookupError):
+        popen.terminate()
+    deadline = time.monotonic() + timeout
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        popen.wait(max(0.0, deadline - time.monotonic()))
+    if popen.poll() is None:
+        popen.kill()

@@ -1,0 +1,59 @@
+"""Actors for the fork-server tests (importable by procs). This module imports neither
+numpy nor torch: what a proc has of them, it inherited."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+from typing import Any
+
+from danaus import Actor, endpoint
+
+
+class Probe(Actor):
+    """Reports what its process inherited and how it behaves."""
+
+    @endpoint
+    def where(self) -> tuple[int, int]:
+        return os.getpid(), os.getppid()
+
+    @endpoint
+    def modules(self) -> list[str]:
+        return sorted(m for m in ("numpy", "torch") if m in sys.modules)
+
+    @endpoint
+    def draws(self) -> tuple[float, float, float]:
+        import numpy
+        import torch
+
+        return random.random(), float(numpy.random.rand()), float(torch.rand(1).item())
+
+    @endpoint
+    def socket_inodes(self) -> set[str]:
+        return _socket_inodes(os.getpid())
+
+    @endpoint
+    def threads(self) -> dict[str, Any]:
+        import torch
+
+        a = torch.randn(256, 256)
+        total = float((a @ a).sum())  # the intra-op pool works after fork
+        return {
+            "torch_threads": torch.get_num_threads(),
+            "matmul": total == total,
+            "python_threads": threading.active_count(),
+        }
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            out.add(target)
+    return out

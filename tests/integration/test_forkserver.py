@@ -1,0 +1,214 @@
+"""Procs forked by a warm fork server: what they inherit, what they must not, and that
+they die with their controller."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from danaus import this_host
+from danaus.config import config
+from danaus.mesh import _forkserver
+
+from ..faults import danaus_procs
+from .fork_actors import Probe, _socket_inodes
+
+
+@pytest.fixture
+def fresh_server() -> Iterator[None]:
+    """A fork server started by this test (and none left behind for the next)."""
+    old = (config.spawn_method, list(config.preload))
+    _forkserver.stop_fork_server()
+    config.spawn_method = "fork"  # also when the suite runs with DANAUS_SPAWN_METHOD=exec
+    yield
+    config.spawn_method, config.preload = old
+    _forkserver.stop_fork_server()
+
+
+def _server() -> _forkserver.ForkServer:
+    server = _forkserver.fork_server()
+    assert server is not None
+    return server
+
+
+def _signal_masks(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return {
+            k: v.strip()
+            for k, v in (line.split(":", 1) for line in f)
+            if k in ("SigIgn", "SigCgt", "SigBlk")
+        }
+
+
+async def test_procs_are_forked_by_a_server_with_no_threads_or_cuda(fresh_server: None) -> None:
+    config.preload = ["numpy", "torch"]
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        probe = await procs.spawn("probe", Probe)
+        status = await asyncio.to_thread(_server().status)
+        where = (await probe.where.call()).values()
+        assert {ppid for _, ppid in where} == {status["pid"]}
+        assert sorted(pid for pid, _ in where) == sorted(procs.pids)
+        # What was imported in the server is there in the proc, never imported again.
+        assert {"danaus", "numpy", "torch"} <= set(status["preloaded"])
+        assert (await probe.modules.call()).values() == [["numpy", "torch"]] * 2
+        # Fork safety of the server: one Python thread, no CUDA context.
+        assert status["python_threads"] == 1
+        assert status["cuda_initialized"] is False
+        assert status["unsafe"] == ""
+
+
+async def test_a_forked_proc_shares_no_socket_with_the_server(fresh_server: None) -> None:
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        probe = await procs.spawn("probe", Probe)
+        status = await asyncio.to_thread(_server().status)
+        server_sockets = await asyncio.to_thread(_socket_inodes, status["pid"])
+        assert server_sockets  # its control socket, at least
+        kids = (await probe.socket_inodes.call()).values()
+        assert all(k and not k & server_sockets for k in kids)
+        assert not kids[0] & kids[1]  # each built its own connections
+
+
+async def test_random_generators_differ_per_proc(fresh_server: None) -> None:
+    config.preload = ["numpy", "torch"]
+    async with this_host().spawn_procs(per_host={"procs": 3}) as procs:
+        probe = await procs.spawn("probe", Probe)
+        draws = (await probe.draws.call()).values()
+    for kind in range(3):  # random, numpy, torch
+        assert len({d[kind] for d in draws}) == 3, draws
+
+
+async def test_torch_threads_and_signals_match_an_exec_started_proc(fresh_server: None) -> None:
+    config.preload = ["numpy", "torch"]
+    seen: dict[str, Any] = {}
+    for method in ("exec", "fork"):
+        config.spawn_method = method
+        for env in ({}, {"OMP_NUM_THREADS": "1"}):
+            async with this_host().spawn_procs(per_host={"procs": 2}, env=env) as procs:
+                probe = await procs.spawn("probe", Probe)
+                threads = (await probe.threads.call()).values()  # both at once
+                assert all(t["matmul"] for t in threads)
+                seen[f"{method} {env}"] = [t["torch_threads"] for t in threads]
+                seen[f"{method} {env} python"] = [t["python_threads"] for t in threads]
+                if not env:
+                    seen[f"{method} signals"] = _signal_masks(procs.pids[0])
+    assert seen["fork {}"] == seen["exec {}"]
+    assert seen["fork {} python"] == seen["exec {} python"]  # no thread came along
+    assert seen["fork {'OMP_NUM_THREADS': '1'}"] == [1, 1] == seen["exec {'OMP_NUM_THREADS': '1'}"]
+    assert seen["fork signals"] == seen["exec signals"]
+
+
+async def test_exec_method_starts_fresh_interpreters(fresh_server: None) -> None:
+    config.spawn_method = "exec"
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        probe = await procs.spawn("probe", Probe)
+        assert {ppid for _, ppid in (await probe.where.call()).values()} == {os.getpid()}
+    assert _forkserver._server is None  # exec never starts a fork server
+
+
+async def test_an_import_that_starts_a_thread_falls_back_to_exec(
+    fresh_server: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    config.preload = ["tests.integration.fork_unsafe_module"]
+    server = _server()
+    await asyncio.wait_for(asyncio.to_thread(server.ready.wait, 60), 70)
+    assert "started Python threads ['started-at-import']" in server.unsafe
+    with caplog.at_level(logging.WARNING, logger="danaus.procs"):
+        async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+            probe = await procs.spawn("probe", Probe)
+            assert (await probe.where.call_one())[1] == os.getpid()  # exec'd by us
+    assert any("new procs start with exec" in r.message for r in caplog.records)
+
+
+async def test_the_actor_module_is_preloaded_for_later_procs(fresh_server: None) -> None:
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        await procs.spawn("probe", Probe).initialized
+    server = _server()
+    status = await asyncio.to_thread(server.status)
+    assert "tests.integration.fork_actors" in status["preloaded"]
+
+
+async def test_a_forked_proc_killed_is_reported_with_its_signal(fresh_server: None) -> None:
+    from danaus import SupervisionError
+
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        probe = await procs.spawn("probe", Probe)
+        await probe.where.call_one()
+        os.kill(procs.pids[0], signal.SIGKILL)
+        with pytest.raises(SupervisionError, match="killed by SIGKILL"):
+            await asyncio.wait_for(probe.where.call_one(), 30)
+
+
+_CONTROLLER = textwrap.dedent(
+    """
+    import json, sys
+    from danaus import this_host
+    from danaus.mesh import _forkserver
+    from tests.integration.fork_actors import Probe
+
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    procs.spawn("probe", Probe).where.call().get(timeout=60)
+    server = _forkserver.fork_server()
+    print(json.dumps({"procs": procs.pids, "server": server.status()["pid"]}), flush=True)
+    sys.stdin.read()  # until killed
+    """
+)
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Wait (bounded, on pidfds) until every pid is gone; returns those still there."""
+    import selectors
+    import time
+
+    left = []
+    with selectors.DefaultSelector() as sel:
+        for pid in pids:
+            try:
+                sel.register(os.pidfd_open(pid), selectors.EVENT_READ, pid)
+            except ProcessLookupError:
+                continue
+        end = time.monotonic() + timeout
+        while sel.get_map() and time.monotonic() < end:
+            for key, _ in sel.select(end - time.monotonic()):
+                sel.unregister(key.fileobj)
+                os.close(key.fd)
+        for key in list(sel.get_map().values()):
+            left.append(key.data)
+            os.close(key.fd)
+    return left
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_controller_takes_its_server_and_procs_along() -> None:
+    ctl = subprocess.Popen(
+        [sys.executable, "-c", _CONTROLLER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.getcwd()),
+    )
+    try:
+        assert ctl.stdout is not None
+        info = json.loads(ctl.stdout.readline())
+        assert sorted(danaus_procs(ctl.pid)) == sorted(info["procs"])
+        assert danaus_procs(ctl.pid, servers=True) == sorted([*info["procs"], info["server"]])
+        ctl.kill()
+        ctl.wait(timeout=10)
+        left = _wait_gone([*info["procs"], info["server"]], 10)
+        assert left == [], f"outlived their controller: {left}"
+    finally:
+        if ctl.poll() is None:
+            ctl.kill()
+            ctl.wait(timeout=10)
+        for pipe in (ctl.stdin, ctl.stdout):
+            if pipe is not None:
+                pipe.close()
