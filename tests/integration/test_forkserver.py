@@ -157,8 +157,9 @@ _CONTROLLER = textwrap.dedent(
 
     procs = this_host().spawn_procs(per_host={"procs": 2})
     procs.spawn("probe", Probe).where.call().get(timeout=60)
-    server = _forkserver.fork_server()
-    print(json.dumps({"procs": procs.pids, "server": server.status()["pid"]}), flush=True)
+    server = _forkserver._server
+    pid = server.status()["pid"] if server is not None else None
+    print(json.dumps({"procs": procs.pids, "server": pid}), flush=True)
     sys.stdin.read()  # until killed
     """
 )
@@ -188,22 +189,25 @@ def _wait_gone(pids: list[int], timeout: float) -> list[int]:
 
 
 @pytest.mark.timeout(120)
-def test_a_killed_controller_takes_its_server_and_procs_along() -> None:
+@pytest.mark.parametrize("method", ["fork", "exec"])
+def test_a_killed_controller_takes_its_server_and_procs_along(method: str) -> None:
     ctl = subprocess.Popen(
         [sys.executable, "-c", _CONTROLLER],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env=dict(os.environ, PYTHONPATH=os.getcwd()),
+        env=dict(os.environ, PYTHONPATH=os.getcwd(), DANAUS_SPAWN_METHOD=method),
     )
     try:
         assert ctl.stdout is not None
         info = json.loads(ctl.stdout.readline())
         assert sorted(danaus_procs(ctl.pid)) == sorted(info["procs"])
-        assert danaus_procs(ctl.pid, servers=True) == sorted([*info["procs"], info["server"]])
+        everything = [*info["procs"], *([info["server"]] if method == "fork" else [])]
+        assert (info["server"] is not None) == (method == "fork")
+        assert danaus_procs(ctl.pid, servers=True) == sorted(everything)
         ctl.kill()
         ctl.wait(timeout=10)
-        left = _wait_gone([*info["procs"], info["server"]], 10)
+        left = _wait_gone(everything, 10)
         assert left == [], f"outlived their controller: {left}"
     finally:
         if ctl.poll() is None:
