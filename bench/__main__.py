@@ -6,6 +6,7 @@ from . import (
     bench_inference,
     bench_mesh,
     bench_runtime,
+    bench_spawn,
     bench_supervision,
     bench_tensor_engine,
     bench_wire,
@@ -19,6 +20,8 @@ def main() -> None:
     bench_wire.main()
     print("\n== meshes (issue 3) ==")
     bench_mesh.main()
+    print("\n== spawning: fork server vs exec ==")
+    bench_spawn.main()
     print("\n== supervision (issue 4) ==")
     bench_supervision.main()
     print(
