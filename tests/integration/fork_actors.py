@@ -57,3 +57,11 @@ def _socket_inodes(pid: int) -> set[str]:
         if target.startswith("socket:"):
             out.add(target)
     return out
+
+
+class CudaProbe(Actor):
+    @endpoint
+    def cuda_sum(self) -> float:
+        import torch
+
+        return float(torch.ones(4, device="cuda").sum().item())

@@ -21,7 +21,7 @@ from danaus.config import config
 from danaus.mesh import _forkserver
 
 from ..faults import danaus_procs
-from .fork_actors import Probe, _socket_inodes
+from .fork_actors import CudaProbe, Probe, _socket_inodes
 
 
 @pytest.fixture
@@ -65,6 +65,24 @@ async def test_procs_are_forked_by_a_server_with_no_threads_or_cuda(fresh_server
         assert status["python_threads"] == 1
         assert status["cuda_initialized"] is False
         assert status["unsafe"] == ""
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA GPU; none on this machine")
+async def test_forked_procs_can_use_cuda_the_server_never_does(fresh_server: None) -> None:
+    config.preload = ["torch"]
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        probe = await procs.spawn("probe", CudaProbe)
+        assert (await probe.cuda_sum.call()).values() == [4.0, 4.0]
+        status = await asyncio.to_thread(_server().status)
+        assert "torch" in status["preloaded"] and status["cuda_initialized"] is False
 
 
 async def test_a_forked_proc_shares_no_socket_with_the_server(fresh_server: None) -> None:

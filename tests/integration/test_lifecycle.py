@@ -24,7 +24,7 @@ from danaus.actors import _auth
 from danaus.config import config
 from danaus.mesh import MeshFailure, _procs, set_unhandled_fault_hook
 
-from ..faults import danaus_children
+from ..faults import danaus_children, danaus_procs
 from .actors_lib import Echo
 from .lifecycle_actors import Where
 from .test_robustness import _wait_gone
@@ -267,6 +267,31 @@ async def test_a_controller_killed_with_spawns_queued_leaves_no_procs_on_the_age
     assert left == [], f"procs of the dead controller still run on the agent: {left}"
     assert info["procs"] == 0
     assert agent_proc.poll() is None  # and the agent keeps serving
+
+
+@pytest.mark.timeout(120)
+async def test_a_killed_host_agent_takes_its_procs_and_fork_server_along(
+    agent: tuple[str, subprocess.Popen[str]], keyed: None
+) -> None:
+    from danaus import attach_to_hosts
+
+    addr, agent_proc = agent
+    procs = attach_to_hosts([addr]).spawn_procs(per_host={"procs": 2})
+    echo = procs.spawn("echo", Echo)
+    await asyncio.wait_for(echo.pid.call(), 60)
+    everything = danaus_procs(agent_proc.pid, servers=True)
+    assert set(procs.pids) <= set(everything)
+    if config.spawn_method == "fork":  # and the agent's own fork server
+        assert len(everything) == len(procs.pids) + 1, everything
+    previous = set_unhandled_fault_hook(lambda failure: None)  # expected: not logged
+    try:
+        agent_proc.kill()
+        left = await asyncio.to_thread(_wait_gone, everything, 10)
+        assert left == [], f"outlived their host agent: {left}"
+        with pytest.raises(SupervisionError):
+            await asyncio.wait_for(echo.pid.call(), 30)
+    finally:
+        set_unhandled_fault_hook(previous)
 
 
 # ------------------------------------------------------------------ exits
