@@ -228,6 +228,10 @@ class RDMABuffer:
                 raise RDMABufferDroppedError(f"buffer {handle.buf_id} was dropped")
             backend = mgr.backend_for(handle)
             if write:
+                if cuda and view.nbytes != handle.size:
+                    # Only part of the staging copy is written, and all of it goes back
+                    # to the device: refresh it first, so the rest stays what it was.
+                    await mgr.exchange(handle.owner, "cuda", {"op": "out", "buf": handle.buf_id})
                 await backend.write(handle, offset, view)
                 if cuda:  # device memory: the owner copies the staging bytes in
                     await mgr.exchange(handle.owner, "cuda", {"op": "in", "buf": handle.buf_id})
