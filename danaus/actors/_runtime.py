@@ -264,6 +264,11 @@ def parse_addr(addr: str) -> tuple[str, Any]:
     raise ValueError(f"unsupported address {addr!r}: use unix:@name, unix:/path or tcp://host:port")
 
 
+#: Peers that authenticate with another key than this process's runtimes: host agents
+#: attached after those started (``attach_to_hosts``), and the procs they started for
+#: us. Address -> key. Connections dialed to them use that key.
+peer_keys: dict[str, bytes] = {}
+
 #: Readiness of procs being spawned, by address; set by the runtime that spawned them
 #: (thread-safe, so a runtime on another loop can wait for a proc before dialing it).
 proc_ready: dict[str, ThreadFuture[None]] = {}
@@ -476,11 +481,28 @@ class Runtime:
             conn.state = CLOSED
             conn.close_reason = self.lost[addr]
             return conn
-        conn = Connection(self, dialer=True, peer=addr)
+        conn = self._dialer(addr)
         self.conns[addr] = conn
         self._all_conns.add(conn)
         self.spawn_task(self._dial(conn))
         return conn
+
+    def key_for(self, peer: str) -> bytes:
+        """The key connections with ``peer`` authenticate with: this runtime's, unless the
+        peer was given another one (:data:`peer_keys`)."""
+        return peer_keys.get(peer, self.key)
+
+    def _dialer(self, addr: str) -> Connection:
+        key = self.key_for(addr)
+        if key == self.key:
+            return Connection(self, dialer=True, peer=addr)
+        # A Connection takes its runtime's key when it is made (on this loop's thread,
+        # like every use of the key): this peer's, for this connection only.
+        own, self.key = self.key, key
+        try:
+            return Connection(self, dialer=True, peer=addr)
+        finally:
+            self.key = own
 
     def expect(self, addr: str) -> Connection:
         """A placeholder for a proc we spawned that will dial us; queues frames until it does."""

@@ -18,9 +18,16 @@ from typing import Any
 from ..actors._actor import Actor, endpoint, install_actor
 from ..actors._auth import set_job_key
 from ..actors._port import Port
-from ..actors._runtime import Runtime, all_runtimes, install_runtime, new_event_loop, parse_addr
+from ..actors._runtime import (
+    Runtime,
+    all_runtimes,
+    install_runtime,
+    new_event_loop,
+    parse_addr,
+    peer_keys,
+)
 from ..config import config
-from ..errors import ClosedError, SupervisionError
+from ..errors import SupervisionError
 from ._logs import LineSink
 from ._procs import ProcHandle, forget, start_proc, wait_exited
 
@@ -204,14 +211,16 @@ def main_host_agent(listen: str, key_file: str | None) -> None:
         loop.close()
 
 
-def use_key(key: bytes) -> None:
-    """Make ``key`` the job key of this controller (before any runtime exists)."""
-    if any(rt.key != key for rt in all_runtimes()):
-        raise ClosedError(
-            "a danaus runtime already runs with another key: give the key (DANAUS_AUTH_KEY or "
-            "key_file=) before spawning or attaching anything"
-        )
-    set_job_key(key)
+def use_key(key: bytes, agents: Sequence[str] = ()) -> None:
+    """Authenticate with ``key`` to the host agents at ``agents`` (and to the procs they
+    start for us). Before any runtime exists it becomes the job key; afterwards (local
+    procs already run with the job key) it is the key for those peers only."""
+    runtimes = all_runtimes()
+    if all(rt.key == key for rt in runtimes):
+        set_job_key(key)
+        return
+    for addr in agents:
+        peer_keys[addr] = key
 
 
 def agent_addrs(addrs: Sequence[str]) -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from ..actors._actor import Actor, ProcControl, endpoints_of
 from ..actors._future import Future
 from ..actors._port import Port
-from ..actors._runtime import current_runtime, run_on, run_task
+from ..actors._runtime import current_runtime, peer_keys, run_on, run_task
 from ..actors._wire import OK
 from ..config import config
 from ..errors import ClosedError, SupervisionError
@@ -177,7 +177,10 @@ class HostMesh(Shaped):
             _, group = by_host[i]
             exc = fut.exception()
             if exc is None:
+                key = peer_keys.get(by_host[i][0])
                 for handle, (addr, pid) in zip(group, fut.result(), strict=True):
+                    if key is not None:  # its agent's key, not ours: so is the proc's
+                        peer_keys[addr] = key
                     handle.started(addr, pid)
             else:
                 for handle in group:
@@ -209,9 +212,10 @@ def attach_to_hosts(
 ) -> HostMesh:
     """A mesh of the hosts whose host agents listen at ``addrs`` (``tcp://host:port``).
 
-    Every connection authenticates with the job key, which must be the agents' key:
-    set ``DANAUS_AUTH_KEY`` (hex) in the controller's environment, or pass ``key_file``
-    (a file holding the key as hex, as ``danaus new-key`` writes it).
+    Every connection authenticates with the agents' key: set ``DANAUS_AUTH_KEY`` (hex)
+    in the controller's environment, or pass ``key_file`` (a file holding the key as hex,
+    as ``danaus new-key`` writes it). Given as ``key_file`` after local procs already
+    run (with this job's own key), it is used for the agents and their procs only.
     """
     from ._host_agent import agent_addrs, read_key_file, use_key
 
@@ -219,7 +223,7 @@ def attach_to_hosts(
     if not addrs:
         raise ValueError("attach_to_hosts needs at least one host agent address")
     if key_file is not None:
-        use_key(read_key_file(key_file))
+        use_key(read_key_file(key_file), addrs)
     elif not config.auth_key:
         raise ValueError(
             "attach_to_hosts needs the agents' key: set DANAUS_AUTH_KEY (hex) or pass key_file="

@@ -169,8 +169,9 @@ class TcpBackend(Backend):
 
     # ------------------------------------------------------------ reader side
 
-    async def _connect(self, data_addr: str) -> socket.socket:
+    async def _connect(self, data_addr: str, owner: str) -> socket.socket:
         _, (host, port) = parse_addr(data_addr)
+        key = self.mgr.rt.key_for(owner)  # an attached host agent's procs have its key
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         _tune(sock)
         try:
@@ -181,11 +182,9 @@ class TcpBackend(Backend):
             async with asyncio.timeout(10):
                 await _recv_exact(self.loop, sock, memoryview(answer))
             theirs, mac = bytes(answer[:16]), bytes(answer[16:])
-            if not _auth.verify(self.mgr.rt.key, b"acceptor", mine, theirs, mac):
+            if not _auth.verify(key, b"acceptor", mine, theirs, mac):
                 raise AuthenticationError(f"data server {data_addr} failed to prove the job key")
-            await self.loop.sock_sendall(
-                sock, _auth.proof(self.mgr.rt.key, b"dialer", theirs, mine)
-            )
+            await self.loop.sock_sendall(sock, _auth.proof(key, b"dialer", theirs, mine))
         except BaseException:
             sock.close()
             raise
@@ -217,7 +216,7 @@ class TcpBackend(Backend):
         pool = self._pools.setdefault(handle.data_addr, [])
         self._owner_of[handle.data_addr] = handle.owner
         try:
-            sock = pool.pop() if pool else await self._connect(handle.data_addr)
+            sock = pool.pop() if pool else await self._connect(handle.data_addr, handle.owner)
         except OSError as e:
             raise RDMAOwnerError(
                 f"cannot reach the data server of {handle.owner} "

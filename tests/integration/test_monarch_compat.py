@@ -469,3 +469,64 @@ def test_the_grpo_pattern_runs_through_the_runner() -> None:
     assert "weights in sync True" in lines  # pulled from the learner over RDMA
     assert "scored 12" in lines  # 2 generators x (1 + 5 steps)
     assert lines[-1] == "Training complete"
+
+
+def test_attach_to_hosts_after_local_procs_already_run(tmp_path: Path) -> None:
+    agent_key = os.urandom(32).hex()
+    key_file = tmp_path / "key"
+    key_file.write_text(agent_key)
+    agent_env = dict(os.environ, DANAUS_AUTH_KEY=agent_key, PYTHONPATH=str(ROOT))
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "danaus", "host-agent", "--listen", "tcp://127.0.0.2:0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=agent_env,
+    )
+    try:
+        assert agent.stdout is not None
+        line = agent.stdout.readline()
+        assert "listening on tcp://" in line, line
+        program = textwrap.dedent(f"""
+            import asyncio
+            import numpy as np
+            from danaus import attach_to_hosts, this_host
+            from tests.integration.compat_actors import Ranks
+            from tests.conformance.test_rdma import Owner, _expected
+
+            async def main():
+                async with this_host().spawn_procs(per_host={{"procs": 1}}) as local:
+                    mine = await local.spawn("mine", Ranks)  # runs with this job's own key
+                    hosts = attach_to_hosts(["{line.split()[-1]}"], key_file="{key_file}")
+                    async with hosts.spawn_procs(per_host={{"gpus": 2}}) as remote:
+                        ranks = await remote.spawn("ranks", Ranks)
+                        print([w["own"] for w in (await ranks.who.call()).values()])
+                        owner = await remote.slice(gpus=1).spawn("owner", Owner)
+                        buf = await owner.make.call_one("b", 1000)
+                        dst = np.empty(1000, np.uint8)
+                        await buf.read_into(dst)
+                        print("rdma over tcp", dst.tobytes() == _expected(1000))
+                    print("local", (await mine.who.call_one())["own"])
+
+            asyncio.run(main())
+        """)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), DANAUS_RDMA_BACKEND="tcp")
+        env.pop("DANAUS_AUTH_KEY", None)
+        out = subprocess.run(
+            [sys.executable, "-c", program],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines()[-3:] == [
+            "[{'hosts': 0, 'gpus': 0}, {'hosts': 0, 'gpus': 1}]",
+            "rdma over tcp True",
+            "local {'procs': 0}",
+        ]
+    finally:
+        agent.terminate()
+        agent.wait(30)
+        if agent.stdout is not None:
+            agent.stdout.close()
