@@ -46,6 +46,15 @@ class ActorContext:
         return self.actor_id.rpartition(".")[0] or self.proc_addr
 
     @property
+    def proc(self) -> Any:
+        """The proc this actor lives in, as a proc mesh of one (Monarch's
+        ``actor_instance.proc``): ``proc.spawn(...)`` puts actors next to this one. Only
+        from code running in this actor's proc."""
+        if proc_of_actor is None:
+            raise RuntimeError("actor_instance.proc needs danaus.mesh (import danaus)")
+        return proc_of_actor(self)
+
+    @property
     def class_name(self) -> str:
         """The actor's class, qualified by its module."""
         t = type(self.instance)
@@ -87,6 +96,9 @@ class Context:
     def is_controller(self) -> bool:
         return self.actor_instance is None
 
+
+#: set by danaus.mesh: the proc mesh of one of an actor's own proc
+proc_of_actor: Any = None
 
 _CONTROLLER_POINT = Point({}, {})
 _CONTROLLER = Context(None)

@@ -14,6 +14,7 @@ from concurrent.futures import Future as ThreadFuture
 from types import EllipsisType
 from typing import Any, TypeVar
 
+from ..actors import _context as _context_module
 from ..actors._actor import Actor, ProcControl, endpoints_of
 from ..actors._future import Future
 from ..actors._port import Port
@@ -610,6 +611,20 @@ class ProcMesh(Shaped):
 
 #: set by danaus.tensor_engine when imported (the mesh layer does not import it)
 activate_hook: Any = None
+
+
+def _proc_of_actor(actor: Any) -> ProcMesh:
+    """``context().actor_instance.proc``: the actor's own proc as a mesh of one."""
+    rt = current_runtime()
+    if rt.addr != actor.proc_addr:
+        raise RuntimeError(
+            f"actor_instance.proc of {actor.actor_id} is only reachable from its own proc "
+            f"({actor.proc_addr}), not from {rt.addr}"
+        )
+    return this_proc()
+
+
+_context_module.proc_of_actor = _proc_of_actor
 
 #: default-named proc meshes not stopped yet, by name
 _live_names: weakref.WeakValueDictionary[str, ProcMesh] = weakref.WeakValueDictionary()

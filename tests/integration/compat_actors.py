@@ -174,3 +174,18 @@ class Env(Actor):
     @endpoint
     def say(self, text: str) -> None:
         print(text, flush=True)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Spawner(Actor):
+    """Spawns a sibling actor in its own proc through context().actor_instance.proc."""
+
+    @endpoint
+    async def sibling_pid(self) -> tuple[int, int]:
+        me = context().actor_instance
+        assert me is not None
+        sibling = await me.proc.spawn("sibling", Env)
+        return os.getpid(), int(await sibling.pid.call_one())

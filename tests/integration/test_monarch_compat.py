@@ -530,3 +530,13 @@ def test_attach_to_hosts_after_local_procs_already_run(tmp_path: Path) -> None:
         agent.wait(30)
         if agent.stdout is not None:
             agent.stdout.close()
+
+
+async def test_actor_instance_proc_spawns_next_to_the_actor() -> None:
+    from .compat_actors import Spawner
+
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        spawners = await procs.spawn("spawners", Spawner)
+        pairs = (await spawners.sibling_pid.call()).values()
+        assert [a for a, _ in pairs] == procs.pids
+        assert all(a == b for a, b in pairs)
