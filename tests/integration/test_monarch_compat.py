@@ -490,7 +490,7 @@ def test_attach_to_hosts_after_local_procs_already_run(tmp_path: Path) -> None:
             import asyncio
             import numpy as np
             from danaus import attach_to_hosts, this_host
-            from tests.integration.compat_actors import Ranks
+            from tests.integration.compat_actors import Client, Ranks
             from tests.conformance.test_rdma import Owner, _expected
 
             async def main():
@@ -505,6 +505,9 @@ def test_attach_to_hosts_after_local_procs_already_run(tmp_path: Path) -> None:
                         dst = np.empty(1000, np.uint8)
                         await buf.read_into(dst)
                         print("rdma over tcp", dst.tobytes() == _expected(1000))
+                        clients = await remote.spawn("clients", Client)
+                        got = (await clients.register_async.call()).values()
+                        print("singleton", sorted(got))
                     print("local", (await mine.who.call_one())["own"])
 
             asyncio.run(main())
@@ -520,9 +523,10 @@ def test_attach_to_hosts_after_local_procs_already_run(tmp_path: Path) -> None:
             timeout=120,
         )
         assert out.returncode == 0, out.stderr
-        assert out.stdout.splitlines()[-3:] == [
+        assert out.stdout.splitlines()[-4:] == [
             "[{'hosts': 0, 'gpus': 0}, {'hosts': 0, 'gpus': 1}]",
             "rdma over tcp True",
+            "singleton [101, 102]",  # get_or_spawn_controller from the agents' procs
             "local {'procs': 0}",
         ]
     finally:
