@@ -130,6 +130,8 @@ class HostMesh(Shaped):
             raise TypeError(f"bootstrap must be a function run in each proc, got {bootstrap!r}")
         mesh = self._spawn_procs(per_host, name, env)
         _live_names[name] = mesh
+        # Stopped meshes need no shutdown: forget them, so a long-lived host mesh stays small.
+        self._spawned[:] = [m for m in self._spawned if not m._root._stopped]
         self._spawned.append(mesh)
         if bootstrap is not None:
             mesh._bootstrap = mesh.spawn("bootstrap", _Bootstrap, bootstrap)
