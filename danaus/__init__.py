@@ -45,6 +45,7 @@ from .mesh import (
     run_worker_loop_forever,
     send,
     set_unhandled_fault_hook,
+    shutdown_context,
     this_host,
     this_proc,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "run_worker_loop_forever",
     "send",
     "set_unhandled_fault_hook",
+    "shutdown_context",
     "this_host",
     "this_proc",
     "unhandled_fault_hook",

@@ -9,6 +9,7 @@ from ._proc_mesh import (
     attach_to_hosts,
     attach_to_workers,
     hosts_from_config,
+    shutdown_context,
     this_host,
     this_proc,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "run_worker_loop_forever",
     "send",
     "set_unhandled_fault_hook",
+    "shutdown_context",
     "this_host",
     "this_proc",
 ]

@@ -43,6 +43,7 @@ __all__ = [
     "attach_to_hosts",
     "attach_to_workers",
     "hosts_from_config",
+    "shutdown_context",
     "this_host",
     "this_proc",
 ]
@@ -613,6 +614,22 @@ class ProcMesh(Shaped):
 
 #: set by danaus.tensor_engine when imported (the mesh layer does not import it)
 activate_hook: Any = None
+
+
+def shutdown_context() -> Future[None]:
+    """Stop every proc mesh this process spawned and has not stopped (Monarch's
+    ``shutdown_context``); idempotent. Also done at interpreter exit, where procs still
+    running are killed."""
+    roots: list[ProcMesh] = []
+    for mesh, _ in list(_proc_index.values()):
+        root = mesh._root
+        if not root._stopped and root not in roots:
+            roots.append(root)
+
+    async def stop_all() -> None:
+        await asyncio.gather(*(root._stop_all("the controller shut down") for root in roots))
+
+    return run_task(current_runtime(), stop_all)
 
 
 def _proc_of_actor(actor: Any) -> ProcMesh:

@@ -52,6 +52,7 @@ def _top(name: str) -> Any:
 _MODULES: dict[str, Callable[[str], Any]] = {
     "monarch": _top,
     "monarch.actor": _actor,
+    "monarch.actor.concurrent": _actor,
     "monarch.rdma": _rdma,
     "monarch.config": _config,
 }
@@ -63,7 +64,7 @@ class _Module(types.ModuleType):
     def __init__(self, name: str, lookup: Callable[[str], Any]) -> None:
         super().__init__(name, f"{name}, served by danaus (danaus.monarch)")
         object.__setattr__(self, "_lookup", lookup)
-        if name == "monarch":
+        if name in ("monarch", "monarch.actor"):
             object.__setattr__(self, "__path__", [])  # a package: submodules import
 
     def __getattr__(self, name: str) -> Any:
@@ -101,7 +102,9 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                     name=fullname,
                 )
             return None
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=fullname == "monarch")
+        return importlib.machinery.ModuleSpec(
+            fullname, self, is_package=fullname in ("monarch", "monarch.actor")
+        )
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         return _Module(spec.name, _MODULES[spec.name])

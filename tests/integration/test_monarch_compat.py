@@ -290,6 +290,7 @@ def test_a_program_using_more_monarch_names_runs_through_the_runner() -> None:
         in lines
     )
     assert "helpers ['helper 0', 'helper 1', 'helper 2', 'helper 3']" in lines
+    assert "concurrent_endpoint concurrent_endpoint" in lines  # monarch.actor.concurrent
     assert lines[-1] == "done"
 
 
@@ -544,3 +545,16 @@ async def test_actor_instance_proc_spawns_next_to_the_actor() -> None:
         pairs = (await spawners.sibling_pid.call()).values()
         assert [a for a, _ in pairs] == procs.pids
         assert all(a == b for a, b in pairs)
+
+
+async def test_shutdown_context_stops_every_proc_mesh_of_this_process() -> None:
+    first = this_host().spawn_procs(per_host={"procs": 2})
+    second = this_host().spawn_procs(per_host={"procs": 1})
+    await first.initialized
+    await second.initialized
+    pids = first.pids + second.pids
+    await danaus.shutdown_context()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    await danaus.shutdown_context()  # nothing left: done at once

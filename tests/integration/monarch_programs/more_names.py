@@ -13,6 +13,7 @@ from monarch.actor import (
     send,
     this_host,
 )
+from monarch.actor.concurrent import concurrent_endpoint
 from monarch.config import configured
 
 
@@ -55,4 +56,5 @@ with configured(stop_actor_timeout="2s"):
     print("ranked", sorted(ranked.recv().get() for _ in range(2)))
     print("helpers", as_endpoint(workers.helper).call().get().values())
     procs.stop().get()
+print("concurrent_endpoint", concurrent_endpoint.__name__)
 print("done")
