@@ -1,4 +1,5 @@
-"""The ``danaus`` command: ``danaus host-agent``, ``danaus new-key``, ``danaus rdma-bench``."""
+"""The ``danaus`` command: ``danaus host-agent``, ``danaus new-key``, ``danaus run``,
+``danaus rdma-bench``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ import sys
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["run"]:  # torchrun's flags, parsed by the runner
+        from .spmd._run import main_run
+
+        sys.exit(main_run(args[1:]))
     if args[:1] == ["rdma-bench"]:  # its own options, parsed by the benchmark
         from .rdma.bench import main as bench_main
 
@@ -24,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
         help="file holding the job key as hex (default: $DANAUS_AUTH_KEY)",
     )
     sub.add_parser("new-key", help="print a fresh random job key (hex)")
+    sub.add_parser("run", help="run a torchrun-style script on procs (danaus run --help)")
     sub.add_parser("rdma-bench", help="RDMA data-plane microbenchmark (danaus rdma-bench --help)")
     ns = parser.parse_args(args)
     if ns.cmd == "host-agent":

@@ -1,0 +1,23 @@
+"""SPMD on meshes: torch.distributed in actors, and torchrun-style scripts on every rank.
+
+``setup_torch_elastic_env(procs)`` sets, in every proc of a mesh, the variables torchrun
+sets (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ...), so
+actors then call ``torch.distributed.init_process_group()`` themselves. ``SPMDActor``
+runs a torchrun-style script on every rank; ``python -m danaus run`` does it from a
+command line, as torchrun does. Monarch's names (``monarch.spmd``).
+"""
+
+from __future__ import annotations
+
+from ._actor import SPMDActor, elastic_env
+from ._env import setup_torch_elastic_env, setup_torch_elastic_env_async
+from ._run import RankFailure, run_spmd
+
+__all__ = [
+    "RankFailure",
+    "SPMDActor",
+    "elastic_env",
+    "run_spmd",
+    "setup_torch_elastic_env",
+    "setup_torch_elastic_env_async",
+]

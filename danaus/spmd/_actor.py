@@ -1,0 +1,134 @@
+"""``SPMDActor``: one per proc; sets torchrun's environment there and runs scripts."""
+
+from __future__ import annotations
+
+import math
+import os
+import runpy
+import socket
+import sys
+import traceback
+import uuid
+
+from ..actors import Actor, context, endpoint
+from ..actors._point import Point
+
+#: the dim torchrun calls "per node" when a mesh has no dim named like one
+_LOCAL_DIMS = ("gpus", "gpu", "procs", "local", "nproc")
+
+
+def elastic_env(point: Point, master_addr: str, master_port: int, run_id: str) -> dict[str, str]:
+    """What torchrun would set for the proc at ``point`` of its mesh.
+
+    The last dim is the one within a node (``LOCAL_RANK``); the dims before it number the
+    nodes (``GROUP_RANK``), so ``{"hosts": 2, "gpus": 4}`` gives ranks 0-7, 4 per node.
+    """
+    sizes = dict(point.sizes)
+    if not sizes:
+        local_dim, local_size, local_rank = "", 1, 0
+    else:
+        local_dim = list(sizes)[-1]
+        local_size = sizes[local_dim]
+        local_rank = int(point[local_dim])
+    world = math.prod(sizes.values()) if sizes else 1
+    rank = point.rank
+    return {
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(local_size),
+        "GROUP_RANK": str(rank // local_size),
+        "GROUP_WORLD_SIZE": str(world // local_size),
+        "ROLE_NAME": "default",
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+    }
+
+
+def _proc_host() -> str:
+    """An address of this proc's host that the other procs of its mesh can reach: the
+    host of its TCP address (a host agent's proc), else loopback (a local proc)."""
+    me = context().actor_instance
+    addr = me.proc_addr if me is not None else ""
+    if addr.startswith("tcp://"):
+        return addr[len("tcp://") :].rpartition(":")[0].strip("[]")
+    return "127.0.0.1"
+
+
+def _free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class SPMDActor(Actor):
+    """Sets torchrun's environment variables in its proc and runs torchrun-style scripts.
+
+    Its rank comes from its own place in the proc mesh it was spawned on (see
+    :func:`elastic_env`), whichever slice a message is sent to.
+    """
+
+    def __init__(self) -> None:
+        me = context().actor_instance
+        assert me is not None, "SPMDActor runs in a proc"
+        self.point: Point = me.rank
+
+    @endpoint
+    def get_host_port(self, use_ipaddr: object = None) -> tuple[str, int]:
+        """An address of this proc's host and a free port on it (for ``MASTER_*``)."""
+        host = _proc_host()
+        return host, _free_port(host)
+
+    @endpoint
+    def setup_env(self, master_addr: str, master_port: int, run_id: str = "") -> None:
+        """Set torchrun's variables in this proc's environment."""
+        self._setup_env(master_addr, master_port, run_id)
+
+    def _setup_env(self, master_addr: str, master_port: int, run_id: str) -> None:
+        os.environ.update(
+            elastic_env(self.point, master_addr, master_port, run_id or uuid.uuid4().hex)
+        )
+
+    @endpoint
+    def main(
+        self, master_addr: str, master_port: int, script_args: list[str], run_id: str = ""
+    ) -> int:
+        """Run a torchrun-style script here: ``["-m", "pkg.mod", *args]`` or
+        ``["path.py", *args]``, as ``__main__`` with ``sys.argv`` set.
+
+        Returns its exit code (0 when it returns; ``sys.exit(n)`` gives ``n``). An
+        exception it raises fails this call with the script's traceback.
+        """
+        if not script_args or script_args == ["-m"]:
+            raise ValueError("no script or module to run: give ['-m', 'module', ...] or [path]")
+        self._setup_env(master_addr, master_port, run_id)
+        old_argv = sys.argv
+        try:
+            if script_args[0] == "-m":
+                sys.argv = [script_args[1], *script_args[2:]]
+                runpy.run_module(script_args[1], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = list(script_args)
+                runpy.run_path(script_args[0], run_name="__main__")
+        except SystemExit as e:
+            code = e.code
+            if code is None:
+                return 0
+            if isinstance(code, int):
+                return code
+            print(code, file=sys.stderr)
+            return 1
+        except BaseException:
+            traceback.print_exc()  # in the rank's own log, as torchrun shows it
+            raise
+        finally:
+            sys.argv = old_argv
+            sys.stdout.flush()
+            sys.stderr.flush()
+        return 0

@@ -1,0 +1,172 @@
+"""torch.distributed on meshes: torchrun's environment, scripts on every rank, `danaus run`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from danaus import this_host
+from danaus.spmd import (
+    RankFailure,
+    elastic_env,
+    run_spmd,
+    setup_torch_elastic_env,
+    setup_torch_elastic_env_async,
+)
+
+from .spmd_actors import Trainer
+
+SCRIPT = str(Path(__file__).parent / "spmd_programs" / "ddp_train.py")
+
+
+FAIL_1 = ["--fail-rank", "1", "--steps", "1000"]
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.getcwd())
+
+
+async def test_every_proc_gets_torchruns_variables_from_its_coordinates() -> None:
+    async with this_host().spawn_procs(per_host={"nodes": 2, "gpus": 2}) as procs:
+        await setup_torch_elastic_env_async(procs)
+        trainers = procs.spawn("trainer", Trainer)
+        envs = (await trainers.env.call()).values()
+    assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "0", "1"]
+    assert [e["GROUP_RANK"] for e in envs] == ["0", "0", "1", "1"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"4"}
+    assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"}
+    assert {e["GROUP_WORLD_SIZE"] for e in envs} == {"2"}
+    # One rendezvous for all: rank 0's host, one port, one run id.
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"], e["TORCHELASTIC_RUN_ID"]) for e in envs}) == 1
+    assert envs[0]["MASTER_ADDR"] == "127.0.0.1" and int(envs[0]["MASTER_PORT"]) > 0
+
+
+async def test_actors_init_process_group_and_it_works_again_after_a_respawn() -> None:
+    for _ in range(2):  # a second mesh: a fresh rendezvous, no state left from the first
+        async with this_host().spawn_procs(per_host={"gpus": 3}) as procs:
+            await setup_torch_elastic_env_async(procs)
+            trainers = procs.spawn("trainer", Trainer)
+            assert (await trainers.all_reduce.call()).values() == [6.0, 6.0, 6.0]
+
+
+def test_the_sync_form_returns_once_the_variables_are_set() -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        assert setup_torch_elastic_env(procs) is None
+        envs = procs.spawn("trainer", Trainer).env.call().get(timeout=60).values()
+        assert [e["RANK"] for e in envs] == ["0", "1"]
+    finally:
+        procs.stop().get(timeout=60)
+
+
+def test_master_address_and_port_go_together() -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        with pytest.raises(ValueError, match="give both master_addr and master_port"):
+            setup_torch_elastic_env(procs, master_addr="127.0.0.1")
+        setup_torch_elastic_env(procs, master_addr="10.1.2.3", master_port=29400)
+        env = procs.spawn("trainer", Trainer).env.call_one().get(timeout=60)
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.1.2.3", "29400")
+    finally:
+        procs.stop().get(timeout=60)
+
+
+def test_elastic_env_of_a_point() -> None:
+    from danaus.actors._point import Point
+
+    env = elastic_env(Point.from_rank(5, {"hosts": 2, "gpus": 4}), "h", 1, "r")
+    assert (env["RANK"], env["LOCAL_RANK"], env["GROUP_RANK"]) == ("5", "1", "1")
+    assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == ("8", "4", "2")
+
+
+def _train(tmp: Path, how: list[str], *extra: str) -> dict[str, object]:
+    out = tmp / f"out{len(list(tmp.iterdir()))}.json"
+    r = subprocess.run(
+        [*how, SCRIPT, "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return dict(json.loads(out.read_text()))
+
+
+def _max_diff(a: dict[str, object], b: dict[str, object]) -> float:
+    wa, wb = a["weights"], b["weights"]
+    assert isinstance(wa, dict) and isinstance(wb, dict) and wa.keys() == wb.keys()
+    return max(abs(p - q) for k in wa for p, q in zip(wa[k], wb[k], strict=True))
+
+
+@pytest.mark.timeout(240)
+def test_ddp_under_danaus_run_equals_torchrun_and_one_process(tmp_path: Path) -> None:
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    one = _train(tmp_path, [sys.executable])
+    ours = _train(tmp_path, [sys.executable, "-m", "danaus", "run", "--nproc-per-node", "2"])
+    theirs = _train(tmp_path, [torchrun, "--nproc-per-node", "2"])
+    assert (one["world"], ours["world"], theirs["world"]) == (1, 2, 2)
+    assert _max_diff(ours, theirs) < 1e-5
+    assert _max_diff(ours, one) < 1e-5
+    assert isinstance(ours["losses"], list) and len(ours["losses"]) == 20  # every step ran
+
+
+@pytest.mark.timeout(120)
+def test_fsdp2_under_danaus_run_equals_one_process(tmp_path: Path) -> None:
+    one = _train(tmp_path, [sys.executable])
+    ours = _train(
+        tmp_path, [sys.executable, "-m", "danaus", "run", "--nproc-per-node", "2"], "--fsdp"
+    )
+    assert _max_diff(ours, one) < 1e-5
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_raises_fails_the_run_with_its_traceback_and_none_hangs() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "danaus", "run", "--nproc-per-node", "2", SCRIPT, *FAIL_1],
+        capture_output=True,
+        text=True,
+        timeout=90,  # rank 0 would wait in its all-reduce for 30 min if it were left
+        env=_env(),
+    )
+    assert r.returncode == 1
+    assert "danaus run: rank 1 raised" in r.stderr
+    assert "rank 1 fails at step 3 on purpose" in r.stderr
+    assert "[rank 1] Traceback (most recent call last):" in r.stderr  # the rank's own log
+
+
+async def test_run_spmd_reports_the_failed_rank_and_stops_the_mesh() -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    with pytest.raises(RankFailure) as info:
+        await asyncio.wait_for(run_spmd(procs, [SCRIPT, "--fail-rank", "0", "--steps", "1000"]), 90)
+    assert info.value.rank == 0 and info.value.exit_code == 1
+    assert "rank 0 fails at step 3 on purpose" in str(info.value.cause)
+    await procs.stop()  # already stopped by the failure: a no-op
+
+
+async def test_run_spmd_gives_every_ranks_exit_code() -> None:
+    async with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        codes = await asyncio.wait_for(run_spmd(procs, [SCRIPT, "--steps", "2"]), 90)
+    assert codes == [0, 0]
+
+
+def test_danaus_run_refuses_bad_flags() -> None:
+    for flags, msg in (
+        (["--nproc-per-node", "0"], "--nproc-per-node must be >= 1"),
+        (["--nnodes", "2"], "--nnodes 2 but 1 host(s)"),
+        (["--master-addr", "h"], "give both --master-addr and --master-port"),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "danaus", "run", *flags, SCRIPT],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_env(),
+        )
+        assert r.returncode != 0 and msg in r.stderr, (flags, r.stderr)
