@@ -7,6 +7,7 @@ from . import (
     bench_mesh,
     bench_runtime,
     bench_spawn,
+    bench_spmd,
     bench_supervision,
     bench_tensor_engine,
     bench_wire,
@@ -22,6 +23,8 @@ def main() -> None:
     bench_mesh.main()
     print("\n== spawning: fork server vs exec ==")
     bench_spawn.main()
+    print("\n== SPMD: danaus run vs torchrun ==")
+    bench_spmd.main()
     print("\n== supervision (issue 4) ==")
     bench_supervision.main()
     print(

@@ -117,6 +117,22 @@ def test_ddp_under_danaus_run_equals_torchrun_and_one_process(tmp_path: Path) ->
     assert isinstance(ours["losses"], list) and len(ours["losses"]) == 20  # every step ran
 
 
+def _gpus() -> int:
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2 CUDA GPUs for NCCL; this machine has none")
+def test_ddp_with_nccl_on_gpus_equals_one_process(tmp_path: Path) -> None:
+    one = _train(tmp_path, [sys.executable])
+    ours = _train(
+        tmp_path, [sys.executable, "-m", "danaus", "run", "--nproc-per-node", "2"], "--nccl"
+    )
+    assert _max_diff(ours, one) < 1e-4  # GPU kernels round differently from the CPU's
+
+
 @pytest.mark.timeout(120)
 def test_fsdp2_under_danaus_run_equals_one_process(tmp_path: Path) -> None:
     one = _train(tmp_path, [sys.executable])

@@ -27,15 +27,20 @@ def main() -> None:
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--time", action="store_true")
     p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) instead of DDP")
+    p.add_argument("--nccl", action="store_true", help="NCCL on GPU LOCAL_RANK (else gloo, CPU)")
     args = p.parse_args()
     distributed = "RANK" in os.environ
+    device = torch.device("cpu")
+    if args.nccl:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     if distributed:
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if args.nccl else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
         rank, world = 0, 1
     torch.manual_seed(0)
-    model: nn.Module = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    model: nn.Module = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)).to(device)
     if distributed and args.fsdp:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -46,7 +51,8 @@ def main() -> None:
                 fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
     elif distributed:
-        model = nn.parallel.DistributedDataParallel(model)
+        ids = [device.index] if args.nccl else None
+        model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(1)
     losses = []
@@ -54,6 +60,7 @@ def main() -> None:
     for step in range(args.steps):
         x = torch.randn(args.batch, 8, generator=data)
         y = x.sum(dim=1, keepdim=True).sin()
+        x, y = x.to(device), y.to(device)
         if step == 3 and rank == args.fail_rank:
             raise RuntimeError(f"rank {rank} fails at step {step} on purpose")
         t = time.perf_counter()
@@ -70,7 +77,7 @@ def main() -> None:
     if args.fsdp and distributed:  # every rank takes part in gathering the shards
         state = {k: v.full_tensor() for k, v in state.items()}
     if args.out and rank == 0:
-        weights = {k: v.flatten().tolist() for k, v in state.items()}
+        weights = {k: v.flatten().cpu().tolist() for k, v in state.items()}
         weights = {k.removeprefix("module."): v for k, v in weights.items()}
         with open(args.out, "w") as f:
             json.dump({"weights": weights, "losses": losses, "world": world}, f)
