@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any
 
-from danaus import Actor, Port, concurrent_endpoint, current_rank, endpoint
+from danaus import Actor, Port, concurrent_endpoint, context, current_rank, endpoint
 
 
 class Worker(Actor):
@@ -85,7 +85,7 @@ class Caller(Actor):
     @endpoint
     def sum_of_others(self, me: Any) -> int:
         """``.get()`` on the other ranks of this actor's own mesh."""
-        mine = current_rank().rank
+        mine = context().actor_instance.rank.rank
         total = 0
         for r in range(me.size()):
             if r != mine:
@@ -94,16 +94,18 @@ class Caller(Actor):
 
     @endpoint
     def call_self(self, me: Any) -> int:
-        return me.slice(procs=current_rank().rank).value_of.call_one().get(timeout=30)
+        return (
+            me.slice(procs=context().actor_instance.rank.rank).value_of.call_one().get(timeout=30)
+        )
 
     @endpoint
     async def acall_self(self, me: Any) -> int:
-        return await me.slice(procs=current_rank().rank).value_of.call_one()
+        return await me.slice(procs=context().actor_instance.rank.rank).value_of.call_one()
 
     @endpoint
     def send_later(self, me: Any) -> str:
         """Calling itself without waiting is fine: the call runs after this returns."""
-        me.slice(procs=current_rank().rank).value_of.broadcast()
+        me.slice(procs=context().actor_instance.rank.rank).value_of.broadcast()
         return "sent"
 
 
