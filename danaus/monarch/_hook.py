@@ -31,6 +31,10 @@ def _rdma(name: str) -> Any:
     return getattr(importlib.import_module("danaus.rdma"), name)
 
 
+def _spmd(name: str) -> Any:
+    return getattr(importlib.import_module("danaus.spmd"), name)
+
+
 def _config(name: str) -> Any:
     return getattr(importlib.import_module("danaus.config"), name)
 
@@ -55,6 +59,7 @@ _MODULES: dict[str, Callable[[str], Any]] = {
     "monarch.actor.concurrent": _actor,
     "monarch.rdma": _rdma,
     "monarch.config": _config,
+    "monarch.spmd": _spmd,
 }
 
 

@@ -558,3 +558,16 @@ async def test_shutdown_context_stops_every_proc_mesh_of_this_process() -> None:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     await danaus.shutdown_context()  # nothing left: done at once
+
+
+def test_a_program_using_monarch_spmd_runs_through_the_runner() -> None:
+    program = Path(__file__).parent / "monarch_programs" / "spmd_env.py"
+    out = subprocess.run(
+        [sys.executable, "-m", "danaus.monarch", str(program)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-2:] == ["all_reduce [3.0, 3.0]", "done"]
