@@ -7,6 +7,8 @@ import functools
 import inspect
 import itertools
 import logging
+import os
+import shutil
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -66,10 +68,13 @@ class HostMesh(Shaped):
         name: str = "local",
         agents: ActorMesh[Any] | None = None,
         spawned: list[ProcMesh] | None = None,
+        python: str | None = None,
     ) -> None:
         self._shape = shape
         self.name = name
         self._agents = agents
+        #: the Python that local procs run (``with_python_executable``); None: this one
+        self._python = python
         #: proc meshes spawned on these hosts (shared by slices): shutdown() stops them
         self._spawned: list[ProcMesh] = spawned if spawned is not None else []
 
@@ -80,7 +85,25 @@ class HostMesh(Shaped):
         agents = self._agents
         if agents is not None:
             agents = agents._with_shape(shape)
-        return HostMesh(shape, self.name, agents, self._spawned)
+        return HostMesh(shape, self.name, agents, self._spawned, self._python)
+
+    def with_python_executable(self, python_executable: str) -> HostMesh:
+        """These hosts, spawning procs that run ``python_executable`` (Monarch's name).
+
+        It must have danaus importable; procs it starts spawn their own procs with it
+        too. Such procs start as fresh interpreters (the fork server runs this Python).
+        Host agents start procs with their own Python: start the agent with the one
+        wanted instead.
+        """
+        path = shutil.which(python_executable) or python_executable
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise ValueError(f"python_executable {python_executable!r} is not an executable file")
+        if self._agents is not None:
+            raise ValueError(
+                "with_python_executable applies to this host's procs; host agents start "
+                "procs with their own Python (start the agent with the one wanted)"
+            )
+        return HostMesh(self._shape, self.name, None, self._spawned, path)
 
     def shutdown(self) -> Future[None]:
         """Stop every proc mesh spawned on these hosts (Monarch's ``HostMesh.shutdown``).
@@ -156,7 +179,7 @@ class HostMesh(Shaped):
             # "unix:@": a fresh unguessable name per proc; a name another process could
             # predict (a counter) could be bound by it first, failing the spawn.
             handles: list[Any] = [
-                start_proc(rt, "unix:@", r, env, printer(name, r, options))
+                start_proc(rt, "unix:@", r, env, printer(name, r, options), self._python)
                 for r in range(len(shape))
             ]
             return ProcMesh(shape, handles, name, started=resolved(), log_options=options)

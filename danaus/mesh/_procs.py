@@ -209,6 +209,7 @@ def start_proc(
     rank: int,
     env: dict[str, str] | None = None,
     sink: LineSink | None = None,
+    executable: str | None = None,
 ) -> ProcHandle:
     """Start one proc that will listen on ``addr`` and dial ``rt`` when it is up.
 
@@ -216,17 +217,20 @@ def start_proc(
     nobody can predict: either way the socket is bound here and handed to the proc, so
     the address is known at once and no other process can take it meanwhile.
 
+    ``executable``: a Python other than this one (``HostMesh.with_python_executable``);
+    such a proc starts as a fresh interpreter of it (a fork server runs this Python).
+
     The process is started from ``rt``'s loop thread: the kernel's parent-death signal
     follows the *thread* that forked, so a proc started from a short-lived thread (a
     worker thread of a web framework, say) would die with that thread.
     """
     if rt.on_loop() or threading.current_thread() is threading.main_thread():
-        return _start_proc(rt, addr, rank, env, sink)
+        return _start_proc(rt, addr, rank, env, sink, executable)
     started: ThreadFuture[ProcHandle] = ThreadFuture()
 
     def start() -> None:
         try:
-            started.set_result(_start_proc(rt, addr, rank, env, sink))
+            started.set_result(_start_proc(rt, addr, rank, env, sink, executable))
         except BaseException as e:
             started.set_exception(e)
 
@@ -235,7 +239,12 @@ def start_proc(
 
 
 def _start_proc(
-    rt: Runtime, addr: str, rank: int, env: dict[str, str] | None, sink: LineSink | None
+    rt: Runtime,
+    addr: str,
+    rank: int,
+    env: dict[str, str] | None,
+    sink: LineSink | None,
+    executable: str | None = None,
 ) -> ProcHandle:
     sock = None
     pass_fds: tuple[int, ...] = ()
@@ -262,13 +271,15 @@ def _start_proc(
         proc_env.update(env)
     proc_ready[addr] = ThreadFuture()
     popen: subprocess.Popen[bytes] | ForkedPopen
-    server = fork_server()
+    python = executable or sys.executable
+    other_python = os.path.realpath(python) != os.path.realpath(sys.executable)
+    server = None if other_python else fork_server()
     try:
         if server is not None:
             listen_fd = sock.fileno() if sock is not None else None
             popen = server.fork(addr, rt.addr, proc_env, listen_fd, capture=sink is not None)
         else:
-            popen = _exec_proc(rt, addr, extra, pass_fds, proc_env, sink is not None)
+            popen = _exec_proc(rt, python, addr, extra, pass_fds, proc_env, sink is not None)
     finally:
         if sock is not None:
             sock.close()  # the proc holds its own copy
@@ -286,15 +297,16 @@ def _start_proc(
 
 def _exec_proc(
     rt: Runtime,
+    python: str,
     addr: str,
     extra: list[str],
     pass_fds: tuple[int, ...],
     env: dict[str, str],
     capture: bool,
 ) -> subprocess.Popen[bytes]:
-    """Start a proc as a fresh interpreter."""
+    """Start a proc as a fresh interpreter of ``python``."""
     cmd = [
-        sys.executable,
+        python,
         "-m",
         "danaus.actors._proc",
         "--addr",

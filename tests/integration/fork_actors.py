@@ -20,6 +20,10 @@ class Probe(Actor):
         return os.getpid(), os.getppid()
 
     @endpoint
+    def environ(self, name: str) -> str:
+        return os.environ.get(name, "")
+
+    @endpoint
     def modules(self) -> list[str]:
         return sorted(m for m in ("numpy", "torch") if m in sys.modules)
 

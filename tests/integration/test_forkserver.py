@@ -234,3 +234,18 @@ def test_a_killed_controller_takes_its_server_and_procs_along(method: str) -> No
         for pipe in (ctl.stdin, ctl.stdout):
             if pipe is not None:
                 pipe.close()
+
+
+async def test_with_python_executable_starts_procs_with_that_python(
+    fresh_server: None, tmp_path: Any
+) -> None:
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f'#!/bin/sh\nDANAUS_TEST_WRAPPED=yes exec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    hosts = this_host().with_python_executable(str(wrapper))
+    async with hosts.spawn_procs(per_host={"procs": 2}) as procs:
+        probe = await procs.spawn("probe", Probe)
+        assert (await probe.environ.call("DANAUS_TEST_WRAPPED")).values() == ["yes", "yes"]
+        assert {ppid for _, ppid in (await probe.where.call()).values()} == {os.getpid()}
+    with pytest.raises(ValueError, match="is not an executable file"):
+        this_host().with_python_executable(str(tmp_path / "missing"))
