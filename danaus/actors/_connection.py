@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import select
 import socket
@@ -24,7 +25,7 @@ from ..config import config
 from ..errors import AuthenticationError, ProtocolError, SupervisionError
 from ._frames import TAG_BYTES, FrameMacs, FrameReader, frame_macs, frame_tag, trim_part_pool
 from ._handshake import HandshakeMachine
-from ._wire import MAGIC, PREFIX, Buffer, Message, Ping, frame
+from ._wire import MAGIC, PREFIX, Buffer, Ping, frame
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -70,7 +71,10 @@ class Connection(asyncio.BufferedProtocol):
         #: calls whose reply comes back here; failed if the connection is lost
         self.pending: dict[int, Any] = {}
         self._encoder = msgspec.msgpack.Encoder()
-        self._reader = FrameReader(self._on_message, self._on_handshake, self._peer_name)
+        # Messages go straight to the runtime: no call through this class per frame.
+        self._reader = FrameReader(
+            functools.partial(runtime.dispatch, self), self._on_handshake, self._peer_name
+        )
         # The transport fills the reader's buffers with no call through this class.
         self.get_buffer = self._reader.get_buffer  # type: ignore[method-assign]
         self._hs = HandshakeMachine(
@@ -162,6 +166,7 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._hs_timer is not None:
             self._hs_timer.cancel()
+        self._reader.paused = True
         if self.state is not CLOSED:
             self.state = CLOSED
             if self.close_reason is None:
@@ -213,6 +218,7 @@ class Connection(asyncio.BufferedProtocol):
         elif isinstance(exc, ProtocolError):
             log.error("closing connection from %s: %s", self._peer_name(), exc)
         self.state = CLOSED
+        self._reader.paused = True  # (no more frames from the buffer)
         self.close_reason = exc
         if self.transport is not None:
             self.transport.abort()
@@ -283,14 +289,17 @@ class Connection(asyncio.BufferedProtocol):
         if not self._read_holders and self.transport is not None:
             self.transport.pause_reading()
         self._read_holders.add(holder)
+        self._reader.paused = True  # (the rest waits in the buffer)
 
     def release_reading(self, holder: object) -> None:
         if holder not in self._read_holders:
             return
         self._read_holders.discard(holder)
-        if not self._read_holders and self.transport is not None and self.state is not CLOSED:
-            self.transport.resume_reading()
-            self.loop.call_soon(self._resume_parse)
+        if not self._read_holders and self.state is not CLOSED:
+            self._reader.paused = False
+            if self.transport is not None:
+                self.transport.resume_reading()
+                self.loop.call_soon(self._resume_parse)
 
     def _resume_parse(self) -> None:
         """Parse what stayed in the buffer while reading was held."""
@@ -460,8 +469,8 @@ class Connection(asyncio.BufferedProtocol):
             self.fail(ProtocolError(f"peer {self._peer_name()} closed mid-frame (truncated frame)"))
         return None
 
-    def _on_handshake(self, header: bytes) -> bool:
-        """Take one handshake frame; true (stop parsing) if the connection closed."""
+    def _on_handshake(self, header: bytes) -> None:
+        """Take one handshake frame: answer it, and open once the peer proved the key."""
         hs = self._hs
         reply = hs.receive(header)
         if hs.peer_addr is not None:
@@ -470,10 +479,3 @@ class Connection(asyncio.BufferedProtocol):
             self._write_now(reply)
         if hs.done:
             self._open()
-        return self.state is CLOSED
-
-    def _on_message(self, msg: Message, parts: list[bytearray]) -> object:
-        """Dispatch; true (stop parsing) when closed, or a full mailbox holds reading:
-        the rest waits in the buffer."""
-        self.rt.dispatch(self, msg, parts)
-        return self.state is not OPEN or self._read_holders

@@ -150,14 +150,14 @@ class FrameReader:
     parts, each handed undecoded to ``on_handshake(header)``. After :meth:`open` it takes
     ``config`` limits, decodes each header as a :data:`~danaus.actors._wire.Message` for
     ``on_message(msg, parts)`` and, given the session's incoming tag makers, checks the
-    tag after every frame. A callback that returns true stops the parse (the rest waits
-    for :meth:`parse`). ``peer_name`` names the peer in errors.
+    tag after every frame. Setting :attr:`paused` in a callback stops the parse (the rest
+    waits for :meth:`parse`). ``peer_name`` names the peer in errors.
     """
 
     def __init__(
         self,
-        on_message: Callable[[Message, list[bytearray]], object],
-        on_handshake: Callable[[bytes], object],
+        on_message: Callable[[Message, list[bytearray]], None],
+        on_handshake: Callable[[bytes], None],
         peer_name: Callable[[], str] = lambda: "(unknown peer)",
     ) -> None:
         self._on_message = on_message
@@ -165,6 +165,10 @@ class FrameReader:
         self._peer_name = peer_name
         self._decode = msgspec.msgpack.Decoder(Message).decode
         self.opened = False
+        #: Set by the owner to stop handing out frames (checked after each one): a full
+        #: mailbox holds reading, or the connection closed. What is left waits for
+        #: :meth:`parse` once it is cleared.
+        self.paused = False
         self._mac_in: FrameMacs | None = None
         self._seq_in = 0
         self._buf = bytearray(HANDSHAKE_BUFFER)
@@ -283,13 +287,16 @@ class FrameReader:
 
     def parse(self) -> None:
         """Hand every whole frame received to ``on_handshake`` (its header, until
-        :meth:`open`) or ``on_message``; stop early where one returns true (a full mailbox
-        holds reading, or the connection closed): the rest stays for the next call."""
+        :meth:`open`) or ``on_message``, until one of them sets :attr:`paused`: the rest
+        stays for the next call."""
         if not self.opened:
             on_handshake = self._on_handshake
             while not self.opened:
                 got = self._next_frame()
-                if got is None or on_handshake(got[0]):
+                if got is None:
+                    return
+                on_handshake(got[0])
+                if self.paused:
                     return
         on_message = self._on_message
         unpack = PREFIX.unpack_from
@@ -318,7 +325,8 @@ class FrameReader:
                         except msgspec.DecodeError as ex:
                             raise self._undecodable(ex) from ex
                         start = self._start = e + TAG_BYTES
-                        if on_message(msg, _NO_PARTS):
+                        on_message(msg, _NO_PARTS)
+                        if self.paused:
                             return
                 else:
                     while end - start >= 12:
@@ -331,7 +339,8 @@ class FrameReader:
                             msg = decode(mv[s:start].tobytes())
                         except msgspec.DecodeError as ex:
                             raise self._undecodable(ex) from ex
-                        if on_message(msg, _NO_PARTS):
+                        on_message(msg, _NO_PARTS)
+                        if self.paused:
                             return
                 if start == end:
                     self._start = self._end = 0
@@ -344,7 +353,8 @@ class FrameReader:
                 msg = decode(header)
             except msgspec.DecodeError as ex:
                 raise self._undecodable(ex) from ex
-            if on_message(msg, parts):
+            on_message(msg, parts)
+            if self.paused:
                 return
 
     def _undecodable(self, ex: msgspec.DecodeError) -> ProtocolError:

@@ -565,6 +565,13 @@ def record_dispatch(
     return seen
 
 
+@pytest.fixture
+def seen(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, list[Any]]]:
+    """Each message ``runtime`` dispatches, recorded from before the test's connections
+    exist (a connection hands messages to the dispatch it found when it was made)."""
+    return record_dispatch(runtime, monkeypatch)
+
+
 def assert_parts_received(received: list[Any], sent: list[bytes]) -> None:
     assert [bytes(p) for p in received] == sent
     # Writable buffers: numpy arrays and tensors are rebuilt on them without a copy.
@@ -572,9 +579,8 @@ def assert_parts_received(received: list[Any], sent: list[bytes]) -> None:
 
 
 async def test_call_with_parts_is_parsed_and_the_next_frame_too(
-    runtime: Runtime, dial: Dial, monkeypatch: pytest.MonkeyPatch
+    seen: list[tuple[Any, list[Any]]], dial: Dial
 ) -> None:
-    seen = record_dispatch(runtime, monkeypatch)
     peer = await dial()
     await peer.handshake()
     parts = [b"a" * (300 << 10), b"b" * 5, b"", bytes(range(256)) * (8 << 10)]
@@ -588,9 +594,8 @@ async def test_call_with_parts_is_parsed_and_the_next_frame_too(
 
 
 async def test_large_parts_of_one_size_reuse_one_pooled_buffer(
-    runtime: Runtime, dial: Dial, monkeypatch: pytest.MonkeyPatch
+    seen: list[tuple[Any, list[Any]]], dial: Dial
 ) -> None:
-    seen = record_dispatch(runtime, monkeypatch)
     peer = await dial()
     await peer.handshake()
     part = b"p" * (4 << 20)
@@ -775,7 +780,7 @@ def feed(conn: Connection, data: bytes, chunk: int) -> None:
 
 
 @pytest.fixture
-def acceptor(runtime: Runtime) -> Any:
+def acceptor(runtime: Runtime, seen: list[tuple[Any, list[Any]]]) -> Any:
     """A real acceptor-side Connection of ``runtime`` on a fake transport."""
     conn = Connection(runtime, dialer=False)
     transport = FakeTransport()
@@ -817,9 +822,8 @@ async def test_frames_fed_one_byte_at_a_time_are_parsed(acceptor: Any) -> None:
 
 @pytest.mark.parametrize("chunk", [1, 7, 4093, 1 << 20])
 async def test_frames_with_large_parts_and_headers_fed_in_chunks_are_parsed(
-    runtime: Runtime, acceptor: Any, chunk: int, monkeypatch: pytest.MonkeyPatch
+    seen: list[tuple[Any, list[Any]]], acceptor: Any, chunk: int
 ) -> None:
-    seen = record_dispatch(runtime, monkeypatch)
     conn, transport = acceptor
     handshake_fed(conn, transport, chunk=chunk)
     parts = [b"a" * 100, bytes(range(256)) * 280, b"", bytes(range(251)) * 4200]
@@ -840,9 +844,8 @@ async def test_frames_with_large_parts_and_headers_fed_in_chunks_are_parsed(
 
 
 async def test_a_claimed_huge_part_costs_memory_only_as_its_bytes_arrive(
-    runtime: Runtime, acceptor: Any, monkeypatch: pytest.MonkeyPatch
+    seen: list[tuple[Any, list[Any]]], acceptor: Any
 ) -> None:
-    seen = record_dispatch(runtime, monkeypatch)
     conn, transport = acceptor
     handshake_fed(conn, transport, chunk=4096)
     n = 256 << 20
@@ -983,3 +986,61 @@ async def test_a_connection_to_a_lost_peer_is_closed_from_the_start(runtime: Run
     assert conn.state is State.CLOSED and conn.close_reason is reason
     assert repr(conn) == "<Connection dialer peer=unix:@danaus-test-gone closed>"
     assert not conn.send(StopProc(1))
+
+
+async def test_a_full_mailbox_holds_the_rest_of_the_buffer_until_it_lets_go(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holder = object()
+    got: list[int] = []
+    last = asyncio.get_running_loop().create_future()
+
+    def dispatch(conn: Connection, msg: Any, parts: list[Any]) -> None:
+        got.append(msg.reply)
+        if msg.reply == 1:
+            conn.hold_reading(holder)  # what a mailbox past its limit does
+        if msg.reply == 3:
+            last.set_result(None)
+
+    monkeypatch.setattr(runtime, "dispatch", dispatch)
+    conn = Connection(runtime, dialer=False)
+    transport = FakeTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    try:
+        handshake_fed(conn, transport, chunk=1 << 20)
+
+        feed(conn, ghost_call(1) + ghost_call(2, [b"p"]) + ghost_call(3), chunk=1 << 20)
+
+        assert got == [1] and transport.paused
+        conn.release_reading(holder)
+        assert not transport.paused
+        await asyncio.wait_for(last, TIMEOUT)  # the rest, parsed from the buffer, in order
+        assert got == [1, 2, 3]
+    finally:
+        conn.connection_lost(None)
+
+
+async def test_nothing_more_is_dispatched_once_a_message_closed_the_connection(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from danaus.errors import ProtocolError
+
+    got: list[int] = []
+
+    def dispatch(conn: Connection, msg: Any, parts: list[Any]) -> None:
+        got.append(msg.reply)
+        conn.fail(ProtocolError("handler refused it"))
+
+    monkeypatch.setattr(runtime, "dispatch", dispatch)
+    conn = Connection(runtime, dialer=False)
+    transport = FakeTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    try:
+        handshake_fed(conn, transport, chunk=1 << 20)
+
+        feed(conn, ghost_call(1) + ghost_call(2, [b"p"]) + ghost_call(3), chunk=1 << 20)
+
+        assert got == [1]
+        assert transport.aborted and conn.state is State.CLOSED
+    finally:
+        conn.connection_lost(None)
