@@ -1,0 +1,506 @@
+"""``SlurmJob``: host meshes on a SLURM allocation, with Monarch's ``monarch.job`` shape.
+
+::
+
+    job = SlurmJob(meshes={"trainers": 2}, partition="gpu", time_limit="1:00:00")
+    hosts = job.state().trainers             # sbatch, wait for the agents, attach
+    procs = hosts.spawn_procs(per_host={"gpus": 8})
+    ...
+    job.kill()                               # scancel (also done at controller exit)
+
+``apply()`` submits a batch job whose script starts one danaus host agent per node with
+``srun`` (``python -m danaus.job._agent``); each agent binds its node's address and
+writes it to the job directory, which must be on a file system the nodes share with the
+controller (default: ``./.danaus/jobs/<name>-<id>``). The controller attaches with the
+job key, which it writes there for the agents (mode 0600).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future as ThreadFuture
+from typing import TYPE_CHECKING, Any
+
+from ..actors import _auth
+from ..config import config
+from ..mesh._slurm import expand_hostlist
+from ._job import JobState, JobStatus, JobTrait
+from ._lease import AGENTS_DIR, LEASE, JobLease
+
+if TYPE_CHECKING:
+    from ..mesh import HostMesh
+
+__all__ = ["SlurmJob"]
+
+log = logging.getLogger("danaus.job.slurm")
+
+#: SLURM job states after which the job holds no nodes.
+TERMINAL = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REVOKED",
+        "SPECIAL_EXIT",
+        "TIMEOUT",
+    }
+)
+#: How long a slurm command may take before it counts as failed (s).
+COMMAND_TIMEOUT = 60.0
+#: How often the job's state and the agents' addresses are polled while waiting (s).
+POLL_INTERVAL = 0.02
+
+
+def _slurm(args: Sequence[str], input: str | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            list(args), input=input, capture_output=True, text=True, timeout=COMMAND_TIMEOUT
+        )
+    except FileNotFoundError:
+        raise RuntimeError(
+            f"{args[0]} is not installed here: SlurmJob needs SLURM's client commands"
+        ) from None
+
+
+def job_status(job_id: str) -> tuple[str, list[str]] | None:
+    """``(state, nodes)`` of a SLURM job (a step id ``J.S`` asks about job ``J``);
+    None once SLURM has forgotten it."""
+    out = _slurm(["squeue", "-h", "-t", "all", "-j", job_id.split(".")[0], "-o", "%T|%N"])
+    if out.returncode != 0:
+        if "Invalid job id" in out.stderr:
+            return None
+        raise RuntimeError(f"squeue -j {job_id} failed: {out.stderr.strip()}")
+    line = out.stdout.strip().splitlines()[:1]
+    if not line:
+        return None
+    state, _, nodes = line[0].partition("|")
+    return state, (expand_hostlist(nodes) if nodes and nodes != "(null)" else [])
+
+
+class SlurmJob(JobTrait):
+    """Host meshes on SLURM nodes: one danaus host agent per node of one allocation.
+
+    Monarch's ``SlurmJob`` arguments, plus ``job_id``, ``idle_timeout`` and ``env``.
+
+    Args:
+        meshes: mesh name -> number of nodes; ``job.state().<name>`` is that
+            ``HostMesh`` (dim ``hosts``). The allocation has the sum of the nodes.
+        python_exe: the interpreter on the nodes (default: this one).
+        slurm_args: extra ``sbatch`` options, e.g. ``["--constraint=h100"]``.
+        monarch_port: the port every agent listens on; 0 (the default, unlike
+            Monarch's fixed 22222): a free port each, reported through the job
+            directory.
+        job_name: the SLURM job name.
+        ntasks_per_node: must be 1 (one agent per node; choose procs per host at
+            ``spawn_procs``).
+        time_limit, partition, gpus_per_node, cpus_per_task, mem, account, qos:
+            ``sbatch`` options (``--time``, ...); None leaves SLURM's default.
+        log_dir: where job directories go (each holds the key, the batch script, the
+            agents' addresses and the job's output); on a file system the nodes share.
+            Default ``./.danaus/jobs``.
+        exclusive: ask for whole nodes (``--exclusive``).
+        job_start_timeout: how long ``state()`` waits for the job to leave the queue
+            (s); None: as long as it takes. The agents then have
+            ``config.proc_start_timeout`` to report.
+        job_id: use this existing allocation (``salloc``, or a batch job of yours)
+            instead of submitting one: the agents run as a job step there, and
+            ``kill()`` ends that step, not the allocation. ``"current"``: the
+            allocation this controller runs in (``$SLURM_JOB_ID``).
+        idle_timeout: the agents end the job once no controller has held it this long
+            (s): a saved job (``state(cached_path=...)``) waits that long for the next
+            controller, and a job whose controller died before attaching ends then.
+            A job that is not saved ends as soon as its controller's connection is
+            lost (even after SIGKILL). None: only ``kill()``/``scancel`` or the time
+            limit end it.
+        env: extra environment for the agents and their procs.
+    """
+
+    def __init__(
+        self,
+        meshes: Mapping[str, int],
+        python_exe: str | None = None,
+        slurm_args: Sequence[str] = (),
+        monarch_port: int = 0,
+        job_name: str = "danaus",
+        ntasks_per_node: int = 1,
+        time_limit: str | None = None,
+        partition: str | None = None,
+        log_dir: str | None = None,
+        exclusive: bool = True,
+        gpus_per_node: int | None = None,
+        cpus_per_task: int | None = None,
+        mem: str | None = None,
+        job_start_timeout: float | None = None,
+        account: str | None = None,
+        qos: str | None = None,
+        *,
+        job_id: str | None = None,
+        idle_timeout: float | None = 300.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__()
+        if not meshes:
+            raise ValueError("SlurmJob needs at least one mesh: meshes={'hosts': 2}")
+        for name, n in meshes.items():
+            if not name.isidentifier():
+                raise ValueError(f"mesh name {name!r} must be an identifier (job.state().{name})")
+            if not isinstance(n, int) or n < 1:
+                raise ValueError(f"mesh {name!r} needs a positive number of nodes, not {n!r}")
+        if ntasks_per_node != 1:
+            raise ValueError(
+                f"ntasks_per_node={ntasks_per_node}: danaus runs one host agent per node; "
+                "choose the procs per host with spawn_procs(per_host=...)"
+            )
+        if not 0 <= monarch_port < 65536:
+            raise ValueError(f"monarch_port must be 0..65535, not {monarch_port}")
+        if job_id == "current":
+            job_id = os.environ.get("SLURM_JOB_ID")
+            if not job_id:
+                raise ValueError('job_id="current" but SLURM_JOB_ID is unset: not in an allocation')
+        self._meshes = dict(meshes)
+        self._python_exe = python_exe or sys.executable
+        self._slurm_args = tuple(slurm_args)
+        self._port = monarch_port
+        self._job_name = job_name
+        self._time_limit = time_limit
+        self._partition = partition
+        self._log_dir = os.path.abspath(log_dir or os.path.join(".danaus", "jobs"))
+        self._exclusive = exclusive
+        self._gpus_per_node = gpus_per_node
+        self._cpus_per_task = cpus_per_task
+        self._mem = mem
+        self._job_start_timeout = job_start_timeout
+        self._account = account
+        self._qos = qos
+        self._allocation = job_id  # an allocation we were given, not ours to cancel
+        self._idle_timeout = idle_timeout
+        self._env = dict(env or {})
+        # The allocation, once applied (saved with the job).
+        self._slurm_job_id: str | None = None  # our batch job, or the given allocation
+        self._job_dir: str | None = None
+        self._step: str | None = None  # the agents' step, in a given allocation
+        self._kept = False  # saved for later controllers: outlives this one
+        self._agents: list[tuple[str, str, int, str]] = []
+        # This controller's connection to it (not saved).
+        self._hosts: dict[str, HostMesh] | None = None
+        self._srun: subprocess.Popen[bytes] | None = None
+        self._exit_hook = False
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the job needs: the sum over its meshes."""
+        return sum(self._meshes.values())
+
+    @property
+    def job_id(self) -> str | None:
+        """The SLURM job id of the allocation, once applied."""
+        running = self._running
+        return running._slurm_job_id if isinstance(running, SlurmJob) else None
+
+    @property
+    def job_dir(self) -> str | None:
+        """The job directory (key, batch script, agents' addresses, output)."""
+        running = self._running
+        return running._job_dir if isinstance(running, SlurmJob) else None
+
+    @property
+    def agents(self) -> list[tuple[str, str, int, str]]:
+        """``(address, node, pid, step)`` of each host agent, in node order, once
+        ``state()`` has connected."""
+        running = self._running
+        return list(running._agents) if isinstance(running, SlurmJob) else []
+
+    def __repr__(self) -> str:
+        where = f" job {self._slurm_job_id}" if self._slurm_job_id else ""
+        return f"<SlurmJob {self._meshes} {self.status.value}{where}>"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_hosts=None, _srun=None, _exit_hook=False)
+        return state
+
+    def _spec(self) -> tuple[Any, ...]:
+        return (
+            self._meshes,
+            self._python_exe,
+            self._slurm_args,
+            self._port,
+            self._job_name,
+            self._time_limit,
+            self._partition,
+            self._exclusive,
+            self._gpus_per_node,
+            self._cpus_per_task,
+            self._mem,
+            self._account,
+            self._qos,
+            self._allocation,
+            self._env,
+        )
+
+    def can_run(self, spec: JobTrait) -> bool:
+        """The same request, and the allocation still alive."""
+        if not isinstance(spec, SlurmJob) or spec._spec() != self._spec():
+            return False
+        if self._slurm_job_id is None:
+            return False
+        status = job_status(self._slurm_job_id)
+        return status is not None and status[0] not in TERMINAL
+
+    # ---------------------------------------------------------------- submit
+
+    def batch_script(self, job_dir: str) -> str:
+        """The ``sbatch`` script: SLURM options, then ``srun`` of one agent per node."""
+        lines = [
+            "#!/bin/bash",
+            f"#SBATCH --job-name={self._job_name}",
+            f"#SBATCH --nodes={self.nodes}",
+            "#SBATCH --ntasks-per-node=1",
+            f"#SBATCH --output={os.path.join(job_dir, 'slurm-%j.out')}",
+            f"#SBATCH --chdir={os.getcwd()}",
+        ]
+        options = {
+            "time": self._time_limit,
+            "partition": self._partition,
+            "gpus-per-node": self._gpus_per_node,
+            "cpus-per-task": self._cpus_per_task,
+            "mem": self._mem,
+            "account": self._account,
+            "qos": self._qos,
+        }
+        lines += [f"#SBATCH --{k}={v}" for k, v in options.items() if v is not None]
+        if self._exclusive:
+            lines.append("#SBATCH --exclusive")
+        lines += [f"#SBATCH {a}" for a in self._slurm_args]
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in self._env.items()]
+        # The agents are the job: when they end (idle, or one failed), so does the job.
+        lines.append("exec " + shlex.join(self._srun_args(job_dir)))
+        return "\n".join(lines) + "\n"
+
+    def _srun_args(self, job_dir: str) -> list[str]:
+        agent = [self._python_exe, "-m", "danaus.job._agent", "--dir", job_dir]
+        agent += ["--port", str(self._port)]
+        if self._idle_timeout is not None:
+            agent += ["--idle-timeout", str(self._idle_timeout)]
+        return [
+            "srun",
+            f"--nodes={self.nodes}",
+            f"--ntasks={self.nodes}",
+            "--ntasks-per-node=1",
+            "--kill-on-bad-exit=1",
+            *agent,
+        ]
+
+    def _create(self) -> None:
+        key = _auth.job_key()
+        job_dir = os.path.join(self._log_dir, f"{self._job_name}-{uuid.uuid4().hex[:12]}")
+        os.makedirs(job_dir, mode=0o700)
+        key_path = os.path.join(job_dir, "key")
+        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key.hex() + "\n")
+        self._job_dir = job_dir
+        self._kept = False
+        if self._allocation is not None:
+            self._start_step(job_dir)
+        else:
+            script = self.batch_script(job_dir)
+            with open(os.path.join(job_dir, "batch.sh"), "w") as f:
+                f.write(script)
+            out = _slurm(["sbatch", "--parsable"], input=script)
+            if out.returncode != 0:
+                raise RuntimeError(
+                    f"sbatch refused the job (meshes {self._meshes}: {self.nodes} nodes): "
+                    f"{out.stderr.strip()}"
+                )
+            self._slurm_job_id = out.stdout.strip().split(";")[0]
+            log.info("submitted SLURM job %s (%s)", self._slurm_job_id, job_dir)
+        if not self._exit_hook:
+            atexit.register(self._at_exit)
+            self._exit_hook = True
+
+    def _start_step(self, job_dir: str) -> None:
+        """The agents as a step of a given allocation (``srun --jobid``)."""
+        assert self._allocation is not None
+        status = job_status(self._allocation)
+        if status is None or status[0] in TERMINAL:
+            raise ValueError(f"SLURM job {self._allocation} is not running ({status})")
+        if len(status[1]) < self.nodes:
+            raise ValueError(
+                f"meshes {self._meshes} need {self.nodes} nodes; "
+                f"allocation {self._allocation} has {len(status[1])}"
+            )
+        args = self._srun_args(job_dir)
+        args[1:1] = [f"--jobid={self._allocation}", "--overlap", f"--job-name={self._job_name}"]
+        env = dict(os.environ, **self._env)
+        with open(os.path.join(job_dir, f"slurm-{self._allocation}.out"), "ab") as out:
+            self._srun = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            )
+        self._slurm_job_id = self._allocation
+
+    # ---------------------------------------------------------------- connect
+
+    def _output_tail(self, lines: int = 10) -> str:
+        if self._job_dir is None:
+            return ""
+        text = []
+        for name in sorted(os.listdir(self._job_dir)):
+            if name.startswith("slurm-") and name.endswith(".out"):
+                with open(os.path.join(self._job_dir, name), errors="replace") as f:
+                    text += f.read().splitlines()[-lines:]
+        return "\n".join(text)
+
+    def _ended(self, status: tuple[str, list[str]] | None) -> RuntimeError:
+        state = status[0] if status else "gone from the queue"
+        tail = self._output_tail()
+        return RuntimeError(
+            f"SLURM job {self._slurm_job_id} ended ({state}) before its agents reported"
+            + (f"; its output:\n{tail}" if tail else "")
+        )
+
+    def _wait_for_agents(self) -> list[tuple[str, str, int, str]]:
+        """``(address, node, pid, step)`` of each agent, in node order, once all reported."""
+        assert self._slurm_job_id is not None and self._job_dir is not None
+        folder = os.path.join(self._job_dir, AGENTS_DIR)
+        queued_until = (
+            None if self._job_start_timeout is None else time.monotonic() + self._job_start_timeout
+        )
+        started: float | None = None
+        next_check = 0.0
+        while True:
+            now = time.monotonic()
+            names = os.listdir(folder) if os.path.isdir(folder) else []
+            found = [n for n in names if n.isdigit()]
+            if len(found) >= self.nodes:
+                break
+            if self._srun is not None and self._srun.poll() is not None:
+                raise self._ended(("srun exited", []))
+            if now >= next_check:
+                next_check = now + 0.2
+                status = job_status(self._slurm_job_id)
+                if status is None or status[0] in TERMINAL:
+                    raise self._ended(status)
+                if status[0] == "RUNNING" and started is None:
+                    started = now
+                elif status[0] != "RUNNING" and queued_until is not None and now > queued_until:
+                    self._kill()
+                    raise TimeoutError(
+                        f"SLURM job {self._slurm_job_id} did not start within "
+                        f"{self._job_start_timeout} s (it is {status[0]}); cancelled it"
+                    )
+            if started is not None and now - started > config.proc_start_timeout:
+                raise TimeoutError(
+                    f"the agents of SLURM job {self._slurm_job_id} did not all report within "
+                    f"{config.proc_start_timeout} s (config.proc_start_timeout): "
+                    f"{len(found)} of {self.nodes} in {folder}\n{self._output_tail()}"
+                )
+            time.sleep(POLL_INTERVAL)
+        agents = []
+        for i in range(self.nodes):
+            with open(os.path.join(folder, str(i))) as f:
+                addr, node, pid, *step = f.read().split()
+            agents.append((addr, node, int(pid), step[0] if step else ""))
+        return agents
+
+    def _state(self) -> JobState:
+        if self._hosts is None:
+            from ..mesh import attach_to_hosts
+
+            assert self._job_dir is not None
+            agents = self._wait_for_agents()
+            if self._allocation is not None:
+                self._step = agents[0][3]
+            addrs = [a for a, _, _, _ in agents]
+            key_file = os.path.join(self._job_dir, "key")
+            hosts: dict[str, HostMesh] = {}
+            first = 0
+            for name, n in self._meshes.items():
+                hosts[name] = attach_to_hosts(
+                    addrs[first : first + n], key_file=key_file, name=name
+                )
+                first += n
+            self._hold(addrs)
+            self._hosts = hosts
+            self._agents = agents
+        return JobState(self._hosts)
+
+    def _linger(self) -> float | None:
+        return self._idle_timeout if self._kept else 0.0
+
+    def _hold(self, addrs: list[str]) -> None:
+        """Hold the job from this controller: the agents end it when we are gone."""
+        linger = self._linger()
+
+        def hold() -> None:
+            # From a thread of our own: the call goes through danaus's background loop,
+            # whose connections live as long as this process (not an application loop's).
+            from ..actors._runtime import current_runtime
+            from ..mesh import Shape
+            from ..mesh._actor_mesh import mesh_ref
+
+            shape = Shape.from_sizes({"hosts": len(addrs)})
+            lease = mesh_ref(LEASE, JobLease, shape, dict(enumerate(addrs)))
+            lease.hold.call(current_runtime().addr, linger).get(timeout=config.connect_timeout)
+
+        done: ThreadFuture[None] = ThreadFuture()
+
+        def run() -> None:
+            try:
+                hold()
+                done.set_result(None)
+            except BaseException as e:
+                done.set_exception(e)
+
+        threading.Thread(target=run, name="danaus-slurm-hold", daemon=True).start()
+        done.result(timeout=config.connect_timeout + 5)
+
+    def _keep(self) -> None:
+        """Saved for later controllers: the job outlives this one (``idle_timeout``)."""
+        if not self._kept:
+            self._kept = True
+            if self._hosts is not None:
+                self._hold([a for a, _, _, _ in self._agents])
+
+    # ---------------------------------------------------------------- end
+
+    def _kill(self) -> None:
+        if self._allocation is not None:
+            if self._step:
+                _slurm(["scancel", f"{self._allocation}.{self._step}"])
+            if self._srun is not None:
+                self._srun.terminate()
+                try:
+                    self._srun.wait(timeout=COMMAND_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    self._srun.kill()
+                    self._srun.wait()
+        elif self._slurm_job_id is not None:
+            out = _slurm(["scancel", self._slurm_job_id])
+            if out.returncode != 0:
+                log.warning("scancel %s: %s", self._slurm_job_id, out.stderr.strip())
+        self._hosts = None
+        self._srun = None
+        self._step = None
+
+    def _at_exit(self) -> None:
+        if self._kept or self._status is JobStatus.NOT_RUNNING:
+            return
+        try:
+            self._kill()
+        except Exception as e:  # at exit: say so, do not mask the program's own exit
+            log.warning("could not cancel SLURM job %s at exit: %s", self._slurm_job_id, e)

@@ -1,0 +1,51 @@
+"""Actors for the SLURM tests (importable by procs on the nodes)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from danaus import Actor, ActorMesh, context, endpoint
+
+
+class Node(Actor):
+    """Says where it runs, and calls a peer on another node."""
+
+    @endpoint
+    def where(self) -> dict[str, Any]:
+        return {
+            "node": os.environ.get("SLURMD_NODENAME", ""),
+            "job": os.environ.get("SLURM_JOB_ID", ""),
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "addr": context().actor_instance.proc_addr,
+        }
+
+    @endpoint
+    async def ask(self, peer: ActorMesh[Node]) -> dict[str, Any]:
+        """``where()`` of ``peer`` (a mesh of one actor), asked from here."""
+        return await peer.where.call_one()  # type: ignore[no-any-return]
+
+
+class Gloo(Actor):
+    """torch.distributed with gloo, after ``setup_torch_elastic_env``."""
+
+    @endpoint
+    def all_reduce(self, value: float) -> dict[str, Any]:
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        try:
+            t = torch.tensor([value])
+            dist.all_reduce(t)
+            return {
+                "sum": float(t.item()),
+                "rank": dist.get_rank(),
+                "world": dist.get_world_size(),
+                "node": os.environ.get("SLURMD_NODENAME", ""),
+                "master": os.environ["MASTER_ADDR"],
+            }
+        finally:
+            dist.destroy_process_group()
