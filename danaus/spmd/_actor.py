@@ -10,7 +10,7 @@ import sys
 import traceback
 import uuid
 
-from ..actors import Actor, context, endpoint
+from ..actors import Actor, context, current_rank, endpoint
 from ..actors._point import Point
 
 #: the dim torchrun calls "per node" when a mesh has no dim named like one
@@ -70,14 +70,15 @@ def _free_port(host: str) -> int:
 class SPMDActor(Actor):
     """Sets torchrun's environment variables in its proc and runs torchrun-style scripts.
 
-    Its rank comes from its own place in the proc mesh it was spawned on (see
-    :func:`elastic_env`), whichever slice a message is sent to.
+    Its rank is its place in the mesh that ``setup_env`` (or ``main``) was called on, as
+    Monarch's ``current_rank()`` gives it: spawned on a slice of a proc mesh, or called
+    through a slice, the ranks count within that slice (see :func:`elastic_env`).
     """
 
     def __init__(self) -> None:
         me = context().actor_instance
         assert me is not None, "SPMDActor runs in a proc"
-        self.point: Point = me.rank
+        self.point: Point | None = None  # set by setup_env
 
     @endpoint
     def get_host_port(self, use_ipaddr: object = None) -> tuple[str, int]:
@@ -91,6 +92,7 @@ class SPMDActor(Actor):
         self._setup_env(master_addr, master_port, run_id)
 
     def _setup_env(self, master_addr: str, master_port: int, run_id: str) -> None:
+        self.point = current_rank()
         os.environ.update(
             elastic_env(self.point, master_addr, master_port, run_id or uuid.uuid4().hex)
         )
@@ -107,7 +109,8 @@ class SPMDActor(Actor):
         """
         if not script_args or script_args == ["-m"]:
             raise ValueError("no script or module to run: give ['-m', 'module', ...] or [path]")
-        self._setup_env(master_addr, master_port, run_id)
+        if self.point is None or os.environ.get("TORCHELASTIC_RUN_ID") != run_id:
+            self._setup_env(master_addr, master_port, run_id)  # not set up for this run
         old_argv = sys.argv
         try:
             if script_args[0] == "-m":

@@ -48,6 +48,18 @@ async def test_every_proc_gets_torchruns_variables_from_its_coordinates() -> Non
     assert envs[0]["MASTER_ADDR"] == "127.0.0.1" and int(envs[0]["MASTER_PORT"]) > 0
 
 
+async def test_on_a_slice_the_ranks_count_within_the_slice() -> None:
+    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        half = procs.slice(procs=slice(2, 4))
+        await setup_torch_elastic_env_async(half)
+        envs = (await half.spawn("trainer", Trainer).env.call()).values()
+        assert [(e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"]) for e in envs] == [
+            ("0", "2", "0"),
+            ("1", "2", "1"),
+        ]
+        assert (await half.spawn("reducer", Trainer).all_reduce.call()).values() == [3.0, 3.0]
+
+
 async def test_actors_init_process_group_and_it_works_again_after_a_respawn() -> None:
     for _ in range(2):  # a second mesh: a fresh rendezvous, no state left from the first
         async with this_host().spawn_procs(per_host={"gpus": 3}) as procs:

@@ -82,6 +82,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"weights": weights, "losses": losses, "world": world}, f)
     if distributed:
+        dist.barrier()  # gloo may abort ("terminate called") if a peer tears down mid-op
         dist.destroy_process_group()
 
 
