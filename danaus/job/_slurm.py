@@ -225,7 +225,11 @@ class SlurmJob(JobTrait):
         return list(running._agents) if isinstance(running, SlurmJob) else []
 
     def __repr__(self) -> str:
-        where = f" job {self._slurm_job_id}" if self._slurm_job_id else ""
+        running = self._running
+        job_id = running._slurm_job_id if isinstance(running, SlurmJob) else None
+        where = f" job {job_id}" if job_id else ""
+        if self._allocation is not None:
+            where += f" in allocation {self._allocation}"
         return f"<SlurmJob {self._meshes} {self.status.value}{where}>"
 
     def __getstate__(self) -> dict[str, Any]:
@@ -493,6 +497,11 @@ class SlurmJob(JobTrait):
             out = _slurm(["scancel", self._slurm_job_id])
             if out.returncode != 0:
                 log.warning("scancel %s: %s", self._slurm_job_id, out.stderr.strip())
+        if self._job_dir is not None:  # the agents have read it: keep no secret behind
+            try:
+                os.remove(os.path.join(self._job_dir, "key"))
+            except FileNotFoundError:
+                pass
         self._hosts = None
         self._srun = None
         self._step = None

@@ -25,6 +25,9 @@ from .slurm_cluster import ROOT, Cluster, slurm_cluster  # noqa: F401 (the sessi
 
 pytestmark = pytest.mark.timeout(120)
 
+#: For the tests that network namespaces would not change: in loopback mode only.
+loopback_only = pytest.mark.parametrize("slurm_cluster", ["loopback"], indirect=True)
+
 
 def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> float:
     """Poll ``cond`` until it is true; the seconds it took. Fails after ``timeout``."""
@@ -102,6 +105,7 @@ def test_procs_on_both_nodes_call_across_them(job: SlurmJob, slurm: Cluster) -> 
         assert asked["node"] == slurm.nodes[1] and asked["pid"] == where[3]["pid"]
 
 
+@loopback_only
 def test_kill_cancels_the_job_and_leaves_no_process(job: SlurmJob) -> None:
     procs = job.state().hosts.spawn_procs(per_host={"procs": 1})
     pids = [w["pid"] for w in procs.spawn("node", Node).where.call().get(timeout=30).values()]
@@ -189,6 +193,7 @@ def test_a_killed_controller_takes_its_job_down(slurm: Cluster, tmp_path: Any) -
             subprocess.run(["scancel", info["job"]], timeout=30, env=slurm.env())
 
 
+@loopback_only
 def test_a_saved_job_serves_the_next_controller(slurm: Cluster, tmp_path: Any) -> None:
     cached = str(tmp_path / "job_state.pkl")
     first, one = _controller(slurm, tmp_path, "--cached", cached)
@@ -218,6 +223,7 @@ def test_a_saved_job_serves_the_next_controller(slurm: Cluster, tmp_path: Any) -
             subprocess.run(["scancel", one["job"]], timeout=30, env=slurm.env())
 
 
+@loopback_only
 def test_more_nodes_than_the_cluster_has_is_a_clear_error(slurm: Cluster, tmp_path: Any) -> None:
     job = new_job(tmp_path, meshes={"trainers": 2, "loaders": 1})
     with pytest.raises(RuntimeError, match=r"3 nodes\): .*Node count specification invalid"):
@@ -225,6 +231,7 @@ def test_more_nodes_than_the_cluster_has_is_a_clear_error(slurm: Cluster, tmp_pa
     assert not job.active
 
 
+@loopback_only
 def test_an_existing_allocation_runs_the_agents_as_a_step(
     slurm: Cluster, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -249,6 +256,7 @@ def test_an_existing_allocation_runs_the_agents_as_a_step(
         subprocess.run(["scancel", alloc], timeout=30)
 
 
+@loopback_only
 def test_tensor_engine_reduce_across_nodes(job: SlurmJob) -> None:
     torch = pytest.importorskip("torch")
     from danaus.tensor_engine import inspect
@@ -275,6 +283,7 @@ def test_gloo_all_reduce_across_nodes(job: SlurmJob, slurm: Cluster) -> None:
         assert {o["master"] for o in out} == {slurm.addrs[0]}
 
 
+@loopback_only
 def test_a_dead_agent_ends_the_job(job: SlurmJob) -> None:
     """A node's agent that dies (SIGKILL) takes the job down with it
     (``--kill-on-bad-exit``): the controller's calls fail, nothing is left."""

@@ -1,0 +1,167 @@
+"""SLURM benchmark: time from ``SlurmJob.apply()`` to the first call answered on 2 nodes.
+
+Runs on a throw-away 2-node SLURM cluster on this machine (``scripts/slurm_cluster.sh``,
+loopback mode; SLURM is installed with ``scripts/install_slurm.sh`` if missing and
+possible). Each run: ``apply()`` (sbatch), ``state()`` (the job runs, both agents
+report, the controller holds the job), ``spawn_procs`` (a proc per node) and ``spawn``
+(an actor each), and one call to both; then ``kill()``. Floors from the same run: a bare
+``srun -N2 true``, and a batch job of ``srun -N2 true`` (``sbatch --wait``).
+
+``python -m bench.bench_slurm [runs]``
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+from danaus import Actor, endpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "scripts")
+
+
+class Where(Actor):
+    @endpoint
+    def node(self) -> str:
+        return os.environ.get("SLURMD_NODENAME", "")
+
+
+def _start() -> tuple[str, str] | str:
+    """``(SLURM_CONF, cluster dir)`` of a fresh cluster, or why there is none."""
+    if os.geteuid() != 0:
+        return "needs root (a local SLURM cluster)"
+    inst = subprocess.run(
+        ["bash", os.path.join(SCRIPTS, "install_slurm.sh")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if inst.returncode != 0:
+        return f"SLURM is not installed and could not be: {inst.stderr.strip()}"
+    out = subprocess.run(
+        [os.path.join(SCRIPTS, "slurm_cluster.sh"), "start", "--nodes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if out.returncode != 0:
+        return f"the cluster did not start: {out.stderr.strip()}"
+    values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    return values["SLURM_CONF"], values["SLURM_CLUSTER_DIR"]
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _run(args: list[str]) -> None:
+    subprocess.run(args, check=True, capture_output=True, timeout=60)
+
+
+def _one_job(log_dir: str) -> dict[str, float]:
+    from danaus.job import SlurmJob
+    from danaus.job._slurm import TERMINAL, job_status
+
+    marks: dict[str, float] = {}
+    t0 = time.perf_counter()
+    job = SlurmJob(
+        meshes={"hosts": 2},
+        exclusive=False,
+        log_dir=log_dir,
+        job_start_timeout=60,
+        env={"PYTHONPATH": ROOT},
+    )
+    job.apply()
+    marks["sbatch"] = time.perf_counter() - t0
+    try:
+        hosts = job.state().hosts
+        marks["agents attached"] = time.perf_counter() - t0
+        procs = hosts.spawn_procs(per_host={"procs": 1})
+        from bench.bench_slurm import Where as where  # by its importable name, not __main__
+
+        nodes = procs.spawn("where", where).node.call().get(timeout=60).values()
+        marks["first call answered"] = time.perf_counter() - t0
+        if len(set(nodes)) != 2:
+            raise RuntimeError(f"the procs did not run on 2 nodes: {nodes}")
+        procs.stop().get(timeout=60)
+    finally:
+        job_id = job.job_id
+        job.kill()
+    # The next run starts on idle nodes (bounded poll).
+    deadline = time.monotonic() + 30
+    while job_id is not None and time.monotonic() < deadline:
+        status = job_status(job_id)
+        if status is None or status[0] in TERMINAL:
+            break
+        time.sleep(0.02)
+    return marks
+
+
+def main(runs: int = 5) -> None:
+    from danaus.mesh import set_unhandled_fault_hook
+
+    started = _start()
+    if isinstance(started, str):
+        print(f"skipped: {started}")
+        return
+    conf, cluster = started
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = conf
+    set_unhandled_fault_hook(lambda f: None)  # kill() ends the jobs on purpose
+    try:
+        with tempfile.TemporaryDirectory() as log_dir:
+            # The first batch job after a cluster starts waits for the scheduler's first
+            # pass (about 3 s): warm it up once, for the floors and danaus alike.
+            first = _one_job(log_dir)
+            srun = [_timed(lambda: _run(["srun", "-N2", "-n2", "true"])) for _ in range(runs)]
+            batch = [
+                _timed(
+                    lambda: _run(
+                        [
+                            "sbatch",
+                            "--wait",
+                            "-N2",
+                            "-o",
+                            "/dev/null",
+                            "--wrap",
+                            "srun -N2 -n2 true",
+                        ]
+                    )
+                )
+                for _ in range(runs)
+            ]
+            jobs = [_one_job(log_dir) for _ in range(runs)]
+    finally:
+        if old is None:
+            del os.environ["SLURM_CONF"]
+        else:
+            os.environ["SLURM_CONF"] = old
+        subprocess.run(
+            [os.path.join(SCRIPTS, "slurm_cluster.sh"), "stop", "--dir", cluster],
+            check=True,
+            timeout=60,
+        )
+
+    def med(xs: list[float]) -> float:
+        return statistics.median(xs) * 1e3
+
+    call = med([j["first call answered"] for j in jobs])
+    print(f"2 nodes, loopback mode, median of {runs} (ms):")
+    for mark in ("sbatch", "agents attached", "first call answered"):
+        print(f"  apply() -> {mark:<20} {med([j[mark] for j in jobs]):8.1f}")
+    print(f"  floor: srun -N2 true             {med(srun):8.1f}")
+    print(f"  floor: sbatch --wait (srun -N2)  {med(batch):8.1f}")
+    print(f"  ratio: first call / batch floor  {call / med(batch):8.2f}x")
+    print(f"  (first job after cluster start: {first['first call answered'] * 1e3:.1f} ms)")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
