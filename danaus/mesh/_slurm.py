@@ -1,4 +1,9 @@
-"""Starting host agents on a Slurm allocation: ``SlurmJob``.
+"""SLURM helpers: ``expand_hostlist``, and ``SlurmJob``, the ``srun`` command of one host
+agent per node at a fixed port, for scripts that start the agents their own way.
+
+For host meshes on SLURM, use :class:`danaus.job.SlurmJob` (Monarch's ``monarch.job``
+shape: ``sbatch``, agents on free ports, the job ended with its controller); this one
+stays for code written against it.
 
 Inside an allocation (``salloc`` or an ``sbatch`` script), the controller runs::
 
