@@ -127,7 +127,7 @@ do_start() {
             die "netns mode needs nsenter and unshare (util-linux)"
         if ip link show "$NETNS_BR" >/dev/null 2>&1; then
             local other
-            other=$(grep -F "$HOSTS_TAG" /etc/hosts | grep -F " $NETNS_NET." | awk '{print $NF}' | head -n1)
+            other=$(grep -F "$HOSTS_TAG" /etc/hosts | grep "^$NETNS_NET\." | awk '{print $NF}' | head -n1)
             if [ -n "$other" ] && [ -f "$other/mode" ]; then
                 die "a netns cluster already runs ($other); stop it first"
             fi
