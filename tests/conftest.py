@@ -41,6 +41,6 @@ def no_leftover_procs() -> Iterator[None]:
 async def close_runtime() -> AsyncIterator[None]:
     """Close the runtime danaus made for this test's event loop, if it made one."""
     yield
-    from danaus.actors._runtime import close_loop_runtime
+    from danaus.actors._loops import close_loop_runtime
 
     await close_loop_runtime(asyncio.get_running_loop())

@@ -9,7 +9,7 @@ import os
 import signal
 from typing import Any
 
-from danaus.actors._runtime import current_runtime
+from danaus.actors._loops import current_runtime
 
 
 def kill(procs: Any, rank: int, sig: int = signal.SIGKILL) -> int:

@@ -19,11 +19,24 @@ from ..errors import SerializationError, SupervisionError
 from ._actor_thread import ActorThread, Job
 from ._connection import Connection
 from ._context import ActorContext, Context, current
+from ._errinfo import encode_error, info_from_error
+from ._loops import run_on
 from ._point import Point
 from ._port import Port
-from ._runtime import encode_error, run_on
 from ._serialize import _ATOMS, dumps, loads
-from ._wire import CLOSE, ERROR, OK, Call, ErrorInfo, Result, Spawn
+from ._wire import (
+    CLOSE,
+    ERROR,
+    OK,
+    Call,
+    Cancel,
+    ErrorInfo,
+    Result,
+    SeqSkip,
+    Spawn,
+    StopActor,
+    StopProc,
+)
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -859,7 +872,6 @@ class ResponsePort(Port[Any]):
     def exception(self, exc: BaseException) -> None:
         a = self._actor
         tb = "".join(traceback.format_exception(exc))
-        from ._runtime import info_from_error
 
         info = info_from_error(exc, a.ctx.actor_id, a.rank_text, tb)
         self._post(ERROR, encode_error(info), False, [], exc)
@@ -905,7 +917,6 @@ def _in_message(ctx: Context, fn: Callable[..., Any], *args: Any, **kwargs: Any)
 
 
 def _info(e: BaseException, actor: ActorInstance, include_tb: bool = True) -> ErrorInfo:
-    from ._runtime import info_from_error
 
     # Skip the runtime's own frame: the user's code starts one frame down.
     tb = (
@@ -976,7 +987,6 @@ class ProcControl(Actor):
 
 def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> None:
     """Handle a Spawn message: build the actor, run its ``__init__``, reply."""
-    from ._runtime import encode_error, info_from_error
 
     point = Point.from_rank(msg.rank, msg.sizes)
     name = msg.actor.split(".", 1)[0]  # the wire key is "name.job.n", unique per spawn
@@ -1014,3 +1024,70 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> 
     rt.actors[msg.actor] = inst
     conn.send(Result(msg.reply, CLOSE, msgspec.Raw(b"\xc0"), False, msg.rank))
     rt.release_actor(msg.actor)
+
+
+# ---------------------------------------------------------------- message handlers
+
+
+def _on_call(rt: Runtime, conn: Connection, msg: Call, parts: list[Any]) -> None:
+    actor = rt.actors.get(msg.actor)
+    if actor is None:
+        if not rt.await_actor(msg.actor, lambda: rt.dispatch(conn, msg, parts)):
+            rt.reply_error(conn, msg.reply, -1, rt.no_actor(msg.actor))
+    else:
+        actor.deliver(conn, msg, parts)
+
+
+def _on_spawn(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> None:
+    spawn_actor(rt, conn, msg, parts)
+
+
+def _on_stop_actor(rt: Runtime, conn: Connection, msg: StopActor, parts: list[Any]) -> None:
+    rt.spawn_task(_stop_actor(rt, conn, msg))
+
+
+def _on_stop_proc(rt: Runtime, conn: Connection, msg: StopProc, parts: list[Any]) -> None:
+    rt.spawn_task(_stop_proc(rt, conn, msg))
+
+
+def _on_cancel(rt: Runtime, conn: Connection, msg: Cancel, parts: list[Any]) -> None:
+    actor = rt.actors.get(msg.actor)
+    if actor is not None:
+        actor.cancel(conn, msg.reply)
+
+
+def _on_seq_skip(rt: Runtime, conn: Connection, msg: SeqSkip, parts: list[Any]) -> None:
+    actor = rt.actors.get(msg.actor)
+    if actor is not None:
+        actor.skip(msg.sender or conn.peer or "", msg.seq)
+
+
+async def _stop_actor(rt: Runtime, conn: Connection, msg: StopActor) -> None:
+    actor = rt.actors.pop(msg.actor, None)
+    rt.gone_actors.add(msg.actor)
+    if actor is not None:
+        await actor.stop()
+    if msg.reply:
+        conn.send(Result(msg.reply, CLOSE, msgspec.Raw(b"\xc0")))
+
+
+async def _stop_proc(rt: Runtime, conn: Connection, msg: StopProc) -> None:
+    actors, rt.actors = list(rt.actors.values()), {}
+    for actor in actors:
+        await actor.stop()
+    if msg.reply:
+        conn.send(Result(msg.reply, CLOSE, msgspec.Raw(b"\xc0")))
+    conn._flush()
+    if not rt.stop_requested.done():
+        rt.stop_requested.set_result(None)
+
+
+#: The message types the actor layer handles (registered by ``danaus.actors``).
+HANDLERS: dict[type, Any] = {
+    Call: _on_call,
+    Spawn: _on_spawn,
+    StopActor: _on_stop_actor,
+    StopProc: _on_stop_proc,
+    Cancel: _on_cancel,
+    SeqSkip: _on_seq_skip,
+}

@@ -10,8 +10,10 @@ from typing import Any, Generic, TypeVar
 
 from ..errors import ClosedError
 from ._context import ActorContext, current, current_rank
+from ._errinfo import encode_error, info_from_error
 from ._future import Future
-from ._runtime import Runtime, current_runtime, encode_error, info_from_error, run_on
+from ._loops import current_runtime, run_on
+from ._runtime import Runtime
 from ._serialize import dumps
 from ._wire import CLOSE, ERROR, OK, Result
 

@@ -32,7 +32,8 @@ def _die_with_parent(parent_pid: int) -> None:
 async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> None:
     import socket
 
-    from ._runtime import Runtime, install_runtime
+    from ._loops import install_runtime
+    from ._runtime import Runtime
 
     loop = asyncio.get_running_loop()
     sock = socket.socket(fileno=listen_fd) if listen_fd is not None else None
@@ -112,7 +113,7 @@ def run(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> NoRet
         level=os.environ.get("DANAUS_LOG_LEVEL", "WARNING"),
         format="%(levelname)s %(name)s: %(message)s",
     )
-    from ._runtime import new_event_loop
+    from ._loops import new_event_loop
 
     loop = new_event_loop()
     main_task = loop.create_task(_main(addr, parent, key, listen_fd))

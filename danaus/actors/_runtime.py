@@ -9,48 +9,34 @@ address, in the order sent.
 from __future__ import annotations
 
 import asyncio
-import atexit
-import inspect
 import itertools
 import logging
-import pickle
 import secrets
 import socket
-import ssl
-import sys
-import threading
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future as ThreadFuture
-from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 import msgspec
 
 from ..config import config
 from ..errors import (
-    ActorError,
     ClosedError,
-    DanausError,
-    EndpointNotFoundError,
     ProtocolError,
-    RemoteException,
     SerializationError,
     SupervisionError,
-    actor_error,
 )
 from . import _auth
-from ._actor_thread import thread_home
+from ._address import parse_addr, tls_context
 from ._connection import CLOSED, HANDSHAKE, OPEN, Connection, trim_part_pool
+from ._errinfo import encode_error, error_decode, error_from_info
 from ._future import Future
-from ._serialize import _pickle, loads
+from ._serialize import loads
 from ._wire import (
-    CLOSE,
     ERROR,
     OK,
     Buffer,
     Call,
-    Cancel,
     ErrorInfo,
     Message,
     Ping,
@@ -58,9 +44,6 @@ from ._wire import (
     Region,
     Result,
     SeqSkip,
-    Spawn,
-    StopActor,
-    StopProc,
 )
 
 if TYPE_CHECKING:
@@ -71,9 +54,7 @@ T = TypeVar("T")
 
 #: A short random id for this controller's job; part of the wire keys of the actors it spawns.
 JOB_ID = secrets.token_hex(4)
-_error_decode = msgspec.msgpack.Decoder(ErrorInfo).decode
 _PING, _PONG = Ping(), Pong()
-_error_encode = msgspec.msgpack.Encoder().encode
 
 
 class SkipOnLoss(list[int]):
@@ -99,124 +80,6 @@ class PortHandler(Protocol):
     def __call__(self, rank: int, status: int, value: Any) -> bool: ...
 
 
-def error_from_info(info: ErrorInfo) -> DanausError:
-    """Turn wire error data back into the right exception."""
-    kind = info.kind
-    if kind == "actor":
-        return actor_error(
-            info.actor,
-            info.rank,
-            info.exc_type,
-            info.message,
-            info.traceback,
-            _unpickle_exception(info.exception),
-        )
-    if kind == "remote":
-        return RemoteException(
-            info.actor, info.rank, info.exc_type, info.message, info.traceback, info.issued_at
-        )
-    cls: type[DanausError] = {
-        "supervision": SupervisionError,
-        "serialization": SerializationError,
-        "endpoint": EndpointNotFoundError,
-        "closed": ClosedError,
-    }.get(kind, DanausError)
-    return cls(info.message)
-
-
-def info_from_error(exc: BaseException, actor: str = "", rank: str = "", tb: str = "") -> ErrorInfo:
-    kind = "actor"
-    if isinstance(exc, SupervisionError):
-        kind = "supervision"
-    elif isinstance(exc, SerializationError):
-        kind = "serialization"
-    elif isinstance(exc, EndpointNotFoundError):
-        kind = "endpoint"
-    elif isinstance(exc, ClosedError):
-        kind = "closed"
-    if isinstance(exc, RemoteException):
-        return ErrorInfo(
-            "remote",
-            exc.actor,
-            exc.rank,
-            exc.exc_type,
-            exc.message,
-            exc.remote_traceback,
-            exc.issued_at,
-        )
-    if isinstance(exc, ActorError):
-        return ErrorInfo(
-            "actor",
-            exc.actor,
-            exc.rank,
-            exc.exc_type,
-            exc.message,
-            exc.remote_traceback,
-            "",
-            _pickle_exception(exc.exception),
-        )
-    t = type(exc)
-    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
-    try:
-        message = str(exc)
-    except Exception as e:  # a __str__ that raises must not lose the error itself
-        message = f"<str() of the exception raised {type(e).__name__}: {e}>"
-    pickled = _pickle_exception(exc) if kind == "actor" else b""
-    return ErrorInfo(kind, actor, rank, name, _utf8(message), _utf8(tb), "", pickled)
-
-
-#: An exception pickle larger than this travels as text only (it rides in the header).
-_MAX_EXCEPTION_PICKLE = 64 << 10
-
-
-def _pickle_exception(exc: BaseException | None) -> bytes:
-    """A pickle of ``exc`` for the caller, or ``b""`` where it would not arrive whole:
-    unpicklable, too large, or not unpickling even here (an ``__init__`` whose
-    arguments are not its ``args``). Never raises: the text fields still travel."""
-    if exc is None or isinstance(exc, DanausError):
-        return b""
-    try:
-        data, buffers = _pickle(exc)
-        if buffers or len(data) > _MAX_EXCEPTION_PICKLE:
-            return b""
-        pickle.loads(data)
-    except Exception:
-        return b""
-    return data
-
-
-def _unpickle_exception(data: bytes) -> BaseException | None:
-    """The remote exception, or ``None`` where it does not unpickle here (its class is
-    not importable in this process, say): the caller keeps the text fields."""
-    if not data:
-        return None
-    try:
-        exc = pickle.loads(data)
-    except Exception:
-        return None
-    return exc if isinstance(exc, BaseException) else None
-
-
-def _utf8(text: str) -> str:
-    """``text`` as valid UTF-8 for the wire: lone surrogates (from file names that are
-    not UTF-8, say) become ``\\udcff`` escapes instead of failing the encoding."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
-
-
-def encode_error(info: ErrorInfo) -> msgspec.Raw:
-    try:
-        return msgspec.Raw(_error_encode(info))
-    except UnicodeEncodeError:  # text that is not UTF-8 (lone surrogates): escape it
-        fields: list[Any] = [
-            _utf8(v) if isinstance(v, str) else v for v in msgspec.structs.astuple(info)
-        ]
-        return msgspec.Raw(_error_encode(ErrorInfo(*fields)))
-
-
 def _A_REPLY() -> str:
     return "a reply"
 
@@ -227,41 +90,6 @@ def _settle(fut: Future[Any], status: int, value: Any) -> None:
             fut.set_exception(value)
         else:
             fut.set_result(value)
-
-
-_tls: dict[bool, ssl.SSLContext | None] = {}
-
-
-def tls_context(*, server: bool) -> ssl.SSLContext | None:
-    """Mutual TLS for TCP connections when ``tls_cert``/``tls_key``/``tls_ca`` are set.
-
-    Both ends present a certificate signed by the CA; host names are not checked (peers
-    are addressed by IP; the CA is the job's). Unix sockets never use TLS.
-    """
-    if server in _tls:
-        return _tls[server]
-    ctx = None
-    if config.tls_cert:
-        if not (config.tls_key and config.tls_ca):
-            raise ValueError("TLS needs DANAUS_TLS_CERT, DANAUS_TLS_KEY and DANAUS_TLS_CA together")
-        purpose = ssl.Purpose.CLIENT_AUTH if server else ssl.Purpose.SERVER_AUTH
-        ctx = ssl.create_default_context(purpose, cafile=config.tls_ca)
-        ctx.load_cert_chain(config.tls_cert, config.tls_key)
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    _tls[server] = ctx
-    return ctx
-
-
-def parse_addr(addr: str) -> tuple[str, Any]:
-    """``unix:@name`` (abstract), ``unix:/path`` or ``tcp://host:port`` -> (family, address)."""
-    if addr.startswith("unix:"):
-        rest = addr[5:]
-        return "unix", ("\0" + rest[1:]) if rest.startswith("@") else rest
-    if addr.startswith("tcp://"):
-        host, _, port = addr[6:].rpartition(":")
-        return "tcp", (host.strip("[]"), int(port))
-    raise ValueError(f"unsupported address {addr!r}: use unix:@name, unix:/path or tcp://host:port")
 
 
 #: Peers that authenticate with another key than this process's runtimes: host agents
@@ -277,23 +105,22 @@ peer_exit_reason: dict[str, Callable[[], str | None]] = {}
 #: For procs this process spawned: resolves with the exit status when the proc exits.
 peer_exited: dict[str, ThreadFuture[int]] = {}
 
-#: Message handlers that layers above register (``register_extension``).
-_extensions: dict[type, Callable[[Runtime, Connection, Any, list[Any]], None]] = {}
+#: What handles a message of the wire union: ``handler(runtime, conn, msg, parts)``.
+Handler: TypeAlias = Callable[["Runtime", Connection, Any, list[Any]], None]
+
+#: The handler of each message type, registered in one call by the layer that owns the
+#: type: the runtime's own below, the actor layer's (``danaus.actors``), the mesh
+#: layer's (``danaus.mesh``). A test checks that every type has one in a fresh proc.
+_handlers: dict[type, Handler] = {}
 
 
-def register_extension(
-    msg_type: type, handler: Callable[[Runtime, Connection, Any, list[Any]], None]
-) -> None:
-    """Let a higher layer handle a message type of the wire union (e.g. the mesh's Cast)."""
-    _extensions[msg_type] = handler
+def register_handlers(handlers: Mapping[type, Handler]) -> None:
+    """Handle these message types (in every runtime, present and future)."""
+    from ._loops import all_runtimes
+
+    _handlers.update(handlers)
     for rt in all_runtimes():
-        rt.extensions[msg_type] = handler
-
-
-_runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
-    weakref.WeakKeyDictionary()
-)
-_runtimes_lock = threading.Lock()
+        rt.handlers.update(handlers)
 
 
 class Runtime:
@@ -331,10 +158,8 @@ class Runtime:
         self.gathers: dict[int, Any] = {}
         #: last sequence number sent, per proc address and actor
         self.seqs: dict[str, dict[str, int]] = {}
-        #: handlers of message types defined by higher layers (the mesh's Cast)
-        self.extensions: dict[type, Callable[[Runtime, Connection, Any, list[Any]], None]] = dict(
-            _extensions
-        )
+        #: the handler of each message type (see ``register_handlers``)
+        self.handlers: dict[type, Handler] = dict(_handlers)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._all_conns: set[Connection] = set()
         self._refused = 0  # strangers refused since the last log line about them
@@ -679,67 +504,10 @@ class Runtime:
     # ------------------------------------------------------------ dispatch
 
     def dispatch(self, conn: Connection, msg: Message, parts: list[Any]) -> None:
-        t = type(msg)
-        if t is Result:
-            port = msg.port  # type: ignore[union-attr]
-            conn.pending.pop(port, None)
-            handler = self.ports.get(port)
-            if handler is None:
-                return  # a reply nobody waits for any more (e.g. a timed-out call)
-            assert isinstance(msg, Result)
-            status = msg.status
-            try:
-                if status == OK:
-                    value = loads(msg.value, msg.pickled, parts, _A_REPLY)
-                elif status == ERROR:
-                    value = error_from_info(_error_decode(msg.value))
-                else:
-                    value = None
-            except (SerializationError, msgspec.DecodeError) as e:
-                status, value = ERROR, SerializationError(str(e))
-            if type(handler) is Future:
-                del self.ports[port]
-                _settle(handler, status, value)
-            elif handler(msg.rank, status, value):
-                self.ports.pop(port, None)
-        elif t is Call:
-            actor = self.actors.get(msg.actor)  # type: ignore[union-attr]
-            if actor is None:
-                assert isinstance(msg, Call)
-                if not self.await_actor(msg.actor, lambda: self.dispatch(conn, msg, parts)):
-                    self.reply_error(conn, msg.reply, -1, self.no_actor(msg.actor))
-            else:
-                actor.deliver(conn, msg, parts)  # type: ignore[arg-type]
-        elif t is Spawn:
-            assert isinstance(msg, Spawn)
-            from ._actor import spawn_actor
-
-            spawn_actor(self, conn, msg, parts)
-        elif t is StopActor:
-            assert isinstance(msg, StopActor)
-            self.spawn_task(self._stop_actor(conn, msg))
-        elif t is StopProc:
-            assert isinstance(msg, StopProc)
-            self.spawn_task(self._stop_proc(conn, msg))
-        elif t is Ping:
-            conn.send(_PONG)
-        elif t is Pong:
-            pass  # its arrival counted as a read
-        elif t is Cancel:
-            assert isinstance(msg, Cancel)
-            actor = self.actors.get(msg.actor)
-            if actor is not None:
-                actor.cancel(conn, msg.reply)
-        elif t is SeqSkip:
-            assert isinstance(msg, SeqSkip)
-            actor = self.actors.get(msg.actor)
-            if actor is not None:
-                actor.skip(msg.sender or conn.peer or "", msg.seq)
-        else:
-            handler = self.extensions.get(t)
-            if handler is None:
-                raise ProtocolError(f"no handler for message {t.__name__} from {conn.peer}")
-            handler(self, conn, msg, parts)
+        handler = self.handlers.get(type(msg))
+        if handler is None:
+            raise ProtocolError(f"no handler for message {type(msg).__name__} from {conn.peer}")
+        handler(self, conn, msg, parts)
 
     def await_actor(self, actor: str, retry: Callable[[], None]) -> bool:
         """Hold a message for ``actor`` until its Spawn arrives (it may have come another
@@ -789,24 +557,6 @@ class Runtime:
             log.error(
                 "%s: %s (no caller waited for this result)", info.actor or self.addr, info.message
             )
-
-    async def _stop_actor(self, conn: Connection, msg: StopActor) -> None:
-        actor = self.actors.pop(msg.actor, None)
-        self.gone_actors.add(msg.actor)
-        if actor is not None:
-            await actor.stop()
-        if msg.reply:
-            conn.send(Result(msg.reply, CLOSE, msgspec.Raw(b"\xc0")))
-
-    async def _stop_proc(self, conn: Connection, msg: StopProc) -> None:
-        actors, self.actors = list(self.actors.values()), {}
-        for actor in actors:
-            await actor.stop()
-        if msg.reply:
-            conn.send(Result(msg.reply, CLOSE, msgspec.Raw(b"\xc0")))
-        conn._flush()
-        if not self.stop_requested.done():
-            self.stop_requested.set_result(None)
 
     # ------------------------------------------------------------ sending
 
@@ -872,236 +622,35 @@ class Runtime:
             self.deliver(pid, -1, ERROR, ClosedError(f"runtime {self.addr} closed"))
 
 
-# ---------------------------------------------------------------- selection
-
-
-class _Background:
-    """danaus's own event loop in a daemon thread, for calls made from sync code.
-
-    It is stopped at interpreter exit (``atexit``, bounded): a daemon thread still
-    running the loop while the interpreter finalizes can wake up (a timer, a socket, a
-    proc's exit) after Python's state is torn down, and crash the process.
-    """
-
-    def __init__(self) -> None:
-        self.loop = new_event_loop()
-        self.started = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="danaus-loop", daemon=True)
-        self.thread.start()
-        self.started.wait()
-        fut: ThreadFuture[Runtime] = ThreadFuture()
-
-        def make() -> None:
-            try:
-                fut.set_result(Runtime(self.loop))
-            except BaseException as e:
-                fut.set_exception(e)
-
-        self.loop.call_soon_threadsafe(make)
-        self.runtime = fut.result(timeout=30)
-        with _runtimes_lock:
-            _runtimes[self.loop] = self.runtime
-        atexit.register(self.close)
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the loop and join its thread (at most ``timeout`` s), then close the loop.
-
-        Later calls through it then fail (the loop is closed) instead of waiting forever.
-        """
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout)
-        if not self.thread.is_alive():
-            self.loop.close()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.call_soon(self.started.set)
-        self.loop.run_forever()
-
-
-_background: _Background | None = None
-_background_lock = threading.Lock()
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """A uvloop loop where uvloop is importable (and ``config.use_uvloop``), else asyncio's."""
-    if config.use_uvloop:
-        try:
-            import uvloop
-        except ImportError:
-            pass
+def _on_result(rt: Runtime, conn: Connection, msg: Result, parts: list[Any]) -> None:
+    port = msg.port
+    conn.pending.pop(port, None)
+    handler = rt.ports.get(port)
+    if handler is None:
+        return  # a reply nobody waits for any more (e.g. a timed-out call)
+    status = msg.status
+    try:
+        if status == OK:
+            value = loads(msg.value, msg.pickled, parts, _A_REPLY)
+        elif status == ERROR:
+            value = error_from_info(error_decode(msg.value))
         else:
-            return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
+            value = None
+    except (SerializationError, msgspec.DecodeError) as e:
+        status, value = ERROR, SerializationError(str(e))
+    if type(handler) is Future:
+        del rt.ports[port]
+        _settle(handler, status, value)
+    elif handler(msg.rank, status, value):
+        rt.ports.pop(port, None)
 
 
-def background_runtime() -> Runtime:
-    """The runtime of danaus's background loop (started on first use)."""
-    global _background
-    bg = _background
-    if bg is None:
-        with _background_lock:  # one background loop, even when threads race here
-            if _background is None:
-                _background = _Background()
-            bg = _background
-    return bg.runtime
+def _on_ping(rt: Runtime, conn: Connection, msg: Ping, parts: list[Any]) -> None:
+    conn.send(_PONG)
 
 
-_last: tuple[asyncio.AbstractEventLoop | None, Runtime | None] = (None, None)
+def _on_pong(rt: Runtime, conn: Connection, msg: Pong, parts: list[Any]) -> None:
+    pass  # its arrival counted as a read
 
 
-def current_runtime() -> Runtime:
-    """The runtime the calling code sends through (see :func:`runtime_here`)."""
-    return runtime_here()[0]
-
-
-def runtime_here() -> tuple[Runtime, bool]:
-    """``(runtime, on its loop)``: which runtime the calling code's calls go through.
-
-    - An actor's thread (a sync endpoint): its proc's runtime, handed over to its loop.
-    - A thread running no loop (a script, a worker thread): danaus's background loop.
-    - A loop danaus runs (a proc's, the background one): that loop's runtime.
-    - An application's loop (aiohttp, ``asyncio.run``, a Jupyter kernel): its own runtime,
-      on that loop with no thread hop, for code inside a coroutine (an ``async def``, a
-      notebook statement with a top-level ``await``) or a loop callback; a notebook cell's
-      plain statements (module-level code that the kernel runs from a coroutine) go through
-      the background loop instead, so that ``.get()`` can block without deadlocking.
-    """
-    global _last
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        home = thread_home()
-        return (home, False) if home is not None else (background_runtime(), False)
-    last_loop, rt = _last
-    if loop is not last_loop:
-        rt = _runtimes.get(loop)
-    if (rt is None or rt.borrowed) and not _caller_can_await():
-        return background_runtime(), False
-    if rt is None:
-        with _runtimes_lock:
-            rt = _runtimes.get(loop)
-            if rt is None:
-                for old_loop, old in list(_runtimes.items()):
-                    if old_loop.is_closed():  # e.g. an earlier asyncio.run()
-                        del _runtimes[old_loop]
-                        old.abandon()
-                rt = Runtime(loop)
-                rt.borrowed = True
-                _runtimes[loop] = rt
-    _last = (loop, rt)
-    return rt, True
-
-
-_ASYNC_CODE = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
-
-
-def _caller_can_await() -> bool:
-    """Is the code calling into danaus able to await what it gets, on the running loop?
-
-    Walks out from the caller to the first coroutine frame (an ``async def``, a notebook
-    statement with a top-level ``await``): yes. Interactive code is module-level code that
-    an async framework runs with ``exec`` (a Jupyter cell's plain statements, whose
-    ``<module>`` frame is called from a coroutine): it cannot await, so no. Everything
-    else — plain functions, torch's dispatch, comprehensions, a script's own top level
-    below the loop, a loop callback — passes through, and reaching the end counts as yes
-    (a callback of the running loop).
-    """
-    f: FrameType | None = sys._getframe(2)
-    while f is not None:
-        code = f.f_code
-        if code.co_flags & _ASYNC_CODE:
-            return True
-        back = f.f_back
-        if code.co_name == "<module>" and back is not None and back.f_code.co_flags & _ASYNC_CODE:
-            return False
-        f = back
-    return True
-
-
-async def close_loop_runtime(loop: asyncio.AbstractEventLoop) -> None:
-    """Close the runtime of ``loop`` if it has one (e.g. before the loop itself closes)."""
-    global _last
-    with _runtimes_lock:
-        rt = _runtimes.pop(loop, None)
-        if _last[0] is loop:
-            _last = (None, None)
-    if rt is not None:
-        await rt.aclose()
-
-
-def install_runtime(rt: Runtime) -> None:
-    """Make ``rt`` the runtime of its loop (a proc's main does this)."""
-    with _runtimes_lock:
-        _runtimes[rt.loop] = rt
-
-
-def all_runtimes() -> list[Runtime]:
-    with _runtimes_lock:
-        return list(_runtimes.values())
-
-
-def run_on(rt: Runtime, fn: Callable[..., Any], *args: Any) -> None:
-    """Call ``fn(*args)`` on ``rt``'s loop: now if we are on it, else thread-safely."""
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is rt.loop:
-        fn(*args)
-    else:
-        rt.loop.call_soon_threadsafe(fn, *args)
-
-
-def call_in_loop(rt: Runtime, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` on ``rt``'s loop thread, waiting for its value: for danaus state that
-    only the loop may touch, reached from sync code on another thread."""
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is rt.loop:
-        return fn(*args)
-    fut: ThreadFuture[T] = ThreadFuture()
-
-    def go() -> None:
-        try:
-            fut.set_result(fn(*args))
-        except BaseException as e:  # handed to the waiting thread
-            fut.set_exception(e)
-
-    rt.loop.call_soon_threadsafe(go)
-    return fut.result(timeout=config.connect_timeout)
-
-
-def run_task(rt: Runtime, make: Callable[[], Any]) -> Future[Any]:
-    """Run the coroutine ``make()`` as a task of ``rt`` (from any thread); a Future of its
-    outcome: awaitable on ``rt``'s loop, ``.get()`` elsewhere."""
-    fut: Future[Any] = Future(loop=rt.loop)
-
-    def start() -> None:
-        # The outcome goes to ``fut``: its caller gets the error (and asyncio reports one
-        # set on a future that is dropped unretrieved), so the runtime does not log it too.
-        task = rt.spawn_task(make(), log_failure=False)
-
-        def done(t: asyncio.Task[Any]) -> None:
-            exc = None if t.cancelled() else t.exception()
-            if fut.done():  # the caller gave up on it (cancelled): nobody else gets this
-                if exc is not None and not isinstance(exc, asyncio.CancelledError):
-                    log.error("task failed after its caller stopped waiting", exc_info=exc)
-                return
-            if t.cancelled():
-                fut.cancel()
-            elif exc is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(t.result())
-
-        task.add_done_callback(done)
-        # Cancelling the future (a timeout, a cancelled caller) stops the work too.
-        fut._on_cancel = lambda: run_on(rt, task.cancel)
-
-    run_on(rt, start)
-    return fut
+_handlers.update({Result: _on_result, Ping: _on_ping, Pong: _on_pong})  # no runtime yet

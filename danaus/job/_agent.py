@@ -21,8 +21,7 @@ import sys
 from concurrent.futures import Future as ThreadFuture
 from typing import Any
 
-from ..actors._actor import install_actor
-from ..actors._runtime import all_runtimes, new_event_loop
+from ..actors._api import all_runtimes, install_actor, new_event_loop
 from ..mesh._host_agent import read_key_file, serve
 from ._lease import AGENTS_DIR, LEASE, JobLease
 

@@ -13,7 +13,7 @@ import asyncio
 import os
 import signal
 
-from ..actors._actor import Actor, endpoint
+from ..actors._api import Actor, endpoint
 
 __all__ = ["AGENTS_DIR", "LEASE", "JobLease"]
 
@@ -58,7 +58,7 @@ class JobLease(Actor):
     def hold(self, controller: str, linger: float | None) -> dict[str, object]:
         """``controller`` holds the job while its connection lives, and for ``linger``
         seconds after (None: until the job is cancelled). Returns this agent's info."""
-        from ..actors._runtime import current_runtime
+        from ..actors._api import current_runtime
 
         if not self._watching:
             current_runtime().on_lost.append(self._lost)

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING, Any
 
-from ..actors import _auth
+from ..actors._api import auth
 from ..config import config
 from ..mesh._slurm import expand_hostlist
 from ._job import JobState, JobStatus, JobTrait
@@ -310,7 +310,7 @@ class SlurmJob(JobTrait):
         ]
 
     def _create(self) -> None:
-        key = _auth.job_key()
+        key = auth.job_key()
         job_dir = os.path.join(self._log_dir, f"{self._job_name}-{uuid.uuid4().hex[:12]}")
         os.makedirs(job_dir, mode=0o700)
         key_path = os.path.join(job_dir, "key")
@@ -453,7 +453,7 @@ class SlurmJob(JobTrait):
         def hold() -> None:
             # From a thread of our own: the call goes through danaus's background loop,
             # whose connections live as long as this process (not an application loop's).
-            from ..actors._runtime import current_runtime
+            from ..actors._api import current_runtime
             from ..mesh import Shape
             from ..mesh._actor_mesh import mesh_ref
 

@@ -1,6 +1,8 @@
 """Meshes: hosts, procs and actors laid out as named multi-dimensional meshes."""
 
+from ..actors._api import Cast, Failure, Gathered, register_handlers
 from ._actor_mesh import Accumulator, ActorEndpoint, ActorMesh, as_endpoint, send
+from ._cast import handle_cast, handle_gathered
 from ._controllers import get_or_spawn_controller
 from ._host_agent import run_worker_loop_forever
 from ._proc_mesh import (
@@ -15,8 +17,11 @@ from ._proc_mesh import (
 )
 from ._shape import Shape
 from ._slurm import SlurmJob
-from ._supervision import MeshFailure, set_unhandled_fault_hook
+from ._supervision import MeshFailure, handle_failure, set_unhandled_fault_hook
 from ._value_mesh import ValueMesh
+
+# The message types the mesh layer handles, registered in one place.
+register_handlers({Cast: handle_cast, Gathered: handle_gathered, Failure: handle_failure})
 
 __all__ = [
     "Accumulator",

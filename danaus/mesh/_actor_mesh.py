@@ -12,21 +12,31 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
 
-from ..actors._actor import AS_ENDPOINT, Actor, describe_endpoints, endpoints_of
-from ..actors._actor_thread import waiting_actor
-from ..actors._future import Future
-from ..actors._port import Port, PortReceiver, forward
-from ..actors._runtime import JOB_ID, Runtime, current_runtime, run_on, runtime_here
-from ..actors._serialize import dumps, dumps_args
-from ..actors._wire import (
+from ..actors._api import (
+    AS_ENDPOINT,
     CAST_GATHER,
     CAST_NONE,
     CAST_REDUCE,
     ERROR,
+    JOB_ID,
+    Actor,
     Cancel,
+    Future,
+    Port,
+    PortReceiver,
     Region,
+    Runtime,
     Spawn,
     StopActor,
+    current_runtime,
+    describe_endpoints,
+    dumps,
+    dumps_args,
+    endpoints_of,
+    forward,
+    run_on,
+    runtime_here,
+    waiting_actor,
 )
 from ..config import config
 from ..errors import ActorError, EndpointNotFoundError, SerializationError, SupervisionError

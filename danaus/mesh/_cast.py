@@ -16,27 +16,25 @@ from typing import Any
 
 import msgspec
 
-from ..actors._connection import Connection
-from ..actors._runtime import (
-    Runtime,
-    SkipOnLoss,
-    encode_error,
-    error_from_info,
-    info_from_error,
-    register_extension,
-)
-from ..actors._serialize import dumps, loads
-from ..actors._wire import (
+from ..actors._api import (
     CAST_NONE,
     CAST_REDUCE,
     ERROR,
     OK,
     Call,
     Cast,
+    Connection,
     ErrorInfo,
     Gathered,
     Region,
     Result,
+    Runtime,
+    SkipOnLoss,
+    dumps,
+    encode_error,
+    error_from_info,
+    info_from_error,
+    loads,
 )
 from ..errors import SerializationError
 
@@ -318,7 +316,3 @@ def handle_gathered(rt: Runtime, conn: Connection, msg: Gathered, parts: list[An
             status, value = ERROR, SerializationError(str(e))
         i += n
         rt.deliver(msg.port, rank, status, value)
-
-
-register_extension(Cast, handle_cast)
-register_extension(Gathered, handle_gathered)

@@ -12,10 +12,16 @@ from __future__ import annotations
 import threading
 from typing import Any, TypeVar
 
-from ..actors._actor import Actor, concurrent_endpoint, install_actor
-from ..actors._context import context
-from ..actors._future import Future
-from ..actors._runtime import Runtime, current_runtime, run_task
+from ..actors._api import (
+    Actor,
+    Future,
+    Runtime,
+    concurrent_endpoint,
+    context,
+    current_runtime,
+    install_actor,
+    run_task,
+)
 from ._actor_mesh import ActorMesh, mesh_ref
 from ._shape import Shape
 from ._supervision import MeshFailure

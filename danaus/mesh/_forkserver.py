@@ -175,7 +175,7 @@ class _Server:
             for fd in fds:
                 os.close(fd)
             _become(msg["env"], msg["cwd"])
-            from ..actors import _proc
+            from ..actors._api import proc_entry as _proc
 
             _proc.run(msg["addr"], msg["parent"], os.getppid(), listen_fd)
         except BaseException:
@@ -253,7 +253,7 @@ def _reread_config() -> None:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    from ..actors._proc import _die_with_parent as die
+    from ..actors._api import _die_with_parent as die
 
     die(parent_pid)
 
@@ -385,8 +385,12 @@ class ForkServer:
         self._popen: subprocess.Popen[bytes] | None = None
         # Started from a thread that lives as long as this process: the server's
         # parent-death signal follows the thread that started it.
-        threading.Thread(target=self._run, name="danaus-forkserver", daemon=True).start()
-        threading.Thread(target=self._write, name="danaus-forkserver-out", daemon=True).start()
+        self._reader = threading.Thread(target=self._run, name="danaus-forkserver", daemon=True)
+        self._writer = threading.Thread(
+            target=self._write, name="danaus-forkserver-out", daemon=True
+        )
+        self._reader.start()
+        self._writer.start()
 
     def _run(self) -> None:
         try:
@@ -642,3 +646,8 @@ def stop_fork_server(timeout: float = 5.0) -> None:
         popen.wait(max(0.0, deadline - time.monotonic()))
     if popen.poll() is None:
         popen.kill()
+    # Its threads end with it (the reader sees the socket close): none is left running
+    # while the interpreter finalizes.
+    server._outbox.put(None)
+    for thread in (server._reader, server._writer):
+        thread.join(max(0.1, deadline - time.monotonic()))

@@ -15,16 +15,18 @@ from collections.abc import Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import Any
 
-from ..actors._actor import Actor, endpoint, install_actor
-from ..actors._auth import set_job_key
-from ..actors._port import Port
-from ..actors._runtime import (
+from ..actors._api import (
+    Actor,
+    Port,
     Runtime,
     all_runtimes,
+    endpoint,
+    install_actor,
     install_runtime,
     new_event_loop,
     parse_addr,
     peer_keys,
+    set_job_key,
 )
 from ..config import config
 from ..errors import SupervisionError
@@ -70,7 +72,7 @@ class HostAgent(Actor):
 
         Their output lines go to ``log_port`` as ``(rank, "out" | "err", line)``.
         """
-        from ..actors._runtime import current_runtime
+        from ..actors._api import current_runtime
 
         rt = current_runtime()
         if not self._watching:
@@ -113,8 +115,7 @@ class HostAgent(Actor):
     @endpoint
     async def stop_procs(self, addrs: list[str]) -> None:
         """Stop these procs (a clean stop, then a kill after ``stop_timeout``) and reap them."""
-        from ..actors._runtime import current_runtime
-        from ..actors._wire import StopProc
+        from ..actors._api import StopProc, current_runtime
 
         rt = current_runtime()
         handles = [self.procs.pop(a) for a in addrs if a in self.procs]

@@ -16,12 +16,19 @@ from concurrent.futures import Future as ThreadFuture
 from types import EllipsisType
 from typing import Any, TypeVar
 
-from ..actors import _context as _context_module
-from ..actors._actor import Actor, ProcControl, endpoints_of
-from ..actors._future import Future
-from ..actors._port import Port
-from ..actors._runtime import current_runtime, peer_keys, run_on, run_task
-from ..actors._wire import OK
+from ..actors._api import (
+    OK,
+    Actor,
+    Future,
+    Port,
+    ProcControl,
+    current_runtime,
+    endpoints_of,
+    peer_keys,
+    run_on,
+    run_task,
+)
+from ..actors._api import context_state as _context_module
 from ..config import config
 from ..errors import ClosedError, SupervisionError
 from ._forkserver import note_actor_module
@@ -556,7 +563,7 @@ class ProcMesh(Shaped):
         return run_task(current_runtime(), lambda: root._stop_all(reason))
 
     async def _stop_all(self, reason: str = "stopped by its owner") -> None:
-        from ..actors._wire import StopActor, StopProc
+        from ..actors._api import StopActor, StopProc
         from ._supervision import actor_states
 
         self._stopped = True

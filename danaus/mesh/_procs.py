@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future as ThreadFuture
 
-from ..actors._runtime import Runtime, peer_exit_reason, peer_exited, proc_ready, run_on
+from ..actors._api import Runtime, peer_exit_reason, peer_exited, proc_ready, run_on
 from ..config import config
 from ..errors import SupervisionError
 from ._forkserver import ForkedPopen, fork_server, python_path, stop_fork_server

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from itertools import pairwise
 from typing import NoReturn, SupportsIndex
 
-from danaus.actors._point import Extent, Point
+from danaus.actors._api import Extent, Point
 
 Selector = int | slice
 """What :meth:`Shape.slice` takes per dim: an index (drops the dim) or a slice (keeps it)."""

@@ -29,11 +29,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import Any
 
-from ..actors._connection import Connection
-from ..actors._context import context
-from ..actors._point import Point
-from ..actors._runtime import Runtime, register_extension
-from ..actors._wire import Failure
+from ..actors._api import Connection, Failure, Point, Runtime, context
 from ..errors import SupervisionError
 from ._shape import Shape
 
@@ -208,6 +204,3 @@ def handle_failure(rt: Runtime, conn: Connection, msg: Failure, parts: list[Any]
         log.error("failure of unknown mesh %s (%s): %s", msg.mesh, msg.actor, msg.report)
         return
     state.fail(msg.ranks, msg.report, msg.kind)
-
-
-register_extension(Failure, handle_failure)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Generic, TypeVar
 
-from danaus.actors._point import Point
+from danaus.actors._api import Point
 from danaus.mesh._shape import Shape
 from danaus.mesh._shaped import Shaped
 

@@ -15,10 +15,15 @@ import os
 import socket
 from typing import Any
 
-from ..actors._actor import Actor, endpoint, install_actor
-from ..actors._future import Future
-from ..actors._runtime import Runtime, current_runtime
-from ..actors._serialize import dumps_args
+from ..actors._api import (
+    Actor,
+    Future,
+    Runtime,
+    current_runtime,
+    dumps_args,
+    endpoint,
+    install_actor,
+)
 from ..config import config
 from ..errors import (
     ActorError,

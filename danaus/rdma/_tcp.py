@@ -15,8 +15,7 @@ import socket
 import struct
 from typing import TYPE_CHECKING
 
-from ..actors import _auth
-from ..actors._runtime import parse_addr
+from ..actors._api import auth, parse_addr
 from ..config import config
 from ..errors import (
     AuthenticationError,
@@ -119,12 +118,12 @@ class TcpBackend(Backend):
             hello = bytearray(16)
             async with asyncio.timeout(5):
                 await _recv_exact(loop, sock, memoryview(hello))
-            mine = _auth.new_nonce()
-            await loop.sock_sendall(sock, mine + _auth.proof(key, b"acceptor", bytes(hello), mine))
+            mine = auth.new_nonce()
+            await loop.sock_sendall(sock, mine + auth.proof(key, b"acceptor", bytes(hello), mine))
             theirs = bytearray(32)
             async with asyncio.timeout(5):
                 await _recv_exact(loop, sock, memoryview(theirs))
-            if not _auth.verify(key, b"dialer", mine, bytes(hello), bytes(theirs)):
+            if not auth.verify(key, b"dialer", mine, bytes(hello), bytes(theirs)):
                 raise AuthenticationError("data connection failed to prove the job key")
             head = bytearray(_REQ.size)
             while True:
@@ -176,15 +175,15 @@ class TcpBackend(Backend):
         _tune(sock)
         try:
             await self.loop.sock_connect(sock, (host, port))
-            mine = _auth.new_nonce()
+            mine = auth.new_nonce()
             await self.loop.sock_sendall(sock, mine)
             answer = bytearray(48)
             async with asyncio.timeout(10):
                 await _recv_exact(self.loop, sock, memoryview(answer))
             theirs, mac = bytes(answer[:16]), bytes(answer[16:])
-            if not _auth.verify(key, b"acceptor", mine, theirs, mac):
+            if not auth.verify(key, b"acceptor", mine, theirs, mac):
                 raise AuthenticationError(f"data server {data_addr} failed to prove the job key")
-            await self.loop.sock_sendall(sock, _auth.proof(key, b"dialer", theirs, mine))
+            await self.loop.sock_sendall(sock, auth.proof(key, b"dialer", theirs, mine))
         except BaseException:
             sock.close()
             raise

@@ -11,7 +11,7 @@ import traceback
 import uuid
 
 from ..actors import Actor, context, current_rank, endpoint
-from ..actors._point import Point
+from ..actors._api import Point
 
 #: the dim torchrun calls "per node" when a mesh has no dim named like one
 _LOCAL_DIMS = ("gpus", "gpu", "procs", "local", "nproc")

@@ -6,8 +6,7 @@ import itertools
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from ..actors._future import Future
-from ..actors._runtime import current_runtime, run_task
+from ..actors._api import Future, current_runtime, run_task
 from ._actor import SPMDActor
 
 if TYPE_CHECKING:

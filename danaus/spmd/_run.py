@@ -7,9 +7,7 @@ import asyncio
 import sys
 from typing import TYPE_CHECKING
 
-from ..actors._future import Future
-from ..actors._point import Point
-from ..actors._runtime import current_runtime, run_task
+from ..actors._api import Future, Point, current_runtime, run_task
 from ..errors import DanausError
 from ._env import _setup
 

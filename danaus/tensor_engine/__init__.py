@@ -23,7 +23,7 @@ except ImportError as e:  # torch is an extra: the actor, mesh and RDMA layers r
         "`pip install 'danaus[torch]'` or your CUDA build of torch"
     ) from e
 
-from ..actors._future import Future
+from ..actors._api import Future
 from ..mesh import ProcMesh, _proc_mesh
 from ._dtensor import DTensor, Stream, _active, _Client, _dispatch, activate
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..actors._future import Future
+from ..actors._api import Future
 from ..mesh import ProcMesh
 from ._worker import (
     BORROW,

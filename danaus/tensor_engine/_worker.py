@@ -362,6 +362,6 @@ class TensorWorker(Actor):
 
 
 def current_rank_text(worker: TensorWorker) -> str:
-    from ..actors._point import Point
+    from ..actors._api import Point
 
     return str(Point.from_rank(worker.rank, worker.sizes))

@@ -298,7 +298,7 @@ async def test_replicas_killed_mid_stream_end_it_with_a_503_event(srv: Server) -
 
 async def test_the_app_runs_in_another_thread_on_its_own_loop() -> None:
     """Nothing needs the main thread: the app, its meshes and its loop live in a thread."""
-    from danaus.actors._runtime import close_loop_runtime  # no public close for a loop's runtime
+    from danaus.actors._loops import close_loop_runtime  # no public close for a loop's runtime
 
     started: ThreadFuture[tuple[str, asyncio.AbstractEventLoop, asyncio.Event]] = ThreadFuture()
 

@@ -117,7 +117,7 @@ async def test_squatting_the_names_later_runtimes_would_get_does_not_stop_a_new_
 ):
     """A controller makes a runtime per event loop it is used on (a server's worker
     loop, each ``asyncio.run``): a squatter on its next names must not break those."""
-    from danaus.actors._runtime import close_loop_runtime, current_runtime
+    from danaus.actors._loops import close_loop_runtime, current_runtime
 
     current_runtime()  # this loop's runtime: its name is what the squatter sees
     squatter = await asyncio.create_subprocess_exec(

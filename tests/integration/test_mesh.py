@@ -169,7 +169,7 @@ async def test_choose_skips_failed_ranks() -> None:
 async def test_a_missing_sequence_number_delays_but_never_blocks_an_actor() -> None:
     """A message whose predecessor was lost (e.g. with a failed cast-tree node) is handled
     after seq_gap_timeout instead of waiting forever."""
-    from danaus.actors._runtime import current_runtime
+    from danaus.actors._loops import current_runtime
 
     async with this_host().spawn_procs(
         per_host={"procs": 1}, env={"DANAUS_SEQ_GAP_TIMEOUT": "0.3"}

@@ -196,7 +196,7 @@ def test_sync_api_from_plain_code() -> None:
 
 
 async def test_handshake_deadline_drops_a_silent_peer(caplog: pytest.LogCaptureFixture) -> None:
-    from danaus.actors._runtime import current_runtime
+    from danaus.actors._loops import current_runtime
     from danaus.config import config
 
     rt = current_runtime()

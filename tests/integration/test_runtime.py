@@ -9,11 +9,13 @@ import pytest
 import torch
 
 from danaus import (
+    Actor,
     ActorError,
     Channel,
     EndpointNotFoundError,
     SerializationError,
     SupervisionError,
+    endpoint,
     this_host,
 )
 
@@ -112,7 +114,7 @@ async def test_unknown_endpoint_lists_the_endpoints() -> None:
         with pytest.raises(EndpointNotFoundError, match="echo, exit_now, fail"):
             echo.nope  # noqa: B018
         # The proc checks too, for callers that bypass the class (e.g. an old client).
-        from danaus.actors._runtime import current_runtime
+        from danaus.actors._loops import current_runtime
         from danaus.actors._serialize import dumps
 
         rt = current_runtime()
@@ -211,7 +213,7 @@ async def test_choose_spreads_calls_over_the_mesh() -> None:
 
 
 async def test_a_malformed_plain_argument_payload_fails_only_that_call() -> None:
-    from danaus.actors._runtime import current_runtime
+    from danaus.actors._loops import current_runtime
     from danaus.actors._serialize import encode_plain
 
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
@@ -226,3 +228,33 @@ async def test_a_malformed_plain_argument_payload_fails_only_that_call() -> None
         assert isinstance(err, SerializationError)
         assert "arguments of Echo.echo could not be decoded" in str(err)
         assert await echo.echo.call_one("fine") == "fine"
+
+
+class HandlerCheck(Actor):
+    @endpoint
+    def unhandled(self) -> list[str]:
+        return _unhandled()
+
+
+def _unhandled() -> list[str]:
+    """Message types of the wire union that the calling runtime has no handler for."""
+    from typing import get_args
+
+    from danaus.actors._loops import current_runtime
+    from danaus.actors._wire import Message
+
+    handlers = current_runtime().handlers
+    return sorted(t.__name__ for t in get_args(Message) if t not in handlers)
+
+
+@pytest.mark.parametrize("method", ["fork", "exec"])
+async def test_every_message_type_has_a_handler_in_a_fresh_proc(method: str) -> None:
+    from danaus.config import config
+
+    old, config.spawn_method = config.spawn_method, method
+    try:
+        async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+            assert await procs.spawn("check", HandlerCheck).unhandled.call_one() == []
+    finally:
+        config.spawn_method = old
+    assert _unhandled() == []  # and in the controller

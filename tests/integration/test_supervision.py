@@ -143,7 +143,7 @@ async def test_a_frozen_proc_is_detected_by_heartbeats(failures: Failures) -> No
     old = config.heartbeat_interval, config.heartbeat_timeout
     config.heartbeat_interval, config.heartbeat_timeout = 0.1, 0.5
     try:
-        from danaus.actors._runtime import close_loop_runtime
+        from danaus.actors._loops import close_loop_runtime
 
         await close_loop_runtime(asyncio.get_running_loop())  # a runtime with these settings
         async with this_host().spawn_procs(per_host={"procs": 2}) as procs:

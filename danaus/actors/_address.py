@@ -1,0 +1,42 @@
+"""Addresses: ``unix:@name``, ``unix:/path``, ``tcp://host:port``, and TLS for TCP."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from ..config import config
+
+_tls: dict[bool, ssl.SSLContext | None] = {}
+
+
+def tls_context(*, server: bool) -> ssl.SSLContext | None:
+    """Mutual TLS for TCP connections when ``tls_cert``/``tls_key``/``tls_ca`` are set.
+
+    Both ends present a certificate signed by the CA; host names are not checked (peers
+    are addressed by IP; the CA is the job's). Unix sockets never use TLS.
+    """
+    if server in _tls:
+        return _tls[server]
+    ctx = None
+    if config.tls_cert:
+        if not (config.tls_key and config.tls_ca):
+            raise ValueError("TLS needs DANAUS_TLS_CERT, DANAUS_TLS_KEY and DANAUS_TLS_CA together")
+        purpose = ssl.Purpose.CLIENT_AUTH if server else ssl.Purpose.SERVER_AUTH
+        ctx = ssl.create_default_context(purpose, cafile=config.tls_ca)
+        ctx.load_cert_chain(config.tls_cert, config.tls_key)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    _tls[server] = ctx
+    return ctx
+
+
+def parse_addr(addr: str) -> tuple[str, Any]:
+    """``unix:@name`` (abstract), ``unix:/path`` or ``tcp://host:port`` -> (family, address)."""
+    if addr.startswith("unix:"):
+        rest = addr[5:]
+        return "unix", ("\0" + rest[1:]) if rest.startswith("@") else rest
+    if addr.startswith("tcp://"):
+        host, _, port = addr[6:].rpartition(":")
+        return "tcp", (host.strip("[]"), int(port))
+    raise ValueError(f"unsupported address {addr!r}: use unix:@name, unix:/path or tcp://host:port")

@@ -1,0 +1,162 @@
+"""The actor layer's internal API: what the layers above it (meshes, the data plane, the
+tensor engine, SPMD, jobs) may use of it. Everything else under ``danaus.actors._*`` is
+private to the actor layer; upper layers import from here only.
+"""
+
+from __future__ import annotations
+
+from . import _auth as auth
+from . import _context as context_state
+from . import _proc as proc_entry
+from ._actor import (
+    AS_ENDPOINT,
+    Actor,
+    ProcControl,
+    concurrent_endpoint,
+    describe_endpoints,
+    endpoint,
+    endpoints_of,
+    install_actor,
+)
+from ._actor_thread import (
+    waiting_actor,
+)
+from ._address import (
+    parse_addr,
+)
+from ._auth import (
+    set_job_key,
+)
+from ._connection import (
+    Connection,
+)
+from ._context import (
+    context,
+)
+from ._errinfo import (
+    encode_error,
+    error_from_info,
+    info_from_error,
+)
+from ._future import (
+    Future,
+)
+from ._loops import (
+    all_runtimes,
+    call_in_loop,
+    current_runtime,
+    install_runtime,
+    new_event_loop,
+    run_on,
+    run_task,
+    runtime_here,
+)
+from ._point import (
+    Extent,
+    Point,
+)
+from ._port import (
+    Port,
+    PortReceiver,
+    forward,
+)
+from ._proc import (
+    _die_with_parent,
+)
+from ._runtime import (
+    JOB_ID,
+    Runtime,
+    SkipOnLoss,
+    peer_exit_reason,
+    peer_exited,
+    peer_keys,
+    proc_ready,
+    register_handlers,
+)
+from ._serialize import (
+    dumps,
+    dumps_args,
+    loads,
+)
+from ._wire import (
+    CAST_GATHER,
+    CAST_NONE,
+    CAST_REDUCE,
+    ERROR,
+    OK,
+    Call,
+    Cancel,
+    Cast,
+    ErrorInfo,
+    Failure,
+    Gathered,
+    Region,
+    Result,
+    Spawn,
+    StopActor,
+    StopProc,
+)
+
+__all__ = [
+    "AS_ENDPOINT",
+    "CAST_GATHER",
+    "CAST_NONE",
+    "CAST_REDUCE",
+    "ERROR",
+    "JOB_ID",
+    "OK",
+    "Actor",
+    "Call",
+    "Cancel",
+    "Cast",
+    "Connection",
+    "ErrorInfo",
+    "Extent",
+    "Failure",
+    "Future",
+    "Gathered",
+    "Point",
+    "Port",
+    "PortReceiver",
+    "ProcControl",
+    "Region",
+    "Result",
+    "Runtime",
+    "SkipOnLoss",
+    "Spawn",
+    "StopActor",
+    "StopProc",
+    "_die_with_parent",
+    "all_runtimes",
+    "auth",
+    "call_in_loop",
+    "concurrent_endpoint",
+    "context",
+    "context_state",
+    "current_runtime",
+    "describe_endpoints",
+    "dumps",
+    "dumps_args",
+    "encode_error",
+    "endpoint",
+    "endpoints_of",
+    "error_from_info",
+    "forward",
+    "info_from_error",
+    "install_actor",
+    "install_runtime",
+    "loads",
+    "new_event_loop",
+    "parse_addr",
+    "peer_exit_reason",
+    "peer_exited",
+    "peer_keys",
+    "proc_entry",
+    "proc_ready",
+    "register_handlers",
+    "run_on",
+    "run_task",
+    "runtime_here",
+    "set_job_key",
+    "waiting_actor",
+]

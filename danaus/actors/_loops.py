@@ -1,0 +1,259 @@
+"""Which event loop and runtime a call goes through, danaus's background loop, and
+running work on a runtime's loop from any thread."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import inspect
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future as ThreadFuture
+from types import FrameType
+from typing import Any, TypeVar
+
+from ..config import config
+from ._actor_thread import thread_home
+from ._future import Future
+from ._runtime import Runtime, log
+
+T = TypeVar("T")
+
+_runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
+    weakref.WeakKeyDictionary()
+)
+_runtimes_lock = threading.Lock()
+
+
+class _Background:
+    """danaus's own event loop in a daemon thread, for calls made from sync code.
+
+    It is stopped at interpreter exit (``atexit``, bounded): a daemon thread still
+    running the loop while the interpreter finalizes can wake up (a timer, a socket, a
+    proc's exit) after Python's state is torn down, and crash the process.
+    """
+
+    def __init__(self) -> None:
+        self.loop = new_event_loop()
+        self.started = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="danaus-loop", daemon=True)
+        self.thread.start()
+        self.started.wait()
+        fut: ThreadFuture[Runtime] = ThreadFuture()
+
+        def make() -> None:
+            try:
+                fut.set_result(Runtime(self.loop))
+            except BaseException as e:
+                fut.set_exception(e)
+
+        self.loop.call_soon_threadsafe(make)
+        self.runtime = fut.result(timeout=30)
+        with _runtimes_lock:
+            _runtimes[self.loop] = self.runtime
+        atexit.register(self.close)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the loop and join its thread (at most ``timeout`` s), then close the loop.
+
+        Later calls through it then fail (the loop is closed) instead of waiting forever.
+        """
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self.started.set)
+        self.loop.run_forever()
+
+
+_background: _Background | None = None
+_background_lock = threading.Lock()
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A uvloop loop where uvloop is importable (and ``config.use_uvloop``), else asyncio's."""
+    if config.use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+def background_runtime() -> Runtime:
+    """The runtime of danaus's background loop (started on first use)."""
+    global _background
+    bg = _background
+    if bg is None:
+        with _background_lock:  # one background loop, even when threads race here
+            if _background is None:
+                _background = _Background()
+            bg = _background
+    return bg.runtime
+
+
+_last: tuple[asyncio.AbstractEventLoop | None, Runtime | None] = (None, None)
+
+
+def current_runtime() -> Runtime:
+    """The runtime the calling code sends through (see :func:`runtime_here`)."""
+    return runtime_here()[0]
+
+
+def runtime_here() -> tuple[Runtime, bool]:
+    """``(runtime, on its loop)``: which runtime the calling code's calls go through.
+
+    - An actor's thread (a sync endpoint): its proc's runtime, handed over to its loop.
+    - A thread running no loop (a script, a worker thread): danaus's background loop.
+    - A loop danaus runs (a proc's, the background one): that loop's runtime.
+    - An application's loop (aiohttp, ``asyncio.run``, a Jupyter kernel): its own runtime,
+      on that loop with no thread hop, for code inside a coroutine (an ``async def``, a
+      notebook statement with a top-level ``await``) or a loop callback; a notebook cell's
+      plain statements (module-level code that the kernel runs from a coroutine) go through
+      the background loop instead, so that ``.get()`` can block without deadlocking.
+    """
+    global _last
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        home = thread_home()
+        return (home, False) if home is not None else (background_runtime(), False)
+    last_loop, rt = _last
+    if loop is not last_loop:
+        rt = _runtimes.get(loop)
+    if (rt is None or rt.borrowed) and not _caller_can_await():
+        return background_runtime(), False
+    if rt is None:
+        with _runtimes_lock:
+            rt = _runtimes.get(loop)
+            if rt is None:
+                for old_loop, old in list(_runtimes.items()):
+                    if old_loop.is_closed():  # e.g. an earlier asyncio.run()
+                        del _runtimes[old_loop]
+                        old.abandon()
+                rt = Runtime(loop)
+                rt.borrowed = True
+                _runtimes[loop] = rt
+    _last = (loop, rt)
+    return rt, True
+
+
+_ASYNC_CODE = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def _caller_can_await() -> bool:
+    """Is the code calling into danaus able to await what it gets, on the running loop?
+
+    Walks out from the caller to the first coroutine frame (an ``async def``, a notebook
+    statement with a top-level ``await``): yes. Interactive code is module-level code that
+    an async framework runs with ``exec`` (a Jupyter cell's plain statements, whose
+    ``<module>`` frame is called from a coroutine): it cannot await, so no. Everything
+    else — plain functions, torch's dispatch, comprehensions, a script's own top level
+    below the loop, a loop callback — passes through, and reaching the end counts as yes
+    (a callback of the running loop).
+    """
+    f: FrameType | None = sys._getframe(2)
+    while f is not None:
+        code = f.f_code
+        if code.co_flags & _ASYNC_CODE:
+            return True
+        back = f.f_back
+        if code.co_name == "<module>" and back is not None and back.f_code.co_flags & _ASYNC_CODE:
+            return False
+        f = back
+    return True
+
+
+async def close_loop_runtime(loop: asyncio.AbstractEventLoop) -> None:
+    """Close the runtime of ``loop`` if it has one (e.g. before the loop itself closes)."""
+    global _last
+    with _runtimes_lock:
+        rt = _runtimes.pop(loop, None)
+        if _last[0] is loop:
+            _last = (None, None)
+    if rt is not None:
+        await rt.aclose()
+
+
+def install_runtime(rt: Runtime) -> None:
+    """Make ``rt`` the runtime of its loop (a proc's main does this)."""
+    with _runtimes_lock:
+        _runtimes[rt.loop] = rt
+
+
+def all_runtimes() -> list[Runtime]:
+    with _runtimes_lock:
+        return list(_runtimes.values())
+
+
+def run_on(rt: Runtime, fn: Callable[..., Any], *args: Any) -> None:
+    """Call ``fn(*args)`` on ``rt``'s loop: now if we are on it, else thread-safely."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is rt.loop:
+        fn(*args)
+    else:
+        rt.loop.call_soon_threadsafe(fn, *args)
+
+
+def call_in_loop(rt: Runtime, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on ``rt``'s loop thread, waiting for its value: for danaus state that
+    only the loop may touch, reached from sync code on another thread."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is rt.loop:
+        return fn(*args)
+    fut: ThreadFuture[T] = ThreadFuture()
+
+    def go() -> None:
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as e:  # handed to the waiting thread
+            fut.set_exception(e)
+
+    rt.loop.call_soon_threadsafe(go)
+    return fut.result(timeout=config.connect_timeout)
+
+
+def run_task(rt: Runtime, make: Callable[[], Any]) -> Future[Any]:
+    """Run the coroutine ``make()`` as a task of ``rt`` (from any thread); a Future of its
+    outcome: awaitable on ``rt``'s loop, ``.get()`` elsewhere."""
+    fut: Future[Any] = Future(loop=rt.loop)
+
+    def start() -> None:
+        # The outcome goes to ``fut``: its caller gets the error (and asyncio reports one
+        # set on a future that is dropped unretrieved), so the runtime does not log it too.
+        task = rt.spawn_task(make(), log_failure=False)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            exc = None if t.cancelled() else t.exception()
+            if fut.done():  # the caller gave up on it (cancelled): nobody else gets this
+                if exc is not None and not isinstance(exc, asyncio.CancelledError):
+                    log.error("task failed after its caller stopped waiting", exc_info=exc)
+                return
+            if t.cancelled():
+                fut.cancel()
+            elif exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(t.result())
+
+        task.add_done_callback(done)
+        # Cancelling the future (a timeout, a cancelled caller) stops the work too.
+        fut._on_cancel = lambda: run_on(rt, task.cancel)
+
+    run_on(rt, start)
+    return fut
