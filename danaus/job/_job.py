@@ -119,6 +119,9 @@ class JobTrait(ABC):
     def state(self, cached_path: str | None = None) -> JobState:
         """The job's host meshes, applying the job first if it is not running.
 
+        It blocks until the job runs and its hosts are attached, as Monarch's does; from
+        async code, ``await asyncio.to_thread(job.state)``.
+
         Args:
             cached_path: where to keep the job for later controllers. When given and it
                 holds a saved job that can run this spec, that allocation is reused;
