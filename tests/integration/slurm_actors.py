@@ -32,6 +32,30 @@ class Gloo(Actor):
     """torch.distributed with gloo, after ``setup_torch_elastic_env``."""
 
     @endpoint
+    def ddp_step(self) -> dict[str, Any]:
+        """One DDP step of a tiny model on this rank's own batch: the gradients every
+        rank ends with, and this rank's local gradient (before averaging)."""
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        dist.init_process_group("gloo")
+        try:
+            rank = dist.get_rank()
+            torch.manual_seed(0)
+            model = torch.nn.Linear(4, 1)
+            x = torch.full((2, 4), float(rank + 1))
+            local = torch.nn.Linear(4, 1)
+            local.load_state_dict(model.state_dict())
+            local(x).sum().backward()
+            ddp = DistributedDataParallel(model)
+            ddp(x).sum().backward()
+            assert model.weight.grad is not None and local.weight.grad is not None
+            return {"grad": model.weight.grad.tolist(), "local": local.weight.grad.tolist()}
+        finally:
+            dist.destroy_process_group()
+
+    @endpoint
     def all_reduce(self, value: float) -> dict[str, Any]:
         import torch
         import torch.distributed as dist

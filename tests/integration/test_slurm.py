@@ -283,6 +283,34 @@ def test_gloo_all_reduce_across_nodes(job: SlurmJob, slurm: Cluster) -> None:
         assert {o["master"] for o in out} == {slurm.addrs[0]}
 
 
+def test_ddp_step_across_nodes_averages_the_gradients(job: SlurmJob) -> None:
+    pytest.importorskip("torch")
+    from danaus.spmd import setup_torch_elastic_env
+
+    with job.state().hosts.spawn_procs(per_host={"procs": 1}) as procs:
+        setup_torch_elastic_env(procs)
+        out = procs.spawn("ddp", Gloo).ddp_step.call().get(timeout=60).values()
+        mean = [(a + b) / 2 for a, b in zip(out[0]["local"][0], out[1]["local"][0], strict=True)]
+        assert out[0]["local"] != out[1]["local"]  # each rank had its own batch
+        for o in out:
+            assert o["grad"][0] == pytest.approx(mean)
+
+
+@loopback_only
+def test_a_job_no_controller_attaches_to_ends_after_idle_timeout(
+    slurm: Cluster, tmp_path: Any
+) -> None:
+    job = new_job(tmp_path, idle_timeout=0.5)
+    job.apply()
+    job_id = job.job_id
+    assert job_id is not None
+    try:
+        took = wait_for(lambda: ended(job_id), 20, "the unattached job ends by itself")
+        print(f"unattached job ended {took:.2f} s after sbatch (idle_timeout 0.5 s)")
+    finally:
+        job.kill()
+
+
 @loopback_only
 def test_a_dead_agent_ends_the_job(job: SlurmJob) -> None:
     """A node's agent that dies (SIGKILL) takes the job down with it
