@@ -1,5 +1,5 @@
-"""A real SLURM cluster for the tests: ``scripts/slurm_cluster.sh`` started once per
-session (per mode) and always stopped. Where SLURM is missing and cannot be installed
+"""A real SLURM cluster for the tests: ``scripts/slurm_cluster.sh`` started once (per
+mode) and always stopped. Where SLURM is missing and cannot be installed
 (not root, no network), the tests that need it skip, saying why."""
 
 from __future__ import annotations
@@ -92,9 +92,11 @@ def stop_cluster(cluster: Cluster) -> None:
     )
 
 
-@pytest.fixture(scope="session", params=["loopback", "netns"])
+@pytest.fixture(scope="module", params=["loopback", "netns"])
 def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    """A 2-node cluster, one per mode; only one runs at a time."""
+    """A 2-node cluster per mode, started once for the module that uses it (one module
+    does) and stopped at its end, not the session's: a machine runs one netns cluster
+    at a time, and other test sessions may want it. One runs at a time."""
     cluster = start_cluster(2, request.param)
     try:
         yield cluster
