@@ -27,6 +27,7 @@ from ._serialize import _ATOMS, dumps, loads
 from ._wire import (
     CLOSE,
     ERROR,
+    NIL,
     OK,
     Call,
     Cancel,
@@ -882,7 +883,7 @@ class ResponsePort(Port[Any]):
         msg = Result(
             self.port_id,
             status,
-            raw if raw is not None else msgspec.Raw(b"\xc0"),
+            raw if raw is not None else NIL,
             pickled,
             self._rank,
         )
@@ -1022,7 +1023,7 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> 
         rt.release_actor(msg.actor)
         return
     rt.actors[msg.actor] = inst
-    conn.send(Result(msg.reply, CLOSE, msgspec.Raw(b"\xc0"), False, msg.rank))
+    conn.send(Result(msg.reply, CLOSE, NIL, False, msg.rank))
     rt.release_actor(msg.actor)
 
 
@@ -1068,7 +1069,7 @@ async def _stop_actor(rt: Runtime, conn: Connection, msg: StopActor) -> None:
     if actor is not None:
         await actor.stop()
     if msg.reply:
-        conn.send(Result(msg.reply, CLOSE, msgspec.Raw(b"\xc0")))
+        conn.send(Result(msg.reply, CLOSE, NIL))
 
 
 async def _stop_proc(rt: Runtime, conn: Connection, msg: StopProc) -> None:
@@ -1076,7 +1077,7 @@ async def _stop_proc(rt: Runtime, conn: Connection, msg: StopProc) -> None:
     for actor in actors:
         await actor.stop()
     if msg.reply:
-        conn.send(Result(msg.reply, CLOSE, msgspec.Raw(b"\xc0")))
+        conn.send(Result(msg.reply, CLOSE, NIL))
     conn._flush()
     if not rt.stop_requested.done():
         rt.stop_requested.set_result(None)

@@ -15,7 +15,7 @@ from ._future import Future
 from ._loops import current_runtime, run_on
 from ._runtime import Runtime
 from ._serialize import dumps
-from ._wire import CLOSE, ERROR, OK, Result
+from ._wire import CLOSE, ERROR, NIL, OK, Result
 
 __all__ = ["Channel", "Port", "PortReceiver", "RankedPortReceiver"]
 
@@ -64,11 +64,8 @@ class Port(Generic[T]):
         if rt.addr == self.addr:
             run_on(rt, rt.deliver, self.port_id, rank, status, local)
             return
-        import msgspec
 
-        msg = Result(
-            self.port_id, status, raw if raw is not None else msgspec.Raw(b"\xc0"), pickled, rank
-        )
+        msg = Result(self.port_id, status, raw if raw is not None else NIL, pickled, rank)
         run_on(rt, _send, rt, self.addr, msg, parts, current.get().actor_instance)
 
 

@@ -64,6 +64,8 @@ Handshake: TypeAlias = Hello | Challenge | Auth | Welcome
 
 #: ``Result.status`` values.
 OK, ERROR, CLOSE = 0, 1, 2
+#: An encoded value that is nothing (msgpack nil): the value of a result without one.
+NIL = msgspec.Raw(b"\xc0")
 
 
 class Region(msgspec.Struct, array_like=True, frozen=True):
@@ -166,7 +168,7 @@ class Cast(msgspec.Struct, tag=21, array_like=True, frozen=True):
     args: msgspec.Raw
     pickled: bool = False
     #: For CAST_REDUCE: ``(identity, combine)``, encoded like ``args``.
-    reducer: msgspec.Raw = msgspec.Raw(b"\xc0")
+    reducer: msgspec.Raw = NIL
     reducer_pickled: bool = False
     #: as in :class:`Call`
     region: Region | None = None

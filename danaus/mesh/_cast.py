@@ -20,6 +20,7 @@ from ..actors._api import (
     CAST_NONE,
     CAST_REDUCE,
     ERROR,
+    NIL,
     OK,
     Call,
     Cast,
@@ -73,7 +74,7 @@ def send_cast(
 ) -> None:
     """From the sender: start a cast over ``targets`` (results to local ``port``);
     ``region``: the slice called, when not the actors' whole mesh."""
-    red_raw, red_pickled = reducer or (msgspec.Raw(b"\xc0"), False)
+    red_raw, red_pickled = reducer or (NIL, False)
     for chunk in split(targets, fanout):
         _send_subtree(
             rt,
