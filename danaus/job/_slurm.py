@@ -21,6 +21,7 @@ import atexit
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -165,6 +166,9 @@ class SlurmJob(JobTrait):
                 f"ntasks_per_node={ntasks_per_node}: danaus runs one host agent per node; "
                 "choose the procs per host with spawn_procs(per_host=...)"
             )
+        bad = [a for a in slurm_args if not a.startswith("-")]
+        if bad:
+            raise ValueError(f"slurm_args are sbatch options (--name=value), not {bad}")
         if not 0 <= monarch_port < 65536:
             raise ValueError(f"monarch_port must be 0..65535, not {monarch_port}")
         if job_id == "current":
@@ -319,30 +323,39 @@ class SlurmJob(JobTrait):
             f.write(key.hex() + "\n")
         self._job_dir = job_dir
         self._kept = False
-        if self._allocation is not None:
-            self._start_step(job_dir)
-        else:
-            script = self.batch_script(job_dir)
-            with open(os.path.join(job_dir, "batch.sh"), "w") as f:
-                f.write(script)
-            out = _slurm(["sbatch", "--parsable"], input=script)
-            if out.returncode != 0:
-                raise RuntimeError(
-                    f"sbatch refused the job (meshes {self._meshes}: {self.nodes} nodes): "
-                    f"{out.stderr.strip()}"
-                )
-            self._slurm_job_id = out.stdout.strip().split(";")[0]
-            log.info("submitted SLURM job %s (%s)", self._slurm_job_id, job_dir)
+        try:
+            if self._allocation is not None:
+                self._start_step(job_dir)
+            else:
+                self._submit(job_dir)
+        except BaseException:
+            shutil.rmtree(job_dir, ignore_errors=True)  # nothing ran: keep no key behind
+            self._job_dir = None
+            raise
         if not self._exit_hook:
             atexit.register(self._at_exit)
             self._exit_hook = True
+
+    def _submit(self, job_dir: str) -> None:
+        script = self.batch_script(job_dir)
+        with open(os.path.join(job_dir, "batch.sh"), "w") as f:
+            f.write(script)
+        out = _slurm(["sbatch", "--parsable"], input=script)
+        if out.returncode != 0:
+            raise RuntimeError(
+                f"sbatch refused the job (meshes {self._meshes}: {self.nodes} nodes): "
+                f"{out.stderr.strip()}"
+            )
+        self._slurm_job_id = out.stdout.strip().split(";")[0]
+        log.info("submitted SLURM job %s (%s)", self._slurm_job_id, job_dir)
 
     def _start_step(self, job_dir: str) -> None:
         """The agents as a step of a given allocation (``srun --jobid``)."""
         assert self._allocation is not None
         status = job_status(self._allocation)
         if status is None or status[0] in TERMINAL:
-            raise ValueError(f"SLURM job {self._allocation} is not running ({status})")
+            state = status[0] if status else "not in the queue"
+            raise ValueError(f"SLURM job {self._allocation} is not running ({state})")
         if len(status[1]) < self.nodes:
             raise ValueError(
                 f"meshes {self._meshes} need {self.nodes} nodes; "

@@ -229,6 +229,7 @@ def test_more_nodes_than_the_cluster_has_is_a_clear_error(slurm: Cluster, tmp_pa
     with pytest.raises(RuntimeError, match=r"3 nodes\): .*Node count specification invalid"):
         job.apply()
     assert not job.active
+    assert not os.listdir(tmp_path)  # no job directory (and no key file) left behind
 
 
 @loopback_only

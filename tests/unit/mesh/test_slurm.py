@@ -84,6 +84,8 @@ def test_a_job_spec_is_checked() -> None:
         SlurmJob(meshes={"my hosts": 1})
     with pytest.raises(ValueError, match="one host agent per node"):
         SlurmJob(meshes={"hosts": 1}, ntasks_per_node=8)
+    with pytest.raises(ValueError, match=r"sbatch options \(--name=value\), not \['gpu'\]"):
+        SlurmJob(meshes={"hosts": 1}, slurm_args=["--partition", "gpu"])
     with pytest.raises(ValueError, match=r"monarch_port must be 0\.\.65535"):
         SlurmJob(meshes={"hosts": 1}, monarch_port=70000)
 
