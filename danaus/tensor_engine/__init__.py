@@ -23,11 +23,30 @@ except ImportError as e:  # torch is an extra: the actor, mesh and RDMA layers r
         "`pip install 'danaus[torch]'` or your CUDA build of torch"
     ) from e
 
+
 from ..actors._api import Future
 from ..mesh import ProcMesh, _proc_mesh
-from ._dtensor import DTensor, Stream, _active, _Client, _dispatch, activate
+from . import _client, _dispatch
+from ._client import activate, active, active_stream
+from ._dispatch import DataDependentError
+from ._dtensor import DTensor, Stream
 
-__all__ = ["DTensor", "Stream", "fetch_shard", "inspect", "remote"]
+_client._late()
+
+__all__ = [
+    "DTensor",
+    "DataDependentError",
+    "Stream",
+    "call_on_shard_and_fetch",
+    "coalescing",
+    "fetch_shard",
+    "get_active_mesh",
+    "get_active_stream",
+    "inspect",
+    "no_mesh",
+    "remote",
+    "show",
+]
 
 
 def fetch_shard(t: DTensor, **coords: int) -> Future[torch.Tensor]:
@@ -36,7 +55,7 @@ def fetch_shard(t: DTensor, **coords: int) -> Future[torch.Tensor]:
     Raises (when awaited) ``RemoteException`` if the operation that made ``t`` failed on
     the worker: it carries the worker's traceback and the controller line that issued it.
     """
-    if type(t) is not DTensor:
+    if not isinstance(t, DTensor):
         raise TypeError(f"fetch_shard takes a DTensor, not {type(t).__name__}")
     return t._client.fetch(t, coords)
 
@@ -47,6 +66,53 @@ def inspect(t: DTensor, **coords: int) -> torch.Tensor:
     return fetch_shard(t, **coords).get()
 
 
+def show(t: DTensor, **coords: int) -> None:
+    """Print the value of one shard (:func:`inspect`)."""
+    print(inspect(t, **coords))
+
+
+def get_active_mesh() -> ProcMesh:
+    """The procs of the innermost ``activate()``; ``ValueError`` outside one."""
+    client = active()
+    if client is None:
+        raise ValueError("no mesh is active: use `with procs.activate():`")
+    return client.procs
+
+
+_MAIN = Stream("main")
+
+
+def get_active_stream() -> Stream:
+    """The stream work is issued onto (``Stream("main")`` outside ``stream.activate()``)."""
+    return active_stream() or _MAIN
+
+
+def no_mesh() -> contextlib.AbstractContextManager[Any]:
+    """``with no_mesh():`` inside ``activate()``, torch calls run locally again."""
+    return _client.no_mesh()
+
+
+@contextlib.contextmanager
+def coalescing() -> Iterator[None]:
+    """A batching hint (Monarch's): danaus already sends commands in batches, so this
+    keeps the semantics and changes nothing."""
+    yield
+
+
+def call_on_shard_and_fetch(
+    fn: Callable[..., Any], *args: Any, shard: dict[str, int] | None = None, **kwargs: Any
+) -> Future[Any]:
+    """Run the ``@remote`` function ``fn`` on the mesh of its DTensor arguments and fetch
+    its (tensor) result from the shard at ``shard`` (none needed on a one-proc mesh)."""
+    out = fn(*args, **kwargs)
+    if not isinstance(out, DTensor):
+        raise TypeError(
+            "call_on_shard_and_fetch needs a @remote function that returns a tensor on "
+            f"the mesh; {getattr(fn, '__name__', fn)} returned {type(out).__name__}"
+        )
+    return fetch_shard(out, **(shard or {}))
+
+
 def remote(
     fn: Callable[..., Any] | None = None, *, propagate: Callable[..., Any] | None = None
 ) -> Any:
@@ -54,54 +120,30 @@ def remote(
 
     Outputs' shapes come from calling ``propagate`` (default: ``fn`` itself) on meta
     tensors on the controller; give ``propagate`` when ``fn`` cannot run on meta tensors.
+    ``f.call(...)`` is the same call (Monarch's spelling).
     """
 
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
         shape_fn = propagate or f
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            client = _active() or next((a._client for a in args if type(a) is DTensor), None)
+            client = active() or next(
+                (a._client for a in (*args, *kwargs.values()) if isinstance(a, DTensor)), None
+            )
             if client is None:
                 return f(*args, **kwargs)  # no mesh involved: an ordinary call
-            return _dispatch(client, _Remote(f, shape_fn), args, kwargs)
+            return _dispatch.call_function(client, f, shape_fn, args, kwargs)
 
         call.__wrapped__ = f  # type: ignore[attr-defined]
         call.__name__ = getattr(f, "__name__", "remote")
+        call.call = call  # type: ignore[attr-defined]
         return call
 
     return wrap(fn) if fn is not None else wrap
 
 
-class _Remote:
-    """A user function in a command: shapes from ``shape_fn``, work done by ``fn``."""
-
-    def __init__(self, fn: Callable[..., Any], shape_fn: Callable[..., Any]) -> None:
-        self.fn = fn
-        self.shape_fn = shape_fn
-        self.__name__ = getattr(fn, "__name__", "remote")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        target = (
-            self.shape_fn
-            if args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta"
-            else self.fn
-        )
-        return target(*args, **kwargs)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_Remote, (self.fn, self.fn))
-
-    def __hash__(self) -> int:
-        return hash((self.fn, self.shape_fn))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Remote) and (self.fn, self.shape_fn) == (other.fn, other.shape_fn)
-
-
-@contextlib.contextmanager
-def _activate(procs: ProcMesh) -> Iterator[_Client]:
-    with activate(procs) as client:
-        yield client
+def _activate(procs: ProcMesh) -> contextlib.AbstractContextManager[Any]:
+    return activate(procs)
 
 
 _proc_mesh.activate_hook = _activate

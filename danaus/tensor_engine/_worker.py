@@ -29,18 +29,6 @@ class Ref:
         return f"Ref({self.i})"
 
 
-class Gen:
-    """A random generator to make on the worker: ``Generator().manual_seed(seed + rank)``."""
-
-    __slots__ = ("seed",)
-
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Gen, (self.seed,))
-
-
 class Failed:
     """What a result id holds when its operation failed (or depended on one that did)."""
 
@@ -52,10 +40,22 @@ class Failed:
 
 
 #: command kinds
-CALL, FREE, REDUCE, GET_ATTR, SET_ATTR, PULL, BORROW = range(7)
+CALL, FREE, REDUCE, PULL, BORROW = range(5)
+
+_ops: dict[str, Any] = {}
 
 
-def _resolve(obj: Any, table: dict[int, Any]) -> Any:
+def _op(name: str) -> Any:
+    """The ATen operation called ``name`` (``aten::add_.Tensor``)."""
+    op = _ops.get(name)
+    if op is None:
+        ns, _, rest = name.partition("::")
+        base, _, overload = rest.partition(".")
+        op = _ops[name] = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
+    return op
+
+
+def _resolve(obj: Any, table: dict[int, Any], device: torch.device) -> Any:
     t = type(obj)
     if t is Ref:
         v = table[obj.i]
@@ -63,9 +63,9 @@ def _resolve(obj: Any, table: dict[int, Any]) -> Any:
             raise _Propagate(v)
         return v
     if t is tuple or t is list:
-        return t(_resolve(x, table) for x in obj)
-    if t is dict:
-        return {k: _resolve(v, table) for k, v in obj.items()}
+        return t([_resolve(x, table, device) for x in obj])
+    if t is torch.Tensor and obj.device != device:
+        return obj.to(device)  # a local tensor of the controller, replicated
     return obj
 
 
@@ -83,8 +83,16 @@ _REDUCE_OPS = {"sum": "SUM", "avg": "SUM", "min": "MIN", "max": "MAX"}
 class TensorWorker(Actor):
     """Holds this proc's shards in a table and runs the command stream on them."""
 
-    def __init__(self, rendezvous: tuple[str, int], world: int, sizes: dict[str, int]) -> None:
-        self.rank = current_rank().rank
+    def __init__(
+        self,
+        rendezvous: tuple[str, int],
+        world: int,
+        sizes: dict[str, int],
+        global_ranks: list[int] | None = None,
+    ) -> None:
+        # Our index in the mesh the controller activated (a slice: not our root rank).
+        root_rank = current_rank().rank
+        self.rank = global_ranks.index(root_rank) if global_ranks else root_rank
         self.world = world
         self.sizes = sizes
         self.rendezvous = rendezvous
@@ -92,6 +100,7 @@ class TensorWorker(Actor):
         self.groups: dict[tuple[str, ...], Any] = {}
         self.published: dict[int, list[Any]] = {}
         self.streams: dict[str, Any] = {}
+        self.store: Any = None
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tensor-worker")
         self.loop = asyncio.get_running_loop()
         self.device = (
@@ -103,8 +112,7 @@ class TensorWorker(Actor):
 
     def __cleanup__(self, exc: BaseException | None) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        self.groups.clear()
 
     @endpoint
     async def run(self, cmds: list[tuple[Any, ...]]) -> None:
@@ -204,65 +212,63 @@ class TensorWorker(Actor):
                         # its registration goes with the tensor (on the loop that owns it)
                         self.loop.call_soon_threadsafe(self._drop_published, buf)
                 continue
-            out_ids, where = cmd[-2], cmd[-1]
+            if kind == CALL:
+                out_ids, written, where = cmd[4], cmd[5], cmd[6]
+            else:
+                out_ids, written, where = cmd[-2], (), cmd[-1]
             try:
                 result = self._one(kind, cmd)
             except _Propagate as p:
-                for i in out_ids:
+                for i in (*out_ids, *written):
                     table[i] = p.failed
                 continue
             except Exception as e:
                 failed = Failed(
                     type(e).__qualname__, str(e), "".join(traceback.format_exception(e)), where
                 )
-                for i in out_ids:
+                for i in (*out_ids, *written):
                     table[i] = failed
                 continue
-            if isinstance(result, (tuple, list)):  # tuples, named tuples: their tensors, in order
-                tensors = [r for r in result if isinstance(r, torch.Tensor)]
+            if not out_ids:
+                continue
+            if isinstance(result, torch.Tensor):
+                table[out_ids[0]] = result
+            else:  # tuples, named tuples, lists: their tensors, in order
+                tensors: list[Any] = []
+                _flatten(result, tensors)
                 for i, r in zip(out_ids, tensors, strict=True):
                     table[i] = r
-            elif out_ids and (result is not None or kind == GET_ATTR):
-                # (None from a CALL: an in-place op like __setitem__ on that id; from a
-                # GET_ATTR, a real None, e.g. a .grad before any backward)
-                table[out_ids[0]] = result
 
     def _one(self, kind: int, cmd: tuple[Any, ...]) -> Any:
         table = self.table
+        if kind == CALL:
+            _, fn, args, kwargs, _, _, _, seed, stream = cmd
+            device = self.device
+            args = _resolve(args, table, device)
+            if kwargs:
+                kwargs = {k: _resolve(v, table, device) for k, v in kwargs.items()}
+                if "device" in kwargs:
+                    kwargs["device"] = device  # the mesh's device: this worker's
+            if type(fn) is str:
+                fn = _op(fn)
+            if seed:
+                self._generator().manual_seed(seed + self.rank)
+            if stream is not None and device.type == "cuda":
+                with torch.cuda.stream(self._stream(stream)):
+                    return fn(*args, **kwargs)
+            return fn(*args, **kwargs)
         if kind == BORROW:
             _, src, from_stream, to_stream, _, _ = cmd
-            t = _resolve(Ref(src), table)
+            t = _resolve(src, table, self.device)
             if self.device.type == "cuda":
                 event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 event.record(self._stream(from_stream))
                 self._stream(to_stream).wait_event(event)
             return t
-        if kind == CALL:
-            _, func, args, kwargs, grad, _, _ = cmd
-            stream = kwargs.pop("__stream__", None)
-            args = _resolve(args, table)
-            kwargs = _resolve(kwargs, table)
-            if "device" in kwargs and kwargs["device"] is None:
-                kwargs["device"] = self.device
-            gen = kwargs.get("generator")
-            if type(gen) is Gen:
-                kwargs["generator"] = torch.Generator(self.device).manual_seed(gen.seed + self.rank)
-            with torch.set_grad_enabled(grad):
-                if stream is not None and self.device.type == "cuda":
-                    with torch.cuda.stream(self._stream(stream)):
-                        return func(*args, **kwargs)
-                return func(*args, **kwargs)
-        if kind == GET_ATTR:
-            _, src, name, _, _ = cmd
-            return getattr(_resolve(Ref(src), table), name)
-        if kind == SET_ATTR:
-            _, dst, name, value, _, _ = cmd
-            setattr(_resolve(Ref(dst), table), name, _resolve(value, table))
-            return None
         if kind == REDUCE:
             _, src, dims, op, scatter, shape, dtype, _, _ = cmd
-            missing = src not in table
-            value = table.get(src)
+            missing = src.i not in table
+            value: Any = table.get(src.i)
             failed = value if type(value) is Failed else None
             bad = missing or failed is not None or not isinstance(value, torch.Tensor)
             if bad:
@@ -273,7 +279,7 @@ class TensorWorker(Actor):
                 raise _Propagate(failed)
             if bad:
                 raise KeyError(
-                    f"the input of this collective, tensor {src}, is not on this worker (freed?)"
+                    f"the input of this collective, tensor {src.i}, is not on this worker (freed?)"
                 )
             if anyone_failed:
                 raise RuntimeError(
@@ -282,6 +288,11 @@ class TensorWorker(Actor):
                 )
             return out
         raise ValueError(f"unknown command kind {kind}")
+
+    def _generator(self) -> torch.Generator:
+        if self.device.type == "cuda":
+            return torch.cuda.default_generators[self.device.index or 0]
+        return torch.default_generator
 
     def _stream(self, name: str | None) -> Any:
         """The CUDA stream for a name (None: the default stream)."""
@@ -292,43 +303,40 @@ class TensorWorker(Actor):
         return self.streams[name]
 
     def _group(self, dims: tuple[str, ...]) -> tuple[Any, int, int]:
-        """The process group of the ranks that differ from ours only along ``dims``."""
+        """The process group of the ranks that differ from ours only along ``dims``.
+
+        Groups of this worker's own (not torch's default group): a proc may hold the
+        workers of several meshes (a mesh and its slices), each with its own ranks.
+        """
+        import datetime
+
         import torch.distributed as dist
 
-        if not dist.is_initialized():
-            import datetime
-
-            timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT)
-            host, port = self.rendezvous
-            store = dist.TCPStore(host, port, is_master=False, timeout=timeout)  # type: ignore[attr-defined]
-            dist.init_process_group(
-                "nccl" if self.device.type == "cuda" else "gloo",
-                store=store,
-                rank=self.rank,
-                world_size=self.world,
-                timeout=timeout,
-            )
         names = list(self.sizes)
         key = tuple(sorted(dims, key=names.index))
-        if key not in self.groups:
-            # Every worker creates every group of this kind, in the same order.
-            from itertools import product
-
-            others = [d for d in names if d not in key]
-            mine = None
-            for fixed in product(*(range(self.sizes[d]) for d in others)):
-                coords = dict(zip(others, fixed, strict=True))
-                ranks = []
-                for varying in product(*(range(self.sizes[d]) for d in key)):
-                    coords.update(zip(key, varying, strict=True))
-                    r = 0
-                    for d in names:
-                        r = r * self.sizes[d] + coords[d]
-                    ranks.append(r)
-                g = dist.new_group(ranks)
-                if self.rank in ranks:
-                    mine = (g, len(ranks), ranks.index(self.rank))
-            self.groups[key] = mine
+        if key in self.groups:
+            return self.groups[key]  # type: ignore[no-any-return]
+        timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT)
+        if self.store is None:
+            host, port = self.rendezvous
+            self.store = dist.TCPStore(host, port, is_master=False, timeout=timeout)  # type: ignore[attr-defined]
+        coords = []
+        r = self.rank
+        for d in reversed(names):
+            coords.append(r % self.sizes[d])
+            r //= self.sizes[d]
+        mine = dict(zip(reversed(names), coords, strict=True))
+        others = tuple((d, mine[d]) for d in names if d not in key)
+        n, index = 1, 0
+        for d in key:
+            n *= self.sizes[d]
+            index = index * self.sizes[d] + mine[d]
+        store = dist.PrefixStore(f"group/{key}/{others}", self.store)  # type: ignore[attr-defined]
+        if self.device.type == "cuda":
+            group: Any = dist.ProcessGroupNCCL(store, index, n, dist.ProcessGroupNCCL.Options())
+        else:
+            group = dist.ProcessGroupGloo(store, index, n, timeout)
+        self.groups[key] = (group, n, index)
         return self.groups[key]  # type: ignore[no-any-return]
 
     def _reduce(
@@ -339,7 +347,9 @@ class TensorWorker(Actor):
 
         group, n, index = self._group(dims)
         flag = torch.tensor([1.0 if failed else 0.0], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
+        group.allreduce([flag], opts).wait()
         return self._collective(t, group, n, index, op, scatter), bool(flag.item())
 
     def _collective(
@@ -349,16 +359,26 @@ class TensorWorker(Actor):
 
         if op == "stack":
             parts = [torch.empty_like(t) for _ in range(n)]
-            dist.all_gather(parts, t.contiguous(), group=group)
+            group.allgather([parts], [t.contiguous()]).wait()
             out = torch.stack(parts)
             return out[index] if scatter else out
         out = t.detach().clone().contiguous()
-        dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]), group=group)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp(getattr(dist.ReduceOp, _REDUCE_OPS[op]))
+        group.allreduce([out], opts).wait()
         if op == "avg":
             out /= n
         if scatter:
             out = out.chunk(n)[index].clone()
         return out
+
+
+def _flatten(obj: Any, into: list[Any]) -> None:
+    if isinstance(obj, torch.Tensor):
+        into.append(obj)
+    elif isinstance(obj, (tuple, list)):
+        for x in obj:
+            _flatten(x, into)
 
 
 def current_rank_text(worker: TensorWorker) -> str:

@@ -1,0 +1,210 @@
+"""nn.Module, autograd and torch.optim on DTensors, against the same training run locally."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from danaus import this_host
+from danaus.errors import RemoteException
+from danaus.tensor_engine import (
+    DataDependentError,
+    DTensor,
+    fetch_shard,
+    get_active_mesh,
+    inspect,
+    no_mesh,
+    remote,
+)
+
+
+@pytest.fixture(scope="module")
+def dp() -> Iterator[Any]:
+    with this_host().spawn_procs(per_host={"dp": 2}, name="models") as p:
+        yield p
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(4, 16), nn.LayerNorm(16), nn.Tanh(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 1)
+    )
+
+
+def train_locally(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    xs: list[torch.Tensor],
+    ys: list[torch.Tensor],
+    steps: int,
+) -> list[float]:
+    """Data-parallel by hand: the mean of each data shard's gradients, one model."""
+    losses = []
+    for _ in range(steps):
+        total = 0.0
+        for x, y in zip(xs, ys, strict=True):
+            loss = ((model(x) - y) ** 2).mean() / len(xs)
+            loss.backward()
+            total += float(loss.detach())
+        nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    return losses
+
+
+def train_on_mesh(
+    procs: Any, make_opt: Callable[[Any], torch.optim.Optimizer], start: dict[str, Any], steps: int
+) -> tuple[nn.Module, DTensor, DTensor, list[DTensor]]:
+    with procs.activate():
+        model = mlp()
+        model.load_state_dict(start)
+        opt = make_opt(model.parameters())
+        x = torch.randn(32, 4)  # each proc its own data shard
+        y = torch.randn(32, 1)
+        losses = []
+        for _ in range(steps):
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            for p in model.parameters():
+                p.grad.reduce_("dp", "avg")
+            nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.reduce("dp", "avg"))
+    return model, x, y, losses
+
+
+def test_an_mlp_trained_with_adamw_on_two_procs_matches_one_process(dp: Any) -> None:
+    torch.manual_seed(0)
+    ref = mlp()
+    start = {k: v.clone() for k, v in ref.state_dict().items()}
+    model, x, y, losses = train_on_mesh(dp, lambda ps: torch.optim.AdamW(ps, lr=0.01), start, 20)
+    assert isinstance(model[0].weight, nn.Parameter) and isinstance(model[0].weight, DTensor)
+    xs = [inspect(x, dp=r) for r in range(2)]
+    ys = [inspect(y, dp=r) for r in range(2)]
+    ref_losses = train_locally(ref, torch.optim.AdamW(ref.parameters(), lr=0.01), xs, ys, 20)
+    for name, want in ref.state_dict().items():
+        for r in range(2):
+            got = inspect(model.state_dict()[name], dp=r)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=name)
+    got_losses = [float(inspect(v, dp=0)) for v in losses]
+    assert got_losses == pytest.approx(ref_losses, abs=1e-5)
+    assert got_losses[-1] < got_losses[0]  # it did train
+    assert not torch.allclose(inspect(model[0].weight, dp=0), start["0.weight"])
+
+
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+        lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True),
+        lambda ps: torch.optim.AdamW(ps, lr=0.01, fused=True),
+    ],
+    ids=["sgd-momentum", "adamw-foreach", "adamw-fused"],
+)
+def test_other_optimizers_and_their_variants_match_one_process(
+    dp: Any, make_opt: Callable[[Any], torch.optim.Optimizer]
+) -> None:
+    torch.manual_seed(1)
+    ref = mlp()
+    start = {k: v.clone() for k, v in ref.state_dict().items()}
+    model, x, y, _ = train_on_mesh(dp, make_opt, start, 3)
+    xs = [inspect(x, dp=r) for r in range(2)]
+    ys = [inspect(y, dp=r) for r in range(2)]
+    train_locally(ref, make_opt(ref.parameters()), xs, ys, 3)
+    for name, want in ref.state_dict().items():
+        torch.testing.assert_close(inspect(model.state_dict()[name], dp=1), want, msg=name)
+
+
+def test_printing_shows_mesh_shape_and_dtype_and_values_raise_a_clear_error(dp: Any) -> None:
+    with dp.activate():
+        w = nn.Linear(3, 2).weight
+        loss = (w * 2).sum()
+        assert get_active_mesh() is dp
+        with no_mesh():
+            local = torch.ones(2)  # runs here again
+    assert type(local) is torch.Tensor
+    assert repr(loss) == (
+        "DTensor(mesh={'dp': 2}, shape=(), dtype=torch.float32, grad_fn=SumBackward0)"
+    )
+    assert "shape=(2, 3)" in str(w) and "requires_grad=True" in str(w)
+    assert loss.mesh is dp
+    for read in (
+        loss.item,
+        lambda: bool(loss > 0),
+        lambda: float(loss),
+        loss.tolist,
+        lambda: torch.equal(torch.ones(()), loss),
+    ):
+        with pytest.raises(DataDependentError, match="fetch it first"):
+            read()
+    assert inspect(loss, dp=0).shape == ()
+
+
+@pytest.fixture(scope="module")
+def pp() -> Iterator[Any]:
+    with this_host().spawn_procs(per_host={"pp": 2, "dp": 1}, name="pipe") as p:
+        yield p
+
+
+def test_a_two_stage_pipeline_across_pp_slices_gives_the_unpipelined_loss(pp: Any) -> None:
+    torch.manual_seed(2)
+    first, second = nn.Sequential(nn.Linear(4, 8), nn.Tanh()), nn.Linear(8, 1)
+    x_local, y_local = torch.randn(8, 4), torch.randn(8, 1)
+    want = ((second(first(x_local)) - y_local) ** 2).mean()
+    stages = [pp.slice(pp=i) for i in range(2)]
+    with stages[0].activate():
+        s0 = nn.Sequential(nn.Linear(4, 8), nn.Tanh())
+        s0.load_state_dict(first.state_dict())
+        h = s0(torch.as_tensor(x_local))
+    with stages[1].activate():
+        s1 = nn.Linear(8, 1)
+        s1.load_state_dict(second.state_dict())
+        loss = ((s1(h.to_mesh(stages[1])) - y_local) ** 2).mean()
+        back = loss.to_mesh(stages[0])  # and the other way
+    torch.testing.assert_close(inspect(loss, dp=0), want.detach())
+    torch.testing.assert_close(inspect(back, dp=0), want.detach())
+    # the whole mesh's shards to one slice of it
+    with pp.activate():
+        ranks = torch.arange(3.0) + torch.rand(3)
+    on_stage1 = ranks.to_mesh(stages[1])
+    torch.testing.assert_close(inspect(on_stage1, dp=0), inspect(ranks, pp=1, dp=0))
+    with pytest.raises(ValueError, match="same shape"):
+        with this_host().spawn_procs(per_host={"dp": 3}, name="odd") as odd:
+            ranks.to_mesh(odd)
+
+
+@remote
+def explode(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type != "meta":
+        raise ValueError("the backward failed on purpose")
+    return t.clone()
+
+
+class _Boom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return explode(g)  # type: ignore[no-any-return]
+
+
+def test_a_failing_op_inside_backward_raises_remote_exception_naming_the_line(dp: Any) -> None:
+    with dp.activate():
+        w = torch.ones(3, requires_grad=True)
+        loss = (_Boom.apply(w * 2) * 3).sum()
+        loss.backward()
+        after = w.grad * 2  # depends on the failure: inherits it
+        fine = w.detach() + 1
+    with pytest.raises(RemoteException) as info:
+        fetch_shard(after, dp=1).get(timeout=30)
+    err = info.value
+    assert err.exc_type == "ValueError" and "failed on purpose" in err.message
+    assert "test_tensor_engine_models.py" in err.issued_at and "in backward" in err.issued_at
+    assert torch.equal(inspect(fine, dp=0), torch.full((3,), 2.0))
