@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import os
 import socket
+import subprocess
 import sys
 from concurrent.futures import Future as ThreadFuture
 from typing import Any
@@ -37,14 +39,41 @@ def node_identity() -> tuple[str, int, str]:
     return node, int(index), os.environ.get("SLURM_STEP_ID", "")
 
 
+def _resolve(name: str) -> str | None:
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return None
+
+
+def _slurm_node_addr(node: str) -> str | None:
+    """The node's ``NodeAddr``: the address SLURM itself reaches the node at."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "node", "-o", node],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for field in out.stdout.split():
+        if field.startswith("NodeAddr="):
+            return _resolve(field.removeprefix("NodeAddr="))
+    return None
+
+
 def bind_host(node: str) -> str:
-    """The node's own address: its SLURM node name resolved, else its host name's."""
-    for name in (node, socket.gethostname()):
-        try:
-            return socket.gethostbyname(name)
-        except OSError:
-            continue
-    raise SystemExit(f"danaus job agent: cannot resolve this node's address ({node!r})")
+    """The node's own address: its SLURM node name resolved, unless that gives a
+    loopback address (Debian maps a host's own name to 127.0.1.1): then SLURM's
+    ``NodeAddr`` for it, which other nodes reach it at."""
+    addr = _resolve(node)
+    if addr is not None and not ipaddress.ip_address(addr).is_loopback:
+        return addr
+    addr = _slurm_node_addr(node) or addr or _resolve(socket.gethostname())
+    if addr is None:
+        raise SystemExit(f"danaus job agent: cannot find this node's address ({node!r})")
+    return addr
 
 
 def write_address(job_dir: str, index: int, line: str) -> None:
