@@ -1078,7 +1078,7 @@ async def _stop_proc(rt: Runtime, conn: Connection, msg: StopProc) -> None:
         await actor.stop()
     if msg.reply:
         conn.send(Result(msg.reply, CLOSE, NIL))
-    conn._flush()
+    conn.flush()
     if not rt.stop_requested.done():
         rt.stop_requested.set_result(None)
 

@@ -225,8 +225,6 @@ class Connection(asyncio.BufferedProtocol):
         else:
             self.never_opened(exc)
 
-    _fail = fail  # (the name _runtime.py still calls)
-
     def heartbeat(self, now: float) -> None:
         """One liveness check (the runtime's heartbeat, every ``heartbeat_interval``): ping
         a quiet peer; fail this connection if the peer stayed silent past
@@ -415,8 +413,6 @@ class Connection(asyncio.BufferedProtocol):
                 self.transport.writelines(wq)
         self._wq = []
         self._wbytes = 0
-
-    _flush = flush  # (the name _runtime.py still calls)
 
     def _write_now(self, bufs: list[Buffer]) -> None:
         assert self.transport is not None

@@ -28,8 +28,9 @@ from ..errors import (
 )
 from . import _auth
 from ._address import parse_addr, tls_context
-from ._connection import CLOSED, HANDSHAKE, OPEN, Connection, trim_part_pool
+from ._connection import CLOSED, HANDSHAKE, OPEN, Connection
 from ._errinfo import encode_error, error_decode, error_from_info
+from ._frames import trim_part_pool
 from ._future import Future
 from ._serialize import loads
 from ._wire import (
@@ -212,27 +213,7 @@ class Runtime:
         trim_part_pool()
         now = self.loop.time()
         for conn in list(self.conns.values()):
-            if conn.state is not OPEN:
-                continue
-            if conn._read_holders:
-                # We stopped reading ourselves (a full mailbox): the peer's silence says
-                # nothing about it, and it cannot hear our pongs to its pings. Tell it we
-                # are alive by pinging it ourselves (it reads them: it is not held).
-                conn.seen_reads = conn.reads
-                conn.quiet_since = now
-                conn.send(_PING)
-            elif conn.reads != conn.seen_reads:  # something arrived: alive
-                conn.seen_reads = conn.reads
-                conn.quiet_since = now
-            elif now - conn.quiet_since > config.heartbeat_timeout:
-                conn._fail(
-                    SupervisionError(
-                        f"peer {conn.peer} did not answer for {config.heartbeat_timeout} s "
-                        "(frozen, stopped, or partitioned)"
-                    )
-                )
-            elif now - conn.quiet_since >= config.heartbeat_interval:
-                conn.send(_PING)
+            conn.heartbeat(now)
         self.loop.call_later(config.heartbeat_interval, self._heartbeat)
 
     async def _serve(self) -> None:
@@ -302,10 +283,7 @@ class Runtime:
         if self.closed:
             raise ClosedError(f"runtime {self.addr} is closed")
         if addr in self.lost:
-            conn = Connection(self, dialer=True, peer=addr)
-            conn.state = CLOSED
-            conn.close_reason = self.lost[addr]
-            return conn
+            return Connection.lost(self, addr, self.lost[addr])
         conn = self._dialer(addr)
         self.conns[addr] = conn
         self._all_conns.add(conn)
@@ -472,8 +450,7 @@ class Runtime:
             if conn.transport is None:
                 conn.never_opened(exc)
             else:
-                conn.close_reason = exc
-                conn._fail(exc)
+                conn.fail(exc)
 
     # ------------------------------------------------------------ ports
 
