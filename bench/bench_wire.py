@@ -16,8 +16,8 @@ from typing import Any
 import msgspec
 import uvloop
 
-from danaus.actors._actor import ProcControl, install_actor
 from danaus.actors._future import Future
+from danaus.actors._instance import ProcControl, install_actor
 from danaus.actors._runtime import Runtime
 from danaus.actors._serialize import dumps_args
 

@@ -1,6 +1,6 @@
 """The actor runtime of one proc: actors, endpoints, ports, futures, context."""
 
-from . import _actor
+from . import _instance
 from ._actor import Actor, Endpoint, concurrent_endpoint, endpoint
 from ._context import Context, context, current_actor_name, current_rank, current_size
 from ._future import Future
@@ -8,7 +8,7 @@ from ._point import Extent, Point
 from ._port import Channel, Port, PortReceiver, RankedPortReceiver
 from ._runtime import register_handlers as _register
 
-_register(_actor.HANDLERS)  # the message types the actor layer handles
+_register(_instance.HANDLERS)  # the message types the actor layer handles
 
 __all__ = [
     "Actor",

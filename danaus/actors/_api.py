@@ -11,12 +11,10 @@ from . import _proc as proc_entry
 from ._actor import (
     AS_ENDPOINT,
     Actor,
-    ProcControl,
     concurrent_endpoint,
     describe_endpoints,
     endpoint,
     endpoints_of,
-    install_actor,
 )
 from ._actor_thread import (
     waiting_actor,
@@ -41,6 +39,7 @@ from ._errinfo import (
 from ._future import (
     Future,
 )
+from ._instance import ProcControl, install_actor
 from ._loops import (
     all_runtimes,
     call_in_loop,

@@ -48,7 +48,7 @@ from ._wire import (
 )
 
 if TYPE_CHECKING:
-    from ._actor import ActorInstance
+    from ._instance import ActorInstance
 
 log = logging.getLogger("danaus.runtime")
 T = TypeVar("T")
