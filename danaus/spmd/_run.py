@@ -12,7 +12,7 @@ from ..errors import DanausError
 from ._env import _setup
 
 if TYPE_CHECKING:
-    from ..mesh import ProcMesh
+    from ..mesh import HostMesh, ProcMesh
 
 
 class RankFailure(DanausError):
@@ -115,6 +115,20 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-separated host-agent addresses (tcp://HOST:PORT) to run on; key from "
         "$DANAUS_AUTH_KEY. Default: this host only",
     )
+    p.add_argument(
+        "--slurm-nodes",
+        type=int,
+        default=0,
+        help="run on N nodes of a SLURM job: a new one (sbatch), or the allocation given "
+        "by --slurm-job-id, or the one this command runs inside",
+    )
+    p.add_argument("--slurm-job-id", default=None, help="an existing SLURM job to run on")
+    p.add_argument("--partition", default=None, help="SLURM partition for a new job")
+    p.add_argument(
+        "--slurm-shared",
+        action="store_true",
+        help="let the new SLURM job share its nodes (default: exclusive nodes)",
+    )
     p.add_argument("--master-addr", "--master_addr", default=None)
     p.add_argument("--master-port", "--master_port", type=int, default=None)
     p.add_argument("--standalone", action="store_true", help="accepted (this is the default)")
@@ -131,18 +145,40 @@ def main_run(argv: list[str]) -> int:
     if ns.nproc_per_node < 1:
         sys.exit(f"danaus run: --nproc-per-node must be >= 1, got {ns.nproc_per_node}")
     hosts = [h for h in ns.hosts.split(",") if h]
+    if hosts and ns.slurm_nodes:
+        sys.exit("danaus run: give --hosts or --slurm-nodes, not both")
     if ns.nnodes is not None:
         nnodes = int(str(ns.nnodes).split(":")[-1])
-        if nnodes != max(1, len(hosts)):
+        if nnodes != max(1, len(hosts), ns.slurm_nodes):
             sys.exit(
-                f"danaus run: --nnodes {ns.nnodes} but {len(hosts) or 1} host(s) "
-                "(give one host-agent address per node with --hosts)"
+                f"danaus run: --nnodes {ns.nnodes} but {max(1, len(hosts), ns.slurm_nodes)} "
+                "host(s) (give one host-agent address per node with --hosts, or --slurm-nodes)"
             )
     if (ns.master_addr is None) != (ns.master_port is None):
         sys.exit("danaus run: give both --master-addr and --master-port, or neither")
     from ..mesh import attach_to_hosts, this_host
 
-    mesh_hosts = attach_to_hosts(hosts) if hosts else this_host()
+    job = None
+    if ns.slurm_nodes:
+        from ..job import SlurmJob
+
+        job = SlurmJob(
+            meshes={"hosts": ns.slurm_nodes},
+            partition=ns.partition,
+            exclusive=not ns.slurm_shared,
+            job_id=ns.slurm_job_id,
+        )
+        mesh_hosts: HostMesh = job.state().hosts
+    else:
+        mesh_hosts = attach_to_hosts(hosts) if hosts else this_host()
+    try:
+        return _run_on(mesh_hosts, ns)
+    finally:
+        if job is not None:
+            job.kill()
+
+
+def _run_on(mesh_hosts: HostMesh, ns: argparse.Namespace) -> int:
     procs = mesh_hosts.spawn_procs(per_host={"gpus": ns.nproc_per_node}, name="rank")
     script = ["-m", ns.script, *ns.args] if ns.module else [ns.script, *ns.args]
     try:
