@@ -233,6 +233,29 @@ def test_more_nodes_than_the_cluster_has_is_a_clear_error(slurm: Cluster, tmp_pa
 
 
 @loopback_only
+def test_a_job_that_does_not_start_in_time_is_cancelled(slurm: Cluster, tmp_path: Any) -> None:
+    out = subprocess.run(
+        ["salloc", "-N2", "--exclusive", "--no-shell"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    busy = out.stderr.split("Granted job allocation")[1].split()[0]
+    try:
+        job = SlurmJob(
+            meshes={"hosts": 2}, log_dir=str(tmp_path), job_start_timeout=1.0, exclusive=True
+        )
+        with pytest.raises(TimeoutError, match=r"did not start within 1\.0 s \(it is PENDING\)"):
+            job.state()
+        assert job.job_id is not None
+        wait_for(lambda: ended(job.job_id or ""), 15, "the pending job is cancelled")
+        job.kill()
+    finally:
+        subprocess.run(["scancel", busy], timeout=30)
+
+
+@loopback_only
 def test_an_existing_allocation_runs_the_agents_as_a_step(
     slurm: Cluster, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
