@@ -78,6 +78,7 @@ async def _bulk(ep: Any, nbytes: int, iters: int) -> float:
 
 async def _danaus(child_cpus: set[int] | None, full: bool) -> dict[str, Any]:
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        await procs.initialized
         if child_cpus:
             for pid in procs.pids:
                 os.sched_setaffinity(pid, child_cpus)

@@ -311,7 +311,18 @@ class ForkedPopen:
 
     @property
     def pid(self) -> int:
-        """The proc's pid (-1 until the server forked it)."""
+        """The proc's pid, as soon as ``spawn_procs`` returned (as with ``exec``): waits,
+        bounded by ``proc_start_timeout``, for the server to fork it (milliseconds, or
+        the server's own start on first use); -1 if that failed."""
+        if self._pid <= 0 and self.returncode is None:
+            from ..config import config
+
+            self.forked.wait(config.proc_start_timeout)
+        return self._pid
+
+    @property
+    def known_pid(self) -> int:
+        """The pid if the server forked the proc already, else -1 (never waits)."""
         return self._pid
 
     def poll(self) -> int | None:
@@ -493,7 +504,7 @@ class ForkServer:
         self.ready.set()
         self._outbox.put(None)
         for popen in orphans:
-            _wait_gone(popen.pid, 5.0)
+            _wait_gone(popen._pid, 5.0)
             popen._exit(-signal.SIGKILL)
         if orphans or "exited" not in why:
             log.warning("the fork server (pid %s) is gone: %s", self.pid, why)

@@ -77,7 +77,8 @@ class ProcHandle:
         self.stopping = False
 
     def __repr__(self) -> str:
-        return f"<ProcHandle {self.addr} pid={self.popen.pid} {self.state}>"
+        pid = getattr(self.popen, "known_pid", None) or self.popen.pid  # (never waits)
+        return f"<ProcHandle {self.addr} pid={pid} {self.state}>"
 
     @property
     def pid(self) -> int:

@@ -85,6 +85,17 @@ async def test_forked_procs_can_use_cuda_the_server_never_does(fresh_server: Non
         assert "torch" in status["preloaded"] and status["cuda_initialized"] is False
 
 
+async def test_pids_are_known_as_soon_as_spawn_procs_returns(fresh_server: None) -> None:
+    procs = this_host().spawn_procs(per_host={"procs": 2})  # the server starts now
+    try:
+        pids = procs.pids  # before anything was awaited, as with exec
+        assert all(p > 0 for p in pids), pids
+        probe = await procs.spawn("probe", Probe)
+        assert [pid for pid, _ in (await probe.where.call()).values()] == pids
+    finally:
+        await procs.stop()
+
+
 async def test_a_forked_proc_shares_no_socket_with_the_server(fresh_server: None) -> None:
     async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
         probe = await procs.spawn("probe", Probe)
