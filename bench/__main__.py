@@ -6,6 +6,7 @@ from . import (
     bench_inference,
     bench_mesh,
     bench_runtime,
+    bench_slurm,
     bench_spawn,
     bench_spmd,
     bench_supervision,
@@ -25,6 +26,8 @@ def main() -> None:
     bench_spawn.main()
     print("\n== SPMD: danaus run vs torchrun ==")
     bench_spmd.main()
+    print("\n== SLURM: SlurmJob.apply() to the first call ==")
+    bench_slurm.main()
     print("\n== supervision (issue 4) ==")
     bench_supervision.main()
     print(

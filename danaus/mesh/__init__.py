@@ -16,7 +16,6 @@ from ._proc_mesh import (
     this_proc,
 )
 from ._shape import Shape
-from ._slurm import SlurmJob
 from ._supervision import MeshFailure, handle_failure, set_unhandled_fault_hook
 from ._value_mesh import ValueMesh
 
@@ -31,7 +30,6 @@ __all__ = [
     "MeshFailure",
     "ProcMesh",
     "Shape",
-    "SlurmJob",
     "ValueMesh",
     "as_endpoint",
     "attach_to_hosts",

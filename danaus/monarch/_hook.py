@@ -31,6 +31,10 @@ def _rdma(name: str) -> Any:
     return getattr(importlib.import_module("danaus.rdma"), name)
 
 
+def _job(name: str) -> Any:
+    return getattr(importlib.import_module("danaus.job"), name)
+
+
 def _spmd(name: str) -> Any:
     return getattr(importlib.import_module("danaus.spmd"), name)
 
@@ -60,6 +64,7 @@ _MODULES: dict[str, Callable[[str], Any]] = {
     "monarch.rdma": _rdma,
     "monarch.config": _config,
     "monarch.spmd": _spmd,
+    "monarch.job": _job,
 }
 
 

@@ -14,7 +14,9 @@ ROOT = pathlib.Path(danaus.__file__).parent
 LAYERS = ["actors", "mesh", "rdma", "tensor_engine"]  # a layer may import only those before it
 
 
-@pytest.mark.parametrize("module", ["danaus", "danaus.actors", "danaus.mesh"])
+@pytest.mark.parametrize(
+    "module", ["danaus", "danaus.actors", "danaus.mesh", "danaus.job", "danaus.spmd"]
+)
 def test_all_names_exist_once(module: str) -> None:
     mod = importlib.import_module(module)
     names = mod.__all__
