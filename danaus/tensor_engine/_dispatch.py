@@ -111,13 +111,28 @@ def stays_local(func: Any, args: Any, kwargs: Any) -> bool:
     return f is not None and f.f_code.co_filename.startswith(_LOCAL_CALLERS)
 
 
+_ours: dict[Any, bool] = {}  # code object -> whether it is ours or torch's
+_lines: dict[tuple[Any, int], str] = {}
+
+
 def issued_at() -> str:
     """The user's line that issued the current operation (first frame outside us and torch)."""
     f: Any = sys._getframe(2)
     while f is not None:
-        path = f.f_code.co_filename
-        if not (path.startswith(_HERE) or path.startswith(_TORCH) or "contextlib" in path):
-            return f"{path}:{f.f_lineno} in {f.f_code.co_name}"
+        code = f.f_code
+        ours = _ours.get(code)
+        if ours is None:
+            path = code.co_filename
+            ours = _ours[code] = (
+                path.startswith(_HERE) or path.startswith(_TORCH) or "contextlib" in path
+            )
+        if not ours:
+            where = _lines.get((code, f.f_lineno))
+            if where is None:
+                where = f"{code.co_filename}:{f.f_lineno} in {code.co_name}"
+                if len(_lines) < 100_000:
+                    _lines[code, f.f_lineno] = where
+            return where
         f = f.f_back
     return "?"
 
@@ -220,11 +235,30 @@ def dispatch(func: Any, args: Any, kwargs: Any) -> Any:
     if info.value_read:
         raise value_error(f"{func}(), as called by .item(), bool(), float() or torch.equal,")
     walk = _Walk(None)
-    wargs = walk.wire(args)
-    wkwargs = {k: walk.wire(v) for k, v in kwargs.items()}
+    key = walk.key
+    wargs = []
+    for a in args:  # the common arguments inline: this runs for every op
+        t = type(a)
+        if t is _DT:
+            client = a._client
+            if walk.client is None:
+                walk.client = client
+            elif client is not walk.client:
+                walk.wire(a)  # raises: another mesh
+            key.append(a.shape)
+            key.append(a.stride())
+            key.append(a.dtype)
+            wargs.append(a._ref)
+        elif t is int or a is None:
+            key.append(a)
+            wargs.append(a)
+        else:
+            wargs.append(walk.wire(a))
+    wkwargs = {k: walk.wire(v) for k, v in kwargs.items()} if kwargs else {}
     client = walk.client
-    assert client is not None
-    return _record(client, func, info, args, kwargs, wargs, wkwargs, walk.key)
+    if client is None:
+        raise TypeError(f"{func} reached the tensor engine without a DTensor in its arguments")
+    return _record(client, func, info, args, kwargs, wargs, wkwargs, key)
 
 
 def dispatch_factory(client: _Client, func: Any, args: Any, kwargs: Any) -> Any:
