@@ -208,6 +208,8 @@ class ActorMesh(Shaped, Generic[A]):
             # sockets are bound by the spawner, so a receiver's dial waits in the kernel's
             # queue), and a call that overtakes the Spawn is held for it (spawn_wait).
             addrs = {g: self._addr_of(g) for g in self._ranks}
+            if not all(addrs.values()) and self._wait_for_addresses():
+                addrs = {g: self._addr_of(g) for g in self._ranks}
             if not all(addrs.values()):
                 raise SerializationError(
                     f"{self!r} cannot be passed on before its procs have started (their "
@@ -217,6 +219,22 @@ class ActorMesh(Shaped, Generic[A]):
             _rebuild,
             (self._name, self._wire, self._cls, self._shape, addrs, self._state.shape),
         )
+
+    def _wait_for_addresses(self) -> bool:
+        """A host agent's procs learn their addresses when the agent answers: wait for
+        that (bounded) where waiting blocks no loop that must deliver the answer (sync
+        code: a script, a sync endpoint); True if the procs have started."""
+        procs = self._procs
+        if procs is None or procs._started.done():
+            return procs is not None
+        rt = self._spawn_rt
+        if rt is None or rt.on_loop():
+            return False  # async code on the loop that gets the answer: it must await
+        try:
+            procs._started.result(timeout=config.proc_start_timeout)
+        except Exception:
+            return False  # the spawn failed: the error below says the procs never started
+        return True
 
     def __repr__(self) -> str:
         return f"ActorMesh({self._name}: {self._cls.__name__}, {self._shape.sizes})"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from danaus import SupervisionError, attach_to_hosts
+from danaus import SupervisionError, attach_to_hosts, this_host
 from danaus.actors import _auth
 from danaus.config import config
 
@@ -354,3 +354,37 @@ async def test_tensor_engine_across_hosts(keyed: list[str]) -> None:
             total = x.reduce("hosts", "sum")
         got = await asyncio.wait_for(fetch_shard(total, hosts=1, gpus=0), 60)
         assert torch.equal(got, torch.full((3,), 4.0))
+
+
+def test_a_mesh_on_host_agents_passed_on_right_after_spawn_from_sync_code(
+    keyed: list[str],
+) -> None:
+    # A sync program cannot await the agents' answer: passing the mesh waits for it.
+    from .exec_actors import Caller, Worker
+
+    procs = attach_to_hosts(keyed).spawn_procs(per_host={"gpus": 1})
+    local = this_host().spawn_procs()
+    try:
+        target = procs.slice(hosts=0).spawn("target", Worker)  # not awaited
+        callers = local.spawn("callers", Caller, target)  # passed on at once
+        assert callers.relay.call_one(5).get(timeout=60) == 5
+        assert callers.relay.call_one(1).get(timeout=60) == 6
+    finally:
+        local.stop().get(timeout=60)
+        procs.stop().get(timeout=60)
+
+
+async def test_async_code_is_told_to_await_a_mesh_on_host_agents_first(keyed: list[str]) -> None:
+    from danaus import SerializationError
+
+    from .exec_actors import Caller, Worker
+
+    async with (
+        attach_to_hosts(keyed).spawn_procs(per_host={"gpus": 1}) as procs,
+        this_host().spawn_procs() as local,
+    ):
+        target = procs.slice(hosts=0).spawn("target", Worker)
+        with pytest.raises(SerializationError, match=r"await mesh\.initialized"):
+            local.spawn("callers", Caller, target)
+        callers = local.spawn("callers", Caller, await target)
+        assert await asyncio.wait_for(callers.relay.call_one(5), 60) == 5
