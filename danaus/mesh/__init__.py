@@ -2,6 +2,7 @@
 
 from ..actors._api import Cast, Failure, Gathered, register_handlers
 from ._actor_mesh import Accumulator, ActorEndpoint, ActorMesh, as_endpoint, send
+from ._bootstrap_cmd import BootstrapCommand, default_bootstrap_cmd
 from ._cast import handle_cast, handle_gathered
 from ._controllers import get_or_spawn_controller
 from ._host_agent import run_worker_loop_forever
@@ -26,6 +27,7 @@ __all__ = [
     "Accumulator",
     "ActorEndpoint",
     "ActorMesh",
+    "BootstrapCommand",
     "HostMesh",
     "MeshFailure",
     "ProcMesh",
@@ -34,6 +36,7 @@ __all__ = [
     "as_endpoint",
     "attach_to_hosts",
     "attach_to_workers",
+    "default_bootstrap_cmd",
     "get_or_spawn_controller",
     "hosts_from_config",
     "run_worker_loop_forever",

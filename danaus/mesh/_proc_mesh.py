@@ -20,6 +20,7 @@ from ..actors._api import (
     OK,
     Actor,
     Future,
+    Point,
     Port,
     ProcControl,
     current_runtime,
@@ -31,6 +32,7 @@ from ..actors._api import (
 from ..actors._api import context_state as _context_module
 from ..config import config
 from ..errors import ClosedError, SupervisionError
+from ._bootstrap_cmd import BootstrapCommand, cpu_set, resolve_commands
 from ._forkserver import note_actor_module
 from ._host_agent import AGENT, HostAgent
 from ._logs import LogOptions, printer
@@ -133,6 +135,8 @@ class HostMesh(Shaped):
         per_host: Mapping[str, int] | None = None,
         bootstrap: Callable[[], None] | Callable[[], Awaitable[None]] | None = None,
         name: str | None = None,
+        proc_bind: Sequence[Mapping[str, str]] | None = None,
+        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
         *,
         env: Mapping[str, str] | None = None,
     ) -> ProcMesh:
@@ -151,6 +155,12 @@ class HostMesh(Shaped):
             name: the mesh name, used in actor ids and log prefixes; by default
                 ``"procs"``, or ``"procs2"``, ``"procs3"``... while meshes of the
                 earlier names still run, so that log lines say which mesh they come from.
+            proc_bind: as in Monarch, one dict per proc of a host (``{"cpus": "0-3"}``
+                or ``"physcpubind"``): each proc is pinned to those CPUs. Local procs only.
+            bootstrap_command: as in Monarch, a :class:`BootstrapCommand` (see
+                ``default_bootstrap_cmd()``), or a function of each proc's ``Point``
+                giving one: its ``program`` runs the proc (a fresh interpreter) and its
+                ``env`` is added to the proc's. Local procs only.
             env: extra environment variables for the procs.
         """
         if name is None:
@@ -159,7 +169,12 @@ class HostMesh(Shaped):
             raise ValueError(f"proc mesh name {name!r} must be a non-empty str without '.' or '['")
         if bootstrap is not None and not callable(bootstrap):
             raise TypeError(f"bootstrap must be a function run in each proc, got {bootstrap!r}")
-        mesh = self._spawn_procs(per_host, name, env)
+        if (proc_bind is not None or bootstrap_command is not None) and self._agents is not None:
+            raise ValueError(
+                "proc_bind and bootstrap_command apply to this host's procs; a host agent "
+                "starts procs with its own Python (start the agent as wanted instead)"
+            )
+        mesh = self._spawn_procs(per_host, name, env, proc_bind, bootstrap_command)
         _live_names[name] = mesh
         # Stopped meshes need no shutdown: forget them, so a long-lived host mesh stays small.
         self._spawned[:] = [m for m in self._spawned if not m._root._stopped]
@@ -169,7 +184,12 @@ class HostMesh(Shaped):
         return mesh
 
     def _spawn_procs(
-        self, per_host: Mapping[str, int] | None, name: str, env: Mapping[str, str] | None
+        self,
+        per_host: Mapping[str, int] | None,
+        name: str,
+        env: Mapping[str, str] | None,
+        proc_bind: Sequence[Mapping[str, str]] | None = None,
+        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
     ) -> ProcMesh:
         per_host = dict(per_host or {"procs": 1})
         for dim, size in per_host.items():
@@ -183,12 +203,25 @@ class HostMesh(Shaped):
         env = dict(env or {})
         options = LogOptions()
         if self._agents is None:
+            per = len(shape) // len(self._shape)
+            if proc_bind is not None and len(proc_bind) != per:
+                raise ValueError(
+                    f"proc_bind has {len(proc_bind)} entries; it needs one per proc of a "
+                    f"host ({per})"
+                )
+            cpus = [cpu_set(b) for b in proc_bind] if proc_bind is not None else None
+            points = [Point(r, shape.sizes) for r in range(len(shape))]
+            commands = resolve_commands(bootstrap_command, points)
             # "unix:@": a fresh unguessable name per proc; a name another process could
             # predict (a counter) could be bound by it first, failing the spawn.
-            handles: list[Any] = [
-                start_proc(rt, "unix:@", r, env, printer(name, r, options), self._python)
-                for r in range(len(shape))
-            ]
+            handles: list[Any] = []
+            for r, cmd in enumerate(commands):
+                proc_env = {**env, **cmd.env} if cmd is not None else env
+                python = cmd.program if cmd is not None else self._python
+                h = start_proc(rt, "unix:@", r, proc_env, printer(name, r, options), python)
+                if cpus is not None:
+                    os.sched_setaffinity(h.pid, cpus[r % per])
+                handles.append(h)
             return ProcMesh(shape, handles, name, started=resolved(), log_options=options)
         return self._spawn_remote(rt, shape, name, env, options)
 

@@ -24,6 +24,10 @@ class Probe(Actor):
         return os.environ.get(name, "")
 
     @endpoint
+    def affinity(self) -> list[int]:
+        return sorted(os.sched_getaffinity(0))
+
+    @endpoint
     def modules(self) -> list[str]:
         return sorted(m for m in ("numpy", "torch") if m in sys.modules)
 

@@ -260,3 +260,32 @@ async def test_with_python_executable_starts_procs_with_that_python(
         assert {ppid for _, ppid in (await probe.where.call()).values()} == {os.getpid()}
     with pytest.raises(ValueError, match="is not an executable file"):
         this_host().with_python_executable(str(tmp_path / "missing"))
+
+
+async def test_bootstrap_command_per_point_and_proc_bind(fresh_server: None, tmp_path: Any) -> None:
+    from danaus import BootstrapCommand, Point, default_bootstrap_cmd
+
+    assert default_bootstrap_cmd().program == sys.executable
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f'#!/bin/sh\nDANAUS_TEST_WRAPPED=yes exec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+
+    def command(point: Point) -> BootstrapCommand:
+        return BootstrapCommand(str(wrapper)).with_env({"WHICH": f"proc {point.rank}"})
+
+    cpu = min(os.sched_getaffinity(0))
+    async with this_host().spawn_procs(
+        per_host={"procs": 2},
+        bootstrap_command=command,
+        proc_bind=[{"cpus": str(cpu)}, {"physcpubind": str(cpu)}],
+    ) as procs:
+        probe = await procs.spawn("probe", Probe)
+        assert (await probe.environ.call("WHICH")).values() == ["proc 0", "proc 1"]
+        assert (await probe.environ.call("DANAUS_TEST_WRAPPED")).values() == ["yes", "yes"]
+        assert (await probe.affinity.call()).values() == [[cpu], [cpu]]
+    with pytest.raises(ValueError, match="args must be"):
+        this_host().spawn_procs(bootstrap_command=BootstrapCommand(sys.executable, args=["x"]))
+    with pytest.raises(ValueError, match="needs one per proc of a host"):
+        this_host().spawn_procs(per_host={"procs": 2}, proc_bind=[{"cpus": "0"}])
+    with pytest.raises(ValueError, match="NUMA binding needs numactl"):
+        this_host().spawn_procs(proc_bind=[{"membind": "0"}])
