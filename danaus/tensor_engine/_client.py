@@ -43,6 +43,8 @@ class _Client:
             wait_for_workers=False,
             timeout=datetime.timedelta(seconds=300),
         )
+        self.rendezvous = (host, self.store.port)
+        self.sent = 0  # batches sent
         self.workers = procs.spawn(
             "tensor_worker",
             TensorWorker,
@@ -87,9 +89,11 @@ class _Client:
             if not self.batch:
                 return
             batch, self.batch = self.batch, []
-        # danaus pickles it (tensors out of band) with torch calls of its own: local ones
-        with _disable_current_modes():
-            self.workers.run.broadcast(batch)
+            self.sent += 1
+            seq = self.sent
+            # danaus pickles it (tensors out of band) with torch calls of its own: local
+            with _disable_current_modes():
+                self.workers.run.broadcast(batch, seq)
 
     def fetch(self, t: DTensor, coords: dict[str, int]) -> Future[Any]:
         self.flush()

@@ -100,10 +100,14 @@ class DTensor(torch.Tensor):
         raise _dispatch.value_error("numpy.asarray()")
 
     def __reduce_ex__(self, proto: Any) -> Any:
-        raise TypeError(
-            "a DTensor cannot be pickled: its values live on the workers; "
-            "fetch a shard first (inspect(t, **coords))"
-        )
+        """As an argument of an actor's endpoint: the actor gets its proc's shard (once
+        the commands sent before the call made it). Keep the DTensor until the call
+        returns: dropping it frees the shards."""
+        from ._worker import local_shard
+
+        client = self._client
+        client.flush()
+        return (local_shard, (client.rendezvous, self._id, client.sent))
 
     def __deepcopy__(self, memo: Any) -> DTensor:
         out: DTensor = self.detach().clone()  # type: ignore[assignment]

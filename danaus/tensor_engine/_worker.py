@@ -4,7 +4,7 @@ shard, in order, off the proc's event loop (one executor thread)."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import threading
 import traceback
 from typing import Any
 
@@ -38,6 +38,25 @@ class Failed:
         self.tb = tb
         self.issued_at = issued_at
 
+
+#: this proc's workers, by their controller's rendezvous address (one per activated mesh)
+_workers: dict[tuple[Any, ...], TensorWorker] = {}
+
+
+def local_shard(rendezvous: tuple[Any, ...], i: int, seq: int) -> Any:
+    """This proc's shard of a DTensor passed to an actor (what it unpickles to)."""
+    worker = _workers.get(tuple(rendezvous))
+    if worker is None:
+        raise RuntimeError(
+            "a DTensor reached a proc that holds none of its shards: pass it to actors "
+            "on the procs of its own mesh"
+        )
+    worker.wait_for(seq, SHARD_TIMEOUT)
+    return worker.shard(i)
+
+
+#: how long (s) an actor's argument waits for the commands that make its shard
+SHARD_TIMEOUT = 300
 
 #: command kinds
 CALL, FREE, REDUCE, PULL, BORROW = range(5)
@@ -101,8 +120,10 @@ class TensorWorker(Actor):
         self.published: dict[int, list[Any]] = {}
         self.streams: dict[str, Any] = {}
         self.store: Any = None
-        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tensor-worker")
         self.loop = asyncio.get_running_loop()
+        self.seq = 0  # the last batch run
+        self.done = threading.Condition()
+        _workers[tuple(rendezvous)] = self
         self.device = (
             torch.device("cuda", torch.cuda.current_device())
             if torch.cuda.is_available()
@@ -111,29 +132,36 @@ class TensorWorker(Actor):
         torch.manual_seed(self.rank)
 
     def __cleanup__(self, exc: BaseException | None) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
         self.groups.clear()
+        if _workers.get(tuple(self.rendezvous)) is self:
+            del _workers[tuple(self.rendezvous)]
+
+    # Every endpoint is sync: they run in order on the actor's own thread, so a fetch or
+    # a publish sees the commands sent before it, and the proc's loop stays free (a
+    # DTensor argument of another actor's call waits for its shard off that loop).
 
     @endpoint
-    async def run(self, cmds: list[tuple[Any, ...]]) -> None:
-        loop = asyncio.get_running_loop()
-        start = 0
-        for i, cmd in enumerate(cmds):
-            if cmd[0] == PULL:  # a transfer from another mesh: on the loop, in order
-                if i > start:
-                    await loop.run_in_executor(self.pool, self._execute, cmds[start:i])
-                await self._pull(cmd)
-                start = i + 1
-        if start < len(cmds):
-            await loop.run_in_executor(self.pool, self._execute, cmds[start:])
+    def run(self, cmds: list[tuple[Any, ...]], seq: int = 0) -> None:
+        try:
+            start = 0
+            for i, cmd in enumerate(cmds):
+                if cmd[0] == PULL:  # a transfer from another mesh: in order
+                    self._execute(cmds[start:i])
+                    self._pull(cmd)
+                    start = i + 1
+            self._execute(cmds[start:])
+        finally:
+            with self.done:
+                self.seq = max(self.seq, seq)
+                self.done.notify_all()
 
-    async def _pull(self, cmd: tuple[Any, ...]) -> None:
+    def _pull(self, cmd: tuple[Any, ...]) -> None:
         _, bufs, shape, dtype, out_ids, where = cmd
         try:
             buf = bufs[self.rank]
             dst = torch.empty(shape, dtype=dtype)
-            await buf.read_into(dst.view(-1).view(torch.uint8) if dst.numel() else dst)
-            await buf.drop()  # the snapshot has served its purpose: its owner frees it
+            buf.read_into(dst.view(-1).view(torch.uint8) if dst.numel() else dst).get()
+            buf.drop().get()  # the snapshot has served its purpose: its owner frees it
             value: Any = dst.to(self.device)
         except Exception as e:
             value = Failed(
@@ -148,56 +176,50 @@ class TensorWorker(Actor):
         manager().drop(buf.handle.buf_id)
 
     @endpoint
-    async def publish(self, i: int) -> Any:
+    def publish(self, i: int) -> Any:
         """Register shard ``i`` for another mesh to pull (kept until ``i`` is freed)."""
         from ..rdma import RDMABuffer
 
-        def flat() -> Any:
-            v = self.table.get(i)
-            if v is None or type(v) is Failed:
-                return v
-            # A snapshot: later commands may change the shard before the other mesh pulls.
-            return v.detach().to("cpu", copy=True).contiguous().view(-1).view(torch.uint8)
-
-        t = await asyncio.get_running_loop().run_in_executor(self.pool, flat)
-        if t is None:
-            raise KeyError(f"no tensor {i} on this worker (freed?)")
-        if type(t) is Failed:
-            raise RemoteException(
-                f"tensor_worker[{self.rank}]",
-                current_rank_text(self),
-                t.exc_type,
-                t.message,
-                t.tb,
-                t.issued_at,
-            )
+        v = self.shard(i)
+        # A snapshot: later commands may change the shard before the other mesh pulls.
+        t = v.detach().to("cpu", copy=True).contiguous().view(-1).view(torch.uint8)
         buf = RDMABuffer(t)  # the registration keeps the snapshot alive until dropped
         self.published.setdefault(i, []).append(buf)
         return buf
 
     @endpoint
-    async def fetch(self, i: int) -> Any:
-        def get() -> Any:
-            if i not in self.table:
-                raise KeyError(f"no tensor {i} on this worker (freed?)")
-            v = self.table[i]
-            if type(v) is Failed:
-                raise RemoteException(
-                    f"tensor_worker[{self.rank}]",
-                    str(current_rank_text(self)),
-                    v.exc_type,
-                    v.message,
-                    v.tb,
-                    v.issued_at,
-                )
-            # A copy: the shard itself may change (later commands) while the reply is sent.
-            return v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
-
-        return await asyncio.get_running_loop().run_in_executor(self.pool, get)
+    def fetch(self, i: int) -> Any:
+        v = self.shard(i)
+        # A copy: the shard itself may change (later commands) while the reply is sent.
+        return v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
 
     @endpoint
-    async def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int]:
         return {"live": len(self.table)}
+
+    def shard(self, i: int) -> Any:
+        """Tensor ``i`` as the commands so far left it; raises if its op failed."""
+        if i not in self.table:
+            raise KeyError(f"no tensor {i} on this worker (freed?)")
+        v = self.table[i]
+        if type(v) is Failed:
+            raise RemoteException(
+                f"tensor_worker[{self.rank}]",
+                current_rank_text(self),
+                v.exc_type,
+                v.message,
+                v.tb,
+                v.issued_at,
+            )
+        return v
+
+    def wait_for(self, seq: int, timeout: float) -> None:
+        """Block until the batch numbered ``seq`` ran (another actor's thread calls it)."""
+        with self.done:
+            if not self.done.wait_for(lambda: self.seq >= seq, timeout):
+                raise TimeoutError(
+                    f"the tensor engine's worker did not run batch {seq} within {timeout} s"
+                )
 
     # ------------------------------------------------------------ execution
 

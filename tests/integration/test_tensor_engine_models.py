@@ -208,3 +208,18 @@ def test_a_failing_op_inside_backward_raises_remote_exception_naming_the_line(dp
     assert err.exc_type == "ValueError" and "failed on purpose" in err.message
     assert "test_tensor_engine_models.py" in err.issued_at and "in backward" in err.issued_at
     assert torch.equal(inspect(fine, dp=0), torch.full((3,), 2.0))
+
+
+def test_a_dtensor_argument_reaches_each_actor_as_its_local_shard(dp: Any) -> None:
+    from tests.integration.te_actors import ShardReader
+
+    readers = dp.spawn("readers", ShardReader)
+    with dp.activate():
+        x = torch.rand(5)
+        y = x * 2  # not yet sent when the call below is made: the call sends it first
+    got = readers.total.call(y, 10.0).get(timeout=30)
+    got_async = readers.total_async.call(y).get(timeout=30)
+    for r in range(2):
+        want = float(inspect(x, dp=r).sum()) * 2
+        assert got.item(dp=r) == pytest.approx(want * 10, rel=1e-5)
+        assert got_async.item(dp=r) == pytest.approx(want, rel=1e-5)
