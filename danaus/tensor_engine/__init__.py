@@ -29,13 +29,14 @@ from ..mesh import ProcMesh, _proc_mesh
 from . import _client, _dispatch
 from ._client import activate, active, active_stream
 from ._dispatch import DataDependentError
-from ._dtensor import DTensor, Stream
+from ._dtensor import DTensor, MeshSlice, Stream, slice_mesh
 
 _client._late()
 
 __all__ = [
     "DTensor",
     "DataDependentError",
+    "MeshSlice",
     "Stream",
     "call_on_shard_and_fetch",
     "coalescing",
@@ -46,6 +47,7 @@ __all__ = [
     "no_mesh",
     "remote",
     "show",
+    "slice_mesh",
 ]
 
 

@@ -179,39 +179,93 @@ class DTensor(torch.Tensor):
         waits for the shards' handles.
 
         ``procs`` has this mesh's shard layout (the same sizes, not counting dims of size
-        1: another mesh, or another slice of the same one, as a pipeline's stages), or is
-        a slice of this tensor's mesh (each proc gets its own shard).
+        1: another mesh, or another slice of the same one, as a pipeline's stages); or is
+        a slice of this tensor's mesh (each proc gets its own shard); or has this mesh's
+        dims and more, which get copies (a broadcast).
         """
-        from ._client import client_for
+        c = self._client
+        return _move(self, list(range(len(c.global_ranks))), c.sizes, c.global_ranks, procs)
 
-        client = self._client
-        target = client_for(procs)
-        src_ranks = client.global_ranks
-        dst_ranks = target.global_ranks
-        if _layout(procs.sizes) == _layout(client.sizes):
-            picks = list(range(len(dst_ranks)))
-        elif target.root is client.root and set(dst_ranks) <= set(src_ranks):
-            picks = [src_ranks.index(g) for g in dst_ranks]
-        else:
-            raise ValueError(
-                f"to_mesh needs a mesh of the same shape, or a slice of this tensor's mesh: "
-                f"{client.sizes} vs {procs.sizes}"
-            )
-        client.flush()
-        bufs = list(client.workers.publish.call(self._id).get().values())  # in rank order
-        shape = list(self.shape)
-        out = DTensor._make(target, shape, _contiguous_strides(shape), 0, self.dtype)
-        target.issue(
-            (
-                PULL,
-                [bufs[p] for p in picks],
-                tuple(shape),
-                self.dtype,
-                [out._id],
-                _dispatch.issued_at(),
-            )
+
+class MeshSlice:
+    """The shards of a DTensor on a slice of its mesh (:func:`slice_mesh`)."""
+
+    def __init__(self, t: DTensor, coords: dict[str, int]) -> None:
+        client = t._client
+        unknown = [d for d in coords if d not in client.sizes]
+        if unknown:
+            raise ValueError(f"unknown mesh dims {unknown}; the mesh has {list(client.sizes)}")
+        self.tensor = t
+        self.procs = client.procs.slice(**coords)
+
+    def __repr__(self) -> str:
+        return f"MeshSlice({self.tensor!r}, {self.procs.sizes})"
+
+    def to_mesh(self, procs: ProcMesh) -> DTensor:
+        """These shards on ``procs`` (the rules of :meth:`DTensor.to_mesh`), e.g.
+        ``slice_mesh(t, dp=0).to_mesh(t.mesh)`` broadcasts ``dp=0``'s shard along dp."""
+        client = self.tensor._client
+        ranks = list(self.procs.shape.global_ranks())
+        index = [client.global_ranks.index(g) for g in ranks]
+        return _move(self.tensor, index, dict(self.procs.sizes), ranks, procs)
+
+
+def slice_mesh(t: DTensor, **coords: int) -> MeshSlice:
+    """``t``'s shards on the procs at ``coords`` of its mesh, to move with ``.to_mesh``."""
+    return MeshSlice(t, coords)
+
+
+def _move(
+    t: DTensor, index: list[int], sizes: dict[str, int], ranks: list[int], procs: ProcMesh
+) -> DTensor:
+    """Pull into each proc of ``procs`` one of the shards of ``t`` on the workers at
+    ``index`` (a mesh of ``sizes``, procs ``ranks``)."""
+    from ._client import client_for
+
+    client = t._client
+    target = client_for(procs)
+    dst = target.global_ranks
+    picks = _picks(sizes, ranks, dict(procs.sizes), dst, target.root is client.root)
+    if picks is None:
+        raise ValueError(
+            "to_mesh needs a mesh of the same shape, a slice of the tensor's mesh, or a "
+            f"mesh with its dims and more: {sizes} vs {dict(procs.sizes)}"
         )
-        return out
+    readers = [0] * len(client.global_ranks)
+    for p in picks:
+        readers[index[p]] += 1
+    client.flush()
+    bufs = list(client.workers.publish.call(t._id, readers).get().values())  # rank order
+    shape = list(t.shape)
+    out = DTensor._make(target, shape, _contiguous_strides(shape), 0, t.dtype)
+    sources = [bufs[index[p]].pop() for p in picks]  # a snapshot per reader
+    target.issue((PULL, sources, tuple(shape), t.dtype, [out._id], _dispatch.issued_at()))
+    return out
+
+
+def _picks(
+    src: dict[str, int], src_ranks: list[int], dst: dict[str, int], dst_ranks: list[int], same: bool
+) -> list[int] | None:
+    """For each destination proc, the source proc (an index into ``src_ranks``) whose
+    shard it gets; None where the layouts do not fit."""
+    if _layout(src) == _layout(dst):
+        return list(range(len(dst_ranks)))
+    if same and set(dst_ranks) <= set(src_ranks):
+        return [src_ranks.index(g) for g in dst_ranks]
+    if any(dst.get(d) != n for d, n in _layout(src).items()):
+        return None
+    names = list(dst)
+    picks = []
+    for j in range(len(dst_ranks)):  # broadcast: the source proc at our coords on its dims
+        coords, r = {}, j
+        for d in reversed(names):
+            coords[d] = r % dst[d]
+            r //= dst[d]
+        i = 0
+        for d, n in src.items():
+            i = i * n + (coords[d] if n != 1 else 0)
+        picks.append(i)
+    return picks
 
 
 def _layout(sizes: dict[str, int]) -> dict[str, int]:

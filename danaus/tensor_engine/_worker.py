@@ -3,7 +3,6 @@ shard, in order, off the proc's event loop (one executor thread)."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import traceback
 from typing import Any
@@ -117,10 +116,8 @@ class TensorWorker(Actor):
         self.rendezvous = rendezvous
         self.table: dict[int, Any] = {}
         self.groups: dict[tuple[str, ...], Any] = {}
-        self.published: dict[int, list[Any]] = {}
         self.streams: dict[str, Any] = {}
         self.store: Any = None
-        self.loop = asyncio.get_running_loop()
         self.seq = 0  # the last batch run
         self.done = threading.Condition()
         _workers[tuple(rendezvous)] = self
@@ -160,8 +157,10 @@ class TensorWorker(Actor):
         try:
             buf = bufs[self.rank]
             dst = torch.empty(shape, dtype=dtype)
-            buf.read_into(dst.view(-1).view(torch.uint8) if dst.numel() else dst).get()
-            buf.drop().get()  # the snapshot has served its purpose: its owner frees it
+            try:
+                buf.read_into(dst.view(-1).view(torch.uint8) if dst.numel() else dst).get()
+            finally:
+                buf.drop().get()  # our snapshot has served its purpose: its owner frees it
             value: Any = dst.to(self.device)
         except Exception as e:
             value = Failed(
@@ -170,22 +169,19 @@ class TensorWorker(Actor):
         for i in out_ids:
             self.table[i] = value
 
-    def _drop_published(self, buf: Any) -> None:
-        from ..rdma._manager import manager
-
-        manager().drop(buf.handle.buf_id)
-
     @endpoint
-    def publish(self, i: int) -> Any:
-        """Register shard ``i`` for another mesh to pull (kept until ``i`` is freed)."""
+    def publish(self, i: int, readers: list[int]) -> list[Any]:
+        """Shard ``i`` for ``readers[rank]`` procs of another mesh to pull: a snapshot
+        each (later commands may change the shard before they pull), which each reader
+        drops once it has read it."""
         from ..rdma import RDMABuffer
 
+        n = readers[self.rank]
+        if not n:
+            return []
         v = self.shard(i)
-        # A snapshot: later commands may change the shard before the other mesh pulls.
         t = v.detach().to("cpu", copy=True).contiguous().view(-1).view(torch.uint8)
-        buf = RDMABuffer(t)  # the registration keeps the snapshot alive until dropped
-        self.published.setdefault(i, []).append(buf)
-        return buf
+        return [RDMABuffer(t) for _ in range(n)]
 
     @endpoint
     def fetch(self, i: int) -> Any:
@@ -230,9 +226,6 @@ class TensorWorker(Actor):
             if kind == FREE:
                 for i in cmd[1]:
                     table.pop(i, None)
-                    for buf in self.published.pop(i, ()):
-                        # its registration goes with the tensor (on the loop that owns it)
-                        self.loop.call_soon_threadsafe(self._drop_published, buf)
                 continue
             if kind == CALL:
                 out_ids, written, where = cmd[4], cmd[5], cmd[6]

@@ -14,11 +14,17 @@ from danaus.errors import RemoteException
 from danaus.tensor_engine import (
     DataDependentError,
     DTensor,
+    Stream,
+    call_on_shard_and_fetch,
+    coalescing,
     fetch_shard,
     get_active_mesh,
+    get_active_stream,
     inspect,
     no_mesh,
     remote,
+    show,
+    slice_mesh,
 )
 
 
@@ -173,6 +179,13 @@ def test_a_two_stage_pipeline_across_pp_slices_gives_the_unpipelined_loss(pp: An
         ranks = torch.arange(3.0) + torch.rand(3)
     on_stage1 = ranks.to_mesh(stages[1])
     torch.testing.assert_close(inspect(on_stage1, dp=0), inspect(ranks, pp=1, dp=0))
+    # a reduction landing on one slice; one slice's shard copied to every proc
+    total = ranks.reduce("pp", "sum", mesh=stages[0])
+    everywhere = slice_mesh(ranks, pp=1).to_mesh(pp)
+    r0, r1 = inspect(ranks, pp=0, dp=0), inspect(ranks, pp=1, dp=0)
+    torch.testing.assert_close(inspect(total), r0 + r1)  # a one-proc mesh: no coordinates
+    for i in range(2):
+        torch.testing.assert_close(inspect(everywhere, pp=i, dp=0), r1)
     with pytest.raises(ValueError, match="same shape"):
         with this_host().spawn_procs(per_host={"dp": 3}, name="odd") as odd:
             ranks.to_mesh(odd)
@@ -223,3 +236,23 @@ def test_a_dtensor_argument_reaches_each_actor_as_its_local_shard(dp: Any) -> No
         want = float(inspect(x, dp=r).sum()) * 2
         assert got.item(dp=r) == pytest.approx(want * 10, rel=1e-5)
         assert got_async.item(dp=r) == pytest.approx(want, rel=1e-5)
+
+
+@remote
+def plus(t: torch.Tensor, k: float) -> torch.Tensor:
+    return t + k
+
+
+def test_monarchs_tensor_engine_names(pp: Any, capsys: Any) -> None:
+    one = pp.slice(pp=0)
+    side = Stream("side")
+    assert get_active_stream().name == "main"
+    with one.activate(), coalescing():
+        x = torch.ones(2)
+        with side.activate():
+            assert get_active_stream() is side
+            y = side.borrow(x, mutable=True).mul_(3)
+    assert torch.equal(call_on_shard_and_fetch(plus, y, 1.0).get(timeout=30), torch.full((2,), 4.0))
+    assert torch.equal(inspect(plus.call(y, 2.0)), torch.full((2,), 5.0))
+    show(y)  # a one-proc mesh: no coordinates needed
+    assert "tensor([3., 3.])" in capsys.readouterr().out
