@@ -39,6 +39,9 @@ class ActorContext:
     instance: Any = field(repr=False, default=None)
     #: the ActorInstance (runtime side): owner of the meshes spawned in its endpoints
     runtime_actor: Any = field(repr=False, default=None, compare=False)
+    #: the proc mesh it was spawned on: its name and its procs' addresses, by rank
+    proc_mesh_name: str = field(repr=False, default="", compare=False)
+    proc_addrs: tuple[str, ...] = field(repr=False, default=(), compare=False)
 
     @property
     def proc_id(self) -> str:
@@ -53,6 +56,16 @@ class ActorContext:
         if proc_of_actor is None:
             raise RuntimeError("actor_instance.proc needs danaus.mesh (import danaus)")
         return proc_of_actor(self)
+
+    @property
+    def proc_mesh(self) -> Any:
+        """The proc mesh this actor was spawned on (Monarch's ``actor_instance.proc_mesh``),
+        as a reference: ``proc_mesh.spawn(...)`` puts actors on every one of its procs,
+        owned by the current actor; its ``stop()`` stops those actors, never the procs
+        (their spawner owns them)."""
+        if proc_mesh_of_actor is None:
+            raise RuntimeError("actor_instance.proc_mesh needs danaus.mesh (import danaus)")
+        return proc_mesh_of_actor(self)
 
     @property
     def class_name(self) -> str:
@@ -99,6 +112,8 @@ class Context:
 
 #: set by danaus.mesh: the proc mesh of one of an actor's own proc
 proc_of_actor: Any = None
+#: set by the mesh layer: ``actor_instance.proc_mesh``
+proc_mesh_of_actor: Any = None
 
 _CONTROLLER_POINT = Point({}, {})
 _CONTROLLER = Context(None)

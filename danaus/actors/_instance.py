@@ -819,7 +819,15 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> 
             msg.payload, msg.pickled, parts, lambda: f"actor class and arguments of {actor_id}"
         )
         obj = cls.__new__(cls)
-        ctx = ActorContext(actor_id, name, point, rt.addr, obj)
+        ctx = ActorContext(
+            actor_id,
+            name,
+            point,
+            rt.addr,
+            obj,
+            proc_mesh_name=msg.mesh,
+            proc_addrs=tuple(msg.proc_addrs),
+        )
         inst = ActorInstance(rt, msg.actor, ctx, obj, msg.mesh, msg.owner_addr)
         inst.cv.run(obj.__init__, *args, **kwargs)
     except BaseException as e:  # user code: SystemExit too

@@ -128,6 +128,8 @@ class Spawn(msgspec.Struct, tag=18, array_like=True, frozen=True):
     pickled: bool = True
     #: where failures of this actor are reported: the spawning runtime's address
     owner_addr: str = ""
+    #: the address of every proc of the proc mesh, by rank (``actor_instance.proc_mesh``)
+    proc_addrs: list[str] = msgspec.field(default_factory=list)
 
 
 class StopActor(msgspec.Struct, tag=19, array_like=True, frozen=True):

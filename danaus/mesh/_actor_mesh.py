@@ -184,12 +184,13 @@ class ActorMesh(Shaped, Generic[A]):
             ensure_controllers(rt)  # the actors' get_or_spawn_controller requests come here
             port = rt.open_port(on_reply)
             sizes = procs._root.sizes
+            all_addrs = [h.addr or "" for h in procs._root._procs]
             for h in handles:
                 if h.addr is None:  # the proc never started
                     rt.deliver(port, h.rank, ERROR, SupervisionError(f"proc {h} did not start"))
                     continue
                 conn = rt.connection(h.addr)
-                msg = Spawn(wire, port, procs.name, h.rank, sizes, raw, pickled, rt.addr)
+                msg = Spawn(wire, port, procs.name, h.rank, sizes, raw, pickled, rt.addr, all_addrs)
                 if conn.send(msg, parts):
                     conn.pending[port] = h.rank
                 else:

@@ -38,6 +38,7 @@ from ._host_agent import AGENT, HostAgent
 from ._logs import LogOptions, printer
 from ._procs import (
     ProcHandle,
+    RefProcHandle,
     RemoteProcHandle,
     SelfProcHandle,
     forget,
@@ -610,11 +611,14 @@ class ProcMesh(Shaped):
         remote = [h for h in self._procs if isinstance(h, RemoteProcHandle)]
         if remote:
             await self._stop_remote(remote)
-        if any(isinstance(h, SelfProcHandle) for h in self._procs):
-            for state in self._actor_states:  # the actors here stop; the process stays
+        # Procs that are not ours (this process, another's procs): their actors stop, the
+        # processes stay.
+        kept = [h.addr for h in self._procs if isinstance(h, (SelfProcHandle, RefProcHandle))]
+        for addr in dict.fromkeys(kept):
+            for state in self._actor_states:
                 for key, st in list(actor_states.items()):
                     if st is state:
-                        rt.connection(rt.addr).send(StopActor(key, 0))
+                        rt.connection(addr).send(StopActor(key, 0))
         waits = []
         for h in local:
             h.expect_exit()
@@ -707,6 +711,22 @@ def _proc_of_actor(actor: Any) -> ProcMesh:
 
 
 _context_module.proc_of_actor = _proc_of_actor
+
+
+def _proc_mesh_of_actor(actor: Any) -> ProcMesh:
+    """``context().actor_instance.proc_mesh``: a reference to the actor's proc mesh."""
+    addrs = actor.proc_addrs
+    if not addrs:
+        raise RuntimeError(
+            f"actor_instance.proc_mesh: {actor.actor_id} was not spawned on a proc mesh "
+            "(it runs in the controller)"
+        )
+    sizes = actor.rank.sizes
+    handles = [RefProcHandle(a, r) for r, a in enumerate(addrs)]
+    return ProcMesh(Shape.from_sizes(sizes), handles, actor.proc_mesh_name, started=resolved())
+
+
+_context_module.proc_mesh_of_actor = _proc_mesh_of_actor
 
 #: default-named proc meshes not stopped yet, by name
 _live_names: weakref.WeakValueDictionary[str, ProcMesh] = weakref.WeakValueDictionary()

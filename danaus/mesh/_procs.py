@@ -151,6 +151,40 @@ class SelfProcHandle:
         """Not this process: stopping ``this_proc()`` stops only its actors."""
 
 
+class RefProcHandle:
+    """A proc another process spawned and owns, known by its address (the procs of
+    ``actor_instance.proc_mesh``): actors may be spawned on it; it is never stopped or
+    killed from here."""
+
+    def __init__(self, addr: str, rank: int) -> None:
+        self.addr = addr
+        self.rank = rank
+        self.ready: ThreadFuture[None] = ThreadFuture()
+        self.ready.set_result(None)
+        self.exited: ThreadFuture[int] = ThreadFuture()
+        self.exit_callbacks: list[Callable[[str], None]] = []
+
+    def __repr__(self) -> str:
+        return f"<RefProcHandle {self.addr} rank={self.rank}>"
+
+    @property
+    def pid(self) -> int:
+        return -1  # on its host, known to its spawner
+
+    @property
+    def state(self) -> str:
+        return "running (owned by its spawner)"
+
+    def is_alive(self) -> bool:
+        return True
+
+    def exit_reason(self) -> str | None:
+        return None
+
+    def kill(self) -> None:
+        """Not ours to kill: stopping a reference mesh stops only its actors."""
+
+
 class RemoteProcHandle:
     """A proc that a host agent started on another host for us.
 

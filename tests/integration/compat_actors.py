@@ -189,3 +189,23 @@ class Spawner(Actor):
         assert me is not None
         sibling = await me.proc.spawn("sibling", Env)
         return os.getpid(), int(await sibling.pid.call_one())
+
+
+class Sibling(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class MeshSpawner(Actor):
+    """Spawns actors on the proc mesh it was spawned on (actor_instance.proc_mesh)."""
+
+    @endpoint
+    async def siblings(self) -> dict[str, Any]:
+        me = context().actor_instance
+        assert me is not None
+        pm = me.proc_mesh
+        sib = pm.spawn("sib", Sibling)
+        pids = (await sib.pid.call()).values()
+        await pm.stop()  # stops the siblings, not the procs
+        return {"pids": pids, "sizes": pm.sizes, "name": pm.name}

@@ -571,3 +571,14 @@ def test_a_program_using_monarch_spmd_runs_through_the_runner() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-2:] == ["all_reduce [3.0, 3.0]", "done"]
+
+
+async def test_actor_instance_proc_mesh_spawns_on_every_proc_of_the_actors_mesh() -> None:
+    from .compat_actors import MeshSpawner
+
+    async with this_host().spawn_procs(per_host={"procs": 3}, name="pm") as procs:
+        spawner = await procs.slice(procs=1).spawn("spawner", MeshSpawner)
+        got = await asyncio.wait_for(spawner.siblings.call_one(), 60)
+        assert got == {"pids": procs.pids, "sizes": {"procs": 3}, "name": "pm"}
+        again = await asyncio.wait_for(spawner.siblings.call_one(), 60)  # procs still serve
+        assert again["pids"] == procs.pids
