@@ -45,6 +45,7 @@ class _Client:
         )
         self.rendezvous = (host, self.store.port)
         self.sent = 0  # batches sent
+        self.synced = 0  # batches every worker is known to have run
         self.workers = procs.spawn(
             "tensor_worker",
             TensorWorker,
@@ -94,6 +95,16 @@ class _Client:
             # danaus pickles it (tensors out of band) with torch calls of its own: local
             with _disable_current_modes():
                 self.workers.run.broadcast(batch, seq)
+
+    def barrier(self) -> int:
+        """Send the commands so far and wait until every worker ran them; their number.
+        Blocks: sync code only (``DeadlockError`` on the loop of danaus's runtime)."""
+        self.flush()
+        seq = self.sent
+        if self.synced < seq:
+            self.workers.stats.call().get()  # ordered after the batches on each worker
+            self.synced = max(self.synced, seq)
+        return seq
 
     def fetch(self, t: DTensor, coords: dict[str, int]) -> Future[Any]:
         self.flush()

@@ -24,11 +24,11 @@ _LOCAL_CALLERS = (os.path.join(_TORCH, "optim", ""), os.path.join(_TORCH, "_tens
 _PASS_THROUGH = (_HERE, os.path.join(_TORCH, "_dynamo", ""), os.path.join(_TORCH, "_compile.py"))
 #: operations that read a value (a Python number or bool) out of a tensor
 _VALUE_READS = {
-    "aten::_local_scalar_dense",
-    "aten::equal",
-    "aten::is_nonzero",
-    "aten::item",
-    "aten::allclose",
+    "aten::_local_scalar_dense": ".item(), float(t), int(t) or bool(t)",
+    "aten::equal": "torch.equal",
+    "aten::is_nonzero": "bool(t)",
+    "aten::item": ".item()",
+    "aten::allclose": "torch.allclose",
 }
 
 
@@ -233,7 +233,7 @@ def dispatch(func: Any, args: Any, kwargs: Any) -> Any:
     """Record ``func(*args, **kwargs)`` (an ATen op with a DTensor in it) for the workers."""
     info = _info(func)
     if info.value_read:
-        raise value_error(f"{func}(), as called by .item(), bool(), float() or torch.equal,")
+        raise value_error(f"{_VALUE_READS[func._schema.name]} (torch's {func})")
     walk = _Walk(None)
     key = walk.key
     wargs = []

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._client import _Client
 
 _REDUCTIONS = ("sum", "avg", "min", "max", "stack")
+_TENSOR_DATA: Any = torch._C.TensorBase.__dict__["data"]
 
 
 class _Handle(Ref):
@@ -79,7 +80,25 @@ class DTensor(torch.Tensor):
         )
 
     def __format__(self, spec: str) -> str:
-        return format(repr(self), spec)
+        if spec:
+            raise _dispatch.value_error(f"format(t, {spec!r})")
+        return repr(self)
+
+    @property  # type: ignore[override]
+    def data(self) -> DTensor:
+        """The tensor without autograd history (same shards)."""
+        return _TENSOR_DATA.__get__(self)  # type: ignore[no-any-return]
+
+    @data.setter
+    def data(self, value: DTensor) -> None:
+        # nn.Module.to(dtype) and friends swap a parameter's contents this way: the
+        # wrapper takes the new metadata, and must refer to the new shards too.
+        if not isinstance(value, DTensor) or value._client is not self._client:
+            raise TypeError(
+                f"a DTensor's .data must be a DTensor of the same mesh, not {type(value).__name__}"
+            )
+        _TENSOR_DATA.__set__(self, value)
+        self._ref = value._ref
 
     @property
     def _id(self) -> int:
@@ -100,14 +119,14 @@ class DTensor(torch.Tensor):
         raise _dispatch.value_error("numpy.asarray()")
 
     def __reduce_ex__(self, proto: Any) -> Any:
-        """As an argument of an actor's endpoint: the actor gets its proc's shard (once
-        the commands sent before the call made it). Keep the DTensor until the call
-        returns: dropping it frees the shards."""
+        """As an argument of an actor's endpoint: the actor gets its proc's shard. The
+        commands that make it run first (this waits for them: call from sync code). Keep
+        the DTensor until the call returns: dropping it frees the shards."""
         from ._worker import local_shard
 
         client = self._client
-        client.flush()
-        return (local_shard, (client.rendezvous, self._id, client.sent))
+        seq = client.barrier()
+        return (local_shard, (client.rendezvous, self._id, seq))
 
     def __deepcopy__(self, memo: Any) -> DTensor:
         out: DTensor = self.detach().clone()  # type: ignore[assignment]

@@ -54,8 +54,9 @@ def local_shard(rendezvous: tuple[Any, ...], i: int, seq: int) -> Any:
     return worker.shard(i)
 
 
-#: how long (s) an actor's argument waits for the commands that make its shard
-SHARD_TIMEOUT = 300
+#: how long (s) an actor's argument waits for the commands that make its shard (the
+#: controller waited for them before sending it: this is a safety net)
+SHARD_TIMEOUT = 30
 
 #: command kinds
 CALL, FREE, REDUCE, PULL, BORROW = range(5)

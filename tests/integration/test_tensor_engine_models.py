@@ -148,7 +148,21 @@ def test_printing_shows_mesh_shape_and_dtype_and_values_raise_a_clear_error(dp: 
     ):
         with pytest.raises(DataDependentError, match="fetch it first"):
             read()
+    with pytest.raises(DataDependentError, match=r"torch\.equal \(torch's aten\.equal"):
+        torch.equal(loss, loss)
     assert inspect(loss, dp=0).shape == ()
+
+
+def test_module_to_a_dtype_moves_the_shards_too(dp: Any) -> None:
+    with dp.activate():
+        m = nn.Linear(3, 2)
+        w = m.weight
+        m.to(torch.float64)
+        y = m(torch.ones(4, 3, dtype=torch.float64))
+        plain = m.weight.data
+    assert m.weight is w and w.dtype == torch.float64 and not plain.requires_grad
+    assert inspect(y, dp=1).dtype == torch.float64 and inspect(w, dp=1).dtype == torch.float64
+    torch.testing.assert_close(inspect(plain, dp=0), inspect(w, dp=0))
 
 
 @pytest.fixture(scope="module")
