@@ -357,20 +357,22 @@ async def test_tensor_engine_across_hosts(keyed: list[str]) -> None:
 
 
 def test_a_mesh_on_host_agents_passed_on_right_after_spawn_from_sync_code(
-    keyed: list[str],
+    keyed: list[str], tmp_path: Any
 ) -> None:
-    # A sync program cannot await the agents' answer: passing the mesh waits for it.
+    # A sync program cannot await the agents' answer: passing the mesh waits for it. (Sync
+    # code runs on danaus's background loop, which may hold another job key already: the
+    # agents' key comes as key_file.)
     from .exec_actors import Caller, Worker
 
-    procs = attach_to_hosts(keyed).spawn_procs(per_host={"gpus": 1})
-    local = this_host().spawn_procs()
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY)
+    procs = attach_to_hosts(keyed, key_file=str(key_file)).spawn_procs(per_host={"gpus": 1})
     try:
         target = procs.slice(hosts=0).spawn("target", Worker)  # not awaited
-        callers = local.spawn("callers", Caller, target)  # passed on at once
+        callers = procs.slice(hosts=1).spawn("callers", Caller, target)  # passed on at once
         assert callers.relay.call_one(5).get(timeout=60) == 5
         assert callers.relay.call_one(1).get(timeout=60) == 6
     finally:
-        local.stop().get(timeout=60)
         procs.stop().get(timeout=60)
 
 
