@@ -102,7 +102,7 @@ class _Client:
         self.flush()
         seq = self.sent
         if self.synced < seq:
-            self.workers.stats.call().get()  # ordered after the batches on each worker
+            self.workers.table_stats.call().get()  # ordered after the batches on each worker
             self.synced = max(self.synced, seq)
         return seq
 

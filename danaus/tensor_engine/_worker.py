@@ -191,7 +191,7 @@ class TensorWorker(Actor):
         return v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
 
     @endpoint
-    def stats(self) -> dict[str, int]:
+    def table_stats(self) -> dict[str, int]:
         return {"live": len(self.table)}
 
     def shard(self, i: int) -> Any:

@@ -171,10 +171,10 @@ def test_an_op_on_a_freed_tensor_fails_on_fetch_only(procs: Any) -> None:
 def test_dropping_the_last_reference_frees_the_shards(procs: Any) -> None:
     with procs.activate() as client:
         xs = [torch.ones(1000) for _ in range(50)]
-    before = client.workers.slice(procs=0).stats.call_one().get(timeout=20)["live"]
+    before = client.workers.slice(procs=0).table_stats.call_one().get(timeout=20)["live"]
     del xs
     client.flush()
-    after = client.workers.slice(procs=0).stats.call_one().get(timeout=20)["live"]
+    after = client.workers.slice(procs=0).table_stats.call_one().get(timeout=20)["live"]
     assert before - after >= 50
 
 
