@@ -252,9 +252,20 @@ def dispatch(func: Any, args: Any, kwargs: Any) -> Any:
         elif t is int or a is None:
             key.append(a)
             wargs.append(a)
+        elif t is float:
+            # With a tensor in, a float scalar (an lr, AdamW's bias correction) changes
+            # values only, never shapes: keyed by its type, so new values hit the cache.
+            key.append(float)
+            wargs.append(a)
         else:
             wargs.append(walk.wire(a))
-    wkwargs = {k: walk.wire(v) for k, v in kwargs.items()} if kwargs else {}
+    wkwargs = {}
+    for k, v in kwargs.items():
+        if type(v) is float:
+            key.append(float)
+            wkwargs[k] = v
+        else:
+            wkwargs[k] = walk.wire(v)
     client = walk.client
     if client is None:
         raise TypeError(f"{func} reached the tensor engine without a DTensor in its arguments")
