@@ -29,11 +29,12 @@ from ..mesh import ProcMesh, _proc_mesh
 from . import _client, _dispatch
 from ._client import activate, active, active_stream
 from ._dispatch import DataDependentError
-from ._dtensor import DTensor, MeshSlice, Stream, slice_mesh
+from ._dtensor import Borrow, DTensor, MeshSlice, Stream, slice_mesh
 
 _client._late()
 
 __all__ = [
+    "Borrow",
     "DTensor",
     "DataDependentError",
     "MeshSlice",
@@ -89,9 +90,21 @@ def get_active_stream() -> Stream:
     return active_stream() or _MAIN
 
 
-def no_mesh() -> contextlib.AbstractContextManager[Any]:
-    """``with no_mesh():`` inside ``activate()``, torch calls run locally again."""
-    return _client.no_mesh()
+class _NoMesh:
+    """``with no_mesh.activate():`` (Monarch's spelling) or ``with no_mesh():`` inside
+    ``activate()``: torch calls run locally again."""
+
+    def __repr__(self) -> str:
+        return "no_mesh"
+
+    def activate(self) -> contextlib.AbstractContextManager[Any]:
+        return _client.no_mesh()
+
+    def __call__(self) -> contextlib.AbstractContextManager[Any]:
+        return _client.no_mesh()
+
+
+no_mesh = _NoMesh()
 
 
 @contextlib.contextmanager

@@ -321,14 +321,38 @@ class Stream:
 
         return stream_scope(self)
 
-    def borrow(self, t: DTensor, mutable: bool = False) -> DTensor:
-        """``t``, safe to use on this stream (waits for its producer on the default stream).
+    def borrow(self, t: DTensor, mutable: bool = False) -> tuple[DTensor, Borrow]:
+        """``borrowed, borrow = stream.borrow(t)``, as Monarch's: ``borrowed`` is ``t``,
+        safe to use on this stream (work here waits for its producer on the default
+        stream); ``borrow.drop()`` makes the default stream wait for this stream's work
+        on it.
 
-        ``mutable`` is accepted for Monarch's signature; on CPU workers and with one
-        command stream per worker every borrow may be written to.
+        ``mutable`` is Monarch's promise that only this stream writes to ``t`` meanwhile;
+        danaus does not check it (workers run every command in order on CPU).
         """
         t._client.issue((BORROW, t._ref, None, self.name, [t._id], _dispatch.issued_at()))
-        return t
+        return t, Borrow(t, self, mutable)
 
 
-__all__ = ["CALL", "DTensor", "Stream"]
+class Borrow:
+    """A tensor lent to a :class:`Stream`; :meth:`drop` gives it back."""
+
+    def __init__(self, t: DTensor, stream: Stream, mutable: bool) -> None:
+        self.tensor: DTensor | None = t
+        self.stream = stream
+        self.mutable = mutable
+
+    def __repr__(self) -> str:
+        state = "dropped" if self.tensor is None else "lent"
+        return f"Borrow({self.stream!r}, mutable={self.mutable}, {state})"
+
+    def drop(self) -> None:
+        """The default stream waits for this stream's work on the tensor from here on."""
+        t, self.tensor = self.tensor, None
+        if t is not None:
+            t._client.issue(
+                (BORROW, t._ref, self.stream.name, None, [t._id], _dispatch.issued_at())
+            )
+
+
+__all__ = ["CALL", "Borrow", "DTensor", "Stream"]

@@ -212,7 +212,9 @@ def test_to_mesh_moves_every_shard_over_the_data_plane(procs: Any) -> None:
         side = Stream("side")
         with procs.activate():
             with side.activate():
-                w = side.borrow(x) + 1
+                borrowed, borrow = side.borrow(x)  # Monarch's return: (tensor, Borrow)
+                w = borrowed + 1
+                borrow.drop()
             v = w * 3
         torch.testing.assert_close(inspect(v, procs=1), (inspect(x, procs=1) + 1) * 3)
 

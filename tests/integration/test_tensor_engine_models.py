@@ -131,7 +131,7 @@ def test_printing_shows_mesh_shape_and_dtype_and_values_raise_a_clear_error(dp: 
         w = nn.Linear(3, 2).weight
         loss = (w * 2).sum()
         assert get_active_mesh() is dp
-        with no_mesh():
+        with no_mesh.activate():
             local = torch.ones(2)  # runs here again
     assert type(local) is torch.Tensor
     assert repr(loss) == (
@@ -265,7 +265,10 @@ def test_monarchs_tensor_engine_names(pp: Any, capsys: Any) -> None:
         x = torch.ones(2)
         with side.activate():
             assert get_active_stream() is side
-            y = side.borrow(x, mutable=True).mul_(3)
+            y, borrow = side.borrow(x, mutable=True)
+            y.mul_(3)
+            borrow.drop()
+    assert repr(borrow) == "Borrow(Stream('side'), mutable=True, dropped)"
     assert torch.equal(call_on_shard_and_fetch(plus, y, 1.0).get(timeout=30), torch.full((2,), 4.0))
     assert torch.equal(inspect(plus.call(y, 2.0)), torch.full((2,), 5.0))
     show(y)  # a one-proc mesh: no coordinates needed
