@@ -273,3 +273,13 @@ def test_monarchs_tensor_engine_names(pp: Any, capsys: Any) -> None:
     assert torch.equal(inspect(plus.call(y, 2.0)), torch.full((2,), 5.0))
     show(y)  # a one-proc mesh: no coordinates needed
     assert "tensor([3., 3.])" in capsys.readouterr().out
+
+
+def test_every_public_name_is_exported_once() -> None:
+    import danaus.tensor_engine as te
+
+    assert len(te.__all__) == len(set(te.__all__))
+    missing = [n for n in te.__all__ if not hasattr(te, n)]
+    assert not missing
+    for name in ("get_active_mesh", "no_mesh", "slice_mesh", "get_active_stream", "coalescing"):
+        assert name in te.__all__
