@@ -171,7 +171,9 @@ def pp() -> Iterator[Any]:
         yield p
 
 
-def test_a_two_stage_pipeline_across_pp_slices_gives_the_unpipelined_loss(pp: Any) -> None:
+def test_a_two_stage_pipeline_across_pp_slices_gives_the_unpipelined_loss_and_grads(
+    pp: Any,
+) -> None:
     torch.manual_seed(2)
     first, second = nn.Sequential(nn.Linear(4, 8), nn.Tanh()), nn.Linear(8, 1)
     x_local, y_local = torch.randn(8, 4), torch.randn(8, 1)
@@ -184,10 +186,16 @@ def test_a_two_stage_pipeline_across_pp_slices_gives_the_unpipelined_loss(pp: An
     with stages[1].activate():
         s1 = nn.Linear(8, 1)
         s1.load_state_dict(second.state_dict())
-        loss = ((s1(h.to_mesh(stages[1])) - y_local) ** 2).mean()
+        h1 = h.to_mesh(stages[1]).requires_grad_()  # the activation crosses stages
+        loss = ((s1(h1) - y_local) ** 2).mean()
+        loss.backward()
         back = loss.to_mesh(stages[0])  # and the other way
+    h.backward(h1.grad.to_mesh(stages[0]))  # the gradient crosses back
     torch.testing.assert_close(inspect(loss, dp=0), want.detach())
     torch.testing.assert_close(inspect(back, dp=0), want.detach())
+    want.backward()
+    torch.testing.assert_close(inspect(s1.weight.grad, dp=0), second.weight.grad)
+    torch.testing.assert_close(inspect(s0[0].weight.grad, dp=0), first[0].weight.grad)
     # the whole mesh's shards to one slice of it
     with pp.activate():
         ranks = torch.arange(3.0) + torch.rand(3)
