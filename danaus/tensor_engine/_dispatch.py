@@ -98,8 +98,8 @@ def value_error(what: str) -> DataDependentError:
 def stays_local(func: Any, args: Any, kwargs: Any) -> bool:
     """Whether an operation with no DTensor in it runs here, not on the mesh."""
     info = _info(func)
-    if not info.aten or info.value_read:
-        return True  # the profiler's ops; reading a local tensor's value
+    if not info.aten or info.value_read or info.written:
+        return True  # the profiler's ops; reading or changing a local tensor
     if kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "meta":
         return True
     for a in args:

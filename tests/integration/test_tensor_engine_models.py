@@ -133,7 +133,8 @@ def test_printing_shows_mesh_shape_and_dtype_and_values_raise_a_clear_error(dp: 
         assert get_active_mesh() is dp
         with no_mesh.activate():
             local = torch.ones(2)  # runs here again
-    assert type(local) is torch.Tensor
+        local.add_(1)  # changing a local tensor changes it here
+    assert type(local) is torch.Tensor and torch.equal(local, torch.full((2,), 2.0))
     assert repr(loss) == (
         "DTensor(mesh={'dp': 2}, shape=(), dtype=torch.float32, grad_fn=SumBackward0)"
     )
