@@ -55,7 +55,11 @@ class _Client:
             self.global_ranks,
         )
         # What a DTensor says its device is: the workers run on CUDA where there is one.
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
         self.ids = itertools.count(1)
         self.batch: list[tuple[Any, ...]] = []
         self.frees: list[int] = []
