@@ -18,6 +18,7 @@ import collections
 import contextvars
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +68,18 @@ def waiting_actor() -> Any:
 class Job:
     """One piece of sync work: ``fn(*args, **kwargs)``, and how it ended."""
 
-    __slots__ = ("args", "cancelled", "conn", "fn", "kwargs", "msg", "ok", "started", "value")
+    __slots__ = (
+        "args",
+        "cancelled",
+        "conn",
+        "fn",
+        "kwargs",
+        "msg",
+        "ok",
+        "started",
+        "started_at",
+        "value",
+    )
 
     def __init__(
         self,
@@ -86,6 +98,7 @@ class Job:
         self.value: Any = None
         self.cancelled = False  # the caller gave up: skip it, or drop its result
         self.started = False
+        self.started_at = 0.0  # (time.monotonic())
 
     def __repr__(self) -> str:
         state = (
@@ -129,6 +142,11 @@ class ActorThread:
         state = "closed" if self.closed else "running" if self.current else "idle"
         return f"<ActorThread {self._thread.name} {state}>"
 
+    @property
+    def ident(self) -> int | None:
+        """The thread's ident (for ``sys._current_frames``)."""
+        return self._thread.ident
+
     def submit(self, job: Job) -> None:
         self._jobs.put(job)
 
@@ -146,6 +164,7 @@ class ActorThread:
             if job is None:
                 return
             if not job.cancelled and not self.closed:
+                job.started_at = time.monotonic()
                 job.started = True
                 self.current = job
                 try:

@@ -65,6 +65,9 @@ class Connection(asyncio.BufferedProtocol):
         self.was_open = False
         #: reads so far, and when the heartbeat last saw the count change
         self.reads = 0
+        #: bytes read from and written to the socket (``stats()``)
+        self.bytes_in = 0
+        self.bytes_out = 0
         self.seen_reads = -1
         self.quiet_since = 0.0
         #: reply port id -> rank of the callee (or the ranks of a cast subtree), for
@@ -357,6 +360,7 @@ class Connection(asyncio.BufferedProtocol):
                     # A lone message (nothing queued, nothing in flight): send it now
                     # rather than a loop turn later. Bursts still go out batched.
                     self.transport.write(data)  # type: ignore[union-attr]
+                    self.bytes_out += len(data)
                     return True
                 self._wq.append(data)
                 self._wbytes += len(data)
@@ -407,6 +411,7 @@ class Connection(asyncio.BufferedProtocol):
         self._flush_handle = None
         wq = self._wq
         if wq and self.transport is not None and self.state is not CLOSED:
+            self.bytes_out += self._wbytes
             if len(wq) == 1:
                 self.transport.write(wq[0])  # one buffer: write() is cheaper than writelines()
             else:
@@ -445,6 +450,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.state is CLOSED:
             return
         self.reads += 1  # the heartbeat sees whether the peer said anything lately
+        self.bytes_in += nbytes
         try:
             self._reading = True
             if not self._reader.buffer_updated(nbytes):  # (it hands out what is whole)

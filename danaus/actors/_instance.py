@@ -10,6 +10,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import time
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from ._loops import run_on
 from ._point import Point
 from ._port import Port
 from ._serialize import _ATOMS, dumps, loads
+from ._stats import ActorStats, actor_record, proc_record, thread_stacks
 from ._wire import (
     CLOSE,
     ERROR,
@@ -101,6 +103,9 @@ class ActorInstance:
         #: concurrent endpoints running now (they do not hold the mailbox)
         self._concurrent: dict[asyncio.Task[Any], tuple[Any, Call]] = {}
         self._concurrent_cancelled: set[asyncio.Task[Any]] = set()
+        #: when each async message running now started (time.monotonic())
+        self._since: dict[asyncio.Task[Any], float] = {}
+        self.stats = ActorStats()
         #: sync messages handed to the actor's thread and not yet reported back
         self.jobs: collections.deque[Job] = collections.deque()
         self._thread: ActorThread | None = None
@@ -304,6 +309,8 @@ class ActorInstance:
                 )
             self._reply_error(conn, msg, _info(e, self, include_tb=False))
             return
+        handled = self.stats.handled
+        handled[msg.method] = handled.get(msg.method, 0) + 1
         if ep.explicit_response_port:
             args = [ResponsePort(self, conn, msg), *args]
         region = msg.region
@@ -330,6 +337,7 @@ class ActorInstance:
                     cv = cv.copy()
                     cv.run(current.set, Context(self.ctx, region))
                 task = self.rt.loop.create_task(coro, context=cv)
+                self._since[task] = time.monotonic()
                 if ep.concurrent:
                     self._concurrent[task] = (conn, msg)
                     task.add_done_callback(functools.partial(self._concurrent_done, conn, msg, ep))
@@ -352,6 +360,7 @@ class ActorInstance:
         self, conn: Connection, msg: Call, ep: Endpoint[..., Any], exc: BaseException
     ) -> None:
         info = _info(exc, self)
+        self.stats.failed(msg.method, f"{info.exc_type}: {info.message}")
         if ep.explicit_response_port:
             # As in Monarch: it owed its caller an answer through the port and raised
             # instead; nobody else will see this exception, so the actor has failed.
@@ -420,6 +429,7 @@ class ActorInstance:
     ) -> None:
         self.task = None
         self._task_call = None
+        self._since.pop(task, None)
         by_caller, self._caller_cancelled = self._caller_cancelled, False
         self._settle_task(conn, msg, ep, task, by_caller)
         self._drain()
@@ -428,6 +438,7 @@ class ActorInstance:
         self, conn: Connection, msg: Call, ep: Endpoint[..., Any], task: asyncio.Task[Any]
     ) -> None:
         self._concurrent.pop(task, None)
+        self._since.pop(task, None)
         by_caller = task in self._concurrent_cancelled
         self._concurrent_cancelled.discard(task)
         self._settle_task(conn, msg, ep, task, by_caller)
@@ -475,6 +486,40 @@ class ActorInstance:
             self._endpoint_raised(conn, msg, ep, exc)
         else:
             self._finish(conn, msg, ep, task.result())
+
+    # ------------------------------------------------------------ what it is doing
+
+    def running_calls(self) -> list[tuple[str, float]]:
+        """(endpoint, time.monotonic() it started) of each message running now."""
+        thread = self._thread
+        job = thread.current if thread is not None else None
+        out = [(job.msg.method, job.started_at)] if job is not None else []
+        for task, since in list(self._since.items()):
+            call = self._concurrent.get(task) or (self._task_call if task is self.task else None)
+            if call is not None:
+                out.append((call[1].method, since))
+        return out
+
+    def running_threads(self) -> list[tuple[int, str, float]]:
+        """(thread ident, endpoint, start) of the sync message its thread runs now."""
+        thread = self._thread
+        job = thread.current if thread is not None else None
+        if job is None or thread is None or thread.ident is None:
+            return []
+        return [(thread.ident, job.msg.method, job.started_at)]
+
+    def running_tasks(self) -> list[tuple[asyncio.Task[Any], str, float]]:
+        """(task, endpoint, start) of each async message running now."""
+        out = []
+        for task, since in list(self._since.items()):
+            call = self._concurrent.get(task) or (self._task_call if task is self.task else None)
+            if call is not None:
+                out.append((task, call[1].method, since))
+        return out
+
+    def mailbox_depth(self) -> int:
+        """Messages waiting to run (queued, or handed to its thread and not started)."""
+        return len(self.queue) + sum(1 for j in list(self.jobs) if not j.started)
 
     def cancel(self, conn: Any, reply: int) -> None:
         """The caller of the message whose reply goes to ``reply`` on ``conn``'s peer gave
@@ -796,6 +841,39 @@ class ProcControl(Actor):
 
         return os.getpid()
 
+    @endpoint
+    def stats(self, actors: list[str] | None = None) -> dict[str, Any]:
+        """This proc's record, and the records of the actors with these wire keys (every
+        actor but the system ones when None)."""
+        rt = _rt_here()
+        now = time.monotonic()
+        keys = [k for k in rt.actors if not k.startswith("__")] if actors is None else actors
+        records = {}
+        for key in keys:
+            inst = rt.actors.get(key)
+            if inst is not None and hasattr(inst, "stats"):
+                records[key] = actor_record(inst, now)
+        return {"proc": proc_record(rt), "actors": records}
+
+    @endpoint
+    def stacks(self) -> list[dict[str, Any]]:
+        """Every thread's stack, and every running async endpoint's."""
+        rt = _rt_here()
+        out = thread_stacks(rt)
+        now = time.monotonic()
+        for inst in list(rt.actors.values()):
+            for task, method, since in getattr(inst, "running_tasks", lambda: [])():
+                out.append(
+                    {
+                        "task": task.get_name(),
+                        "actor": inst.ctx.actor_id,
+                        "endpoint": method,
+                        "seconds": round(now - since, 6),
+                        "stack": _task_stack(task),
+                    }
+                )
+        return out
+
 
 def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Any]) -> None:
     """Handle a Spawn message: build the actor, run its ``__init__``, reply."""
@@ -911,3 +989,17 @@ HANDLERS: dict[type, Any] = {
     Cancel: _on_cancel,
     SeqSkip: _on_seq_skip,
 }
+
+
+def _rt_here() -> Runtime:
+    from ._loops import current_runtime
+
+    return current_runtime()
+
+
+def _task_stack(task: asyncio.Task[Any]) -> str:
+    import io
+
+    buf = io.StringIO()
+    task.print_stack(file=buf)
+    return buf.getvalue()

@@ -1,7 +1,15 @@
 """Meshes: hosts, procs and actors laid out as named multi-dimensional meshes."""
 
 from ..actors._api import Cast, Failure, Gathered, register_handlers
-from ._actor_mesh import Accumulator, ActorEndpoint, ActorMesh, as_endpoint, send
+from ._actor_mesh import (
+    Accumulator,
+    ActorEndpoint,
+    ActorMesh,
+    as_endpoint,
+    mesh_stacks,
+    mesh_stats,
+    send,
+)
 from ._bootstrap_cmd import BootstrapCommand, default_bootstrap_cmd
 from ._cast import handle_cast, handle_gathered
 from ._controllers import get_or_spawn_controller
@@ -39,6 +47,8 @@ __all__ = [
     "default_bootstrap_cmd",
     "get_or_spawn_controller",
     "hosts_from_config",
+    "mesh_stacks",
+    "mesh_stats",
     "run_worker_loop_forever",
     "send",
     "set_unhandled_fault_hook",

@@ -35,6 +35,7 @@ from ..actors._api import (
     endpoints_of,
     forward,
     run_on,
+    run_task,
     runtime_here,
     waiting_actor,
 )
@@ -54,6 +55,24 @@ __all__ = ["Accumulator", "ActorEndpoint", "ActorMesh", "NotAnEndpoint", "as_end
 A = TypeVar("A", bound=Actor)
 _spawn_ids = itertools.count()
 _choose_lock = threading.Lock()
+
+
+class _unless_endpoint:
+    """An ``ActorMesh`` method whose name an actor class may also give an endpoint (e.g.
+    ``stats``): where it does, ``mesh.stats`` is that endpoint, as without the method
+    (reach the method as ``danaus.mesh_stats(mesh)`` then)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, mesh: Any, owner: type | None = None) -> Any:
+        if mesh is None:
+            return self
+        if self.name in endpoints_of(mesh._cls):
+            return ActorEndpoint(mesh, self.name)
+        return functools.partial(self.fn, mesh)
 
 
 class ActorMesh(Shaped, Generic[A]):
@@ -301,6 +320,24 @@ class ActorMesh(Shaped, Generic[A]):
         mine = set(self._ranks)
         st = self._state
         return {str(st.point(r)): why for r, why in list(st.failed.items()) if r in mine}
+
+    @_unless_endpoint
+    def stats(self) -> Future[ValueMesh[dict[str, Any]]]:
+        """What each actor is doing: messages handled and failed per endpoint, its last
+        failure, its mailbox depth, the endpoints running now and for how long, and its
+        proc's record (pid, host, CPU %, RSS, connections, bytes in and out)."""
+        from ._inspect import actor_mesh_stats
+
+        return run_task(current_runtime(), lambda: actor_mesh_stats(self))
+
+    @_unless_endpoint
+    def stacks(self) -> Future[ValueMesh[list[dict[str, Any]]]]:
+        """The Python stack of every thread (and running async endpoint) of each actor's
+        proc; a thread or task running an endpoint names the actor, the endpoint and for
+        how long (``seconds``)."""
+        from ._inspect import stacks_of
+
+        return run_task(current_runtime(), lambda: stacks_of(self))
 
     def stop(self, reason: str = "stopped by its owner") -> Future[None]:
         """Stop these actors (``__cleanup__`` runs); later calls raise ``SupervisionError``
@@ -801,3 +838,13 @@ def send(
         return left[0] == 0
 
     endpoint._send(rt, ranks, rt.open_port(on_reply), enc)
+
+
+def mesh_stats(mesh: ActorMesh[Any]) -> Future[ValueMesh[dict[str, Any]]]:
+    """``mesh.stats()``, also where the actor class has an endpoint named ``stats``."""
+    return ActorMesh.__dict__["stats"].fn(mesh)  # type: ignore[no-any-return]
+
+
+def mesh_stacks(mesh: ActorMesh[Any]) -> Future[ValueMesh[list[dict[str, Any]]]]:
+    """``mesh.stacks()``, also where the actor class has an endpoint named ``stacks``."""
+    return ActorMesh.__dict__["stacks"].fn(mesh)  # type: ignore[no-any-return]

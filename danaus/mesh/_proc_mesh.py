@@ -48,6 +48,7 @@ from ._procs import (
 from ._shape import Shape
 from ._shaped import Shaped
 from ._supervision import MeshState, current_owner, resolved
+from ._value_mesh import ValueMesh
 
 __all__ = [
     "HostMesh",
@@ -480,6 +481,19 @@ class ProcMesh(Shaped):
         done.set_result(None)
         return done
 
+    def stats(self) -> Future[ValueMesh[dict[str, Any]]]:
+        """Each proc's record (pid, host, CPU %, RSS, connections, bytes in and out),
+        with the records of the actors in it (``"actors"``; see ``ActorMesh.stats``)."""
+        from ._inspect import proc_mesh_stats
+
+        return run_task(current_runtime(), lambda: proc_mesh_stats(self))
+
+    def stacks(self) -> Future[ValueMesh[list[dict[str, Any]]]]:
+        """The Python stack of every thread and running async endpoint of each proc."""
+        from ._inspect import stacks_of
+
+        return run_task(current_runtime(), lambda: stacks_of(self))
+
     def to_table(self) -> str:
         """A text table of the procs: rank, coordinates, process id and address."""
         rows = [("rank", *self._shape.labels, "pid", "address")]
@@ -576,7 +590,11 @@ class ProcMesh(Shaped):
             raise ValueError(f"actor mesh name {name!r} must be non-empty, without '.' or '['")
         from ._actor_mesh import ActorMesh
 
-        shadowed = sorted(n for n in endpoints_of(cls) if hasattr(ActorMesh, n))
+        shadowed = sorted(
+            n
+            for n in endpoints_of(cls)
+            if hasattr(ActorMesh, n) and not isinstance(ActorMesh.__dict__.get(n), _unless_endpoint)
+        )
         if shadowed:  # mesh.stop would be the mesh's, never the endpoint: refuse, as Monarch
             raise ValueError(
                 f"{cls.__name__} has endpoint(s) named like ActorMesh attributes, which "
@@ -813,4 +831,4 @@ async def _lost_local(mesh: ProcMesh, rank: int, h: ProcHandle) -> None:
     # else: its exit callback reported the exit status
 
 
-from ._actor_mesh import ActorMesh, mesh_ref  # noqa: E402
+from ._actor_mesh import ActorMesh, _unless_endpoint, mesh_ref  # noqa: E402

@@ -1,0 +1,102 @@
+"""What a running job is doing: per-actor stats, proc records and stacks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from danaus import ActorError, this_host
+
+from .obs_actors import Busy
+
+
+async def _until(get: Callable[[], Any], cond: Callable[[Any], bool], within: float = 30) -> Any:
+    """Ask ``get()`` again until ``cond`` holds for its answer (bounded); the answer."""
+    deadline = time.monotonic() + within
+    while True:
+        value = await get()
+        if cond(value) or time.monotonic() > deadline:
+            assert cond(value), value
+            return value
+
+
+async def test_stats_count_messages_and_failures_per_endpoint() -> None:
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        busy = await procs.spawn("busy", Busy)
+        for _ in range(3):
+            await busy.ok.call()
+        with pytest.raises(ActorError):
+            await busy.slice(procs=1).boom.call_one()
+        stats = (await busy.stats()).values()
+    assert [s["handled"] for s in stats] == [{"ok": 3}, {"ok": 3, "boom": 1}]
+    assert [s["errors"] for s in stats] == [{}, {"boom": 1}]
+    assert stats[0]["last_failure"] is None
+    assert "ValueError: boom on purpose" in stats[1]["last_failure"]
+    assert [s["actor"] for s in stats] == ["procs[0].busy[0]", "procs[1].busy[1]"]
+    assert all(s["mailbox"] == 0 and s["running"] == [] for s in stats)
+    assert [s["proc"]["pid"] for s in stats] == procs.pids
+    for s in stats:
+        proc = s["proc"]
+        assert proc["rss_bytes"] > 1 << 20 and proc["connections"] >= 1
+        assert proc["bytes_in"] > 0 and proc["bytes_out"] > 0 and proc["cpu_percent"] >= 0
+
+
+async def test_a_blocked_sync_endpoint_shows_in_stats_and_stacks() -> None:
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        busy = await procs.spawn("busy", Busy)
+        other = await procs.spawn("other", Busy)  # in the same proc: it releases busy
+        blocked = busy.block.call_one()  # runs on the actor's thread, waiting
+        queued = [busy.ok.call_one() for _ in range(2)]  # wait behind it
+        stats = await _until(
+            lambda: busy.stats(),
+            lambda vm: vm.values()[0]["running"] and vm.values()[0]["mailbox"] == 2,
+        )
+        ((method, seconds),) = stats.values()[0]["running"]
+        assert method == "block" and seconds >= 0
+        stacks = (await busy.stacks()).values()[0]
+        mine = [s for s in stacks if s.get("endpoint") == "block"]
+        assert len(mine) == 1 and mine[0]["actor"] == "procs[0].busy[0]"
+        assert "_gate.wait(60)" in mine[0]["stack"]
+        assert any(s["thread"] == "MainThread" for s in stacks)  # every thread is there
+        await other.release.call_one()
+        assert await asyncio.wait_for(blocked, 30) == "released"
+        assert await asyncio.wait_for(asyncio.gather(*queued), 30) == [1, 1]
+        after = (await busy.stats()).values()[0]
+        assert after["running"] == [] and after["handled"]["ok"] == 2
+
+
+async def test_a_waiting_async_endpoint_shows_as_a_task_and_proc_stats_list_actors() -> None:
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        busy = await procs.spawn("busy", Busy)
+        other = await procs.spawn("other", Busy)
+        waiting = busy.asleep.call_one()
+        await _until(lambda: busy.stats(), lambda vm: vm.values()[0]["running"])
+        tasks = [s for s in (await busy.stacks()).values()[0] if "task" in s]
+        assert [t["endpoint"] for t in tasks] == ["asleep"]
+        assert "_wake[0].wait()" in tasks[0]["stack"]
+        record = (await procs.stats()).values()[0]
+        assert record["pid"] == procs.pids[0]
+        assert sorted(a["actor"] for a in record["actors"]) == [
+            "procs[0].busy[0]",
+            "procs[0].other[0]",
+        ]
+        await other.wake_up.call_one()
+        assert await asyncio.wait_for(waiting, 30) == "woken"
+        assert (await other.stats()).values()[0]["handled"] == {"wake_up": 1}
+
+
+async def test_an_actors_own_stats_endpoint_wins_and_mesh_stats_still_reaches_the_records() -> None:
+    from danaus import mesh_stacks, mesh_stats
+
+    from .obs_actors import OwnStats
+
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        own = await procs.spawn("own", OwnStats)  # not refused as shadowing ActorMesh.stats
+        assert await own.stats.call_one() == "mine"
+        record = (await mesh_stats(own)).values()[0]
+        assert record["actor"] == "procs[0].own[0]" and record["handled"] == {"stats": 1}
+        assert any(s["thread"] == "MainThread" for s in (await mesh_stacks(own)).values()[0])
