@@ -222,6 +222,13 @@ def _infer(func: Any, args: Any, kwargs: Any, key: Any) -> Any:
                 f"{func}: its output shape depends on the values, which live on the "
                 "workers; run it inside a @remote function with propagate= giving the shape"
             ) from None
+        if isinstance(e, NotImplementedError) and "Meta" in str(e):
+            raise NotImplementedError(
+                f"{func}: torch has no meta kernel for it, so the controller cannot infer "
+                "its output's shape (for some ops, e.g. unique or masked_select, the shape "
+                "depends on the values); run it inside a @remote function with "
+                "propagate= giving the shape"
+            ) from None
         raise
     tpl = _template(out)
     if len(_templates) < 100_000:

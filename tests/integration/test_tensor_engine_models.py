@@ -152,6 +152,11 @@ def test_printing_shows_mesh_shape_and_dtype_and_values_raise_a_clear_error(dp: 
     with pytest.raises(DataDependentError, match=r"torch\.equal \(torch's aten\.equal"):
         torch.equal(loss, loss)
     assert inspect(loss, dp=0).shape == ()
+    with dp.activate():
+        with pytest.raises(DataDependentError, match="depends on the values"):
+            torch.nonzero(w)
+        with pytest.raises(NotImplementedError, match="@remote function with propagate="):
+            w.masked_select(w > 0)
 
 
 def test_module_to_a_dtype_moves_the_shards_too(dp: Any) -> None:
