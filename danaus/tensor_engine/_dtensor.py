@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import _dispatch
-from ._worker import BORROW, CALL, PULL, REDUCE, Ref
+from ._worker import BORROW, PULL, REDUCE, Ref
 
 if TYPE_CHECKING:
     from ..mesh import ProcMesh
@@ -355,4 +355,4 @@ class Borrow:
             )
 
 
-__all__ = ["CALL", "Borrow", "DTensor", "Stream"]
+__all__ = ["Borrow", "DTensor", "MeshSlice", "Stream", "slice_mesh"]
