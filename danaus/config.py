@@ -102,6 +102,10 @@ class Config:
     #: the modules in ``preload``, in milliseconds) or "exec" (a fresh interpreter each).
     #: "fork" falls back to "exec", with a log line saying why, where forking is unsafe.
     spawn_method: str = "fork"
+    #: An endpoint running longer than this is reported: the controller (the actor's
+    #: spawner) logs a warning naming it, with its stack, and again at 2x, 4x, ... (s; 0:
+    #: never). Checked every ``heartbeat_interval`` on the proc's loop.
+    stuck_warn_after: float = 60.0
     #: Modules the fork server imports before it forks procs (``DANAUS_PRELOAD=a,b``),
     #: besides the heavy ones of a safe list that the spawning process has imported.
     preload: list[str] = dataclasses.field(default_factory=list)

@@ -6,9 +6,11 @@ from ._context import Context, context, current_actor_name, current_rank, curren
 from ._future import Future
 from ._point import Extent, Point
 from ._port import Channel, Port, PortReceiver, RankedPortReceiver
+from ._runtime import on_every_heartbeat as _on_every_heartbeat
 from ._runtime import register_handlers as _register
 
 _register(_instance.HANDLERS)  # the message types the actor layer handles
+_on_every_heartbeat(_instance.check_stuck)  # endpoints running too long are reported
 
 __all__ = [
     "Actor",

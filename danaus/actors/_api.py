@@ -95,6 +95,7 @@ from ._wire import (
     Spawn,
     StopActor,
     StopProc,
+    Stuck,
 )
 
 __all__ = [
@@ -127,6 +128,7 @@ __all__ = [
     "Spawn",
     "StopActor",
     "StopProc",
+    "Stuck",
     "_die_with_parent",
     "all_runtimes",
     "auth",

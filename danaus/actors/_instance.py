@@ -41,6 +41,7 @@ from ._wire import (
     Spawn,
     StopActor,
     StopProc,
+    Stuck,
 )
 
 if TYPE_CHECKING:
@@ -1003,3 +1004,56 @@ def _task_stack(task: asyncio.Task[Any]) -> str:
     buf = io.StringIO()
     task.print_stack(file=buf)
     return buf.getvalue()
+
+
+# ---------------------------------------------------------------- stuck endpoints
+
+#: (runtime, actor key, endpoint, start) -> when to warn next (seconds running)
+_next_warn: dict[tuple[int, str, str, float], float] = {}
+
+
+def check_stuck(rt: Runtime) -> None:
+    """Tell the spawner of each actor whose endpoint has run past ``stuck_warn_after``
+    (again at twice as long, and so on)."""
+    after = config.stuck_warn_after
+    if after <= 0:
+        return
+    now = time.monotonic()
+    seen = set()
+    for key, inst in list(rt.actors.items()):
+        if not isinstance(inst, ActorInstance) or not inst.owner_addr:
+            continue  # a system actor, or one nobody spawned from afar
+        for method, since in inst.running_calls():
+            k = (id(rt), key, method, since)
+            seen.add(k)
+            running = now - since
+            if running < _next_warn.get(k, after):
+                continue
+            _next_warn[k] = 2 * running
+            rt.connection(inst.owner_addr).send(
+                Stuck(
+                    inst.ctx.actor_id,
+                    inst.ctx.name,
+                    inst.rank_text,
+                    method,
+                    round(running, 3),
+                    _stack_of(inst, method),
+                )
+            )
+    for k in [k for k in _next_warn if k[0] == id(rt) and k not in seen]:
+        del _next_warn[k]  # finished: forget it
+
+
+def _stack_of(inst: ActorInstance, method: str) -> str:
+    """The stack of ``inst``'s running ``method``: its thread's, or its task's."""
+    import sys
+    import traceback
+
+    for ident, m, _ in inst.running_threads():
+        frame = sys._current_frames().get(ident)
+        if m == method and frame is not None:
+            return "".join(traceback.format_stack(frame))
+    for task, m, _ in inst.running_tasks():
+        if m == method:
+            return _task_stack(task)
+    return "(no stack: it runs on the proc's loop)"

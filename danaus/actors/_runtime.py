@@ -113,6 +113,17 @@ Handler: TypeAlias = Callable[["Runtime", Connection, Any, list[Any]], None]
 #: type: the runtime's own below, the actor layer's (``danaus.actors``), the mesh
 #: layer's (``danaus.mesh``). A test checks that every type has one in a fresh proc.
 _handlers: dict[type, Handler] = {}
+#: checks every runtime runs on its heartbeat (``register_handlers``' companion)
+_on_heartbeat: list[Callable[[Runtime], None]] = []
+
+
+def on_every_heartbeat(check: Callable[[Runtime], None]) -> None:
+    """Run ``check(runtime)`` on every heartbeat of every runtime, present and future."""
+    from ._loops import all_runtimes
+
+    _on_heartbeat.append(check)
+    for rt in all_runtimes():
+        rt.on_heartbeat.append(check)
 
 
 def register_handlers(handlers: Mapping[type, Handler]) -> None:
@@ -172,6 +183,8 @@ class Runtime:
             host, port = self._sock.getsockname()[:2]  # port 0: the kernel picked one
             self.addr = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         self.on_lost: list[Callable[[str], None]] = []
+        #: called on every heartbeat (layers above: the actor layer's stuck-endpoint check)
+        self.on_heartbeat: list[Callable[[Runtime], None]] = list(_on_heartbeat)
         #: coroutines to run when the runtime closes (layers above: the RDMA manager)
         self.closers: list[Callable[[], Any]] = []
         self.spawn_task(self._serve())
@@ -214,6 +227,11 @@ class Runtime:
         now = self.loop.time()
         for conn in list(self.conns.values()):
             conn.heartbeat(now)
+        for check in self.on_heartbeat:
+            try:
+                check(self)
+            except Exception:
+                log.exception("heartbeat check %r failed", check)
         self.loop.call_later(config.heartbeat_interval, self._heartbeat)
 
     async def _serve(self) -> None:

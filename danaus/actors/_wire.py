@@ -227,6 +227,18 @@ class Cancel(msgspec.Struct, tag=27, array_like=True, frozen=True):
     reply: int
 
 
+class Stuck(msgspec.Struct, tag=28, array_like=True, frozen=True):
+    """An endpoint has been running longer than ``stuck_warn_after``: told to the
+    runtime where the actor's failures go (its spawner), which warns."""
+
+    actor_id: str
+    mesh: str
+    rank: str
+    endpoint: str
+    seconds: float
+    stack: str
+
+
 Message: TypeAlias = (
     Call
     | Result
@@ -240,6 +252,7 @@ Message: TypeAlias = (
     | Pong
     | Failure
     | Cancel
+    | Stuck
 )
 
 

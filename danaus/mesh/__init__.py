@@ -1,6 +1,6 @@
 """Meshes: hosts, procs and actors laid out as named multi-dimensional meshes."""
 
-from ..actors._api import Cast, Failure, Gathered, register_handlers
+from ..actors._api import Cast, Failure, Gathered, Stuck, register_handlers
 from ._actor_mesh import (
     Accumulator,
     ActorEndpoint,
@@ -25,11 +25,18 @@ from ._proc_mesh import (
     this_proc,
 )
 from ._shape import Shape
-from ._supervision import MeshFailure, handle_failure, set_unhandled_fault_hook
+from ._supervision import MeshFailure, handle_failure, handle_stuck, set_unhandled_fault_hook
 from ._value_mesh import ValueMesh
 
 # The message types the mesh layer handles, registered in one place.
-register_handlers({Cast: handle_cast, Gathered: handle_gathered, Failure: handle_failure})
+register_handlers(
+    {
+        Cast: handle_cast,
+        Gathered: handle_gathered,
+        Failure: handle_failure,
+        Stuck: handle_stuck,
+    }
+)
 
 __all__ = [
     "Accumulator",

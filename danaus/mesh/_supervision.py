@@ -22,6 +22,7 @@ exit) are stopped, not failed: their exits, and what follows from them, are not 
 
 from __future__ import annotations
 
+import collections
 import logging
 import sys
 import threading
@@ -29,7 +30,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import Any
 
-from ..actors._api import Connection, Failure, Point, Runtime, context
+from ..actors._api import Connection, Failure, Point, Runtime, Stuck, context
 from ..errors import SupervisionError
 from ._shape import Shape
 
@@ -196,6 +197,23 @@ def resolved() -> ThreadFuture[None]:
 
 #: actor meshes spawned by this process, by wire key: where Failure messages land
 actor_states: dict[str, MeshState] = {}
+
+
+#: the last stuck-endpoint reports, newest last (for tools; a bounded list)
+stuck_reports: collections.deque[Stuck] = collections.deque(maxlen=256)
+
+
+def handle_stuck(rt: Runtime, conn: Connection, msg: Stuck, parts: list[Any]) -> None:
+    stuck_reports.append(msg)
+    log.warning(
+        "endpoint %s of %s (mesh %s, rank %s) has been running for %.0f s; its stack:\n%s",
+        msg.endpoint,
+        msg.actor_id,
+        msg.mesh,
+        msg.rank,
+        msg.seconds,
+        msg.stack.rstrip(),
+    )
 
 
 def handle_failure(rt: Runtime, conn: Connection, msg: Failure, parts: list[Any]) -> None:

@@ -100,3 +100,38 @@ async def test_an_actors_own_stats_endpoint_wins_and_mesh_stats_still_reaches_th
         record = (await mesh_stats(own)).values()[0]
         assert record["actor"] == "procs[0].own[0]" and record["handled"] == {"stats": 1}
         assert any(s["thread"] == "MainThread" for s in (await mesh_stacks(own)).values()[0])
+
+
+async def test_an_endpoint_running_too_long_is_reported_on_the_controller_with_its_stack() -> None:
+    import logging
+    import threading
+
+    from danaus.mesh._supervision import stuck_reports
+
+    seen = threading.Event()
+    records: list[logging.LogRecord] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "has been running for" in record.getMessage():
+                records.append(record)
+                seen.set()
+
+    catch = Catch(level=logging.WARNING)
+    logging.getLogger("danaus.supervision").addHandler(catch)
+    try:
+        env = {"DANAUS_STUCK_WARN_AFTER": "0.5", "DANAUS_HEARTBEAT_INTERVAL": "0.25"}
+        async with this_host().spawn_procs(per_host={"procs": 1}, env=env) as procs:
+            busy = await procs.spawn("busy", Busy)
+            other = await procs.spawn("other", Busy)
+            blocked = busy.block.call_one()
+            assert await asyncio.to_thread(seen.wait, 30), "no stuck-endpoint warning"
+            await other.release.call_one()
+            assert await asyncio.wait_for(blocked, 30) == "released"
+    finally:
+        logging.getLogger("danaus.supervision").removeHandler(catch)
+    text = records[0].getMessage()
+    assert "endpoint block of procs[0].busy[0] (mesh busy, rank {'procs': 0/1})" in text
+    assert "_gate.wait(60)" in text  # where it is stuck
+    report = stuck_reports[-1]
+    assert report.endpoint == "block" and report.seconds >= 0.5
