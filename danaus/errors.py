@@ -15,6 +15,7 @@ __all__ = [
     "AuthenticationError",
     "ClosedError",
     "DanausError",
+    "DataDependentError",
     "DeadlockError",
     "EndpointNotFoundError",
     "ProtocolError",
@@ -155,6 +156,12 @@ class RDMABackendUnavailableError(RDMAError):
 class RDMATransferError(RDMAError):
     """Outside fault: the transport failed the transfer (e.g. an ibverbs work completion
     error); the destination is not (fully) written."""
+
+
+class DataDependentError(DanausError, TypeError):
+    """Your code asked the controller for a value that lives on the workers (``.item()``,
+    ``bool(t)``, ``torch.equal`` on a ``DTensor``): fetch it first (``inspect``,
+    ``fetch_shard``). Also a ``TypeError``, as torch raises for such uses."""
 
 
 class RemoteException(ActorError):

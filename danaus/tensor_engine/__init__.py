@@ -25,10 +25,10 @@ except ImportError as e:  # torch is an extra: the actor, mesh and RDMA layers r
 
 
 from ..actors._api import Future
+from ..errors import DataDependentError
 from ..mesh import ProcMesh, _proc_mesh
 from . import _client, _dispatch
 from ._client import activate, active, active_stream
-from ._dispatch import DataDependentError
 from ._dtensor import Borrow, DTensor, MeshSlice, Stream, slice_mesh
 
 _client._late()

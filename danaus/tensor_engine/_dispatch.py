@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from ..errors import DataDependentError
 from ._worker import CALL
 
 if TYPE_CHECKING:
@@ -30,10 +31,6 @@ _VALUE_READS = {
     "aten::item": ".item()",
     "aten::allclose": "torch.allclose",
 }
-
-
-class DataDependentError(TypeError):
-    """Your code asked the controller for a value that lives on the workers."""
 
 
 class _OpInfo(NamedTuple):
