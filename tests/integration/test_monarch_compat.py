@@ -582,3 +582,29 @@ async def test_actor_instance_proc_mesh_spawns_on_every_proc_of_the_actors_mesh(
         assert got == {"pids": procs.pids, "sizes": {"procs": 3}, "name": "pm"}
         again = await asyncio.wait_for(spawner.siblings.call_one(), 60)  # procs still serve
         assert again["pids"] == procs.pids
+
+
+def test_the_distributed_tensors_pattern_runs_through_the_runner() -> None:
+    program = Path(__file__).parent / "monarch_programs" / "distributed_tensors.py"
+    out = subprocess.run(
+        [sys.executable, "-m", "danaus.monarch", str(program)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    for line in [
+        "inspect (3, 4)",
+        "obj (3, 3)",
+        "failed as expected: RemoteException",
+        "RECOVERED!",
+        "reduce ok True",
+        "2d {'dp': 2, 'tp': 2}",
+        "3d {'dp': 1, 'pp': 2, 'tp': 2}",
+        "pipeline (3, 4)",
+        "trained True",
+    ]:
+        assert line in lines, (line, out.stdout)
+    assert lines[-1] == "done"
