@@ -48,7 +48,7 @@ for stage_mesh in meshes:
 
 def forward_pipeline(x):
     with torch.no_grad():
-        for stage_mesh, stage in zip(meshes, stages):
+        for stage_mesh, stage in zip(meshes, stages, strict=True):
             x = x.to_mesh(stage_mesh)
             with stage_mesh.activate():
                 x = stage(x)
