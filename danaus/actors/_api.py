@@ -5,9 +5,10 @@ private to the actor layer; upper layers import from here only.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 from . import _auth as auth
 from . import _context as context_state
-from . import _proc as proc_entry
 from ._actor import (
     AS_ENDPOINT,
     Actor,
@@ -58,9 +59,6 @@ from ._port import (
     Port,
     PortReceiver,
     forward,
-)
-from ._proc import (
-    _die_with_parent,
 )
 from ._runtime import (
     JOB_ID,
@@ -129,7 +127,6 @@ __all__ = [
     "StopActor",
     "StopProc",
     "Stuck",
-    "_die_with_parent",
     "all_runtimes",
     "auth",
     "call_in_loop",
@@ -138,6 +135,7 @@ __all__ = [
     "context_state",
     "current_runtime",
     "describe_endpoints",
+    "die_with_parent",
     "dumps",
     "dumps_args",
     "encode_error",
@@ -154,12 +152,28 @@ __all__ = [
     "peer_exit_reason",
     "peer_exited",
     "peer_keys",
-    "proc_entry",
     "proc_ready",
     "register_handlers",
     "run_on",
+    "run_proc",
     "run_task",
     "runtime_here",
     "set_job_key",
     "waiting_actor",
 ]
+
+
+# A proc's entry point, imported only when used: ``python -m danaus.actors._proc`` imports
+# this package first, and must find ``_proc`` not imported yet.
+def run_proc(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> NoReturn:
+    """Be a proc (in a forked child of a fork server); never returns."""
+    from ._proc import run
+
+    run(addr, parent, parent_pid, listen_fd)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel kill this process when its parent dies (Linux)."""
+    from ._proc import _die_with_parent
+
+    _die_with_parent(parent_pid)

@@ -175,9 +175,9 @@ class _Server:
             for fd in fds:
                 os.close(fd)
             _become(msg["env"], msg["cwd"])
-            from ..actors._api import proc_entry as _proc
+            from ..actors._api import run_proc
 
-            _proc.run(msg["addr"], msg["parent"], os.getppid(), listen_fd)
+            run_proc(msg["addr"], msg["parent"], os.getppid(), listen_fd)
         except BaseException:
             traceback.print_exc()
         finally:
@@ -253,7 +253,7 @@ def _reread_config() -> None:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    from ..actors._api import _die_with_parent as die
+    from ..actors._api import die_with_parent as die
 
     die(parent_pid)
 
