@@ -508,6 +508,17 @@ class ActorEndpoint(Generic[A]):
         else:
             gate.add_done_callback(lambda _: run_on(rt, go))
 
+    def rref(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the endpoint on every actor with DTensor arguments (each actor gets its
+        proc's shard) and make what each returns a shard of a new DTensor, without
+        waiting (Monarch's ``rref``). The endpoint needs ``@endpoint(propagate=fn)``:
+        ``fn`` gives the output's shape from the arguments', as ``@remote``'s does.
+        Imports the tensor engine (and torch) on first use."""
+        if rref_hook is None:
+            import danaus.tensor_engine  # noqa: F401 - sets rref_hook
+        assert rref_hook is not None
+        return rref_hook(self, args, kwargs)
+
     def call_one(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call the one actor of this mesh; ``ValueError`` if it holds more or fewer."""
         ranks = self._mesh._ranks
@@ -848,3 +859,7 @@ def mesh_stats(mesh: ActorMesh[Any]) -> Future[ValueMesh[dict[str, Any]]]:
 def mesh_stacks(mesh: ActorMesh[Any]) -> Future[ValueMesh[list[dict[str, Any]]]]:
     """``mesh.stacks()``, also where the actor class has an endpoint named ``stacks``."""
     return ActorMesh.__dict__["stacks"].fn(mesh)  # type: ignore[no-any-return]
+
+
+#: set by danaus.tensor_engine when imported (the mesh layer does not import it)
+rref_hook: Any = None

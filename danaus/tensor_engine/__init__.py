@@ -26,7 +26,7 @@ except ImportError as e:  # torch is an extra: the actor, mesh and RDMA layers r
 
 from ..actors._api import Future
 from ..errors import DataDependentError
-from ..mesh import ProcMesh, _proc_mesh
+from ..mesh import ProcMesh, _actor_mesh, _proc_mesh
 from . import _client, _dispatch
 from ._client import activate, active, active_stream
 from ._dtensor import Borrow, DTensor, MeshSlice, Stream, slice_mesh
@@ -162,3 +162,48 @@ def _activate(procs: ProcMesh) -> contextlib.AbstractContextManager[Any]:
 
 
 _proc_mesh.activate_hook = _activate
+
+
+class _ActorCall:
+    """Runs on a worker, for ``endpoint.rref``: calls the endpoint of the actor of this
+    proc with its local shards, through the actor's mailbox, and gives its result."""
+
+    def __init__(self, wire: str, cls: type, method: str) -> None:
+        self.wire, self.cls, self.method = wire, cls, method
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from ..actors._api import current_runtime
+        from ..mesh import Shape
+        from ..mesh._actor_mesh import mesh_ref
+
+        rt = current_runtime()  # (the worker's thread is an actor's: its proc's runtime)
+        here: Any = mesh_ref(self.wire, self.cls, Shape.from_sizes({}), {0: rt.addr})
+        return getattr(here, self.method).call_one(*args, **kwargs).get()
+
+    def __repr__(self) -> str:
+        return f"{self.cls.__name__}.{self.method} (rref)"
+
+
+def _rref(endpoint: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    from ..actors._api import endpoints_of
+
+    mesh = endpoint._mesh
+    ep = endpoints_of(mesh._cls)[endpoint._name]
+    if ep.propagate is None or not callable(ep.propagate):
+        raise ValueError(
+            f"{mesh._cls.__name__}.{endpoint._name}.rref needs @endpoint(propagate=fn): fn "
+            "gives the output's shape from the arguments' (e.g. propagate=lambda x: x)"
+        )
+    client = active() or next(
+        (a._client for a in (*args, *kwargs.values()) if isinstance(a, DTensor)), None
+    )
+    if client is None:
+        raise ValueError(
+            f"{mesh._cls.__name__}.{endpoint._name}.rref needs a DTensor argument or an "
+            "active mesh (procs.activate())"
+        )
+    fn = _ActorCall(mesh._wire, mesh._cls, endpoint._name)
+    return _dispatch.call_function(client, fn, ep.propagate, args, kwargs)
+
+
+_actor_mesh.rref_hook = _rref

@@ -22,3 +22,30 @@ class ShardReader(Actor):
     @endpoint
     async def total_async(self, t: torch.Tensor) -> float:
         return float(t.sum())
+
+
+class LinearActor(Actor):
+    """Monarch's getting-started rref pattern: an actor making its own DTensor shards."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(7)
+        self.w = torch.rand(3, 3)
+        self.calls = 0
+
+    @endpoint(propagate=lambda x: x)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert type(x) is torch.Tensor  # the local shard
+        self.calls += 1
+        return x @ self.w
+
+    @endpoint
+    def count(self) -> int:
+        return self.calls
+
+    @endpoint
+    def weights(self) -> torch.Tensor:
+        return self.w
+
+    @endpoint
+    def no_propagate(self, x: torch.Tensor) -> torch.Tensor:
+        return x

@@ -297,3 +297,20 @@ def test_every_public_name_is_exported_once() -> None:
     assert not missing
     for name in ("get_active_mesh", "no_mesh", "slice_mesh", "get_active_stream", "coalescing"):
         assert name in te.__all__
+
+
+def test_rref_makes_an_actors_results_a_dtensor(dp: Any) -> None:
+    from tests.integration.te_actors import LinearActor
+
+    linear = dp.spawn("linear", LinearActor)
+    with dp.activate():
+        t = torch.rand(2, 3)
+        o = torch.relu(linear.forward.rref(t))  # no wait: usable at once
+        assert isinstance(o, DTensor) and tuple(o.shape) == (2, 3)
+    w = linear.weights.call().get(timeout=30).item(dp=0)
+    for r in range(2):
+        want = torch.relu(inspect(t, dp=r) @ w)
+        assert torch.allclose(inspect(o, dp=r), want)
+    assert linear.count.call().get(timeout=30).values() == [1, 1]  # through each mailbox
+    with pytest.raises(ValueError, match=r"needs @endpoint\(propagate=fn\)"):
+        linear.no_propagate.rref(t)
