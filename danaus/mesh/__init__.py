@@ -14,6 +14,7 @@ from ._bootstrap_cmd import BootstrapCommand, default_bootstrap_cmd
 from ._cast import handle_cast, handle_gathered
 from ._controllers import get_or_spawn_controller
 from ._host_agent import run_worker_loop_forever
+from ._metrics import MetricsServer, serve_metrics
 from ._proc_mesh import (
     HostMesh,
     ProcMesh,
@@ -45,6 +46,7 @@ __all__ = [
     "BootstrapCommand",
     "HostMesh",
     "MeshFailure",
+    "MetricsServer",
     "ProcMesh",
     "Shape",
     "ValueMesh",
@@ -58,6 +60,7 @@ __all__ = [
     "mesh_stats",
     "run_worker_loop_forever",
     "send",
+    "serve_metrics",
     "set_unhandled_fault_hook",
     "shutdown_context",
     "this_host",

@@ -135,3 +135,47 @@ async def test_an_endpoint_running_too_long_is_reported_on_the_controller_with_i
     assert "_gate.wait(60)" in text  # where it is stuck
     report = stuck_reports[-1]
     assert report.endpoint == "block" and report.seconds >= 0.5
+
+
+async def test_serve_metrics_exposes_actor_and_proc_figures_to_prometheus() -> None:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from danaus import serve_metrics
+
+    async with this_host().spawn_procs(per_host={"procs": 2}, name="metered") as procs:
+        busy = await procs.spawn("busy", Busy)
+        for _ in range(3):
+            await busy.ok.call()
+        with pytest.raises(ActorError):
+            await busy.slice(procs=0).boom.call_one()
+        server = serve_metrics(0)
+        try:
+            url = f"http://127.0.0.1:{server.port}/metrics"
+
+            def scrape() -> str:
+                with urllib.request.urlopen(url, timeout=30) as r:
+                    return str(r.read().decode())
+
+            text = await asyncio.to_thread(scrape)
+        finally:
+            server.close()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    actor = {"procs": "metered", "mesh": "busy"}
+    for r in (0, 1):
+        a = {**actor, "rank": str(r), "actor": f"metered[{r}].busy[{r}]"}
+        assert value("danaus_actor_messages_total", **a, endpoint="ok") == 3
+        assert value("danaus_actor_mailbox_depth", **a) == 0
+    a0 = {**actor, "rank": "0", "actor": "metered[0].busy[0]"}
+    assert value("danaus_actor_errors_total", **a0, endpoint="boom") == 1
+    rss = [v for (n, _), v in samples.items() if n == "danaus_proc_rss_bytes"]
+    assert len(rss) == 2 and all(v > 1 << 20 for v in rss)
