@@ -269,17 +269,8 @@ class ActorInstance:
 
     def _run(self, conn: Connection, msg: Call, parts: list[Any]) -> None:
         if self.failed is not None:
-            self._reply_error(
-                conn,
-                msg,
-                ErrorInfo(
-                    "supervision",
-                    self.ctx.actor_id,
-                    self.rank_text,
-                    "SupervisionError",
-                    f"actor {self.ctx.actor_id} failed earlier: {self.failed}",
-                    "",
-                ),
+            self._reply_supervision(
+                conn, msg, f"actor {self.ctx.actor_id} failed earlier: {self.failed}"
             )
             return
         ep = self.endpoint(msg.method)
@@ -371,17 +362,11 @@ class ActorInstance:
             )
             if self.failed is None:
                 self.fail(report, "actor")
-            self._reply_error(
+            self._reply_supervision(
                 conn,
                 msg,
-                ErrorInfo(
-                    "supervision",
-                    self.ctx.actor_id,
-                    self.rank_text,
-                    "SupervisionError",
-                    f"actor {self.ctx.actor_id} failed: {info.exc_type}: {info.message}",
-                    info.traceback,
-                ),
+                f"actor {self.ctx.actor_id} failed: {info.exc_type}: {info.message}",
+                info.traceback,
             )
             return
         self._reply_error(conn, msg, info)
@@ -403,17 +388,10 @@ class ActorInstance:
             assert ep is not None  # it ran, so it was found
             if not job.started:
                 if msg.reply:
-                    self._reply_error(
+                    self._reply_supervision(
                         conn,
                         msg,
-                        ErrorInfo(
-                            "supervision",
-                            self.ctx.actor_id,
-                            self.rank_text,
-                            "SupervisionError",
-                            f"actor {self.ctx.actor_id} was stopped before handling {msg.method}",
-                            "",
-                        ),
+                        f"actor {self.ctx.actor_id} was stopped before handling {msg.method}",
                     )
             elif job.ok:
                 self._finish(conn, msg, ep, job.value)
@@ -456,17 +434,8 @@ class ActorInstance:
             return  # its caller gave up: nobody waits for the outcome
         if task.cancelled() and self.stopped:
             if msg.reply:  # (a broadcast has nobody to tell)
-                self._reply_error(
-                    conn,
-                    msg,
-                    ErrorInfo(
-                        "supervision",
-                        self.ctx.actor_id,
-                        self.rank_text,
-                        "SupervisionError",
-                        f"actor {self.ctx.actor_id} was stopped while handling {msg.method}",
-                        "",
-                    ),
+                self._reply_supervision(
+                    conn, msg, f"actor {self.ctx.actor_id} was stopped while handling {msg.method}"
                 )
         elif task.cancelled():  # the endpoint's own code let a cancellation out
             self._reply_error(
@@ -567,6 +536,13 @@ class ActorInstance:
             self._reply_error(conn, msg, _info(e, self, include_tb=False))
             return
         conn.send(Result(msg.reply, OK, raw, pickled, self.rank), parts)
+
+    def _reply_supervision(self, conn: Connection, msg: Call, why: str, tb: str = "") -> None:
+        """Fail ``msg`` with ``SupervisionError``: the actor failed or stopped (``why``)."""
+        info = ErrorInfo(
+            "supervision", self.ctx.actor_id, self.rank_text, "SupervisionError", why, tb
+        )
+        self._reply_error(conn, msg, info)
 
     def _reply_error(self, conn: Connection, msg: Call, info: ErrorInfo) -> None:
         if msg.reply:
@@ -676,17 +652,8 @@ class ActorInstance:
         while self.queue or waiting:
             conn, msg, _ = self.queue.popleft() if self.queue else waiting.pop(0)
             if conn is not None and msg.reply:
-                self._reply_error(
-                    conn,
-                    msg,
-                    ErrorInfo(
-                        "supervision",
-                        self.ctx.actor_id,
-                        self.rank_text,
-                        "SupervisionError",
-                        f"actor {self.ctx.actor_id} was stopped before handling {msg.method}",
-                        "",
-                    ),
+                self._reply_supervision(
+                    conn, msg, f"actor {self.ctx.actor_id} was stopped before handling {msg.method}"
                 )
         for mesh in self.owned:  # meshes this actor spawned stop with it
             try:
