@@ -106,6 +106,11 @@ class Config:
     #: spawner) logs a warning naming it, with its stack, and again at 2x, 4x, ... (s; 0:
     #: never). Checked every ``heartbeat_interval`` on the proc's loop.
     stuck_warn_after: float = 60.0
+    #: The controller's admin endpoint, which ``danaus top``, ``danaus dashboard --attach``
+    #: and ``danaus debug`` attach to (the job key required): "auto" (a local abstract
+    #: unix socket, started with the first proc mesh), "off", ``unix:@name``,
+    #: ``unix:/path``, ``tcp://host:port`` or a port on 127.0.0.1.
+    admin: str = "auto"
     #: Modules the fork server imports before it forks procs (``DANAUS_PRELOAD=a,b``),
     #: besides the heavy ones of a safe list that the spawning process has imported.
     preload: list[str] = dataclasses.field(default_factory=list)

@@ -43,6 +43,7 @@ from ._future import (
 from ._instance import ProcControl, install_actor
 from ._loops import (
     all_runtimes,
+    background_runtime,
     call_in_loop,
     current_runtime,
     install_runtime,
@@ -129,6 +130,7 @@ __all__ = [
     "Stuck",
     "all_runtimes",
     "auth",
+    "background_runtime",
     "call_in_loop",
     "concurrent_endpoint",
     "context",

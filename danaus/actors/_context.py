@@ -110,6 +110,8 @@ class Context:
         return self.actor_instance is None
 
 
+#: True in a proc (a process a spawner started), False in a controller
+in_proc = False
 #: set by danaus.mesh: the proc mesh of one of an actor's own proc
 proc_of_actor: Any = None
 #: set by the mesh layer: ``actor_instance.proc_mesh``

@@ -101,6 +101,9 @@ def run(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> NoRet
     pid is then ``parent_pid``) with stdin, stdout and stderr already in place.
     """
     _die_with_parent(parent_pid)
+    from . import _context
+
+    _context.in_proc = True
     _run_startup_hooks()
     line = sys.stdin.buffer.readline()
     if not line.strip():

@@ -10,6 +10,7 @@ from ._actor_mesh import (
     mesh_stats,
     send,
 )
+from ._admin import AdminClient, AdminError, AdminServer, serve_admin
 from ._bootstrap_cmd import BootstrapCommand, default_bootstrap_cmd
 from ._cast import handle_cast, handle_gathered
 from ._controllers import get_or_spawn_controller
@@ -43,6 +44,9 @@ __all__ = [
     "Accumulator",
     "ActorEndpoint",
     "ActorMesh",
+    "AdminClient",
+    "AdminError",
+    "AdminServer",
     "BootstrapCommand",
     "HostMesh",
     "MeshFailure",
@@ -60,6 +64,7 @@ __all__ = [
     "mesh_stats",
     "run_worker_loop_forever",
     "send",
+    "serve_admin",
     "serve_metrics",
     "set_unhandled_fault_hook",
     "shutdown_context",

@@ -32,6 +32,7 @@ from ..actors._api import (
 from ..actors._api import context_state as _context_module
 from ..config import config
 from ..errors import ClosedError, SupervisionError
+from ._admin import maybe_start_admin
 from ._bootstrap_cmd import BootstrapCommand, cpu_set, resolve_commands
 from ._forkserver import note_actor_module
 from ._host_agent import AGENT, HostAgent
@@ -391,6 +392,7 @@ class ProcMesh(Shaped):
             self._actor_states: list[MeshState] = []
             if self._owner is not None:
                 self._owner.owned.append(self)  # stopped when its owner stops
+            maybe_start_admin()
             rt = current_runtime()
             if _on_peer_lost not in rt.on_lost:
                 rt.on_lost.append(_on_peer_lost)

@@ -26,6 +26,7 @@ import collections
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import Any
@@ -162,6 +163,16 @@ class MeshState:
         for r in new:
             self.failed[r] = summary
         failure = MeshFailure(self.name, [self.point(r) for r in new], report, kind)
+        failure_reports.append(
+            {
+                "when": time.time(),
+                "mesh": self.name,
+                "ranks": new,
+                "points": [str(self.point(r)) for r in new],
+                "kind": kind,
+                "report": report,
+            }
+        )
         route(self.owner, failure)
 
 
@@ -199,12 +210,16 @@ def resolved() -> ThreadFuture[None]:
 actor_states: dict[str, MeshState] = {}
 
 
-#: the last stuck-endpoint reports, newest last (for tools; a bounded list)
-stuck_reports: collections.deque[Stuck] = collections.deque(maxlen=256)
+#: the last stuck-endpoint reports with when they came (time.time()), newest last (for
+#: tools: danaus top, the dashboard; bounded)
+stuck_reports: collections.deque[tuple[float, Stuck]] = collections.deque(maxlen=256)
+
+#: the last failures of meshes this process spawned, newest last (for tools; bounded)
+failure_reports: collections.deque[dict[str, Any]] = collections.deque(maxlen=256)
 
 
 def handle_stuck(rt: Runtime, conn: Connection, msg: Stuck, parts: list[Any]) -> None:
-    stuck_reports.append(msg)
+    stuck_reports.append((time.time(), msg))
     log.warning(
         "endpoint %s of %s (mesh %s, rank %s) has been running for %.0f s; its stack:\n%s",
         msg.endpoint,

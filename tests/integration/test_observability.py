@@ -133,7 +133,7 @@ async def test_an_endpoint_running_too_long_is_reported_on_the_controller_with_i
     text = records[0].getMessage()
     assert "endpoint block of procs[0].busy[0] (mesh busy, rank {'procs': 0/1})" in text
     assert "_gate.wait(60)" in text  # where it is stuck
-    report = stuck_reports[-1]
+    _, report = stuck_reports[-1]
     assert report.endpoint == "block" and report.seconds >= 0.5
 
 

@@ -1,0 +1,183 @@
+"""One picture of everything this controller runs, for people and their tools.
+
+``snapshot()`` gathers, from every live proc mesh this process spawned: the procs (health,
+pid, host, CPU, memory, bytes), the actor meshes on them (which ranks failed, why), every
+actor's record (``mesh.stats()``), and the last failures and stuck-endpoint reports. It is
+what ``danaus top``, the dashboard and the admin endpoint show; it is plain JSON-able data.
+
+Each proc is asked on its own, with a bound: a dead or frozen proc is shown as such and
+does not hold up the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..actors._api import ProcControl
+from ._shape import Shape
+
+if TYPE_CHECKING:
+    from ._proc_mesh import ProcMesh
+
+__all__ = ["live_proc_meshes", "proc_stacks", "snapshot"]
+
+#: how long one proc may take to answer a snapshot's question (s)
+ASK_TIMEOUT = 5.0
+
+_STARTED = time.time()
+
+
+def live_proc_meshes() -> list[ProcMesh]:
+    """The proc meshes this process spawned and has not stopped, oldest first."""
+    from ._proc_mesh import _proc_index
+
+    roots: list[ProcMesh] = []
+    for mesh, _ in list(_proc_index.values()):
+        root = mesh._root
+        if not root._stopped and root not in roots:
+            roots.append(root)
+    return roots
+
+
+def _find(procs_name: str) -> ProcMesh:
+    for root in live_proc_meshes():
+        if root.name == procs_name:
+            return root
+    raise KeyError(f"no live proc mesh named {procs_name!r}")
+
+
+async def _ask(addr: str | None, method: str, *args: Any) -> Any:
+    """Ask the control actor of the proc at ``addr``; the exception if it cannot answer."""
+    from ._actor_mesh import mesh_ref
+
+    if addr is None:  # failed (not asked: nothing listens), or not started yet
+        return ConnectionError("no address to ask")
+    ref = mesh_ref("__proc__", ProcControl, Shape.from_sizes({}), {0: addr})
+    try:
+        return await asyncio.wait_for(getattr(ref, method).call_one(*args), ASK_TIMEOUT)
+    except TimeoutError:
+        return TimeoutError(f"no answer in {ASK_TIMEOUT:.0f} s")
+    except Exception as e:
+        return e
+
+
+def _health(failure: str | None, answer: Any) -> str:
+    if failure is not None:
+        return "failed"
+    if isinstance(answer, BaseException):
+        return "unresponsive"
+    return "ok"
+
+
+async def _proc_mesh_picture(root: ProcMesh) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    handles = root._handles()
+    points = list(root._shape.points())
+    failed = dict(root._state.failed)
+    answers = await asyncio.gather(
+        *(_ask(None if h.rank in failed else h.addr, "stats", None) for h in handles)
+    )
+    procs, actors = [], []
+    for h, point, answer in zip(handles, points, answers, strict=True):
+        failure = failed.get(h.rank)
+        proc: dict[str, Any] = {
+            "rank": h.rank,
+            "point": str(point),
+            "addr": h.addr,
+            "health": _health(failure, answer),
+            "failure": failure,
+            "error": str(answer) if isinstance(answer, BaseException) and not failure else None,
+        }
+        try:
+            proc["pid"] = h.pid
+        except Exception:
+            proc["pid"] = None
+        if not isinstance(answer, BaseException):
+            proc.update(answer["proc"])
+            for record in answer["actors"].values():
+                actors.append({**record, "procs": root.name, "proc_rank": h.rank})
+        procs.append(proc)
+    meshes = [
+        {
+            "name": s.name,
+            "ranks": sorted(s.ranks),
+            "failed": {str(r): why for r, why in s.failed.items()},
+            "stopped": s.stopped,
+        }
+        for s in root._actor_states
+    ]
+    picture = {
+        "name": root.name,
+        "sizes": dict(root._shape.sizes),
+        "failed": {str(r): why for r, why in failed.items()},
+        "procs": procs,
+        "actor_meshes": meshes,
+    }
+    return picture, actors
+
+
+def _actor_health(actor: dict[str, Any], failed_meshes: dict[str, set[int]], stuck: float) -> str:
+    if actor.get("failed") or actor["rank"] in failed_meshes.get(actor["mesh"], set()):
+        return "failed"
+    if actor.get("stopped"):
+        return "stopped"
+    longest = max((s for _, s in actor["running"]), default=0.0)
+    if stuck > 0 and longest >= stuck:
+        return "stuck"
+    return "busy" if actor["in_flight"] else "idle"
+
+
+async def snapshot() -> dict[str, Any]:
+    """Everything this controller runs, now (see the module's docstring)."""
+    from ..config import config
+    from ._supervision import failure_reports, stuck_reports
+
+    pictures = await asyncio.gather(*(_proc_mesh_picture(r) for r in live_proc_meshes()))
+    actors: list[dict[str, Any]] = []
+    failed_meshes: dict[str, set[int]] = {}
+    for picture, those in pictures:
+        actors.extend(those)
+        for m in picture["actor_meshes"]:
+            failed_meshes.setdefault(m["name"], set()).update(int(r) for r in m["failed"])
+    for a in actors:
+        a["health"] = _actor_health(a, failed_meshes, config.stuck_warn_after)
+    return {
+        "time": time.time(),
+        "controller": {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "argv": list(sys.argv),
+            "started": _STARTED,
+        },
+        "proc_meshes": [p for p, _ in pictures],
+        "actors": actors,
+        "stuck": [
+            {
+                "when": when,
+                "actor": s.actor_id,
+                "mesh": s.mesh,
+                "rank": s.rank,
+                "endpoint": s.endpoint,
+                "seconds": s.seconds,
+                "stack": s.stack,
+            }
+            for when, s in list(stuck_reports)
+        ],
+        "failures": list(failure_reports),
+    }
+
+
+async def proc_stacks(procs: str, rank: int) -> list[dict[str, Any]]:
+    """The stacks of proc ``rank`` of the live proc mesh named ``procs``."""
+    root = _find(procs)
+    handles = {h.rank: h for h in root._handles()}
+    if rank not in handles:
+        raise KeyError(f"proc mesh {procs!r} has no rank {rank}")
+    answer = await _ask(handles[rank].addr, "stacks")
+    if isinstance(answer, BaseException):
+        raise answer
+    return list(answer)
