@@ -9,6 +9,7 @@ from . import (
     bench_slurm,
     bench_spawn,
     bench_spmd,
+    bench_stats,
     bench_supervision,
     bench_tensor_engine,
     bench_wire,
@@ -16,11 +17,13 @@ from . import (
 
 
 def main() -> None:
-    print("== actor runtime (issue 2) ==")
+    print("== actor runtime ==")
     bench_runtime.main()
+    print("\n== the cost of per-actor stats: on vs off ==")
+    bench_stats.main()
     print("\n== TCP frame tags ==")
     bench_wire.main()
-    print("\n== meshes (issue 3) ==")
+    print("\n== meshes ==")
     bench_mesh.main()
     print("\n== spawning: fork server vs exec ==")
     bench_spawn.main()
@@ -28,17 +31,15 @@ def main() -> None:
     bench_spmd.main()
     print("\n== SLURM: SlurmJob.apply() to the first call ==")
     bench_slurm.main()
-    print("\n== supervision (issue 4) ==")
+    print("\n== supervision ==")
     bench_supervision.main()
-    print(
-        "\n== RDMA data plane (issue 5): python -m danaus.rdma.bench --sizes 4096,1048576,67108864 =="
-    )
+    print("\n== RDMA data plane: python -m danaus.rdma.bench --sizes 4096,1048576,67108864 ==")
     from danaus.rdma.bench import main as rdma_bench
 
     rdma_bench(["--sizes", "4096,1048576,67108864"])
-    print("\n== tensor engine (issue 6) ==")
+    print("\n== tensor engine ==")
     bench_tensor_engine.main()
-    print("\n== inference server example (issue 7) ==")
+    print("\n== inference server example ==")
     bench_inference.main()
 
 

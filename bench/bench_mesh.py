@@ -1,4 +1,4 @@
-"""Mesh benchmark (issue 3): call() latency by mesh size, tree vs flat, and spawn time.
+"""Mesh benchmark: call() latency by mesh size, tree vs flat, and spawn time.
 
 Each figure is printed with its ratio to the runtime floor (a raw uvloop ping-pong
 between two processes) measured in the same run.

@@ -1,4 +1,4 @@
-"""Actor runtime benchmark (issue 2): each figure next to a floor measured in the same run.
+"""Actor runtime benchmark: each figure next to a floor measured in the same run.
 
 (a) floor: raw uvloop Unix-socket ping-pong of a small msgspec message between two processes
 (b) ``call_one`` round trip of a 16-byte payload to an actor in another proc (median, p99)

@@ -1,4 +1,4 @@
-"""Supervision benchmark (issue 4): SIGKILL-to-error time, throughput under backpressure.
+"""Supervision benchmark: SIGKILL-to-error time, throughput under backpressure.
 
 (1) Time from SIGKILL of a proc to the caller's SupervisionError, median over 20 kills.
 (2) Mailbox throughput when 4 senders push 100,000 messages through ``post()`` into one

@@ -1,4 +1,4 @@
-"""Tensor-engine benchmark (issue 6).
+"""Tensor-engine benchmark.
 
 (1) Controller issue rate for a stream of 10,000 small elementwise ops on a 2-proc mesh
     (ops/s), and the per-op overhead against running the same ops locally.

@@ -107,6 +107,8 @@ class ActorInstance:
         #: when each async message running now started (time.monotonic())
         self._since: dict[asyncio.Task[Any], float] = {}
         self.stats = ActorStats()
+        #: keep the counters and start times (config.actor_stats; read once per actor)
+        self._count = config.actor_stats
         #: sync messages handed to the actor's thread and not yet reported back
         self.jobs: collections.deque[Job] = collections.deque()
         self._thread: ActorThread | None = None
@@ -301,8 +303,9 @@ class ActorInstance:
                 )
             self._reply_error(conn, msg, _info(e, self, include_tb=False))
             return
-        handled = self.stats.handled
-        handled[msg.method] = handled.get(msg.method, 0) + 1
+        if self._count:
+            handled = self.stats.handled
+            handled[msg.method] = handled.get(msg.method, 0) + 1
         if ep.explicit_response_port:
             args = [ResponsePort(self, conn, msg), *args]
         region = msg.region
@@ -329,7 +332,8 @@ class ActorInstance:
                     cv = cv.copy()
                     cv.run(current.set, Context(self.ctx, region))
                 task = self.rt.loop.create_task(coro, context=cv)
-                self._since[task] = time.monotonic()
+                if self._count:
+                    self._since[task] = time.monotonic()
                 if ep.concurrent:
                     self._concurrent[task] = (conn, msg)
                     task.add_done_callback(functools.partial(self._concurrent_done, conn, msg, ep))

@@ -179,3 +179,16 @@ async def test_serve_metrics_exposes_actor_and_proc_figures_to_prometheus() -> N
     assert value("danaus_actor_errors_total", **a0, endpoint="boom") == 1
     rss = [v for (n, _), v in samples.items() if n == "danaus_proc_rss_bytes"]
     assert len(rss) == 2 and all(v > 1 << 20 for v in rss)
+
+
+async def test_stats_can_be_switched_off_per_proc() -> None:
+    env = {"DANAUS_ACTOR_STATS": "0"}
+    async with this_host().spawn_procs(per_host={"procs": 1}, env=env) as procs:
+        busy = await procs.spawn("busy", Busy)
+        await busy.ok.call()
+        with pytest.raises(ActorError):
+            await busy.boom.call_one()
+        (record,) = (await busy.stats()).values()
+    assert record["handled"] == {}  # not counted
+    assert record["errors"] == {"boom": 1}  # failures are rare: always kept
+    assert record["proc"]["pid"] == procs.pids[0]
