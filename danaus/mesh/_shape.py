@@ -9,17 +9,11 @@ from typing import NoReturn, SupportsIndex
 
 from danaus.actors._api import Extent, Point
 
+from ._split import row_major as _row_major
+from ._split import split_dim, split_monarch
+
 Selector = int | slice
 """What :meth:`Shape.slice` takes per dim: an index (drops the dim) or a slice (keeps it)."""
-
-
-def _row_major(sizes: Sequence[int]) -> tuple[int, ...]:
-    strides: list[int] = []
-    stride = 1
-    for size in reversed(sizes):
-        strides.append(stride)
-        stride *= size
-    return tuple(reversed(strides))
 
 
 def _check_nested(labels: Sequence[str], sizes: Sequence[int], strides: Sequence[int]) -> None:
@@ -260,101 +254,16 @@ class Shape:
                 "split() takes either a dim and its new sizes, split('gpus', {'a': 2, 'b': 4}), "
                 "or Monarch's keywords, split(gpus=('a', 'b'), b=4); not both"
             )
-        i = self._dim_index(dim)
-        new = {name: operator.index(size) for name, size in into.items()}
-        if not new:
-            raise ValueError(f"split of dim {dim!r} needs at least one new dim")
-        clash = [name for name in new if name != dim and name in self._labels]
-        if clash:
-            raise ValueError(
-                f"cannot split {dim!r} into {new}: {clash} already name dims of {self!r}"
-            )
-        product = 1
-        for size in new.values():
-            product *= size
-        if product != self._sizes[i] or any(size < 1 for size in new.values()):
-            raise ValueError(
-                f"cannot split dim {dim!r} of size {self._sizes[i]} into {new}: "
-                f"the sizes must be at least 1 and multiply to {self._sizes[i]}, not {product}"
-            )
-        inner = tuple(s * self._strides[i] for s in _row_major(tuple(new.values())))
-        return Shape(
-            self._labels[:i] + tuple(new) + self._labels[i + 1 :],
-            self._sizes[:i] + tuple(new.values()) + self._sizes[i + 1 :],
-            self._strides[:i] + inner + self._strides[i + 1 :],
-            self._offset,
+        i = self._dim_index(dim)  # a clear error for an unknown dim
+        labels, sizes, strides = split_dim(
+            self._labels, self._sizes, self._strides, self._labels[i], into, repr(self)
         )
+        return Shape(labels, sizes, strides, self._offset)
 
     def _split_monarch(self, kw: Mapping[str, Sequence[str] | int]) -> Shape:
-        splits: dict[str, tuple[str, ...]] = {}
-        known: dict[str, int] = {}  # sizes of new dims, given or inferred
-        for key, value in kw.items():
-            if key in self._labels:
-                if isinstance(value, str) or not isinstance(value, Sequence):
-                    raise ValueError(
-                        f"split({key}=...) takes a sequence of new dim names for dim {key!r}, "
-                        f"like split({key}=('a', 'b'), b=2); got {value!r}"
-                    )
-                if not value or not all(isinstance(n, str) and n for n in value):
-                    raise ValueError(
-                        f"split({key}={value!r}): new dim names must be non-empty strings"
-                    )
-                splits[key] = tuple(value)
-            else:
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise ValueError(
-                        f"{key!r} is not a dim of {self!r}: expected an integer size for a new "
-                        f"dim, got {value!r}"
-                    )
-                if value < 1:
-                    raise ValueError(f"size {key}={value} must be at least 1")
-                known[key] = value
-        unused = set(known)
-        labels: list[str] = []
-        sizes: list[int] = []
-        strides: list[int] = []
-        for label, size, stride in zip(self._labels, self._sizes, self._strides, strict=True):
-            names = splits.get(label, (label,))
-            given = 1
-            unknown: str | None = None
-            for name in names:
-                if name in known:
-                    given *= known[name]
-                    unused.discard(name)
-                elif unknown is None:
-                    unknown = name
-                else:
-                    raise ValueError(
-                        f"Cannot infer the sizes of {names} (splitting {label!r}): both "
-                        f"{unknown!r} and {name!r} have unknown size; give at least one, "
-                        f"e.g. {name}=4"
-                    )
-            new_sizes = {n: known.get(n, 0) for n in names}
-            if unknown is not None:
-                inferred, rest = divmod(size, given)
-                if rest:
-                    shown = tuple(known.get(n, "?") for n in names)
-                    raise ValueError(
-                        f"Dimension {label!r} of size {size} is not evenly divided by "
-                        f"{names!r} with sizes {shown!r}"
-                    )
-                new_sizes[unknown] = inferred
-            elif given != size:
-                raise ValueError(
-                    f"Dimension {label!r} of size {size} is not evenly divided by {names!r} "
-                    f"with sizes {tuple(new_sizes.values())!r}"
-                )
-            for name in names:
-                if name in labels or list(names).count(name) > 1:
-                    raise ValueError(f"Duplicate dimension name {name!r} in split({dict(kw)})")
-            labels.extend(names)
-            sizes.extend(new_sizes.values())
-            strides.extend(s * stride for s in _row_major(tuple(new_sizes.values())))
-        if unused:
-            raise ValueError(
-                f"unused size constraints: {tuple(sorted(unused))} name no new dim of "
-                f"split({dict(kw)})"
-            )
+        labels, sizes, strides = split_monarch(
+            self._labels, self._sizes, self._strides, kw, repr(self)
+        )
         return Shape(labels, sizes, strides, self._offset)
 
     def flatten(self, name: str) -> Shape:
