@@ -75,8 +75,15 @@ def _mac(key: bytes, seq: int, payload: bytes) -> bytes:
     return hmac.new(key, seq.to_bytes(8, "big") + payload, hashlib.sha256).digest()
 
 
+def _plain(obj: object) -> object:
+    return sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else repr(obj)
+
+
 def _seal(key: bytes, seq: int, obj: Any) -> bytes:
-    payload = msgspec.json.encode(obj, enc_hook=repr)
+    try:
+        payload = msgspec.json.encode(obj, enc_hook=repr)
+    except UnicodeEncodeError:  # text with lone surrogates (undecodable argv, file names)
+        payload = json.dumps(obj, default=_plain).encode()  # ASCII, with \u escapes
     return len(payload).to_bytes(4, "big") + _mac(key, seq, payload) + payload
 
 
