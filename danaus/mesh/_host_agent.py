@@ -134,15 +134,6 @@ class HostAgent(Actor):
         forget(addrs)
 
     @endpoint
-    def kill_proc(self, addr: str, sig: int = signal.SIGKILL) -> bool:
-        """Send ``sig`` to one of our procs (fault injection); False if it is not ours."""
-        h = self.procs.get(addr)
-        if h is None or not h.is_alive():
-            return False
-        os.kill(h.pid, sig)
-        return True
-
-    @endpoint
     def info(self) -> dict[str, Any]:
         return {"host": self.host, "pid": os.getpid(), "procs": len(self.procs)}
 

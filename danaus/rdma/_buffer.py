@@ -61,7 +61,6 @@ class RDMABuffer:
 
     def __init__(self, data: Any) -> None:
         rt, here = runtime_here()
-        self._rt_addr = rt.addr
         self._cuda = None
         if _is_cuda(data):
             import torch
@@ -91,7 +90,6 @@ class RDMABuffer:
     def _from_handle(cls, handle: BufferHandle) -> RDMABuffer:
         self = cls.__new__(cls)
         self._handle = handle
-        self._rt_addr = ""
         self._cuda = None
         self._local = False
         return self

@@ -97,7 +97,6 @@ class RDMAManager:
         self._dropped_bufs: list[LocalBuffer] = []  # kept alive for rdma_drop_grace
         self.backends: dict[str, Backend] = {}
         self.unavailable: dict[str, str] = {}
-        self._data_addr = ""
         from ._shm import ShmBackend
         from ._tcp import TcpBackend
 
