@@ -13,6 +13,7 @@ import itertools
 import logging
 import secrets
 import socket
+from asyncio.events import _get_running_loop
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
@@ -286,10 +287,7 @@ class Runtime:
 
     def on_loop(self) -> bool:
         """True when called from this runtime's own loop."""
-        try:
-            return asyncio.get_running_loop() is self.loop
-        except RuntimeError:
-            return False
+        return _get_running_loop() is self.loop
 
     # ------------------------------------------------------------ connections
 
