@@ -44,6 +44,7 @@ from ..errors import (
 from . import _verbs
 from ._backend import Backend, Exchange, LocalBuffer
 from ._handle import BufferHandle
+from ._memory import is_cuda_tensor
 from ._verbs import Completion, Device, QPInfo, QueuePair, Region
 
 __all__ = ["IbverbsBackend", "State", "make_ibverbs_backend"]
@@ -193,7 +194,9 @@ class IbverbsBackend(Backend):
         else:
             access = _verbs.ACCESS_REMOTE_READ if buf.view.readonly else _OWNER_ACCESS
             try:
-                if _is_cuda(buf.keepalive):
+                # Never true yet: byte_view refuses CUDA memory and RDMABuffer stages it
+                # through pinned host memory; this is where GPUDirect registration goes.
+                if is_cuda_tensor(buf.keepalive):
                     region = self._register_cuda(buf.addr, buf.size, access)
                 else:
                     region = self.device.register(buf.addr, buf.size, access)
@@ -673,10 +676,6 @@ def _byte_view(view: memoryview) -> memoryview:
 
 def _address(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
-
-
-def _is_cuda(obj: Any) -> bool:
-    return bool(getattr(obj, "is_cuda", False))
 
 
 def _truthy(v: str | None) -> bool:
