@@ -39,7 +39,11 @@ class Config:
     """Process-wide settings.
 
     Each field ``x`` can be set with the environment variable ``DANAUS_X`` (read when
-    ``danaus`` is imported) or by assigning ``danaus.config.x = ...`` before use.
+    ``danaus`` is imported) or by assigning ``danaus.config.x = ...`` before use. A
+    boolean's variable means true when it is ``1``, ``true``, ``yes`` or ``on``.
+
+    Procs read the variables of the environment they are started with: the spawner's,
+    plus ``spawn_procs(env=...)``. An assignment applies to this process only.
     """
 
     #: Largest frame a peer may send, header and parts together (bytes).
@@ -87,6 +91,9 @@ class Config:
     rdma_drop_grace: float = 2.0
     #: Force one data-plane backend ("ibverbs", "shm" or "tcp"); empty: best available.
     rdma_backend: str = ""
+    #: Never use the ibverbs backend, even where an RDMA device is present (it then
+    #: reports itself unavailable, and shm or tcp move the bytes).
+    rdma_disable_ibverbs: bool = False
     #: Mutual TLS for TCP control connections (across hosts): this proc's certificate and
     #: key, and the CA that signed every peer's certificate (PEM paths). Empty: no TLS.
     tls_cert: str = ""
@@ -106,6 +113,10 @@ class Config:
     #: spawner) logs a warning naming it, with its stack, and again at 2x, 4x, ... (s; 0:
     #: never). Checked every ``heartbeat_interval`` on the proc's loop.
     stuck_warn_after: float = 60.0
+    #: Log level (a ``logging`` level name: "DEBUG", "INFO", ...) of the processes danaus
+    #: starts: procs, host agents and job agents. The controller's logging is the
+    #: application's to configure.
+    log_level: str = "WARNING"
     #: Modules the fork server imports before it forks procs (``DANAUS_PRELOAD=a,b``),
     #: besides the heavy ones of a safe list that the spawning process has imported.
     preload: list[str] = dataclasses.field(default_factory=list)

@@ -193,7 +193,7 @@ def main_host_agent(listen: str, key_file: str | None) -> None:
             "the controller must use the same key"
         )
     logging.basicConfig(
-        level=os.environ.get("DANAUS_LOG_LEVEL", "WARNING"),
+        level=config.log_level,
         format="[host-agent %(name)s] %(levelname)s %(message)s",
     )
     loop = new_event_loop()
