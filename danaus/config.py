@@ -51,6 +51,8 @@ class Config:
     #: Largest msgspec header of a frame (bytes).
     max_header_bytes: int = 16 << 20
     #: A peer that has not finished the authentication handshake by then is dropped (s).
+    #: Also bounds the handshake of RDMA tcp data connections: their owner waits this
+    #: long for a reader's proof, the reader twice as long for the owner's answer.
     handshake_timeout: float = 5.0
     #: Connections a proc accepts that have not authenticated yet, at most; more are
     #: closed at once (each costs a few KiB until it authenticates).
@@ -113,6 +115,10 @@ class Config:
     #: spawner) logs a warning naming it, with its stack, and again at 2x, 4x, ... (s; 0:
     #: never). Checked every ``heartbeat_interval`` on the proc's loop.
     stuck_warn_after: float = 60.0
+    #: How long a tensor engine collective (``reduce``) and its rendezvous wait for every
+    #: worker of the mesh before failing (s): the timeout of the rendezvous store and of
+    #: the gloo process groups (NCCL groups keep torch's own).
+    collective_timeout: float = 300.0
     #: Log level (a ``logging`` level name: "DEBUG", "INFO", ...) of the processes danaus
     #: starts: procs, host agents and job agents. The controller's logging is the
     #: application's to configure.

@@ -48,6 +48,14 @@ _live_lock = threading.Lock()
 #: is taken only by bad luck or by a process binding names blindly, so a few tries do.
 _BIND_TRIES = 8
 
+#: At interpreter exit, after SIGKILL, how long (s) to wait for each proc to be reaped.
+#: A killed process goes at once unless the kernel is stuck (uninterruptible I/O); then
+#: exit moves on rather than hang. Not a setting: nothing can be done differently.
+_REAP_WAIT = 5.0
+#: At interpreter exit, how long (s) the fork server gets to exit on SIGTERM before it is
+#: killed (its children die with it either way). Kept short: the controller is exiting.
+_FORK_SERVER_EXIT_WAIT = 1.0
+
 
 def describe_exit(returncode: int) -> str:
     if returncode < 0:
@@ -270,7 +278,7 @@ def start_proc(
             started.set_exception(e)
 
     rt.loop.call_soon_threadsafe(start)
-    return started.result(timeout=60)
+    return started.result(timeout=config.proc_start_timeout)
 
 
 def _start_proc(
@@ -498,7 +506,7 @@ def _kill_all() -> None:
         h.stop_now()
     for h in procs:
         try:
-            h.popen.wait(timeout=5)
+            h.popen.wait(timeout=_REAP_WAIT)
         except subprocess.TimeoutExpired:
             pass
 
@@ -506,7 +514,7 @@ def _kill_all() -> None:
 def _at_exit() -> None:
     interpreter_exiting()  # what our own kills cause is not a failure
     _kill_all()
-    stop_fork_server(timeout=1.0)
+    stop_fork_server(timeout=_FORK_SERVER_EXIT_WAIT)
 
 
 atexit.register(_at_exit)
