@@ -24,9 +24,11 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # The process tests run twice: procs forked by the fork server (the default), then
-# started as fresh interpreters.
+# started as fresh interpreters. The first run reports the controller's line coverage
+# (make test COV= to skip it: it makes the CPU-bound unit tests about 1.5x slower).
+COV ?= --cov=danaus --cov-report=term:skip-covered
 test: compile
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(COV) tests
 	DANAUS_SPAWN_METHOD=exec $(PY) -m pytest -q tests/integration tests/conformance
 
 test-unit: compile
@@ -47,4 +49,4 @@ lint: install
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info .coverage .coverage.*

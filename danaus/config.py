@@ -39,7 +39,11 @@ class Config:
     """Process-wide settings.
 
     Each field ``x`` can be set with the environment variable ``DANAUS_X`` (read when
-    ``danaus`` is imported) or by assigning ``danaus.config.x = ...`` before use.
+    ``danaus`` is imported) or by assigning ``danaus.config.x = ...`` before use. A
+    boolean's variable means true when it is ``1``, ``true``, ``yes`` or ``on``.
+
+    Procs read the variables of the environment they are started with: the spawner's,
+    plus ``spawn_procs(env=...)``. An assignment applies to this process only.
     """
 
     #: Largest frame a peer may send, header and parts together (bytes).
@@ -47,6 +51,8 @@ class Config:
     #: Largest msgspec header of a frame (bytes).
     max_header_bytes: int = 16 << 20
     #: A peer that has not finished the authentication handshake by then is dropped (s).
+    #: Also bounds the handshake of RDMA tcp data connections: their owner waits this
+    #: long for a reader's proof, the reader twice as long for the owner's answer.
     handshake_timeout: float = 5.0
     #: Connections a proc accepts that have not authenticated yet, at most; more are
     #: closed at once (each costs a few KiB until it authenticates).
@@ -87,6 +93,9 @@ class Config:
     rdma_drop_grace: float = 2.0
     #: Force one data-plane backend ("ibverbs", "shm" or "tcp"); empty: best available.
     rdma_backend: str = ""
+    #: Never use the ibverbs backend, even where an RDMA device is present (it then
+    #: reports itself unavailable, and shm or tcp move the bytes).
+    rdma_disable_ibverbs: bool = False
     #: Mutual TLS for TCP control connections (across hosts): this proc's certificate and
     #: key, and the CA that signed every peer's certificate (PEM paths). Empty: no TLS.
     tls_cert: str = ""
@@ -111,11 +120,23 @@ class Config:
     #: unix socket, started with the first proc mesh), "off", ``unix:@name``,
     #: ``unix:/path``, ``tcp://host:port`` or a port on 127.0.0.1.
     admin: str = "auto"
+    #: Where controllers leave their admin files (address, pid, key; readable by the user
+    #: only) for tools on the same host to find them. Empty: ``$XDG_RUNTIME_DIR/danaus``,
+    #: else ``/tmp/danaus-<uid>``.
+    runtime_dir: str = ""
     #: Keep per-actor counters (messages handled per endpoint) and the start time of each
     #: async message running, for ``mesh.stats()``, the tools and stuck-endpoint reports
     #: (which miss async endpoints without it). Off saves a dict update and a clock read
     #: per message; ``make bench`` measures the difference.
     actor_stats: bool = True
+    #: How long a tensor engine collective (``reduce``) and its rendezvous wait for every
+    #: worker of the mesh before failing (s): the timeout of the rendezvous store and of
+    #: the gloo process groups (NCCL groups keep torch's own).
+    collective_timeout: float = 300.0
+    #: Log level (a ``logging`` level name: "DEBUG", "INFO", ...) of the processes danaus
+    #: starts: procs, host agents and job agents. The controller's logging is the
+    #: application's to configure.
+    log_level: str = "WARNING"
     #: Modules the fork server imports before it forks procs (``DANAUS_PRELOAD=a,b``),
     #: besides the heavy ones of a safe list that the spawning process has imported.
     preload: list[str] = dataclasses.field(default_factory=list)

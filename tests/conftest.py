@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+
+# Controllers' admin files of this test run in a directory of its own: a tool attaching to
+# "the newest controller" finds this run's, not another program's on the same host.
+os.environ.setdefault("DANAUS_RUNTIME_DIR", tempfile.mkdtemp(prefix="danaus-test-run-"))
 
 from .faults import danaus_children
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ._context import current
 
 if TYPE_CHECKING:
+    from ._instance import ActorInstance
     from ._runtime import Runtime
 
 __all__ = ["ActorThread", "Job", "thread_home", "waiting_actor"]
@@ -34,7 +35,7 @@ class _Local(threading.local):
     """Per thread: set in actor threads only (class defaults elsewhere, no lookup miss)."""
 
     runtime: Runtime | None = None
-    actor: Any = None
+    actor: ActorInstance | None = None
 
 
 _local = _Local()
@@ -45,7 +46,7 @@ def thread_home() -> Runtime | None:
     return _local.runtime
 
 
-def waiting_actor() -> Any:
+def waiting_actor() -> ActorInstance | None:
     """The actor whose message the calling code is handling, if waiting here for a
     call into that same actor could never end (it runs one message at a time)."""
     actor = _local.actor

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextvars
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._point import Point, point_in_region
 from ._wire import Region
+
+if TYPE_CHECKING:
+    from ._instance import ActorInstance
 
 __all__ = [
     "ActorContext",
@@ -38,7 +41,7 @@ class ActorContext:
     proc_addr: str
     instance: Any = field(repr=False, default=None)
     #: the ActorInstance (runtime side): owner of the meshes spawned in its endpoints
-    runtime_actor: Any = field(repr=False, default=None, compare=False)
+    runtime_actor: ActorInstance | None = field(repr=False, default=None, compare=False)
     #: the proc mesh it was spawned on: its name and its procs' addresses, by rank
     proc_mesh_name: str = field(repr=False, default="", compare=False)
     proc_addrs: tuple[str, ...] = field(repr=False, default=(), compare=False)

@@ -289,15 +289,8 @@ class FrameReader:
         """Hand every whole frame received to ``on_handshake`` (its header, until
         :meth:`open`) or ``on_message``, until one of them sets :attr:`paused`: the rest
         stays for the next call."""
-        if not self.opened:
-            on_handshake = self._on_handshake
-            while not self.opened:
-                got = self._next_frame()
-                if got is None:
-                    return
-                on_handshake(got[0])
-                if self.paused:
-                    return
+        if not self.opened and not self._parse_handshake():
+            return
         on_message = self._on_message
         unpack = PREFIX.unpack_from
         decode = self._decode
@@ -357,6 +350,18 @@ class FrameReader:
             if self.paused:
                 return
 
+    def _parse_handshake(self) -> bool:
+        """Hand handshake frames to ``on_handshake`` until :meth:`open`: True then, False
+        while it waits for bytes or is paused."""
+        while not self.opened:
+            got = self._next_frame()
+            if got is None:
+                return False
+            self._on_handshake(got[0])
+            if self.paused:
+                return False
+        return True
+
     def _undecodable(self, ex: msgspec.DecodeError) -> ProtocolError:
         return ProtocolError(f"undecodable message header from {self._peer_name()}: {ex}")
 
@@ -369,41 +374,8 @@ class FrameReader:
             start = self._start
             avail = self._end - start
             if self._hlen < 0:
-                if avail < 12:
+                if avail < 12 or not self._take_prefix(avail):
                     break
-                magic, hlen, nparts = PREFIX.unpack_from(mv, start)
-                if magic != MAGIC:
-                    raise ProtocolError(
-                        f"bad frame magic {bytes(magic)!r} from {self._peer_name()}"
-                    )
-                limit = config.max_header_bytes if self.opened else MAX_HANDSHAKE_HEADER
-                if hlen > limit:
-                    which = "max_header_bytes" if self.opened else "before authentication"
-                    raise ProtocolError(
-                        f"frame header of {hlen} bytes exceeds the limit of {limit} ({which})"
-                    )
-                if nparts > MAX_PARTS or (nparts and not self.opened):
-                    state = "open" if self.opened else "handshake"
-                    raise ProtocolError(f"frame of {nparts} parts refused in state {state}")
-                need = 12 + 8 * nparts
-                if avail < need:
-                    if need > len(self._buf) - self._start:
-                        self._compact(need)
-                        mv = self._mv
-                    break
-                lens = _part_lens(mv, self._start + 12, nparts)
-                total = hlen + sum(lens)
-                if total > config.max_frame_bytes:
-                    raise ProtocolError(
-                        f"frame of {total} bytes exceeds max_frame_bytes={config.max_frame_bytes}"
-                    )
-                if self._mac_in is not None:
-                    self._head = bytes(mv[self._start : self._start + need])
-                self._start += need
-                self._hlen = hlen
-                self._lens = lens
-                self._header = None
-                self._parts = []
                 continue
             if self._header is None:
                 hlen = self._hlen
@@ -462,6 +434,43 @@ class FrameReader:
         if self._start == self._end:
             self._start = self._end = 0
         return None
+
+    def _take_prefix(self, avail: int) -> bool:
+        """Check and consume the prefix (magic, lengths) of the next frame, whose first
+        12 of ``avail`` bytes lie at ``_start``: False while its part lengths are still
+        arriving."""
+        mv = self._mv
+        magic, hlen, nparts = PREFIX.unpack_from(mv, self._start)
+        if magic != MAGIC:
+            raise ProtocolError(f"bad frame magic {bytes(magic)!r} from {self._peer_name()}")
+        limit = config.max_header_bytes if self.opened else MAX_HANDSHAKE_HEADER
+        if hlen > limit:
+            which = "max_header_bytes" if self.opened else "before authentication"
+            raise ProtocolError(
+                f"frame header of {hlen} bytes exceeds the limit of {limit} ({which})"
+            )
+        if nparts > MAX_PARTS or (nparts and not self.opened):
+            state = "open" if self.opened else "handshake"
+            raise ProtocolError(f"frame of {nparts} parts refused in state {state}")
+        need = 12 + 8 * nparts
+        if avail < need:
+            if need > len(self._buf) - self._start:
+                self._compact(need)
+            return False
+        lens = _part_lens(mv, self._start + 12, nparts)
+        total = hlen + sum(lens)
+        if total > config.max_frame_bytes:
+            raise ProtocolError(
+                f"frame of {total} bytes exceeds max_frame_bytes={config.max_frame_bytes}"
+            )
+        if self._mac_in is not None:
+            self._head = bytes(mv[self._start : self._start + need])
+        self._start += need
+        self._hlen = hlen
+        self._lens = lens
+        self._header = None
+        self._parts = []
+        return True
 
     def _check_tag(self, pieces: Sequence[Buffer], size: int, tag: memoryview) -> None:
         """The frame just received (``pieces``, ``size`` bytes) must carry this session's

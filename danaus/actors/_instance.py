@@ -67,7 +67,7 @@ class ActorInstance:
     def __init__(
         self,
         rt: Runtime,
-        name: str,
+        wire: str,
         ctx: ActorContext,
         obj: Any,
         mesh: str = "",
@@ -75,7 +75,9 @@ class ActorInstance:
         inline_sync: bool = False,
     ) -> None:
         self.rt = rt
-        self.name = name  # the wire key
+        #: the key messages address it by in this proc (``Call.actor``): unique per spawn,
+        #: unlike ``ctx.name``, the name of its mesh
+        self.wire = wire
         self.ctx = ctx
         self.context = Context(ctx)
         self.obj = obj
@@ -583,7 +585,7 @@ class ActorInstance:
         log.error("actor %s failed: %s", self.ctx.actor_id, report)
         if self.owner_addr:
             self.rt.connection(self.owner_addr).send(
-                Failure("", self.mesh, self.name, [self.rank], report, kind)
+                Failure("", self.mesh, self.wire, [self.rank], report, kind)
             )
 
     def supervise(self, failure: Any, escalate_report: str) -> None:

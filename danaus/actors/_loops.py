@@ -197,11 +197,7 @@ def all_runtimes() -> list[Runtime]:
 
 def run_on(rt: Runtime, fn: Callable[..., Any], *args: Any) -> None:
     """Call ``fn(*args)`` on ``rt``'s loop: now if we are on it, else thread-safely."""
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is rt.loop:
+    if rt.on_loop():
         fn(*args)
     else:
         rt.loop.call_soon_threadsafe(fn, *args)
@@ -210,11 +206,7 @@ def run_on(rt: Runtime, fn: Callable[..., Any], *args: Any) -> None:
 def call_in_loop(rt: Runtime, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` on ``rt``'s loop thread, waiting for its value: for danaus state that
     only the loop may touch, reached from sync code on another thread."""
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is rt.loop:
+    if rt.on_loop():
         return fn(*args)
     fut: ThreadFuture[T] = ThreadFuture()
 

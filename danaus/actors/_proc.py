@@ -16,6 +16,8 @@ import signal
 import sys
 from typing import NoReturn
 
+from ..config import config
+
 
 def _die_with_parent(parent_pid: int) -> None:
     if sys.platform.startswith("linux"):
@@ -113,7 +115,7 @@ def run(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> NoRet
 
     set_job_key(key)  # every runtime this proc makes (a thread's, the background one) uses it
     logging.basicConfig(
-        level=os.environ.get("DANAUS_LOG_LEVEL", "WARNING"),
+        level=config.log_level,
         format="%(levelname)s %(name)s: %(message)s",
     )
     from ._loops import new_event_loop

@@ -13,6 +13,7 @@ import itertools
 import logging
 import secrets
 import socket
+from asyncio.events import _get_running_loop
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
@@ -56,6 +57,12 @@ T = TypeVar("T")
 #: A short random id for this controller's job; part of the wire keys of the actors it spawns.
 JOB_ID = secrets.token_hex(4)
 _PING, _PONG = Ping(), Pong()
+#: When the connection to a proc we spawned breaks while the proc is exiting, its calls
+#: wait this long (s) for the exit status, which names the cause ("killed by SIGKILL")
+#: better than "connection reset". An exiting process is reaped within moments; one
+#: still alive after this is reported as unreachable. Not a setting: it only shapes the
+#: error message, and only delays failing calls that are failing anyway.
+_EXIT_STATUS_WAIT = 0.5
 
 
 class SkipOnLoss(list[int]):
@@ -286,10 +293,7 @@ class Runtime:
 
     def on_loop(self) -> bool:
         """True when called from this runtime's own loop."""
-        try:
-            return asyncio.get_running_loop() is self.loop
-        except RuntimeError:
-            return False
+        return _get_running_loop() is self.loop
 
     # ------------------------------------------------------------ connections
 
@@ -438,7 +442,7 @@ class Runtime:
         self, conn: Connection, pending: dict[int, Any], exited: ThreadFuture[int]
     ) -> None:
         try:
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(exited)), 0.5)
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(exited)), _EXIT_STATUS_WAIT)
         except TimeoutError:
             pass  # alive but unreachable: say so
         finally:

@@ -10,7 +10,6 @@ functions defined in ``__main__`` or a notebook).
 
 from __future__ import annotations
 
-import copyreg
 import io
 import pickle
 import sys
@@ -273,6 +272,3 @@ def loads(
 def encode_plain(obj: object) -> msgspec.Raw:
     """msgpack of a value known to be plain (protocol-internal data)."""
     return msgspec.Raw(_encode(obj))
-
-
-copyreg.constructor(_rebuild_bytes)

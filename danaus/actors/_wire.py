@@ -52,13 +52,9 @@ class Auth(msgspec.Struct, tag=3, array_like=True, frozen=True):
     mac: bytes
 
 
-class Welcome(msgspec.Struct, tag=4, array_like=True, frozen=True):
-    """Acceptor -> dialer: authenticated; messages may follow."""
-
-    addr: str
-
-
-Handshake: TypeAlias = Hello | Challenge | Auth | Welcome
+# Tag 4 was a Welcome (acceptor -> dialer: authenticated) that was never sent: the
+# dialer's first message follows its Auth. Do not reuse the tag.
+Handshake: TypeAlias = Hello | Challenge | Auth
 
 # ---------------------------------------------------------------- messages
 

@@ -24,6 +24,7 @@ from concurrent.futures import Future as ThreadFuture
 from typing import Any
 
 from ..actors._api import all_runtimes, install_actor, new_event_loop
+from ..config import config
 from ..mesh._host_agent import read_key_file, serve
 from ._lease import AGENTS_DIR, LEASE, JobLease
 
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     ns = parser.parse_args(argv)
     logging.basicConfig(
-        level=os.environ.get("DANAUS_LOG_LEVEL", "WARNING"),
+        level=config.log_level,
         format="[job agent %(name)s] %(levelname)s %(message)s",
     )
     loop = new_event_loop()

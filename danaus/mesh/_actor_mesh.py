@@ -545,7 +545,7 @@ class ActorEndpoint(Generic[A]):
         callees (an actor calling itself) raises instead of deadlocking."""
         fut._on_cancel = functools.partial(_cancel_calls, rt, self._mesh, port, ranks)
         waiter = waiting_actor()
-        if waiter is not None and waiter.name == self._mesh._wire and waiter.rank in ranks:
+        if waiter is not None and waiter.wire == self._mesh._wire and waiter.rank in ranks:
             fut._self_wait = (
                 waiter,
                 (

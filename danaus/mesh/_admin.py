@@ -340,9 +340,9 @@ def _close_at_exit() -> None:
 
 
 def runtime_dir() -> Path:
-    """Where controllers leave their admin files: ``$DANAUS_RUNTIME_DIR``, else
+    """Where controllers leave their admin files: ``config.runtime_dir``, else
     ``$XDG_RUNTIME_DIR/danaus``, else ``/tmp/danaus-<uid>`` (made private to the user)."""
-    base = os.environ.get("DANAUS_RUNTIME_DIR")
+    base = config.runtime_dir
     if base:
         path = Path(base)
     elif os.environ.get("XDG_RUNTIME_DIR"):

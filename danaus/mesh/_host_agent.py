@@ -134,15 +134,6 @@ class HostAgent(Actor):
         forget(addrs)
 
     @endpoint
-    def kill_proc(self, addr: str, sig: int = signal.SIGKILL) -> bool:
-        """Send ``sig`` to one of our procs (fault injection); False if it is not ours."""
-        h = self.procs.get(addr)
-        if h is None or not h.is_alive():
-            return False
-        os.kill(h.pid, sig)
-        return True
-
-    @endpoint
     def info(self) -> dict[str, Any]:
         return {"host": self.host, "pid": os.getpid(), "procs": len(self.procs)}
 
@@ -202,7 +193,7 @@ def main_host_agent(listen: str, key_file: str | None) -> None:
             "the controller must use the same key"
         )
     logging.basicConfig(
-        level=os.environ.get("DANAUS_LOG_LEVEL", "WARNING"),
+        level=config.log_level,
         format="[host-agent %(name)s] %(levelname)s %(message)s",
     )
     loop = new_event_loop()

@@ -48,6 +48,14 @@ _live_lock = threading.Lock()
 #: is taken only by bad luck or by a process binding names blindly, so a few tries do.
 _BIND_TRIES = 8
 
+#: At interpreter exit, after SIGKILL, how long (s) to wait for each proc to be reaped.
+#: A killed process goes at once unless the kernel is stuck (uninterruptible I/O); then
+#: exit moves on rather than hang. Not a setting: nothing can be done differently.
+_REAP_WAIT = 5.0
+#: At interpreter exit, how long (s) the fork server gets to exit on SIGTERM before it is
+#: killed (its children die with it either way). Kept short: the controller is exiting.
+_FORK_SERVER_EXIT_WAIT = 1.0
+
 
 def describe_exit(returncode: int) -> str:
     if returncode < 0:
@@ -270,7 +278,7 @@ def start_proc(
             started.set_exception(e)
 
     rt.loop.call_soon_threadsafe(start)
-    return started.result(timeout=60)
+    return started.result(timeout=config.proc_start_timeout)
 
 
 def _start_proc(
@@ -376,62 +384,70 @@ def _watch(rt: Runtime, h: ProcHandle, sink: LineSink | None) -> None:
                 rt.spawn_task(
                     loop.connect_read_pipe(functools.partial(LineReader, stream, sink), pipe)
                 )
-    pidfd = -1
-    if not isinstance(h.popen, ForkedPopen):  # a forked proc's exit comes from its server
-        try:
-            pidfd = os.pidfd_open(h.popen.pid)
-        except (AttributeError, OSError):
-            pidfd = -1
+    _call_on_exit(loop, h, functools.partial(_exited, rt, h))
+    loop.call_later(config.proc_start_timeout, _start_expired, h)
 
-    def on_exit() -> None:
-        if pidfd >= 0:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-        code = h.popen.wait()
-        with _live_lock:
-            _live.discard(h)
-        if h.popen.stdin is not None:
-            try:
-                h.popen.stdin.close()
-            except OSError:
-                pass
-        if not h.exited.done():
-            h.exited.set_result(code)
-        why = describe_exit(code)
-        for callback in () if h.stopping else h.exit_callbacks:
-            try:
-                callback(why)
-            except Exception:
-                log.exception("exit callback of %s", h.addr)
-        if not h.ready.done():
-            err = SupervisionError(f"proc {h.addr} {why} before it came up")
-            h.ready.set_exception(err)
-            rt.fail_peer(h.addr, err)
 
-    def start_expired() -> None:
-        if not h.ready.done():
-            log.error(
-                "proc %s did not come up within %s s; killing it", h.addr, config.proc_start_timeout
-            )
-            h.kill()
-
-    if isinstance(h.popen, ForkedPopen):
+def _call_on_exit(loop: asyncio.AbstractEventLoop, h: ProcHandle, fn: Callable[[], None]) -> None:
+    """Call ``fn`` on ``loop`` once the proc has exited."""
+    if isinstance(h.popen, ForkedPopen):  # a forked proc's exit comes from its server
 
         def exited() -> None:
             if not loop.is_closed():
-                loop.call_soon_threadsafe(on_exit)
+                loop.call_soon_threadsafe(fn)
 
         h.popen.on_exit(exited)
-    elif pidfd >= 0:
-        loop.add_reader(pidfd, on_exit)
-    else:  # no pidfd: a thread waits
+        return
+    try:
+        pidfd = os.pidfd_open(h.popen.pid)
+    except (AttributeError, OSError):  # no pidfd: a thread waits
 
         def wait() -> None:
             h.popen.wait()
-            loop.call_soon_threadsafe(on_exit)
+            loop.call_soon_threadsafe(fn)
 
         threading.Thread(target=wait, daemon=True).start()
-    loop.call_later(config.proc_start_timeout, start_expired)
+        return
+
+    def readable() -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        fn()
+
+    loop.add_reader(pidfd, readable)
+
+
+def _exited(rt: Runtime, h: ProcHandle) -> None:
+    """On ``rt``'s loop, once the proc has exited: reap it, tell who waits, and fail its
+    start if it never came up."""
+    code = h.popen.wait()
+    with _live_lock:
+        _live.discard(h)
+    if h.popen.stdin is not None:
+        try:
+            h.popen.stdin.close()
+        except OSError:
+            pass
+    if not h.exited.done():
+        h.exited.set_result(code)
+    why = describe_exit(code)
+    for callback in () if h.stopping else h.exit_callbacks:
+        try:
+            callback(why)
+        except Exception:
+            log.exception("exit callback of %s", h.addr)
+    if not h.ready.done():
+        err = SupervisionError(f"proc {h.addr} {why} before it came up")
+        h.ready.set_exception(err)
+        rt.fail_peer(h.addr, err)
+
+
+def _start_expired(h: ProcHandle) -> None:
+    if not h.ready.done():
+        log.error(
+            "proc %s did not come up within %s s; killing it", h.addr, config.proc_start_timeout
+        )
+        h.kill()
 
 
 async def wait_exited(h: ProcHandle, deadline: float) -> bool:
@@ -498,7 +514,7 @@ def _kill_all() -> None:
         h.stop_now()
     for h in procs:
         try:
-            h.popen.wait(timeout=5)
+            h.popen.wait(timeout=_REAP_WAIT)
         except subprocess.TimeoutExpired:
             pass
 
@@ -506,7 +522,7 @@ def _kill_all() -> None:
 def _at_exit() -> None:
     interpreter_exiting()  # what our own kills cause is not a failure
     _kill_all()
-    stop_fork_server(timeout=1.0)
+    stop_fork_server(timeout=_FORK_SERVER_EXIT_WAIT)
 
 
 atexit.register(_at_exit)

@@ -13,6 +13,9 @@ from ._handle import BufferHandle
 #: returns the manager's answer. Backends use it for setup (e.g. queue-pair info).
 Exchange = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
+#: Why ibverbs is unavailable when ``config.rdma_disable_ibverbs`` is set.
+IBVERBS_DISABLED = "disabled by DANAUS_RDMA_DISABLE_IBVERBS"
+
 
 @dataclass
 class LocalBuffer:

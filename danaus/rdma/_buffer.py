@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +13,7 @@ from ..config import config
 from ..errors import RDMABufferDroppedError, RDMABufferError
 from ._handle import BufferHandle
 from ._manager import manager
-from ._memory import byte_view
+from ._memory import byte_view, is_cuda_tensor
 
 __all__ = ["RDMAAction", "RDMABuffer", "backends", "get_rdma_backend"]
 
@@ -39,14 +38,6 @@ def _time_limit(timeout: float | None) -> float:
     return float(limit)
 
 
-def _is_cuda(obj: Any) -> bool:
-    if "torch" not in sys.modules:
-        return False
-    import torch
-
-    return isinstance(obj, torch.Tensor) and obj.device.type == "cuda"
-
-
 class RDMABuffer:
     """Bytes registered for one-sided transfers: ``RDMABuffer(tensor_or_array_or_memoryview)``.
 
@@ -61,9 +52,8 @@ class RDMABuffer:
 
     def __init__(self, data: Any) -> None:
         rt, here = runtime_here()
-        self._rt_addr = rt.addr
         self._cuda = None
-        if _is_cuda(data):
+        if is_cuda_tensor(data):
             import torch
 
             if data.dim() != 1 or not data.is_contiguous():
@@ -91,7 +81,6 @@ class RDMABuffer:
     def _from_handle(cls, handle: BufferHandle) -> RDMABuffer:
         self = cls.__new__(cls)
         self._handle = handle
-        self._rt_addr = ""
         self._cuda = None
         self._local = False
         return self

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import config
 from ..errors import (
     ClosedError,
     RDMABackendUnavailableError,
@@ -42,8 +43,9 @@ from ..errors import (
     SupervisionError,
 )
 from . import _verbs
-from ._backend import Backend, Exchange, LocalBuffer
+from ._backend import IBVERBS_DISABLED, Backend, Exchange, LocalBuffer
 from ._handle import BufferHandle
+from ._memory import is_cuda_tensor
 from ._verbs import Completion, Device, QPInfo, QueuePair, Region
 
 __all__ = ["IbverbsBackend", "State", "make_ibverbs_backend"]
@@ -169,8 +171,8 @@ class IbverbsBackend(Backend):
 
     @classmethod
     def probe(cls) -> str | None:
-        if _truthy(os.environ.get("DANAUS_RDMA_DISABLE_IBVERBS")):
-            return "disabled by DANAUS_RDMA_DISABLE_IBVERBS"
+        if config.rdma_disable_ibverbs:
+            return IBVERBS_DISABLED
         try:
             from pyverbs.pyverbs_error import PyverbsError
         except ImportError as e:
@@ -193,7 +195,9 @@ class IbverbsBackend(Backend):
         else:
             access = _verbs.ACCESS_REMOTE_READ if buf.view.readonly else _OWNER_ACCESS
             try:
-                if _is_cuda(buf.keepalive):
+                # Never true yet: byte_view refuses CUDA memory and RDMABuffer stages it
+                # through pinned host memory; this is where GPUDirect registration goes.
+                if is_cuda_tensor(buf.keepalive):
                     region = self._register_cuda(buf.addr, buf.size, access)
                 else:
                     region = self.device.register(buf.addr, buf.size, access)
@@ -673,11 +677,3 @@ def _byte_view(view: memoryview) -> memoryview:
 
 def _address(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
-
-
-def _is_cuda(obj: Any) -> bool:
-    return bool(getattr(obj, "is_cuda", False))
-
-
-def _truthy(v: str | None) -> bool:
-    return v is not None and v.strip().lower() not in ("", "0", "false", "no", "off")

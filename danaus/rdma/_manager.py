@@ -35,7 +35,7 @@ from ..errors import (
     RDMATransferError,
     SupervisionError,
 )
-from ._backend import Backend, LocalBuffer
+from ._backend import IBVERBS_DISABLED, Backend, LocalBuffer
 from ._handle import BufferHandle
 
 log = logging.getLogger("danaus.rdma")
@@ -97,12 +97,11 @@ class RDMAManager:
         self._dropped_bufs: list[LocalBuffer] = []  # kept alive for rdma_drop_grace
         self.backends: dict[str, Backend] = {}
         self.unavailable: dict[str, str] = {}
-        self._data_addr = ""
         from ._shm import ShmBackend
         from ._tcp import TcpBackend
 
         classes: list[type[Backend]] = [ShmBackend, TcpBackend]
-        if not _truthy(os.environ.get("DANAUS_RDMA_DISABLE_IBVERBS")):
+        if not config.rdma_disable_ibverbs:
             try:
                 from ._ibverbs import IbverbsBackend
 
@@ -110,7 +109,7 @@ class RDMAManager:
             except ImportError as e:
                 self.unavailable["ibverbs"] = f"not built: {e}"
         else:
-            self.unavailable["ibverbs"] = "disabled by DANAUS_RDMA_DISABLE_IBVERBS"
+            self.unavailable["ibverbs"] = IBVERBS_DISABLED
         for cls in classes:
             why = cls.probe()
             if why is not None:
@@ -196,7 +195,7 @@ class RDMAManager:
 
     def backend_for(self, handle: BufferHandle) -> Backend:
         """The best backend that reaches ``handle`` from here (or the forced one)."""
-        forced = os.environ.get("DANAUS_RDMA_BACKEND") or config.rdma_backend
+        forced = config.rdma_backend
         if forced:
             backend = self.backends.get(forced)
             if backend is None:
@@ -320,10 +319,6 @@ def _make(cls: type[Backend], mgr: RDMAManager) -> Backend:
         backend: Backend = make_ibverbs_backend(mgr.exchange)
         return backend
     return cls(mgr)  # type: ignore[call-arg]
-
-
-def _truthy(v: str | None) -> bool:
-    return v is not None and v.strip().lower() not in ("0", "false", "no", "off", "")
 
 
 _managers: dict[int, RDMAManager] = {}

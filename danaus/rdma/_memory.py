@@ -13,6 +13,15 @@ from typing import Any
 from ..errors import RDMABufferError
 
 
+def is_cuda_tensor(obj: Any) -> bool:
+    """Whether ``obj`` is a torch tensor in CUDA memory (without importing torch)."""
+    if "torch" not in sys.modules:
+        return False
+    import torch
+
+    return isinstance(obj, torch.Tensor) and obj.device.type == "cuda"
+
+
 def byte_view(obj: Any, *, writable: bool, what: str) -> tuple[memoryview, int, Any]:
     """``(1-D unsigned-byte view, address, object to keep alive)`` of ``obj``'s memory.
 

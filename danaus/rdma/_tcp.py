@@ -116,12 +116,12 @@ class TcpBackend(Backend):
         try:
             key = self.mgr.rt.key
             hello = bytearray(16)
-            async with asyncio.timeout(5):
+            async with asyncio.timeout(config.handshake_timeout):
                 await _recv_exact(loop, sock, memoryview(hello))
             mine = auth.new_nonce()
             await loop.sock_sendall(sock, mine + auth.proof(key, b"acceptor", bytes(hello), mine))
             theirs = bytearray(32)
-            async with asyncio.timeout(5):
+            async with asyncio.timeout(config.handshake_timeout):
                 await _recv_exact(loop, sock, memoryview(theirs))
             if not auth.verify(key, b"dialer", mine, bytes(hello), bytes(theirs)):
                 raise AuthenticationError("data connection failed to prove the job key")
@@ -178,7 +178,9 @@ class TcpBackend(Backend):
             mine = auth.new_nonce()
             await self.loop.sock_sendall(sock, mine)
             answer = bytearray(48)
-            async with asyncio.timeout(10):
+            # The owner answers at once, from its loop; twice its own bound on us leaves
+            # room for a busy loop before its data server is taken for unreachable.
+            async with asyncio.timeout(2 * config.handshake_timeout):
                 await _recv_exact(self.loop, sock, memoryview(answer))
             theirs, mac = bytes(answer[:16]), bytes(answer[16:])
             if not auth.verify(key, b"acceptor", mine, theirs, mac):

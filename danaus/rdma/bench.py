@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from danaus import Actor, endpoint
+from danaus.config import config
 
 KiB, MiB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
@@ -60,7 +60,7 @@ class Reader(Actor):
     ) -> list[dict[str, Any]]:
         from danaus.rdma import get_rdma_backend
 
-        os.environ["DANAUS_RDMA_BACKEND"] = backend
+        config.rdma_backend = backend
         assert get_rdma_backend(buf) == backend
         rows = []
         full = buf.size()

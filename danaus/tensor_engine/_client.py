@@ -15,6 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..actors._api import Future
+from ..config import config
 from ..mesh import ProcMesh
 from . import _dispatch
 from ._worker import FREE, TensorWorker
@@ -41,7 +42,7 @@ class _Client:
             0,
             is_master=True,
             wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=300),
+            timeout=datetime.timedelta(seconds=config.collective_timeout),
         )
         self.rendezvous = (host, self.store.port)
         self.sent = 0  # batches sent

@@ -39,7 +39,6 @@ class _OpInfo(NamedTuple):
     returns: tuple[tuple[int, str] | None, ...]  # per return: the written arg it is
     inplace_view: bool  # changes the shape of its input (squeeze_, t_...)
     seeded: bool  # random: gets a seed
-    has_generator: bool
     value_read: bool
     aten: bool
 
@@ -73,7 +72,6 @@ def _info(func: Any) -> _OpInfo:
         tuple(returns),
         torch.Tag.inplace_view in tags,
         torch.Tag.nondeterministic_seeded in tags,
-        any(a.name == "generator" for a in schema.arguments),
         schema.name in _VALUE_READS,
         func.namespace == "aten",
     )

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..actors import Actor, current_rank, endpoint
+from ..config import config
 from ..errors import RemoteException
 
 
@@ -92,9 +93,6 @@ class _Propagate(Exception):
     def __init__(self, failed: Failed) -> None:
         self.failed = failed
 
-
-#: a collective whose peers do not all arrive fails after this long (s), not 30 min
-COLLECTIVE_TIMEOUT = 300
 
 _REDUCE_OPS = {"sum": "SUM", "avg": "SUM", "min": "MIN", "max": "MAX"}
 
@@ -332,7 +330,7 @@ class TensorWorker(Actor):
         key = tuple(sorted(dims, key=names.index))
         if key in self.groups:
             return self.groups[key]  # type: ignore[no-any-return]
-        timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT)
+        timeout = datetime.timedelta(seconds=config.collective_timeout)
         if self.store is None:
             host, port = self.rendezvous
             self.store = dist.TCPStore(host, port, is_master=False, timeout=timeout)  # type: ignore[attr-defined]

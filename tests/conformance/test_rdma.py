@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from danaus import Actor, endpoint, this_host
+from danaus.config import config
 from danaus.errors import (
     RDMABackendUnavailableError,
     RDMABufferDroppedError,
@@ -42,17 +43,14 @@ def _ibverbs_missing() -> str | None:
 
 
 @pytest.fixture(params=["shm", "tcp", "ibverbs"])
-def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Force the backend here (the controller reads) and in procs spawned meanwhile."""
     name: str = request.param
     if name == "ibverbs" and (why := _ibverbs_missing()):
         pytest.skip(f"needs an RDMA NIC (ibverbs device): {why}")
-    old = os.environ.get("DANAUS_RDMA_BACKEND")
-    os.environ["DANAUS_RDMA_BACKEND"] = name
-    yield name
-    if old is None:
-        os.environ.pop("DANAUS_RDMA_BACKEND", None)
-    else:
-        os.environ["DANAUS_RDMA_BACKEND"] = old
+    monkeypatch.setattr(config, "rdma_backend", name)
+    monkeypatch.setenv("DANAUS_RDMA_BACKEND", name)
+    return name
 
 
 class Owner(Actor):
@@ -251,16 +249,15 @@ async def test_a_frozen_owner_never_hangs_a_transfer(backend: str) -> None:
             assert (dst == 3).all()
 
 
-def test_forcing_an_unavailable_backend_is_a_clear_error(owner_mesh: Any) -> None:
+def test_forcing_an_unavailable_backend_is_a_clear_error(
+    owner_mesh: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if _ibverbs_missing() is None:
         pytest.skip("this machine has an RDMA NIC, so ibverbs is available")
     buf = owner_mesh.slice(procs=0).make.call_one("f", 4096).get(timeout=20)
-    os.environ["DANAUS_RDMA_BACKEND"] = "ibverbs"
-    try:
-        with pytest.raises(RDMABackendUnavailableError, match="ibverbs cannot run here"):
-            buf.read_into(np.empty(4096, np.uint8)).get(timeout=20)
-    finally:
-        del os.environ["DANAUS_RDMA_BACKEND"]
+    monkeypatch.setattr(config, "rdma_backend", "ibverbs")
+    with pytest.raises(RDMABackendUnavailableError, match="ibverbs cannot run here"):
+        buf.read_into(np.empty(4096, np.uint8)).get(timeout=20)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none on this machine")

@@ -24,6 +24,17 @@ class Probe(Actor):
         return os.environ.get(name, "")
 
     @endpoint
+    def settings(self, names: list[str]) -> dict[str, Any]:
+        """These fields of the proc's ``danaus.config``, and its root logger's level."""
+        import logging
+
+        from danaus.config import config
+
+        got = {name: getattr(config, name) for name in names}
+        got["root logger"] = logging.getLevelName(logging.getLogger().level)
+        return got
+
+    @endpoint
     def affinity(self) -> list[int]:
         return sorted(os.sched_getaffinity(0))
 

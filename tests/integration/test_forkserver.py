@@ -136,6 +136,42 @@ async def test_torch_threads_and_signals_match_an_exec_started_proc(fresh_server
     assert seen["fork signals"] == seen["exec signals"]
 
 
+#: Settings as the controller's environment gives them: every proc reads them at start.
+_SETTINGS = {
+    "log_level": ("DANAUS_LOG_LEVEL", "INFO"),
+    "collective_timeout": ("DANAUS_COLLECTIVE_TIMEOUT", "7.5"),
+    "rdma_disable_ibverbs": ("DANAUS_RDMA_DISABLE_IBVERBS", "1"),
+    "rdma_backend": ("DANAUS_RDMA_BACKEND", "tcp"),
+    "handshake_timeout": ("DANAUS_HANDSHAKE_TIMEOUT", "6"),
+}
+
+
+@pytest.mark.parametrize("method", ["fork", "exec"])
+async def test_settings_in_the_environment_reach_the_procs(
+    fresh_server: None, monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    config.spawn_method = method
+    names = [*_SETTINGS, "stop_timeout"]
+    expected = {
+        "log_level": "INFO",
+        "collective_timeout": 7.5,
+        "rdma_disable_ibverbs": True,
+        "rdma_backend": "tcp",
+        "handshake_timeout": 6.0,
+        "stop_timeout": 4.0,  # from spawn_procs(env=)
+        "root logger": "INFO",  # log_level took effect
+    }
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:  # the server starts
+        before = await (await procs.spawn("probe", Probe)).settings.call_one(names)
+    assert before != expected
+    for var, value in _SETTINGS.values():
+        monkeypatch.setenv(var, value)  # after the fork server read its environment
+    env = {"DANAUS_STOP_TIMEOUT": "4"}
+    async with this_host().spawn_procs(per_host={"procs": 2}, env=env) as procs:
+        got = await (await procs.spawn("probe", Probe)).settings.call(names)
+    assert got.values() == [expected, expected]
+
+
 async def test_exec_method_starts_fresh_interpreters(fresh_server: None) -> None:
     config.spawn_method = "exec"
     async with this_host().spawn_procs(per_host={"procs": 2}) as procs:

@@ -79,6 +79,7 @@ class Reader(Actor):
 @pytest.fixture
 def tcp(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """Force the tcp backend here and in the procs (they inherit this environment)."""
+    monkeypatch.setattr(config, "rdma_backend", "tcp")
     monkeypatch.setenv("DANAUS_RDMA_BACKEND", "tcp")
     yield {"DANAUS_RDMA_BACKEND": "tcp"}
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from danaus import rdma, this_host
+from danaus.config import config
 from danaus.errors import RDMABufferError
 from danaus.rdma import RDMAAction
 
@@ -19,7 +20,7 @@ from ..conformance.test_rdma import Owner, _expected
 @pytest.fixture(params=["shm", "tcp"])
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     name: str = request.param
-    monkeypatch.setenv("DANAUS_RDMA_BACKEND", name)  # this process: the reader's side
+    monkeypatch.setattr(config, "rdma_backend", name)  # this process: the reader's side
     return name
 
 

@@ -31,6 +31,7 @@ from danaus.actors._wire import (
     MAGIC,
     MAX_HANDSHAKE_HEADER,
     MAX_PARTS,
+    NIL,
     OK,
     PART_LEN,
     PREFIX,
@@ -47,7 +48,6 @@ from danaus.actors._wire import (
     Spawn,
     StopActor,
     StopProc,
-    Welcome,
     frame,
 )
 from danaus.config import config
@@ -256,7 +256,7 @@ MESSAGES: list[Any] = [
     Call("counter", "incr", 3, encode_plain([[1], {"by": 2}])),
     Call("counter", "incr", 0, msgspec.Raw(_encode(b"pickle bytes")), True),
     Result(9, OK, encode_plain("value"), False, 2),
-    Result(9, CLOSE, msgspec.Raw(b"\xc0")),
+    Result(9, CLOSE, NIL),
     Spawn("counter", 4, "mesh", 1, {"hosts": 2, "gpus": 4}, msgspec.Raw(_encode(b"p"))),
     StopActor("counter", 5),
     StopProc(6),
@@ -281,7 +281,7 @@ def test_messages_round_trip_and_are_not_handshakes(msg: Any) -> None:
 
 @pytest.mark.parametrize(
     "msg",
-    [Hello(b"n" * 16, "unix:@x"), Challenge(b"n" * 16, b"m" * 32), Auth(b"m" * 32), Welcome("a")],
+    [Hello(b"n" * 16, "unix:@x"), Challenge(b"n" * 16, b"m" * 32), Auth(b"m" * 32)],
     ids=lambda m: type(m).__name__,
 )
 def test_handshakes_round_trip_and_are_not_messages(msg: Any) -> None:
@@ -482,7 +482,7 @@ async def test_invalid_proof_with_the_right_key_is_refused(
         b"\xc1",  # never valid msgpack
         b"",
         _encode([99, "unknown tag"]),
-        _encode(Call("a", "b", 1, msgspec.Raw(b"\xc0")))[:-2],  # truncated
+        _encode(Call("a", "b", 1, NIL))[:-2],  # truncated
         _encode(Hello(b"n" * 16, "unix:@x")),  # a handshake message after the handshake
     ],
     ids=["bad-msgpack", "empty", "unknown-tag", "truncated", "hello"],

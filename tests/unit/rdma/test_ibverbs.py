@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from danaus.config import config
 from danaus.errors import (
     ClosedError,
     RDMABackendUnavailableError,
@@ -571,9 +572,9 @@ async def test_owner_close_deregisters_and_destroys(procs: Procs) -> None:
 
 
 def test_probe_names_why_not(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DANAUS_RDMA_DISABLE_IBVERBS", "1")
+    monkeypatch.setattr(config, "rdma_disable_ibverbs", True)
     assert IbverbsBackend.probe() == "disabled by DANAUS_RDMA_DISABLE_IBVERBS"
-    monkeypatch.delenv("DANAUS_RDMA_DISABLE_IBVERBS")
+    monkeypatch.setattr(config, "rdma_disable_ibverbs", False)
     why = IbverbsBackend.probe()
     if _have_device():
         assert why is None

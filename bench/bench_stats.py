@@ -1,0 +1,74 @@
+"""What keeping per-actor stats costs: ``call_one`` round trip and 1,000-in-flight
+throughput to an actor whose proc keeps them (``config.actor_stats``, the default) and to
+one whose proc does not, measured in the same run, alternating in rounds so that the
+machine's noise falls on both alike. The floor of each figure is the stats-off one.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import uvloop
+
+from danaus import this_host
+
+from ._stats import format_table
+from .bench_runtime import Echo, _latency, _throughput
+
+ROUNDS = 5
+
+
+async def _measure() -> dict[str, dict[str, list[float]]]:
+    got: dict[str, dict[str, list[float]]] = {
+        side: {"lat": [], "tput": []} for side in ("on", "off")
+    }
+    host = this_host()
+    async with (
+        host.spawn_procs(
+            per_host={"procs": 1}, name="stats_on", env={"DANAUS_ACTOR_STATS": "1"}
+        ) as on,
+        host.spawn_procs(
+            per_host={"procs": 1}, name="stats_off", env={"DANAUS_ACTOR_STATS": "0"}
+        ) as off,
+    ):
+        echoes: dict[str, Any] = {
+            "on": await on.spawn("echo", Echo),
+            "off": await off.spawn("echo", Echo),
+        }
+        for _ in range(ROUNDS):
+            for side, echo in echoes.items():
+                got[side]["lat"].append((await _latency(echo.echo, 1000)).median_us)
+                got[side]["tput"].append(await _throughput(echo.echo, 10))
+        # the switch reached the procs: only the stats-on actor counted its messages
+        counted = [(await e.stats()).values()[0]["handled"] for e in echoes.values()]
+        assert counted[0].get("echo", 0) > 0 and counted[1] == {}, counted
+    return got
+
+
+def main() -> None:
+    got = uvloop.run(_measure())
+    lat_on, lat_off = (statistics.median(got[s]["lat"]) for s in ("on", "off"))
+    tput_on, tput_off = (statistics.median(got[s]["tput"]) for s in ("on", "off"))
+    rows = [
+        {
+            "figure": "call_one RTT us, sync endpoint, stats on",
+            "value": lat_on,
+            "floor (stats off)": lat_off,
+            "ratio": lat_on / lat_off,
+            "target": "<= 1.05x",
+        },
+        {
+            "figure": "calls/s, 1000 in flight, stats on",
+            "value": tput_on,
+            "floor (stats off)": tput_off,
+            "ratio": tput_on / tput_off,
+            "target": ">= 0.95x",
+        },
+    ]
+    print(format_table(rows, ["figure", "value", "floor (stats off)", "ratio", "target"]))
+    print(f"\n(medians of {ROUNDS} alternating rounds; unpinned)")
+
+
+if __name__ == "__main__":
+    main()
