@@ -29,7 +29,21 @@ __all__ = ["live_proc_meshes", "proc_stacks", "snapshot"]
 #: how long one proc may take to answer a snapshot's question (s)
 ASK_TIMEOUT = 5.0
 
-_STARTED = time.time()
+
+def _process_started() -> float:
+    """When this process started (``time.time()``'s scale): this module is imported at the
+    first snapshot, which may be long after. Now, where /proc does not say."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            boot_seconds = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return time.time()
+    return time.time() - max(boot_seconds - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+
+
+_STARTED = _process_started()
 
 
 def live_proc_meshes() -> list[ProcMesh]:

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import threading
+import time
 
 import pytest
 
@@ -26,6 +27,7 @@ def _server_addr() -> str:
 
 
 async def test_a_tool_finds_the_controller_and_sees_its_procs_and_actors() -> None:
+    began = time.time()
     async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
         busy = await procs.spawn("busy", Busy)
         await busy.ok.call()
@@ -44,6 +46,7 @@ async def test_a_tool_finds_the_controller_and_sees_its_procs_and_actors() -> No
 
         snap, stacks = await asyncio.to_thread(look)
     assert snap["controller"]["pid"] == os.getpid()
+    assert snap["controller"]["started"] < began, "the uptime is not the process's"
     (pm,) = [p for p in snap["proc_meshes"] if p["name"] == procs.name]
     assert [p["pid"] for p in pm["procs"]] == procs.pids
     assert [p["health"] for p in pm["procs"]] == ["ok", "ok"]

@@ -1,0 +1,491 @@
+"""What ``danaus top`` draws, and what its keys do: pure functions of a snapshot (the
+admin endpoint's ``snapshot`` op, plain JSON), a :class:`View` and the terminal's size, so
+that they are tested without a terminal.
+
+:func:`render` gives the screen as :class:`Line` s, each at most ``width`` characters of
+printable ASCII with a style that the terminal side turns into colour or reverse video;
+everything that matters is also in the text (``>`` marks the selected row, a failed row
+says ``failed``), so a terminal without colours loses nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+__all__ = [
+    "SORT_LETTERS",
+    "ActorRow",
+    "Line",
+    "SortKey",
+    "StackPane",
+    "Style",
+    "View",
+    "actor_rows",
+    "handle_key",
+    "render",
+    "sorted_rows",
+    "stack_lines",
+]
+
+SortKey = Literal["name", "mailbox", "cpu", "handled", "errors", "running"]
+
+#: the sort orders by the key that picks them (pressing it again reverses the order)
+SORT_LETTERS: dict[str, SortKey] = {
+    "n": "name",
+    "m": "mailbox",
+    "c": "cpu",
+    "h": "handled",
+    "e": "errors",
+    "r": "running",
+}
+
+Style = Literal["plain", "title", "heading", "failed", "warn"]
+
+#: what :func:`handle_key` asks of the terminal side
+Action = Literal["quit", "stacks"]
+
+HELP = "keys: up/down j/k select  n m c h e r sort  s stack  q quit"
+STACK_HELP = "up/down j/k PgUp/PgDn scroll  r ask again  esc/s/q back"
+
+
+class Line(NamedTuple):
+    """One line of the screen."""
+
+    text: str
+    style: Style = "plain"
+    selected: bool = False
+
+
+@dataclass
+class StackPane:
+    """The stack screen of one actor: its proc's threads and tasks, the actor's first.
+
+    ``entries`` is None until the controller answered, ``error`` says why it did not.
+    """
+
+    actor: str
+    procs: str
+    rank: int
+    entries: list[dict[str, Any]] | None = None
+    error: str | None = None
+    scroll: int = 0
+
+
+@dataclass
+class View:
+    """What the person looking chose, and the line of news from the controller.
+
+    ``selected`` is an actor id, so the selection follows its actor when the order
+    changes; None selects the top row.
+    """
+
+    source: str = ""
+    sort: SortKey = "name"
+    reverse: bool = False
+    selected: str | None = None
+    status: str = ""
+    stacks: StackPane | None = None
+
+
+class ActorRow(NamedTuple):
+    """One row of the actors table."""
+
+    actor: str
+    mesh: str
+    rank: int
+    health: str
+    handled: int
+    errors: int
+    mailbox: int
+    in_flight: int
+    endpoint: str  # the longest running one, "" when none runs
+    seconds: float
+    cpu: float  # its proc's
+    procs: str
+    proc_rank: int
+    failure: str | None
+    answered: bool = True  # False: its proc is gone, its figures with it
+
+
+# ---------------------------------------------------------------------------------- rows
+
+
+def _natural(s: str) -> list[Any]:
+    """``procs[2]`` before ``procs[10]``."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]
+
+
+def actor_rows(snap: dict[str, Any] | None) -> list[ActorRow]:
+    """The actors of a snapshot; the actors of a failed proc (which cannot answer for
+    themselves) come from their meshes' failed ranks."""
+    if not snap:
+        return []
+    cpu: dict[tuple[str, int], float] = {}
+    for pm in snap.get("proc_meshes", []):
+        for p in pm.get("procs", []):
+            cpu[pm["name"], p["rank"]] = float(p.get("cpu_percent") or 0.0)
+    rows, seen = [], set()
+    for a in snap.get("actors", []):
+        running = max(a.get("running") or [], key=lambda r: r[1], default=("", 0.0))
+        rows.append(
+            ActorRow(
+                actor=a["actor"],
+                mesh=a["mesh"],
+                rank=a["rank"],
+                health=a.get("health", "?"),
+                handled=sum(a.get("handled", {}).values()),
+                errors=sum(a.get("errors", {}).values()),
+                mailbox=a.get("mailbox", 0),
+                in_flight=a.get("in_flight", 0),
+                endpoint=running[0],
+                seconds=float(running[1]),
+                cpu=cpu.get((a["procs"], a["proc_rank"]), 0.0),
+                procs=a["procs"],
+                proc_rank=a["proc_rank"],
+                failure=a.get("last_failure"),
+            )
+        )
+        seen.add((a["procs"], a["mesh"], a["rank"]))
+    for pm in snap.get("proc_meshes", []):
+        for m in pm.get("actor_meshes", []):
+            if m.get("stopped"):
+                continue
+            for r, why in m.get("failed", {}).items():
+                if (pm["name"], m["name"], int(r)) not in seen:
+                    rows.append(_lost_actor(pm["name"], m["name"], int(r), why))
+    return rows
+
+
+def _lost_actor(procs: str, mesh: str, rank: int, why: str) -> ActorRow:
+    # an actor's rank is its proc's rank, and its id is "<procs>[r].<mesh>[r]"
+    return ActorRow(
+        actor=f"{procs}[{rank}].{mesh}[{rank}]",
+        mesh=mesh,
+        rank=rank,
+        health="failed",
+        handled=0,
+        errors=0,
+        mailbox=0,
+        in_flight=0,
+        endpoint="",
+        seconds=0.0,
+        cpu=0.0,
+        procs=procs,
+        proc_rank=rank,
+        failure=why,
+        answered=False,
+    )
+
+
+def _sort_value(row: ActorRow, key: SortKey) -> Any:
+    if key == "name":
+        return _natural(row.actor)
+    return {
+        "mailbox": row.mailbox,
+        "cpu": row.cpu,
+        "handled": row.handled,
+        "errors": row.errors,
+        "running": row.seconds,
+    }[key]
+
+
+def sorted_rows(rows: list[ActorRow], view: View) -> list[ActorRow]:
+    """``rows`` in the view's order: names ascending, figures largest first; reversed
+    when asked; ties by name."""
+    by_name = sorted(rows, key=lambda r: _natural(r.actor))
+    if view.sort == "name":
+        return by_name[::-1] if view.reverse else by_name
+    descending = not view.reverse
+    return sorted(by_name, key=lambda r: _sort_value(r, view.sort), reverse=descending)
+
+
+def _selected_index(ordered: list[ActorRow], selected: str | None) -> int:
+    for i, row in enumerate(ordered):
+        if row.actor == selected:
+            return i
+    return 0
+
+
+# ------------------------------------------------------------------------------- format
+
+
+def _fit(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, a cut marked with ``~``."""
+    if width <= 0:
+        return ""
+    return text if len(text) <= width else text[: width - 1] + "~"
+
+
+def _printable(text: str) -> str:
+    text = text.expandtabs(4)
+    return "".join(c if " " <= c <= "~" else "?" for c in text)
+
+
+def _bytes(n: Any) -> str:
+    if not isinstance(n, int | float):
+        return "-"
+    for unit in ("", "K", "M", "G", "T"):
+        if abs(n) < 1024 or unit == "T":
+            return f"{n:.0f}{unit}" if unit == "" or n >= 100 else f"{n:.1f}{unit}"
+        n /= 1024
+    return "-"  # (not reached)
+
+
+def _duration(seconds: float) -> str:
+    s = int(max(seconds, 0))
+    days, s = divmod(s, 86400)
+    text = f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    return f"{days}d {text}" if days else text
+
+
+class _Col(NamedTuple):
+    title: str
+    width: int
+    right: bool = False
+
+
+def _cells(cols: list[_Col], values: list[str], mark: str = " ") -> str:
+    out = []
+    for col, value in zip(cols, values, strict=True):
+        if col.width == 0:  # the last, free column
+            out.append(value)
+            continue
+        cell = _fit(value, col.width)
+        out.append(cell.rjust(col.width) if col.right else cell.ljust(col.width))
+    return (mark + " " + " ".join(out)).rstrip()
+
+
+_PROC_COLS = [
+    _Col("MESH", 12),
+    _Col("RANK", 4, True),
+    _Col("PID", 8, True),
+    _Col("HOST", 14),
+    _Col("HEALTH", 12),
+    _Col("CPU%", 6, True),
+    _Col("RSS", 7, True),
+    _Col("CONNS", 5, True),
+    _Col("IN", 7, True),
+    _Col("OUT", 7, True),
+    _Col("NOTE", 0),
+]
+
+
+def _actor_cols(rows: list[ActorRow]) -> list[_Col]:
+    widest = max((len(r.actor) for r in rows), default=0)
+    return [
+        _Col("ACTOR", min(max(widest, 12), 40)),
+        _Col("MESH", 12),
+        _Col("RANK", 4, True),
+        _Col("HEALTH", 7),
+        _Col("HANDLED", 8, True),
+        _Col("ERRORS", 6, True),
+        _Col("MAILBOX", 7, True),
+        _Col("INFLT", 5, True),
+        _Col("RUNNING", 0),
+    ]
+
+
+def _health_style(health: str) -> Style:
+    if health == "failed":
+        return "failed"
+    if health in ("stuck", "unresponsive"):
+        return "warn"
+    return "plain"
+
+
+def _proc_lines(snap: dict[str, Any], view: View) -> list[Line]:
+    procs = [(pm["name"], p) for pm in snap.get("proc_meshes", []) for p in pm.get("procs", [])]
+    if view.sort == "cpu":
+        procs.sort(key=lambda mp: float(mp[1].get("cpu_percent") or 0.0), reverse=not view.reverse)
+    lines = []
+    for mesh, p in procs:
+        health = str(p.get("health", "?"))
+        cpu = p.get("cpu_percent")
+        values = [
+            mesh,
+            str(p.get("rank", "?")),
+            str(p.get("pid") or "-"),
+            str(p.get("host") or "-"),
+            health,
+            "-" if cpu is None else f"{float(cpu):.1f}",
+            _bytes(p.get("rss_bytes")),
+            str(p.get("connections", "-")),
+            _bytes(p.get("bytes_in")),
+            _bytes(p.get("bytes_out")),
+            _first_line(p.get("failure") or p.get("error") or ""),
+        ]
+        lines.append(Line(_cells(_PROC_COLS, values), _health_style(health)))
+    return lines
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def _actor_line(cols: list[_Col], row: ActorRow, selected: bool) -> Line:
+    running = f"{row.endpoint} {row.seconds:.1f}s" if row.endpoint else ""
+    if row.health == "failed" and row.failure:
+        running = (running + "  " if running else "") + _first_line(row.failure)
+    figures = [row.handled, row.errors, row.mailbox, row.in_flight]
+    values = [
+        row.actor,
+        row.mesh,
+        str(row.rank),
+        row.health,
+        *(str(n) if row.answered else "-" for n in figures),
+        running,
+    ]
+    return Line(_cells(cols, values, ">" if selected else " "), _health_style(row.health), selected)
+
+
+def _header(snap: dict[str, Any] | None, view: View, rows: list[ActorRow]) -> list[Line]:
+    ascending = (view.sort == "name") != view.reverse
+    order = f"{view.sort} {'ascending' if ascending else 'descending'}"
+    if not snap:
+        first = f"danaus top  {view.source}  waiting for the controller's first answer"
+        return [
+            Line(first, "title"),
+            Line(""),
+            Line(view.status or HELP, "warn" if view.status else "plain"),
+        ]
+    c = snap.get("controller", {})
+    uptime = _duration(float(snap.get("time", 0.0)) - float(c.get("started", 0.0)))
+    pms = snap.get("proc_meshes", [])
+    procs = [p for pm in pms for p in pm.get("procs", [])]
+    failed_procs = sum(p.get("health") == "failed" for p in procs)
+    failed_actors = sum(r.health == "failed" for r in rows)
+    first = (
+        f"danaus top  controller pid {c.get('pid')} on {c.get('host')}  up {uptime}  {view.source}"
+    )
+    counts = (
+        f"proc meshes {len(pms)}  procs {len(procs)} ({failed_procs} failed)  "
+        f"actors {len(rows)} ({failed_actors} failed)  failures {len(snap.get('failures', []))}  "
+        f"stuck {len(snap.get('stuck', []))}  sort: {order}"
+    )
+    argv = "argv: " + " ".join(str(a) for a in c.get("argv", []))
+    status = Line(view.status, "warn") if view.status else Line(HELP)
+    return [Line(first, "title"), Line(argv), Line(counts), status]
+
+
+# ------------------------------------------------------------------------------- screens
+
+
+def render(snap: dict[str, Any] | None, view: View, width: int, height: int) -> list[Line]:
+    """The screen: at most ``height`` lines of at most ``width`` characters."""
+    if width <= 0 or height <= 0:
+        return []
+    if view.stacks is not None:
+        lines = _stack_screen(view, view.stacks, height)
+    else:
+        lines = _main_screen(snap, view, height)
+    return [Line(_fit(_printable(ln.text), width), ln.style, ln.selected) for ln in lines[:height]]
+
+
+def _main_screen(snap: dict[str, Any] | None, view: View, height: int) -> list[Line]:
+    rows = actor_rows(snap)
+    lines = [*_header(snap, view, rows), Line("")]
+    if not snap:
+        return lines
+    room = height - len(lines)
+    procs = _proc_lines(snap, view)
+    # the procs get up to a third of the room; the actors, whom one selects, the rest
+    proc_room = max(1, min(len(procs), (room - 3) // 3))
+    if len(procs) > proc_room:
+        procs = [*procs[: proc_room - 1], Line(f"  ... {len(procs) - proc_room + 1} more procs")]
+    lines.append(Line(_cells(_PROC_COLS, [c.title for c in _PROC_COLS]), "heading"))
+    lines.extend(procs)
+    lines.append(Line(""))
+    ordered = sorted_rows(rows, view)
+    cols = _actor_cols(ordered)
+    lines.append(Line(_cells(cols, [c.title for c in cols]), "heading"))
+    visible = max(1, height - len(lines))
+    chosen = _selected_index(ordered, view.selected)
+    top = 0
+    if len(ordered) > visible:  # keep the selection in the middle of the window
+        top = max(0, min(chosen - visible // 2, len(ordered) - visible))
+    for i in range(top, min(top + visible, len(ordered))):
+        lines.append(_actor_line(cols, ordered[i], i == chosen))
+    if not ordered:
+        lines.append(Line("  (no actors)"))
+    return lines
+
+
+def stack_lines(pane: StackPane) -> list[Line]:
+    """The body of the stack screen: the selected actor's threads and tasks first."""
+    if pane.error is not None:
+        return [Line(f"the controller did not give the stacks: {pane.error}", "failed")]
+    if pane.entries is None:
+        return [Line(f"asking {pane.procs}[{pane.rank}] for its stacks ...")]
+    mine = [e for e in pane.entries if e.get("actor") == pane.actor]
+    others = [e for e in pane.entries if e.get("actor") != pane.actor]
+    lines: list[Line] = []
+    if not mine:
+        lines.append(Line(f"{pane.actor} runs no endpoint now; its proc's threads:", "warn"))
+    for entry in mine + others:
+        kind = f"thread {entry['thread']}" if "thread" in entry else f"task {entry.get('task')}"
+        if entry.get("actor"):
+            kind += f"  {entry['actor']} {entry.get('endpoint', '?')}"
+            kind += f" running {float(entry.get('seconds') or 0.0):.1f}s"
+        lines.append(Line(kind, "title" if entry in mine else "heading"))
+        lines.extend(Line("  " + ln) for ln in str(entry.get("stack", "")).rstrip().splitlines())
+        lines.append(Line(""))
+    return lines
+
+
+def _stack_screen(view: View, pane: StackPane, height: int) -> list[Line]:
+    head = [
+        Line(f"stacks of {pane.procs}[{pane.rank}], for {pane.actor}  {view.source}", "title"),
+        Line(view.status, "warn") if view.status else Line(STACK_HELP),
+        Line(""),
+    ]
+    body = stack_lines(pane)
+    room = max(0, height - len(head))
+    top = max(0, min(pane.scroll, len(body) - room))
+    return head + body[top : top + room]
+
+
+# ---------------------------------------------------------------------------------- keys
+
+
+def handle_key(view: View, key: str, rows: list[ActorRow], page: int) -> Action | None:
+    """Apply ``key`` (a character, or ``up``, ``down``, ``pgup``, ``pgdn``, ``home``,
+    ``end``, ``esc``) to ``view``; what the terminal side must do, if anything.
+
+    ``rows`` are the actors shown (for moving the selection), ``page`` the lines a page
+    key moves.
+    """
+    steps = {"up": -1, "k": -1, "down": 1, "j": 1, "pgup": -page, "pgdn": page}
+    if view.stacks is not None:
+        pane = view.stacks
+        if key in ("esc", "s", "q"):
+            view.stacks = None
+        elif key == "r":
+            pane.entries, pane.error, pane.scroll = None, None, 0
+            return "stacks"
+        else:
+            last = max(0, len(stack_lines(pane)) - page)
+            pane.scroll = {"home": 0, "end": last}.get(key, pane.scroll + steps.get(key, 0))
+            pane.scroll = max(0, min(pane.scroll, last))
+        return None
+    if key == "q":
+        return "quit"
+    if key in SORT_LETTERS:
+        chosen = SORT_LETTERS[key]
+        view.reverse = not view.reverse if view.sort == chosen else False
+        view.sort = chosen
+        return None
+    ordered = sorted_rows(rows, view)
+    if not ordered:
+        return None
+    i = _selected_index(ordered, view.selected)
+    if key in steps or key in ("home", "end"):
+        i = {"home": 0, "end": len(ordered) - 1}.get(key, i + steps.get(key, 0))
+        view.selected = ordered[max(0, min(i, len(ordered) - 1))].actor
+    elif key == "s":
+        row = ordered[i]
+        view.selected = row.actor
+        view.stacks = StackPane(row.actor, row.procs, row.proc_rank)
+        return "stacks"
+    return None
