@@ -19,6 +19,11 @@ def main(argv: list[str] | None = None) -> None:
 
         bench_main(args[1:])
         return
+    if args[:1] == ["dashboard"]:  # its own options, parsed by the dashboard
+        from .tools.dashboard import main as dashboard_main
+
+        dashboard_main(args[1:])
+        return
     parser = argparse.ArgumentParser(prog="danaus", description="danaus command-line tools")
     sub = parser.add_subparsers(dest="cmd", required=True)
     agent = sub.add_parser("host-agent", help="run a host agent that starts procs on this host")
@@ -31,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("new-key", help="print a fresh random job key (hex)")
     sub.add_parser("run", help="run a torchrun-style script on procs (danaus run --help)")
     sub.add_parser("rdma-bench", help="RDMA data-plane microbenchmark (danaus rdma-bench --help)")
+    sub.add_parser("dashboard", help="a live dashboard of a running job (danaus dashboard --help)")
     ns = parser.parse_args(args)
     if ns.cmd == "host-agent":
         from .mesh._host_agent import main_host_agent
