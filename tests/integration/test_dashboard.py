@@ -33,6 +33,7 @@ from .obs_actors import Busy
 pytestmark = pytest.mark.timeout(180)
 
 IDS = ["dashprocs[0].dashbusy[0]", "dashprocs[1].dashbusy[1]"]
+HELPER = "<u>helper</u>"
 #: the failed colour (--failed in dashboard.html)
 RED = "rgba(211, 47, 47, 1)"
 #: what the page shows for no figure (an en dash)
@@ -169,7 +170,8 @@ async def test_the_page_shows_the_job_live_and_a_killed_proc_turns_red(
             per_host={"procs": 2}, name="dashprocs", env=env
         ) as procs:
             busy = await procs.spawn("dashbusy", Busy)
-            helper = await procs.spawn("dashhelper", Busy)  # releases busy's blocked endpoint
+            # releases busy's blocked endpoint; its name is markup, shown as text
+            helper = await procs.spawn(HELPER, Busy)
             await busy.ok.call()
             with dashboard(0) as server:
                 assert server.url.startswith(f"http://127.0.0.1:{server.port}/")
@@ -183,6 +185,15 @@ async def test_the_page_shows_the_job_live_and_a_killed_proc_turns_red(
                     page.wait,
                     "the controller named",
                     lambda: page.text("#controller").startswith(f"controller pid {os.getpid()} "),
+                )
+                await asyncio.to_thread(
+                    page.wait,
+                    "user text as text, not markup",
+                    lambda: (
+                        page.text(f'#topology .actor[data-actor="dashprocs[0].{HELPER}[0]"]')
+                        == f"dashprocs[0].{HELPER}[0]"
+                        and not page.driver.find_elements("css selector", "u")
+                    ),
                 )
                 start = _non_trivial(await asyncio.to_thread(page.shot, "start"))
                 assert _green(start) > 1000, "no healthy (green) nodes in the picture"
