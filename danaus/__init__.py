@@ -56,6 +56,7 @@ from .mesh import (
     this_proc,
 )
 from .mesh._supervision import _default_hook as unhandled_fault_hook
+from .tools.dashboard import dashboard
 
 __all__ = [
     "Accumulator",
@@ -93,6 +94,7 @@ __all__ = [
     "current_actor_name",
     "current_rank",
     "current_size",
+    "dashboard",
     "default_bootstrap_cmd",
     "endpoint",
     "get_or_spawn_controller",

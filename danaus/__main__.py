@@ -1,5 +1,5 @@
 """The ``danaus`` command: ``danaus host-agent``, ``danaus new-key``, ``danaus run``,
-``danaus rdma-bench``."""
+``danaus rdma-bench``, ``danaus top``, ``danaus dashboard``."""
 
 from __future__ import annotations
 
@@ -23,6 +23,11 @@ def main(argv: list[str] | None = None) -> None:
         from .tools.top import main as top_main
 
         sys.exit(top_main(args[1:]))
+    if args[:1] == ["dashboard"]:  # its own options, parsed by the dashboard
+        from .tools.dashboard import main as dashboard_main
+
+        dashboard_main(args[1:])
+        return
     parser = argparse.ArgumentParser(prog="danaus", description="danaus command-line tools")
     sub = parser.add_subparsers(dest="cmd", required=True)
     agent = sub.add_parser("host-agent", help="run a host agent that starts procs on this host")
@@ -36,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("run", help="run a torchrun-style script on procs (danaus run --help)")
     sub.add_parser("rdma-bench", help="RDMA data-plane microbenchmark (danaus rdma-bench --help)")
     sub.add_parser("top", help="a live terminal view of a running controller (danaus top --help)")
+    sub.add_parser("dashboard", help="a live dashboard of a running job (danaus dashboard --help)")
     ns = parser.parse_args(args)
     if ns.cmd == "host-agent":
         from .mesh._host_agent import main_host_agent
