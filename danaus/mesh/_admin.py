@@ -48,6 +48,7 @@ __all__ = [
     "AdminClient",
     "AdminError",
     "AdminServer",
+    "AdminTimeout",
     "admin_op",
     "admin_server",
     "find_controllers",
@@ -66,6 +67,10 @@ _MAC = 32
 
 class AdminError(Exception):
     """The admin endpoint refused a request or could not be reached."""
+
+
+class AdminTimeout(AdminError, TimeoutError):
+    """The admin endpoint did not answer in time (busy, frozen or stalled)."""
 
 
 # ------------------------------------------------------------------------------- frames
@@ -467,7 +472,9 @@ class AdminClient:
             try:
                 chunk = self._sock.recv(min(left, 1 << 20))
             except TimeoutError:
-                raise AdminError(f"the admin endpoint {self.addr} did not answer") from None
+                raise AdminTimeout(
+                    f"the admin endpoint {self.addr} did not answer in {self.timeout:g} s"
+                ) from None
             if not chunk:
                 raise AdminError(f"the admin endpoint {self.addr} closed the connection")
             chunks.append(chunk)
@@ -485,7 +492,9 @@ class AdminClient:
         )
         try:
             mac = self._read(_MAC)
-        except AdminError:
+        except AdminTimeout:
+            raise
+        except AdminError:  # it closed the connection: it did not accept our proof
             raise AdminError(
                 f"the admin endpoint {self.addr} refused this key (not the job's key)"
             ) from None
@@ -501,20 +510,30 @@ class AdminClient:
                 _seal(self._keys[0], self._seq[0], {"id": rid, "op": op, "args": args})
             )
             self._seq[0] += 1
-            while True:
-                size = int.from_bytes(self._read(4), "big")
-                if size > MAX_REPLY:
-                    raise AdminError(f"a reply of {size} bytes is over {MAX_REPLY}")
-                mac = self._read(_MAC)
-                reply = _open(self._keys[1], self._seq[1], mac, self._read(size))
-                self._seq[1] += 1
-                if reply.get("id") == rid:
-                    break
+            try:
+                reply = self._reply(rid)
+            except AdminError:
+                self.close()  # mid-frame or out of step: this connection is done
+                raise
         if not reply.get("ok"):
             raise AdminError(str(reply.get("error")))
         return reply.get("value")
 
+    def _reply(self, rid: int) -> Any:
+        while True:  # replies come in order; one to an abandoned call is skipped
+            size = int.from_bytes(self._read(4), "big")
+            if size > MAX_REPLY:
+                raise AdminError(f"a reply of {size} bytes is over {MAX_REPLY}")
+            mac = self._read(_MAC)
+            reply = _open(self._keys[1], self._seq[1], mac, self._read(size))
+            self._seq[1] += 1
+            if reply.get("id") == rid:
+                return reply
+
     def close(self) -> None:
+        """Close the connection (also waking a thread blocked in :meth:`call`)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
 
     def __enter__(self) -> AdminClient:
