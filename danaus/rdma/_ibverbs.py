@@ -24,13 +24,8 @@ import itertools
 import logging
 import os
 import secrets
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from ..config import config
 from ..errors import (
@@ -45,6 +40,7 @@ from ..errors import (
 from . import _verbs
 from ._backend import IBVERBS_DISABLED, Backend, Exchange, LocalBuffer
 from ._handle import BufferHandle
+from ._ibverbs_parts import LocalMR, LocalRegions, Poller, address, byte_view
 from ._memory import is_cuda_tensor
 from ._verbs import Completion, Device, QPInfo, QueuePair, Region
 
@@ -53,9 +49,6 @@ __all__ = ["IbverbsBackend", "State", "make_ibverbs_backend"]
 log = logging.getLogger("danaus.rdma")
 
 _OWNER_ACCESS = _verbs.ACCESS_LOCAL_WRITE | _verbs.ACCESS_REMOTE_READ | _verbs.ACCESS_REMOTE_WRITE
-_POLL_BATCH = 64
-_SPIN_POLLS = 64  # empty polls that only yield the GIL before the poller starts sleeping
-_MAX_POLL_SLEEP = 1e-3
 
 
 class State(enum.Enum):
@@ -66,25 +59,10 @@ class State(enum.Enum):
 
 
 @dataclass(eq=False)
-class _LocalMR:
-    """A reader-side registration of local memory, cached.
-
-    ``view`` keeps the memory alive, and so at the same address mapping the same pages,
-    for as long as the region exists: a freed and reused address would otherwise leave the
-    region pinning the old pages.
-    """
-
-    key: tuple[int, int, int]
-    region: Region
-    view: memoryview
-    inuse: int = 0
-
-
-@dataclass(eq=False)
 class _Transfer:
     what: str  # for messages: "RDMA READ of 4096 bytes at offset 0 of buffer 3 of <owner>"
     opcode: int
-    local: _LocalMR
+    local: LocalMR
     local_addr: int
     remote_addr: int
     rkey: int
@@ -154,13 +132,11 @@ class IbverbsBackend(Backend):
         self._locks: dict[str, asyncio.Lock] = {}
         self._served: dict[str, QueuePair] = {}  # reader token -> our queue pair
         self._owned: dict[int, Region] = {}  # buf_id -> region
-        self._local: collections.OrderedDict[tuple[int, int, int], _LocalMR] = (
-            collections.OrderedDict()
-        )
+        self._local = LocalRegions(device, mr_cache, self._deregister)
         self._inflight: dict[int, tuple[_Conn, _Transfer]] = {}
         self._wr_ids = itertools.count(1)
         self._cq_credits = device.cq_depth
-        self._poller: _Poller | None = None
+        self._poller: Poller | None = None
 
     def __repr__(self) -> str:
         return (
@@ -275,7 +251,7 @@ class IbverbsBackend(Backend):
             raise RDMABackendUnavailableError(
                 f"buffer {handle.buf_id} of {handle.owner} is not registered with ibverbs"
             )
-        view = _byte_view(view)
+        view = byte_view(view)
         n = view.nbytes
         if offset < 0 or offset + n > handle.size:
             raise RDMABufferError(
@@ -290,9 +266,9 @@ class IbverbsBackend(Backend):
         conn = await self._connection(handle.owner)
         loop = asyncio.get_running_loop()
         if self._poller is None:
-            self._poller = _Poller(self.device, loop, self._on_completions, self._on_poll_error)
-        addr = _address(view)
-        local = self._acquire_local(view, addr, _verbs.ACCESS_LOCAL_WRITE if reading else 0)
+            self._poller = Poller(self.device, loop, self._on_completions, self._on_poll_error)
+        addr = address(view)
+        local = self._local.acquire(view, addr, _verbs.ACCESS_LOCAL_WRITE if reading else 0)
         what = (
             f"RDMA {'READ' if reading else 'WRITE'} of {n} bytes at offset {offset} "
             f"of buffer {handle.buf_id} of {handle.owner}"
@@ -358,38 +334,6 @@ class IbverbsBackend(Backend):
                 ) from e
             conn = self._conns[owner] = _Conn(owner, qp, self._sq_depth)
             return conn
-
-    def _acquire_local(self, view: memoryview, addr: int, need: int) -> _LocalMR:
-        n = view.nbytes
-        access = 0 if view.readonly else _verbs.ACCESS_LOCAL_WRITE
-        entry = self._local.get((addr, n, access))
-        if entry is None:  # a larger region holding this range will do
-            for e in self._local.values():
-                r = e.region
-                if r.addr <= addr and addr + n <= r.addr + r.length and r.access & need == need:
-                    entry = e
-                    break
-        if entry is None:
-            try:
-                region = self.device.register(addr, n, access)
-            except Exception as e:
-                raise RDMATransferError(
-                    f"registering {n} bytes of local memory at {addr:#x} failed: {e}"
-                ) from e
-            entry = _LocalMR((addr, n, access), region, view)
-            self._local[entry.key] = entry
-        self._local.move_to_end(entry.key)
-        entry.inuse += 1
-        self._evict()
-        return entry
-
-    def _evict(self) -> None:
-        while len(self._local) > self._mr_cache:
-            victim = next((e for e in self._local.values() if e.inuse == 0), None)
-            if victim is None:
-                return
-            del self._local[victim.key]
-            self._deregister(victim.region)
 
     # ------------------------------------------------------------ posting and completions
 
@@ -498,7 +442,7 @@ class IbverbsBackend(Backend):
                 t.future.set_exception(t.error)
             else:
                 t.future.set_result(None)
-        self._evict()
+        self._local.evict()
 
     def _abandon(self, t: _Transfer, conn: _Conn) -> None:
         """The caller stopped waiting: post no more of ``t``."""
@@ -557,8 +501,6 @@ class IbverbsBackend(Backend):
         self._inflight.clear()
         for qp in qps:  # first: after this the device touches no memory
             self._destroy_qp(qp)
-        for entry in self._local.values():
-            self._deregister(entry.region)
         self._local.clear()
         for region in self._owned.values():
             self._deregister(region)
@@ -582,98 +524,8 @@ class IbverbsBackend(Backend):
             log.warning("ibverbs: deregistering a memory region failed: %s", e)
 
 
-class _Poller:
-    """Polls the completion queue on a thread and hands completions to the event loop.
-
-    It polls only while work requests are outstanding (``expect``); when the queue is
-    empty it yields the GIL, then sleeps a little longer each time, up to 1 ms.
-    """
-
-    def __init__(
-        self,
-        device: Device,
-        loop: asyncio.AbstractEventLoop,
-        deliver: Callable[[list[Completion]], None],
-        on_error: Callable[[BaseException], None],
-    ) -> None:
-        self._device = device
-        self._loop = loop
-        self._deliver = deliver
-        self._on_error = on_error
-        self._cond = threading.Condition()
-        self._expected = 0
-        self._stopping = False
-        self._thread = threading.Thread(
-            target=self._run, daemon=True, name=f"danaus-ibverbs-cq-{device.name}"
-        )
-        self._thread.start()
-
-    def expect(self, n: int) -> None:
-        with self._cond:
-            self._expected += n
-            if self._expected > 0:
-                self._cond.notify()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-
-    def join(self) -> None:
-        self._thread.join()
-
-    def _run(self) -> None:
-        idle = 0
-        while True:
-            with self._cond:
-                while self._expected <= 0 and not self._stopping:
-                    self._cond.wait()
-                    idle = 0
-                if self._stopping:
-                    return
-            try:
-                completions = self._device.poll_cq(_POLL_BATCH)
-            except Exception as e:
-                self._call(self._on_error, e)
-                return
-            if completions:
-                idle = 0
-                with self._cond:
-                    self._expected -= len(completions)
-                if not self._call(self._deliver, completions):
-                    return
-            else:
-                idle += 1
-                time.sleep(
-                    0
-                    if idle < _SPIN_POLLS
-                    else min(_MAX_POLL_SLEEP, 2e-5 * (idle - _SPIN_POLLS + 1))
-                )
-
-    def _call(self, fn: Callable[[Any], None], arg: Any) -> bool:
-        try:
-            self._loop.call_soon_threadsafe(fn, arg)
-        except RuntimeError:  # the loop is closed: nobody is left to tell
-            return False
-        return True
-
-
 def make_ibverbs_backend(
     exchange: Exchange, *, device: str | None = None, port: int = 1, gid_index: int = 0
 ) -> IbverbsBackend:
     """The backend over the real device ``device`` (default: the first one)."""
     return IbverbsBackend(_verbs.Verbs(device, port=port, gid_index=gid_index), exchange)
-
-
-def _byte_view(view: memoryview) -> memoryview:
-    if not isinstance(view, memoryview):
-        view = memoryview(view)
-    if not view.c_contiguous:
-        raise RDMABufferError("ibverbs transfers need C-contiguous memory")
-    if view.ndim != 1 or view.format != "B":
-        view = view.cast("B")
-    return view
-
-
-def _address(view: memoryview) -> int:
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)

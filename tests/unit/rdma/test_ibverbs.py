@@ -404,7 +404,7 @@ async def test_cancelled_transfer_keeps_its_memory_until_posted_requests_finish(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    entry = next(e for e in procs.reader._local.values() if e.region.length == MiB)
+    entry = next(e for e in procs.reader._local.entries.values() if e.region.length == MiB)
     assert entry.inuse == 1 and procs.reader._inflight  # held work requests pin it
     procs.reader_dev.release()
     procs.reader_dev.on_post = None
@@ -520,11 +520,11 @@ async def test_local_registrations_are_cached_and_bounded() -> None:
         dsts = [np.zeros(4096, np.uint8) for _ in range(5)]
         for d in dsts:
             await p.reader.read(handle, 0, memoryview(d))
-        assert len(p.reader._local) == 2
-        before = dict(p.reader._local)
+        assert len(p.reader._local.entries) == 2
+        before = dict(p.reader._local.entries)
         await p.reader.read(handle, 0, memoryview(dsts[-1]))
         await p.reader.read(handle, 100, memoryview(dsts[-1])[100:200])  # inside a cached one
-        assert p.reader._local == before
+        assert p.reader._local.entries == before
         assert all(np.array_equal(d, src) for d in dsts)
     finally:
         await p.reader.aclose()
