@@ -1,0 +1,157 @@
+"""What the admin endpoint and its tools share: the frames, the handshake's session keys,
+admin addresses, and the files by which tools on a host find its controllers (see
+``_admin`` for the design)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..actors._api import auth
+from ..config import config
+
+__all__ = [
+    "HELLO",
+    "MAX_REPLY",
+    "MAX_REQUEST",
+    "AdminError",
+    "AdminTimeout",
+    "find_controllers",
+    "runtime_dir",
+]
+
+HELLO = b"danaus-admin/1\n"
+#: largest request a controller reads, and largest reply a tool reads (bytes)
+MAX_REQUEST = 1 << 20
+MAX_REPLY = 256 << 20
+_NONCE = auth.NONCE_BYTES
+_MAC = 32
+
+
+class AdminError(Exception):
+    """The admin endpoint refused a request or could not be reached."""
+
+
+class AdminTimeout(AdminError, TimeoutError):
+    """The admin endpoint did not answer in time (busy, frozen or stalled)."""
+
+
+# ------------------------------------------------------------------------------- frames
+
+
+def _mac(key: bytes, seq: int, payload: bytes) -> bytes:
+    return hmac.new(key, seq.to_bytes(8, "big") + payload, hashlib.sha256).digest()
+
+
+def _plain(obj: object) -> object:
+    return sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else repr(obj)
+
+
+def _seal(key: bytes, seq: int, obj: Any) -> bytes:
+    try:
+        payload = msgspec.json.encode(obj, enc_hook=repr)
+    except UnicodeEncodeError:  # text with lone surrogates (undecodable argv, file names)
+        payload = json.dumps(obj, default=_plain).encode()  # ASCII, with \u escapes
+    return len(payload).to_bytes(4, "big") + _mac(key, seq, payload) + payload
+
+
+def _open(key: bytes, seq: int, mac: bytes, payload: bytes) -> Any:
+    if not hmac.compare_digest(_mac(key, seq, payload), mac):
+        raise AdminError("a frame failed its integrity check (tampered, replayed or spliced)")
+    try:
+        return json.loads(payload)
+    except ValueError as e:
+        raise AdminError(f"a frame is not JSON: {e}") from None
+
+
+def _session_keys(key: bytes, client_nonce: bytes, server_nonce: bytes) -> tuple[bytes, bytes]:
+    """(client -> server, server -> client) frame keys of one connection."""
+    return (
+        auth.proof(key, b"admin client->server", client_nonce, server_nonce),
+        auth.proof(key, b"admin server->client", client_nonce, server_nonce),
+    )
+
+
+def _normalize(addr: str) -> str:
+    if addr == "auto":
+        return f"unix:@danaus-admin-{os.getpid()}-{secrets.token_hex(4)}"
+    if addr.isdigit():
+        return f"tcp://127.0.0.1:{addr}"
+    if addr.startswith(("unix:", "tcp://")):
+        return addr
+    raise ValueError(
+        f"admin address {addr!r}: use 'auto', 'off', unix:@name, unix:/path, "
+        "tcp://host:port or a port"
+    )
+
+
+# ------------------------------------------------------------------------ runtime files
+
+
+def runtime_dir() -> Path:
+    """Where controllers leave their admin files: ``config.runtime_dir``, else
+    ``$XDG_RUNTIME_DIR/danaus``, else ``/tmp/danaus-<uid>`` (made private to the user)."""
+    base = config.runtime_dir
+    if base:
+        path = Path(base)
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "danaus"
+    else:
+        path = Path(f"/tmp/danaus-{os.getuid()}")
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def _write_runtime_file(addr: str, key: bytes) -> Path:
+    path = runtime_dir() / f"admin-{os.getpid()}.json"
+    body = {
+        "addr": addr,
+        "key": key.hex(),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "argv": list(sys.argv),
+        "started": time.time(),
+    }
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(body, f)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def find_controllers() -> list[dict[str, Any]]:
+    """The running controllers of this user on this host (their admin files), newest
+    first; files of controllers that died without removing them are removed."""
+    found = []
+    for path in runtime_dir().glob("admin-*.json"):
+        try:
+            info = json.loads(path.read_text())
+            pid = int(info["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _alive(pid):
+            found.append(info)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return sorted(found, key=lambda i: -float(i.get("started", 0)))
