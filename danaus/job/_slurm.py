@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..actors._api import auth
 from ..config import config
-from ..mesh._slurm import expand_hostlist
 from ._job import JobState, JobStatus, JobTrait
 from ._lease import AGENTS_DIR, LEASE, JobLease
+from ._squeue import COMMAND_TIMEOUT, TERMINAL, job_status, slurm_command
 
 if TYPE_CHECKING:
     from ..mesh import HostMesh
@@ -44,52 +44,8 @@ __all__ = ["SlurmJob"]
 
 log = logging.getLogger("danaus.job.slurm")
 
-#: SLURM job states after which the job holds no nodes.
-TERMINAL = frozenset(
-    {
-        "BOOT_FAIL",
-        "CANCELLED",
-        "COMPLETED",
-        "DEADLINE",
-        "FAILED",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "PREEMPTED",
-        "REVOKED",
-        "SPECIAL_EXIT",
-        "TIMEOUT",
-    }
-)
-#: How long a slurm command may take before it counts as failed (s).
-COMMAND_TIMEOUT = 60.0
 #: How often the job's state and the agents' addresses are polled while waiting (s).
 POLL_INTERVAL = 0.02
-
-
-def _slurm(args: Sequence[str], input: str | None = None) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(
-            list(args), input=input, capture_output=True, text=True, timeout=COMMAND_TIMEOUT
-        )
-    except FileNotFoundError:
-        raise RuntimeError(
-            f"{args[0]} is not installed here: SlurmJob needs SLURM's client commands"
-        ) from None
-
-
-def job_status(job_id: str) -> tuple[str, list[str]] | None:
-    """``(state, nodes)`` of a SLURM job (a step id ``J.S`` asks about job ``J``);
-    None once SLURM has forgotten it."""
-    out = _slurm(["squeue", "-h", "-t", "all", "-j", job_id.split(".")[0], "-o", "%T|%N"])
-    if out.returncode != 0:
-        if "Invalid job id" in out.stderr:
-            return None
-        raise RuntimeError(f"squeue -j {job_id} failed: {out.stderr.strip()}")
-    line = out.stdout.strip().splitlines()[:1]
-    if not line:
-        return None
-    state, _, nodes = line[0].partition("|")
-    return state, (expand_hostlist(nodes) if nodes and nodes != "(null)" else [])
 
 
 class SlurmJob(JobTrait):
@@ -340,7 +296,7 @@ class SlurmJob(JobTrait):
         script = self.batch_script(job_dir)
         with open(os.path.join(job_dir, "batch.sh"), "w") as f:
             f.write(script)
-        out = _slurm(["sbatch", "--parsable"], input=script)
+        out = slurm_command(["sbatch", "--parsable"], input=script)
         if out.returncode != 0:
             raise RuntimeError(
                 f"sbatch refused the job (meshes {self._meshes}: {self.nodes} nodes): "
@@ -498,7 +454,7 @@ class SlurmJob(JobTrait):
     def _kill(self) -> None:
         if self._allocation is not None:
             if self._step:
-                _slurm(["scancel", f"{self._allocation}.{self._step}"])
+                slurm_command(["scancel", f"{self._allocation}.{self._step}"])
             if self._srun is not None:
                 self._srun.terminate()
                 try:
@@ -507,7 +463,7 @@ class SlurmJob(JobTrait):
                     self._srun.kill()
                     self._srun.wait()
         elif self._slurm_job_id is not None:
-            out = _slurm(["scancel", self._slurm_job_id])
+            out = slurm_command(["scancel", self._slurm_job_id])
             if out.returncode != 0:
                 log.warning("scancel %s: %s", self._slurm_job_id, out.stderr.strip())
         if self._job_dir is not None:  # the agents have read it: keep no secret behind

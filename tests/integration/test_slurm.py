@@ -17,7 +17,7 @@ import pytest
 
 from danaus import SupervisionError
 from danaus.job import SlurmJob, job_load
-from danaus.job._slurm import TERMINAL, job_status
+from danaus.job._squeue import TERMINAL, job_status
 
 from ..faults import danaus_procs
 from .slurm_actors import Gloo, Node
