@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ssl
-from typing import Any
 
 from ..config import config
 
@@ -31,7 +30,7 @@ def tls_context(*, server: bool) -> ssl.SSLContext | None:
     return ctx
 
 
-def parse_addr(addr: str) -> tuple[str, Any]:
+def parse_addr(addr: str) -> tuple[str, str | tuple[str, int]]:
     """``unix:@name`` (abstract), ``unix:/path`` or ``tcp://host:port`` -> (family, address)."""
     if addr.startswith("unix:"):
         rest = addr[5:]

@@ -8,7 +8,6 @@ there, the exception object itself.
 from __future__ import annotations
 
 import pickle
-from typing import Any
 
 import msgspec
 
@@ -141,7 +140,9 @@ def encode_error(info: ErrorInfo) -> msgspec.Raw:
     try:
         return msgspec.Raw(_error_encode(info))
     except UnicodeEncodeError:  # text that is not UTF-8 (lone surrogates): escape it
-        fields: list[Any] = [
-            _utf8(v) if isinstance(v, str) else v for v in msgspec.structs.astuple(info)
-        ]
-        return msgspec.Raw(_error_encode(ErrorInfo(*fields)))
+        texts = {
+            name: _utf8(value)
+            for name in info.__struct_fields__
+            if isinstance(value := getattr(info, name), str)
+        }
+        return msgspec.Raw(_error_encode(msgspec.structs.replace(info, **texts)))

@@ -6,7 +6,7 @@ import asyncio
 import threading
 from asyncio.events import _get_running_loop
 from collections.abc import Callable, Generator
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from ..errors import DeadlockError
 
@@ -34,7 +34,7 @@ class Future(asyncio.Future[T], Generic[T]):
     _on_cancel: Callable[[], None] | None = None
     #: set when this is a call into the actor whose own endpoint made it: waiting for it
     #: from inside that endpoint can never end (the actor runs one message at a time)
-    _self_wait: tuple[Any, str] | None = None
+    _self_wait: tuple[object, str] | None = None
 
     def get(self, timeout: float | None = None) -> T:
         """Wait for the result from synchronous code (a script, a sync endpoint, a
@@ -108,7 +108,7 @@ class Future(asyncio.Future[T], Generic[T]):
             return self
         return asyncio.ensure_future(_relay(self, running), loop=running)
 
-    def __await__(self) -> Generator[Any, None, T]:
+    def __await__(self) -> Generator[object, None, T]:
         if self._self_wait is not None and not self.done():
             self._check_self_wait()
         running = _get_running_loop()
@@ -118,7 +118,7 @@ class Future(asyncio.Future[T], Generic[T]):
 
     __iter__ = __await__
 
-    def cancel(self, msg: Any | None = None) -> bool:
+    def cancel(self, msg: object | None = None) -> bool:
         if not super().cancel(msg=msg):
             return False
         hook = self._on_cancel
@@ -151,7 +151,7 @@ async def _relay(fut: Future[T], running: asyncio.AbstractEventLoop) -> T:
         raise RuntimeError("this future belongs to an event loop that is not running")
     waiter: asyncio.Future[None] = running.create_future()
 
-    def wake(_: Any) -> None:
+    def wake(_: object) -> None:
         try:
             running.call_soon_threadsafe(_set_none, waiter)
         except RuntimeError:
@@ -166,7 +166,7 @@ async def _relay(fut: Future[T], running: asyncio.AbstractEventLoop) -> T:
     return fut.result()
 
 
-def _quiet(f: asyncio.Future[Any]) -> None:
+def _quiet(f: asyncio.Future[T]) -> None:
     if not f.cancelled():
         f.exception()  # marks it retrieved
 

@@ -9,10 +9,10 @@ import inspect
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future as ThreadFuture
 from types import FrameType
-from typing import Any, TypeVar
+from typing import TypeVar, TypeVarTuple
 
 from ..config import config
 from ._actor_thread import thread_home
@@ -20,6 +20,7 @@ from ._future import Future
 from ._runtime import Runtime, log
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 _runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
     weakref.WeakKeyDictionary()
@@ -195,7 +196,7 @@ def all_runtimes() -> list[Runtime]:
         return list(_runtimes.values())
 
 
-def run_on(rt: Runtime, fn: Callable[..., Any], *args: Any) -> None:
+def run_on(rt: Runtime, fn: Callable[[*Ts], object], *args: *Ts) -> None:
     """Call ``fn(*args)`` on ``rt``'s loop: now if we are on it, else thread-safely."""
     if rt.on_loop():
         fn(*args)
@@ -203,7 +204,7 @@ def run_on(rt: Runtime, fn: Callable[..., Any], *args: Any) -> None:
         rt.loop.call_soon_threadsafe(fn, *args)
 
 
-def call_in_loop(rt: Runtime, fn: Callable[..., T], *args: Any) -> T:
+def call_in_loop(rt: Runtime, fn: Callable[[*Ts], T], *args: *Ts) -> T:
     """``fn(*args)`` on ``rt``'s loop thread, waiting for its value: for danaus state that
     only the loop may touch, reached from sync code on another thread."""
     if rt.on_loop():
@@ -220,17 +221,17 @@ def call_in_loop(rt: Runtime, fn: Callable[..., T], *args: Any) -> T:
     return fut.result(timeout=config.connect_timeout)
 
 
-def run_task(rt: Runtime, make: Callable[[], Any]) -> Future[Any]:
+def run_task(rt: Runtime, make: Callable[[], Coroutine[object, object, T]]) -> Future[T]:
     """Run the coroutine ``make()`` as a task of ``rt`` (from any thread); a Future of its
     outcome: awaitable on ``rt``'s loop, ``.get()`` elsewhere."""
-    fut: Future[Any] = Future(loop=rt.loop)
+    fut: Future[T] = Future(loop=rt.loop)
 
     def start() -> None:
         # The outcome goes to ``fut``: its caller gets the error (and asyncio reports one
         # set on a future that is dropped unretrieved), so the runtime does not log it too.
         task = rt.spawn_task(make(), log_failure=False)
 
-        def done(t: asyncio.Task[Any]) -> None:
+        def done(t: asyncio.Task[T]) -> None:
             exc = None if t.cancelled() else t.exception()
             if fut.done():  # the caller gave up on it (cancelled): nobody else gets this
                 if exc is not None and not isinstance(exc, asyncio.CancelledError):

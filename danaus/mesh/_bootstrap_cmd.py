@@ -6,7 +6,6 @@ import dataclasses
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from ..actors._api import Point
 
@@ -71,7 +70,7 @@ def _parse_cpus(text: str) -> set[int]:
     return cpus
 
 
-def cpu_set(bind: Mapping[str, Any]) -> set[int]:
+def cpu_set(bind: Mapping[str, object]) -> set[int]:
     """The CPUs a ``proc_bind`` entry pins its proc to (``cpus`` or ``physcpubind``).
 
     NUMA keys (``cpunodebind``, ``membind``) need numactl, which danaus does not use: they

@@ -5,14 +5,14 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import pairwise
-from typing import NoReturn, SupportsIndex
+from typing import NoReturn, SupportsIndex, TypeAlias
 
 from danaus.actors._api import Extent, Point
 
 from ._split import row_major as _row_major
 from ._split import split_dim, split_monarch
 
-Selector = int | slice
+Selector: TypeAlias = "int | slice[int | None, int | None, int | None]"
 """What :meth:`Shape.slice` takes per dim: an index (drops the dim) or a slice (keeps it)."""
 
 

@@ -169,7 +169,10 @@ class TcpBackend(Backend):
     # ------------------------------------------------------------ reader side
 
     async def _connect(self, data_addr: str, owner: str) -> socket.socket:
-        _, (host, port) = parse_addr(data_addr)
+        family, where = parse_addr(data_addr)
+        if family != "tcp" or isinstance(where, str):
+            raise RDMATransferError(f"the data address {data_addr!r} of {owner} is not tcp://")
+        host, port = where
         key = self.mgr.rt.key_for(owner)  # an attached host agent's procs have its key
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         _tune(sock)
