@@ -35,7 +35,7 @@ from ..errors import ClosedError, SupervisionError
 from ._admin import maybe_start_admin
 from ._bootstrap_cmd import BootstrapCommand, cpu_set, resolve_commands
 from ._forkserver import note_actor_module
-from ._host_agent import AGENT, HostAgent
+from ._host_agent import AGENT, HostAgent, stop_remote_procs
 from ._logs import LogOptions, printer
 from ._procs import (
     ProcHandle,
@@ -44,6 +44,7 @@ from ._procs import (
     SelfProcHandle,
     forget,
     start_proc,
+    stop_procs,
     wait_exited,
 )
 from ._shape import Shape
@@ -617,7 +618,7 @@ class ProcMesh(Shaped):
         return run_task(current_runtime(), lambda: root._stop_all(reason))
 
     async def _stop_all(self, reason: str = "stopped by its owner") -> None:
-        from ..actors._api import StopActor, StopProc
+        from ..actors._api import StopActor
         from ._supervision import actor_states
 
         self._stopped = True
@@ -630,7 +631,8 @@ class ProcMesh(Shaped):
         local = [h for h in self._procs if isinstance(h, ProcHandle)]
         remote = [h for h in self._procs if isinstance(h, RemoteProcHandle)]
         if remote:
-            await self._stop_remote(remote)
+            await asyncio.wrap_future(self._started)
+            await stop_remote_procs(remote)
         # Procs that are not ours (this process, another's procs): their actors stop, the
         # processes stay.
         kept = [h.addr for h in self._procs if isinstance(h, (SelfProcHandle, RefProcHandle))]
@@ -639,24 +641,7 @@ class ProcMesh(Shaped):
                 for key, st in list(actor_states.items()):
                     if st is state:
                         rt.connection(addr).send(StopActor(key, 0))
-        waits = []
-        for h in local:
-            h.expect_exit()
-            if not h.is_alive():
-                pass
-            elif h.ready.done() and h.ready.exception() is None:
-                rt.connection(h.addr).send(StopProc(0))
-            else:
-                h.kill()  # never came up: nothing to stop cleanly
-            waits.append(wait_exited(h, config.stop_timeout))
-        exited = await asyncio.gather(*waits)
-        for h, ok in zip(local, exited, strict=True):
-            if not ok:
-                log.warning(
-                    "proc %s did not stop within %s s; killing it", h.addr, config.stop_timeout
-                )
-                h.kill()
-        await asyncio.gather(*(wait_exited(h, config.stop_timeout) for h in local))
+        await stop_procs(rt, local, config.stop_timeout)
         addrs = [h.addr for h in self._procs if h.addr]
         forget(addrs)
         for addr in addrs:
@@ -666,25 +651,6 @@ class ProcMesh(Shaped):
                 del actor_states[key]
         if self._log.aggregator is not None:  # the procs' last lines, before we return
             self._log.aggregator.flush()
-
-    async def _stop_remote(self, handles: list[RemoteProcHandle]) -> None:
-        """Ask each host agent to stop (and reap) its procs of this mesh."""
-        await asyncio.wrap_future(self._started)
-        by_agent: dict[str, list[str]] = {}
-        for h in handles:
-            if h.addr is not None:
-                by_agent.setdefault(h.agent, []).append(h.addr)
-        calls = []
-        for agent_addr, addrs in by_agent.items():
-            one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: agent_addr})
-            calls.append(one.stop_procs.call_one(addrs))
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        for agent_addr, r in zip(by_agent, results, strict=True):
-            if isinstance(r, BaseException):
-                log.warning("host agent %s could not stop its procs: %s", agent_addr, r)
-        for h in handles:
-            if not h.exited.done():
-                h.exited.set_result(0)
 
     async def __aenter__(self) -> ProcMesh:
         return self

@@ -28,10 +28,10 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 
-from ..actors._api import Runtime, peer_exit_reason, peer_exited, proc_ready, run_on
+from ..actors._api import Runtime, StopProc, peer_exit_reason, peer_exited, proc_ready, run_on
 from ..config import config
 from ..errors import SupervisionError
 from ._forkserver import ForkedPopen, fork_server, python_path, stop_fork_server
@@ -460,6 +460,27 @@ async def wait_exited(h: ProcHandle, deadline: float) -> bool:
     except TimeoutError:
         return h.popen.poll() is not None
     return True
+
+
+async def stop_procs(rt: Runtime, handles: Sequence[ProcHandle], grace: float) -> None:
+    """Stop local procs as danaus's own decision (their exits are not failures): each
+    that came up is asked to stop, one that did not is killed; any still running after
+    ``grace`` s is killed. Returns once every one has been reaped (or ``grace`` more
+    seconds passed)."""
+    for h in handles:
+        h.expect_exit()
+        if not h.is_alive():
+            pass
+        elif h.ready.done() and h.ready.exception() is None:
+            rt.connection(h.addr).send(StopProc(0))
+        else:
+            h.kill()  # never came up: nothing to stop cleanly
+    exited = await asyncio.gather(*(wait_exited(h, grace) for h in handles))
+    for h, ok in zip(handles, exited, strict=True):
+        if not ok:
+            log.warning("proc %s did not stop within %s s; killing it", h.addr, grace)
+            h.kill()
+    await asyncio.gather(*(wait_exited(h, grace) for h in handles))
 
 
 def forget(addrs: list[str]) -> None:
