@@ -16,6 +16,7 @@ from ._cast import handle_cast, handle_gathered
 from ._controllers import get_or_spawn_controller
 from ._host_agent import run_worker_loop_forever
 from ._metrics import MetricsServer, serve_metrics
+from ._proc_group import handle_failure
 from ._proc_mesh import (
     HostMesh,
     ProcMesh,
@@ -27,7 +28,7 @@ from ._proc_mesh import (
     this_proc,
 )
 from ._shape import Shape
-from ._supervision import MeshFailure, handle_failure, handle_stuck, set_unhandled_fault_hook
+from ._supervision import MeshFailure, handle_stuck, set_unhandled_fault_hook
 from ._value_mesh import ValueMesh
 
 # The message types the mesh layer handles, registered in one place.

@@ -8,7 +8,7 @@ import itertools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future as ThreadFuture
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -42,13 +42,11 @@ from ..actors._api import (
 from ..config import config
 from ..errors import ActorError, EndpointNotFoundError, SerializationError, SupervisionError
 from ._cast import send_cast
+from ._proc_group import ProcGroup, remove_actor_mesh
 from ._shape import Shape
 from ._shaped import Shaped
-from ._supervision import MeshState, actor_states, current_owner, resolved
+from ._supervision import MeshState, current_owner, resolved
 from ._value_mesh import ValueMesh
-
-if TYPE_CHECKING:
-    from ._proc_mesh import ProcMesh
 
 __all__ = ["Accumulator", "ActorEndpoint", "ActorMesh", "NotAnEndpoint", "as_endpoint", "send"]
 
@@ -92,7 +90,7 @@ class ActorMesh(Shaped, Generic[A]):
         addrs: dict[int, str] | None,
         initialized: ThreadFuture[None],
         spawn_rt: Runtime | None,
-        procs: ProcMesh | None,
+        proc_group: ProcGroup | None,
         sent: ThreadFuture[None] | None = None,
         state: MeshState | None = None,
     ) -> None:
@@ -104,7 +102,8 @@ class ActorMesh(Shaped, Generic[A]):
         self._init = initialized  # every __init__ ran
         self._sent = sent or initialized  # the Spawn messages are on their way
         self._spawn_rt = spawn_rt
-        self._procs = procs
+        #: the procs it was spawned on, when spawned by this process (None: a reference)
+        self._proc_group = proc_group
         self._ranks = shape.global_ranks()
         self._tl: list[tuple[int, str]] | None = None
         self._known: dict[int, str] = {}  # proc addresses learnt so far
@@ -150,8 +149,8 @@ class ActorMesh(Shaped, Generic[A]):
             return addrs[rank]
         addr = self._known.get(rank)
         if addr is None:
-            assert self._procs is not None
-            addr = self._procs._procs[rank].addr
+            assert self._proc_group is not None
+            addr = self._proc_group.addr_of(rank)
             if not addr:
                 return ""  # the proc never started (its host agent failed)
             self._known[rank] = addr
@@ -160,28 +159,27 @@ class ActorMesh(Shaped, Generic[A]):
     @classmethod
     def _spawn(
         cls,
-        procs: ProcMesh,
+        group: ProcGroup,
+        shape: Shape,
         name: str,
         actor_cls: type[A],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> ActorMesh[A]:
+        """One ``actor_cls`` actor in each proc of ``group`` that ``shape`` (the whole
+        group's, or a slice's) selects."""
         raw, pickled, parts = dumps(
             (actor_cls, args, kwargs), lambda: f"actor class {actor_cls.__name__} and its arguments"
         )
         rt = current_runtime()
         init: ThreadFuture[None] = ThreadFuture()
         sent: ThreadFuture[None] = ThreadFuture()
-        handles = procs._handles()
+        ranks = shape.global_ranks()
         wire = f"{name}.{JOB_ID}.{next(_spawn_ids)}"
         errors: list[BaseException] = []
-        left = [len(handles)]
-        root = procs._root
-        state = MeshState(name, root.shape, current_owner(), frozenset(h.rank for h in handles))
-        actor_states[wire] = state
-        root._actor_states.append(state)
-        for r, why in root._state.failed.items():
-            state.failed[r] = why  # procs that died before this spawn
+        left = [len(ranks)]
+        state = MeshState(name, group.shape, current_owner(), frozenset(ranks))
+        group.add(wire, state)
 
         def on_reply(rank: int, status: int, value: Any) -> bool:
             if status == ERROR:
@@ -202,23 +200,25 @@ class ActorMesh(Shaped, Generic[A]):
 
             ensure_controllers(rt)  # the actors' get_or_spawn_controller requests come here
             port = rt.open_port(on_reply)
-            sizes = procs._root.sizes
-            all_addrs = [h.addr or "" for h in procs._root._procs]
-            for h in handles:
-                if h.addr is None:  # the proc never started
-                    rt.deliver(port, h.rank, ERROR, SupervisionError(f"proc {h} did not start"))
+            sizes = group.shape.sizes
+            all_addrs = group.addrs()
+            for r in ranks:
+                addr = all_addrs[r]
+                if not addr:  # the proc never started
+                    err = SupervisionError(f"proc {group.handles[r]} did not start")
+                    rt.deliver(port, r, ERROR, err)
                     continue
-                conn = rt.connection(h.addr)
-                msg = Spawn(wire, port, procs.name, h.rank, sizes, raw, pickled, rt.addr, all_addrs)
+                conn = rt.connection(addr)
+                msg = Spawn(wire, port, group.name, r, sizes, raw, pickled, rt.addr, all_addrs)
                 if conn.send(msg, parts):
-                    conn.pending[port] = h.rank
+                    conn.pending[port] = r
                 else:
-                    rt.deliver(port, h.rank, ERROR, rt.peer_lost_error(h.addr, conn.close_reason))
+                    rt.deliver(port, r, ERROR, rt.peer_lost_error(addr, conn.close_reason))
             sent.set_result(None)
 
         # Remote procs learn their addresses from their host agent: spawn once they have.
-        procs._started.add_done_callback(lambda _: run_on(rt, send))
-        return cls(name, wire, actor_cls, procs.shape, None, init, rt, procs, sent, state)
+        group.started.add_done_callback(lambda _: run_on(rt, send))
+        return cls(name, wire, actor_cls, shape, None, init, rt, group, sent, state)
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self._sent.done():
@@ -244,14 +244,14 @@ class ActorMesh(Shaped, Generic[A]):
         """A host agent's procs learn their addresses when the agent answers: wait for
         that (bounded) where waiting blocks no loop that must deliver the answer (sync
         code: a script, a sync endpoint); True if the procs have started."""
-        procs = self._procs
-        if procs is None or procs._started.done():
-            return procs is not None
+        group = self._proc_group
+        if group is None or group.started.done():
+            return group is not None
         rt = self._spawn_rt
         if rt is None or rt.on_loop():
             return False  # async code on the loop that gets the answer: it must await
         try:
-            procs._started.result(timeout=config.proc_start_timeout)
+            group.started.result(timeout=config.proc_start_timeout)
         except Exception:
             return False  # the spawn failed: the error below says the procs never started
         return True
@@ -280,7 +280,7 @@ class ActorMesh(Shaped, Generic[A]):
             self._addrs,
             self._init,
             self._spawn_rt,
-            self._procs,
+            self._proc_group,
             self._sent,
             self._state,
         )
@@ -335,9 +335,9 @@ class ActorMesh(Shaped, Generic[A]):
         """The Python stack of every thread (and running async endpoint) of each actor's
         proc; a thread or task running an endpoint names the actor, the endpoint and for
         how long (``seconds``)."""
-        from ._inspect import stacks_of
+        from ._inspect import actor_mesh_stacks
 
-        return run_task(current_runtime(), lambda: stacks_of(self))
+        return run_task(current_runtime(), lambda: actor_mesh_stacks(self))
 
     def stop(self, reason: str = "stopped by its owner") -> Future[None]:
         """Stop these actors (``__cleanup__`` runs); later calls raise ``SupervisionError``
@@ -352,9 +352,7 @@ class ActorMesh(Shaped, Generic[A]):
 
         def go() -> None:
             state.stopped = reason
-            actor_states.pop(mesh._wire, None)
-            if mesh._procs is not None and state in mesh._procs._root._actor_states:
-                mesh._procs._root._actor_states.remove(state)
+            remove_actor_mesh(mesh._wire)
             ranks = [r for r in mesh._all_ranks() if r not in state.failed]
             if not ranks:
                 fut.set_result(None)
@@ -381,8 +379,8 @@ class ActorMesh(Shaped, Generic[A]):
         return fut
 
     def _all_ranks(self) -> list[int]:
-        if self._procs is not None:
-            return [h.rank for h in self._procs._root._procs]
+        if self._proc_group is not None:
+            return self._proc_group.all_ranks()
         assert self._addrs is not None
         return list(self._addrs)
 

@@ -6,7 +6,6 @@ import asyncio
 import functools
 import inspect
 import itertools
-import logging
 import os
 import shutil
 import threading
@@ -35,21 +34,13 @@ from ..errors import ClosedError, SupervisionError
 from ._admin import maybe_start_admin
 from ._bootstrap_cmd import BootstrapCommand, cpu_set, resolve_commands
 from ._forkserver import note_actor_module
-from ._host_agent import AGENT, HostAgent, stop_remote_procs
+from ._host_agent import AGENT, HostAgent
 from ._logs import LogOptions, printer
-from ._procs import (
-    ProcHandle,
-    RefProcHandle,
-    RemoteProcHandle,
-    SelfProcHandle,
-    forget,
-    start_proc,
-    stop_procs,
-    wait_exited,
-)
+from ._proc_group import ProcGroup, live_groups
+from ._procs import Proc, RefProcHandle, RemoteProcHandle, SelfProcHandle, start_proc
 from ._shape import Shape
 from ._shaped import Shaped
-from ._supervision import MeshState, current_owner, resolved
+from ._supervision import resolved
 from ._value_mesh import ValueMesh
 
 __all__ = [
@@ -63,7 +54,6 @@ __all__ = [
     "this_proc",
 ]
 
-log = logging.getLogger("danaus.mesh")
 A = TypeVar("A", bound=Actor)
 
 
@@ -80,7 +70,7 @@ class HostMesh(Shaped):
         shape: Shape,
         name: str = "local",
         agents: ActorMesh[Any] | None = None,
-        spawned: list[ProcMesh] | None = None,
+        spawned: list[ProcGroup] | None = None,
         python: str | None = None,
     ) -> None:
         self._shape = shape
@@ -88,8 +78,9 @@ class HostMesh(Shaped):
         self._agents = agents
         #: the Python that local procs run (``with_python_executable``); None: this one
         self._python = python
-        #: proc meshes spawned on these hosts (shared by slices): shutdown() stops them
-        self._spawned: list[ProcMesh] = spawned if spawned is not None else []
+        #: the procs of the meshes spawned on these hosts (shared by slices): shutdown()
+        #: stops them
+        self._spawned: list[ProcGroup] = spawned if spawned is not None else []
 
     def __repr__(self) -> str:
         return f"HostMesh({self.name}, {self._shape.sizes})"
@@ -124,13 +115,11 @@ class HostMesh(Shaped):
         The hosts themselves stay usable: a host agent keeps serving other controllers,
         and ``spawn_procs`` may be called again.
         """
-        meshes = [m for m in self._spawned if not m._root._stopped]
+        groups = [g for g in self._spawned if not g.stopped]
         self._spawned[:] = []
 
         async def stop_all() -> None:
-            await asyncio.gather(
-                *(m._root._stop_all("its host mesh was shut down") for m in meshes)
-            )
+            await asyncio.gather(*(g.stop_all("its host mesh was shut down") for g in groups))
 
         return run_task(current_runtime(), stop_all)
 
@@ -179,12 +168,13 @@ class HostMesh(Shaped):
                 "starts procs with its own Python (start the agent as wanted instead)"
             )
         mesh = self._spawn_procs(per_host, name, env, proc_bind, bootstrap_command)
-        _live_names[name] = mesh
+        group = group_of(mesh)
+        _live_names[name] = group
         # Stopped meshes need no shutdown: forget them, so a long-lived host mesh stays small.
-        self._spawned[:] = [m for m in self._spawned if not m._root._stopped]
-        self._spawned.append(mesh)
+        self._spawned[:] = [g for g in self._spawned if not g.stopped]
+        self._spawned.append(group)
         if bootstrap is not None:
-            mesh._bootstrap = mesh.spawn("bootstrap", _Bootstrap, bootstrap)
+            group.bootstrap = mesh.spawn("bootstrap", _Bootstrap, bootstrap)
         return mesh
 
     def _spawn_procs(
@@ -218,7 +208,7 @@ class HostMesh(Shaped):
             commands = resolve_commands(bootstrap_command, points)
             # "unix:@": a fresh unguessable name per proc; a name another process could
             # predict (a counter) could be bound by it first, failing the spawn.
-            handles: list[Any] = []
+            handles: list[Proc] = []
             for r, cmd in enumerate(commands):
                 proc_env = {**env, **cmd.env} if cmd is not None else env
                 python = cmd.program if cmd is not None else self._python
@@ -226,7 +216,7 @@ class HostMesh(Shaped):
                 if cpus is not None:
                     os.sched_setaffinity(h.pid, cpus[r % per])
                 handles.append(h)
-            return ProcMesh(shape, handles, name, started=resolved(), log_options=options)
+            return ProcMesh._new(shape, handles, name, resolved(), options)
         return self._spawn_remote(rt, shape, name, env, options)
 
     def _spawn_remote(
@@ -236,7 +226,7 @@ class HostMesh(Shaped):
         assert agents is not None
         per = len(shape) // len(self._shape)
         started: ThreadFuture[None] = ThreadFuture()
-        handles: list[Any] = []
+        handles: list[Proc] = []
         by_host: list[tuple[str, list[RemoteProcHandle]]] = []
         for h, (_, agent_addr) in enumerate(agents._targets_list):
             group = [RemoteProcHandle(h * per + i, agent_addr) for i in range(per)]
@@ -275,7 +265,7 @@ class HostMesh(Shaped):
             one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: agent_addr})
             fut = one.spawn_procs.call_one(rt.addr, [g.rank for g in group], env, log_port)
             fut.add_done_callback(functools.partial(on_host, i))
-        return ProcMesh(shape, handles, name, started=started, log_options=options)
+        return ProcMesh._new(shape, handles, name, started, options)
 
 
 def attach_to_hosts(
@@ -357,9 +347,7 @@ def this_proc() -> ProcMesh:
     blocks the caller too. Stopping the mesh stops its actors, not this process.
     """
     rt = current_runtime()
-    return ProcMesh(
-        Shape.from_sizes({}), [SelfProcHandle(rt.addr)], "this_proc", started=resolved()
-    )
+    return ProcMesh._new(Shape.from_sizes({}), [SelfProcHandle(rt.addr)], "this_proc", resolved())
 
 
 class ProcMesh(Shaped):
@@ -369,47 +357,30 @@ class ProcMesh(Shaped):
     with your program; they are killed when the controller exits in any case.
     """
 
-    def __init__(
-        self,
-        shape: Shape,
-        procs: list[Any],
-        name: str,
-        root: ProcMesh | None = None,
-        started: ThreadFuture[None] | None = None,
-        log_options: LogOptions | None = None,
-    ) -> None:
+    def __init__(self, shape: Shape, group: ProcGroup) -> None:
         self._shape = shape
-        self._procs = procs  # ProcHandle / RemoteProcHandle, indexed by global rank
-        self.name = name
-        self._root = root or self
-        self._started: ThreadFuture[None] = started if started is not None else self._root._started
-        self._stopped = False
-        self._log: LogOptions = log_options or (root._log if root is not None else LogOptions())
-        #: the actors running the spawn_procs(bootstrap=...) function, if any
-        self._bootstrap: ActorMesh[Any] | None = root._bootstrap if root is not None else None
-        if root is None:
-            self._owner = current_owner()
-            self._state = MeshState(name, shape, self._owner)
-            self._actor_states: list[MeshState] = []
-            if self._owner is not None:
-                self._owner.owned.append(self)  # stopped when its owner stops
-            maybe_start_admin()
-            rt = current_runtime()
-            if _on_peer_lost not in rt.on_lost:
-                rt.on_lost.append(_on_peer_lost)
-            for h in procs:
-                if isinstance(h, ProcHandle):
-                    _proc_index[h.addr] = (self, h.rank)
-                    h.exit_callbacks.append(functools.partial(self._proc_exited, h.rank))
-                elif isinstance(h, RemoteProcHandle):
-                    h.on_started.append(functools.partial(_index_remote, self))
-        else:
-            self._owner = root._owner
-            self._state = root._state
-            self._actor_states = root._actor_states
+        self._group = group  # its procs, failures and actor meshes, shared by its slices
+        self.name = group.name
+
+    @classmethod
+    def _new(
+        cls,
+        shape: Shape,
+        handles: Sequence[Proc],
+        name: str,
+        started: ThreadFuture[None],
+        log_options: LogOptions | None = None,
+    ) -> ProcMesh:
+        """A whole new proc mesh of these procs, owned by whoever spawns it now."""
+        mesh = cls(shape, ProcGroup(name, shape, handles, started, log_options or LogOptions()))
+        owner = mesh._group.owner
+        if owner is not None:
+            owner.owned.append(mesh)  # stopped when its owner stops
+        maybe_start_admin()
+        return mesh
 
     def __repr__(self) -> str:
-        state = "stopped" if self._root._stopped else "running"
+        state = "stopped" if self._group.stopped else "running"
         return f"ProcMesh({self.name}, {self._shape.sizes}, {state})"
 
     def activate(self) -> Any:
@@ -460,24 +431,24 @@ class ProcMesh(Shaped):
                     f"aggregate_window_sec must be seconds (>= 0) or None, got "
                     f"{aggregate_window_sec!r}"
                 )
-            if aggregate_window_sec is None and self._log.aggregator is not None:
-                self._log.aggregator.flush()
-            self._log.aggregate_window_sec = (
+            if aggregate_window_sec is None and self._group.log.aggregator is not None:
+                self._group.log.aggregator.flush()
+            self._group.log.aggregate_window_sec = (
                 None if aggregate_window_sec is None else float(aggregate_window_sec)
             )
         if stream_to_client is not None:
-            self._log.stream_to_client = stream_to_client
+            self._group.log.stream_to_client = stream_to_client
         if level is not None:
-            self._log.level = level
+            self._group.log.level = level
             control = ActorMesh(
                 "__proc__",
                 "__proc__",
                 ProcControl,
                 self._shape,
                 None,
-                self._started,
+                self._group.started,
                 None,
-                self._root,
+                self._group,
             )
             control.set_log_level.broadcast(level)
         done: Future[None] = Future(loop=current_runtime().loop)
@@ -489,13 +460,13 @@ class ProcMesh(Shaped):
         with the records of the actors in it (``"actors"``; see ``ActorMesh.stats``)."""
         from ._inspect import proc_mesh_stats
 
-        return run_task(current_runtime(), lambda: proc_mesh_stats(self))
+        return run_task(current_runtime(), lambda: proc_mesh_stats(self._group, self._shape))
 
     def stacks(self) -> Future[ValueMesh[list[dict[str, Any]]]]:
         """The Python stack of every thread and running async endpoint of each proc."""
-        from ._inspect import stacks_of
+        from ._inspect import proc_mesh_stacks
 
-        return run_task(current_runtime(), lambda: stacks_of(self))
+        return run_task(current_runtime(), lambda: proc_mesh_stacks(self._group, self._shape))
 
     def to_table(self) -> str:
         """A text table of the procs: rank, coordinates, process id and address."""
@@ -508,27 +479,10 @@ class ProcMesh(Shaped):
         ]
         return "\n".join(line.rstrip() for line in lines)
 
-    # supervision
-    def _proc_exited(self, rank: int, why: str) -> None:
-        self._proc_failed(rank, f"proc {self._procs[rank].addr} {why}")
-
-    def _proc_failed(self, rank: int, report: str) -> None:
-        """A proc of this mesh is gone: its actors failed; tell their owners."""
-        root = self._root
-        if root._stopped:
-            return
-        live = [s for s in root._actor_states if s.stopped is None and rank in s.ranks]
-        for state in live:  # the actor meshes with an actor in that proc
-            state.fail([rank], report, "proc")
-        if live:
-            root._state.failed.setdefault(rank, report)
-        else:  # no live actor there: the proc mesh's owner hears of it
-            root._state.fail([rank], report, "proc")
-
     @property
     def failed_ranks(self) -> dict[str, str]:
         """Failed procs of this mesh: ``{str(point): reason}``."""
-        state = self._root._state
+        state = self._group.state
         return {
             str(state.point(r)): why
             for r, why in state.failed.items()
@@ -536,10 +490,11 @@ class ProcMesh(Shaped):
         }
 
     def _with_shape(self, shape: Shape) -> ProcMesh:
-        return ProcMesh(shape, self._procs, self.name, self._root)
+        return ProcMesh(shape, self._group)
 
-    def _handles(self) -> list[Any]:
-        return [self._procs[g] for g in self._shape.global_ranks()]
+    def _handles(self) -> list[Proc]:
+        handles = self._group.handles
+        return [handles[g] for g in self._shape.global_ranks()]
 
     @property
     def initialized(self) -> Future[None]:
@@ -548,7 +503,7 @@ class ProcMesh(Shaped):
         fut: Future[None] = Future(loop=rt.loop)
         handles = self._handles()
 
-        bootstrap = self._root._bootstrap
+        bootstrap = self._group.bootstrap
 
         def check() -> None:
             if fut.done():
@@ -557,8 +512,9 @@ class ProcMesh(Shaped):
                 if not h.ready.done():
                     h.ready.add_done_callback(lambda _: run_on(rt, check))
                     return
-                if h.ready.exception() is not None:
-                    fut.set_exception(h.ready.exception())
+                exc = h.ready.exception()
+                if exc is not None:
+                    fut.set_exception(exc)
                     return
             if bootstrap is not None:  # and the bootstrap function ran in every proc
                 boot = bootstrap._init
@@ -570,7 +526,7 @@ class ProcMesh(Shaped):
                     return
             fut.set_result(None)
 
-        self._started.add_done_callback(lambda _: run_on(rt, check))
+        self._group.started.add_done_callback(lambda _: run_on(rt, check))
         return fut
 
     @property
@@ -603,9 +559,9 @@ class ProcMesh(Shaped):
                 f"{cls.__name__} has endpoint(s) named like ActorMesh attributes, which "
                 f"mesh.<name> could never reach: {', '.join(shadowed)}; rename them"
             )
-        if self._root._stopped:
+        if self._group.stopped:
             raise ClosedError(f"{self!r} was stopped")
-        return ActorMesh._spawn(self, name, cls, args, kwargs)
+        return ActorMesh._spawn(self._group, self._shape, name, cls, args, kwargs)
 
     # lifecycle
     def stop(self, reason: str = "stopped by its owner") -> Future[None]:
@@ -614,43 +570,8 @@ class ProcMesh(Shaped):
         Procs get ``config.stop_timeout`` seconds to exit cleanly, then are killed. Later
         calls raise ``SupervisionError`` saying ``reason``.
         """
-        root = self._root
-        return run_task(current_runtime(), lambda: root._stop_all(reason))
-
-    async def _stop_all(self, reason: str = "stopped by its owner") -> None:
-        from ..actors._api import StopActor
-        from ._supervision import actor_states
-
-        self._stopped = True
-        if _live_names.get(self.name) is self:
-            del _live_names[self.name]
-        for state in self._actor_states:
-            state.stopped = state.stopped or f"its proc mesh {self.name!r} was stopped: {reason}"
-        self._state.stopped = reason
-        rt = current_runtime()
-        local = [h for h in self._procs if isinstance(h, ProcHandle)]
-        remote = [h for h in self._procs if isinstance(h, RemoteProcHandle)]
-        if remote:
-            await asyncio.wrap_future(self._started)
-            await stop_remote_procs(remote)
-        # Procs that are not ours (this process, another's procs): their actors stop, the
-        # processes stay.
-        kept = [h.addr for h in self._procs if isinstance(h, (SelfProcHandle, RefProcHandle))]
-        for addr in dict.fromkeys(kept):
-            for state in self._actor_states:
-                for key, st in list(actor_states.items()):
-                    if st is state:
-                        rt.connection(addr).send(StopActor(key, 0))
-        await stop_procs(rt, local, config.stop_timeout)
-        addrs = [h.addr for h in self._procs if h.addr]
-        forget(addrs)
-        for addr in addrs:
-            _proc_index.pop(addr, None)
-        for key, st in list(actor_states.items()):
-            if st in self._actor_states:
-                del actor_states[key]
-        if self._log.aggregator is not None:  # the procs' last lines, before we return
-            self._log.aggregator.flush()
+        group = self._group
+        return run_task(current_runtime(), lambda: group.stop_all(reason))
 
     async def __aenter__(self) -> ProcMesh:
         return self
@@ -673,16 +594,22 @@ def shutdown_context() -> Future[None]:
     """Stop every proc mesh this process spawned and has not stopped (Monarch's
     ``shutdown_context``); idempotent. Also done at interpreter exit, where procs still
     running are killed."""
-    roots: list[ProcMesh] = []
-    for mesh, _ in list(_proc_index.values()):
-        root = mesh._root
-        if not root._stopped and root not in roots:
-            roots.append(root)
+    groups = live_groups()
 
     async def stop_all() -> None:
-        await asyncio.gather(*(root._stop_all("the controller shut down") for root in roots))
+        await asyncio.gather(*(g.stop_all("the controller shut down") for g in groups))
 
     return run_task(current_runtime(), stop_all)
+
+
+def live_proc_meshes() -> list[ProcMesh]:
+    """Every proc mesh this process spawned and has not stopped, whole."""
+    return [ProcMesh(g.shape, g) for g in live_groups()]
+
+
+def group_of(procs: ProcMesh) -> ProcGroup:
+    """The state ``procs`` shares with the rest of its mesh (for the layers above)."""
+    return procs._group
 
 
 def _proc_of_actor(actor: Any) -> ProcMesh:
@@ -709,13 +636,13 @@ def _proc_mesh_of_actor(actor: Any) -> ProcMesh:
         )
     sizes = actor.rank.sizes
     handles = [RefProcHandle(a, r) for r, a in enumerate(addrs)]
-    return ProcMesh(Shape.from_sizes(sizes), handles, actor.proc_mesh_name, started=resolved())
+    return ProcMesh._new(Shape.from_sizes(sizes), handles, actor.proc_mesh_name, resolved())
 
 
 _context_module.proc_mesh_of_actor = _proc_mesh_of_actor
 
-#: default-named proc meshes not stopped yet, by name
-_live_names: weakref.WeakValueDictionary[str, ProcMesh] = weakref.WeakValueDictionary()
+#: the procs of proc meshes spawned here, by mesh name (for default names)
+_live_names: weakref.WeakValueDictionary[str, ProcGroup] = weakref.WeakValueDictionary()
 _names_lock = threading.Lock()
 
 
@@ -724,8 +651,8 @@ def _default_name() -> str:
     with _names_lock:
         for n in itertools.count(1):
             name = "procs" if n == 1 else f"procs{n}"
-            mesh = _live_names.get(name)
-            if mesh is None or mesh._root._stopped:
+            group = _live_names.get(name)
+            if group is None or group.stopped:
                 return name
     raise AssertionError("unreachable")
 
@@ -748,55 +675,6 @@ class _Bootstrap(Actor):
             ctx = contextvars.copy_context()  # current_rank() works in it too
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 pool.submit(ctx.run, asyncio.run, run()).result()
-
-
-#: procs this process spawned, by address: which mesh and rank (for lost connections)
-_proc_index: dict[str, tuple[ProcMesh, int]] = {}
-
-
-def _index_remote(mesh: ProcMesh, h: RemoteProcHandle) -> None:
-    if h.addr is not None:
-        _proc_index[h.addr] = (mesh, h.rank)
-
-
-def _on_peer_lost(addr: str) -> None:
-    """A connection to ``addr`` was lost: if it was one of our procs (or a host agent),
-    those procs failed. A local proc that is still alive (frozen: it stopped answering
-    heartbeats) is killed, so it cannot come back as a zombie member of the mesh."""
-    entry = _proc_index.pop(addr, None)
-    if entry is not None:
-        mesh, rank = entry
-        h = mesh._procs[rank]
-        if isinstance(h, ProcHandle):
-            rt = current_runtime()
-            rt.spawn_task(_lost_local(mesh, rank, h))
-        else:
-            mesh._proc_failed(rank, f"proc {addr} is unreachable: connection lost")
-        return
-    for mesh, rank in [
-        e
-        for a, e in list(_proc_index.items())
-        if isinstance(e[0]._procs[e[1]], RemoteProcHandle) and e[0]._procs[e[1]].agent == addr
-    ]:
-        _proc_index.pop(mesh._procs[rank].addr, None)
-        mesh._proc_failed(rank, f"its host agent {addr} is gone")
-
-
-async def _lost_local(mesh: ProcMesh, rank: int, h: ProcHandle) -> None:
-    if h.stopping:
-        return  # danaus is stopping it (a mesh's stop, the exit hook): losing it is expected
-    if not await wait_exited(h, 0.5):
-        h.kill()  # alive, but its connection is gone: it cannot come back as a member
-        why = current_runtime().lost.get(h.addr or "")
-        if isinstance(why, SupervisionError):  # our heartbeat gave up on it
-            mesh._proc_failed(rank, f"proc {h.addr} stopped answering (no heartbeat); killed it")
-        else:  # a dropped connection is no missed heartbeat: say what happened
-            mesh._proc_failed(
-                rank,
-                f"proc {h.addr} lost its connection while alive "
-                f"({type(why).__name__}: {why}); killed it",
-            )
-    # else: its exit callback reported the exit status
 
 
 from ._actor_mesh import ActorMesh, _unless_endpoint, mesh_ref  # noqa: E402

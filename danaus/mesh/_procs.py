@@ -30,6 +30,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
+from typing import Protocol
 
 from ..actors._api import Runtime, StopProc, peer_exit_reason, peer_exited, proc_ready, run_on
 from ..config import config
@@ -65,6 +66,41 @@ def describe_exit(returncode: int) -> str:
             name = f"signal {-returncode}"
         return f"killed by {name}"
     return f"exited with code {returncode}"
+
+
+class Proc(Protocol):
+    """One proc of a mesh, whoever runs it: a :class:`ProcHandle` (started here), a
+    :class:`RemoteProcHandle` (by a host agent), a :class:`SelfProcHandle` (this process)
+    or a :class:`RefProcHandle` (another process's)."""
+
+    @property
+    def addr(self) -> str | None:
+        """Where it listens (None: a remote proc not started yet)."""
+
+    @property
+    def rank(self) -> int:
+        """Its global rank in its mesh."""
+
+    @property
+    def ready(self) -> ThreadFuture[None]:
+        """Resolves once it is up (raises if it never came up)."""
+
+    @property
+    def exited(self) -> ThreadFuture[int]:
+        """Resolves with its exit status."""
+
+    @property
+    def pid(self) -> int:
+        """Its process id on its host (-1 where not known here)."""
+
+    @property
+    def state(self) -> str:
+        """What it is doing, in words (``"running"``, ``"killed by SIGKILL"``...)."""
+
+    def is_alive(self) -> bool: ...
+
+    def kill(self) -> None:
+        """Kill it, where it is this process's to kill (a no-op otherwise)."""
 
 
 class ProcHandle:
