@@ -1,15 +1,8 @@
 """Meshes: hosts, procs and actors laid out as named multi-dimensional meshes."""
 
 from ..actors._api import Cast, Failure, Gathered, Stuck, register_handlers
-from ._actor_mesh import (
-    Accumulator,
-    ActorEndpoint,
-    ActorMesh,
-    as_endpoint,
-    mesh_stacks,
-    mesh_stats,
-    send,
-)
+from ._actor_endpoint import Accumulator, ActorEndpoint, as_endpoint, send
+from ._actor_mesh import ActorMesh, mesh_stacks, mesh_stats
 from ._admin import AdminClient, AdminError, AdminServer, serve_admin
 from ._bootstrap_cmd import BootstrapCommand, default_bootstrap_cmd
 from ._cast import handle_cast, handle_gathered
