@@ -1,33 +1,19 @@
 """Meshes: hosts, procs and actors laid out as named multi-dimensional meshes."""
 
 from ..actors._api import Cast, Failure, Gathered, Stuck, register_handlers
-from ._actor_mesh import (
-    Accumulator,
-    ActorEndpoint,
-    ActorMesh,
-    as_endpoint,
-    mesh_stacks,
-    mesh_stats,
-    send,
-)
+from ._actor_endpoint import Accumulator, ActorEndpoint, as_endpoint, send
+from ._actor_mesh import ActorMesh, mesh_stacks, mesh_stats
 from ._admin import AdminClient, AdminError, AdminServer, serve_admin
 from ._bootstrap_cmd import BootstrapCommand, default_bootstrap_cmd
 from ._cast import handle_cast, handle_gathered
 from ._controllers import get_or_spawn_controller
 from ._host_agent import run_worker_loop_forever
+from ._host_mesh import HostMesh, attach_to_hosts, attach_to_workers, hosts_from_config, this_host
 from ._metrics import MetricsServer, serve_metrics
-from ._proc_mesh import (
-    HostMesh,
-    ProcMesh,
-    attach_to_hosts,
-    attach_to_workers,
-    hosts_from_config,
-    shutdown_context,
-    this_host,
-    this_proc,
-)
+from ._proc_group import handle_failure
+from ._proc_mesh import ProcMesh, shutdown_context, this_proc
 from ._shape import Shape
-from ._supervision import MeshFailure, handle_failure, handle_stuck, set_unhandled_fault_hook
+from ._supervision import MeshFailure, handle_stuck, set_unhandled_fault_hook
 from ._value_mesh import ValueMesh
 
 # The message types the mesh layer handles, registered in one place.

@@ -31,7 +31,7 @@ from ..actors._api import (
 from ..config import config
 from ..errors import SupervisionError
 from ._logs import LineSink
-from ._procs import ProcHandle, forget, start_proc, wait_exited
+from ._procs import ProcHandle, RemoteProcHandle, forget, start_proc, stop_procs
 
 log = logging.getLogger("danaus.host_agent")
 
@@ -115,20 +115,10 @@ class HostAgent(Actor):
     @endpoint
     async def stop_procs(self, addrs: list[str]) -> None:
         """Stop these procs (a clean stop, then a kill after ``stop_timeout``) and reap them."""
-        from ..actors._api import StopProc, current_runtime
+        from ..actors._api import current_runtime
 
-        rt = current_runtime()
         handles = [self.procs.pop(a) for a in addrs if a in self.procs]
-        for h in handles:
-            if h.is_alive() and h.ready.done() and h.ready.exception() is None:
-                rt.connection(h.addr).send(StopProc(0))
-            else:
-                h.kill()
-        done = await asyncio.gather(*(wait_exited(h, config.stop_timeout) for h in handles))
-        for h, ok in zip(handles, done, strict=True):
-            if not ok:
-                h.kill()
-        await asyncio.gather(*(wait_exited(h, config.stop_timeout) for h in handles))
+        await stop_procs(current_runtime(), handles, config.stop_timeout)
         for owned in self.owners.values():
             owned.difference_update(addrs)
         forget(addrs)
@@ -136,6 +126,29 @@ class HostAgent(Actor):
     @endpoint
     def info(self) -> dict[str, Any]:
         return {"host": self.host, "pid": os.getpid(), "procs": len(self.procs)}
+
+
+async def stop_remote_procs(handles: Sequence[RemoteProcHandle]) -> None:
+    """The controller's side of ``stop_procs``: ask each host agent to stop (and reap) its
+    procs among ``handles``; an agent that cannot is logged, and its procs count as gone."""
+    from ._actor_mesh import mesh_ref
+    from ._shape import Shape
+
+    by_agent: dict[str, list[str]] = {}
+    for h in handles:
+        if h.addr is not None:
+            by_agent.setdefault(h.agent, []).append(h.addr)
+    calls = []
+    for agent_addr, addrs in by_agent.items():
+        one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: agent_addr})
+        calls.append(one.stop_procs.call_one(addrs))
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for agent_addr, r in zip(by_agent, results, strict=True):
+        if isinstance(r, BaseException):
+            log.warning("host agent %s could not stop its procs: %s", agent_addr, r)
+    for h in handles:
+        if not h.exited.done():
+            h.exited.set_result(0)
 
 
 def read_key_file(path: str) -> bytes:

@@ -7,28 +7,22 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from ..actors._api import ProcControl
+from ._shape import Shape
 from ._value_mesh import ValueMesh
 
 if TYPE_CHECKING:
     from ._actor_mesh import ActorMesh
-    from ._proc_mesh import ProcMesh
+    from ._proc_group import ProcGroup
 
-__all__ = ["actor_mesh_stats", "proc_mesh_stats", "stacks_of"]
+__all__ = ["actor_mesh_stacks", "actor_mesh_stats", "proc_mesh_stacks", "proc_mesh_stats"]
 
 
-async def _ask(mesh: ActorMesh[Any] | ProcMesh, method: str, *args: Any) -> list[Any]:
-    """Ask the control actor of each proc under ``mesh`` (in rank order), all at once.
+async def _ask(addrs: list[str], method: str, *args: Any) -> list[Any]:
+    """Ask the control actor of each proc at ``addrs`` (in that order), all at once.
 
     One call per proc: a control actor has no rank of its own to tag a reply with."""
-    from ._actor_mesh import ActorMesh, mesh_ref
-    from ._shape import Shape
+    from ._actor_mesh import mesh_ref
 
-    if isinstance(mesh, ActorMesh):
-        await asyncio.wrap_future(mesh._sent)  # its procs have started: addresses known
-        addrs = [mesh._addr_of(g) for g in mesh._ranks]
-    else:
-        await asyncio.wrap_future(mesh._started)
-        addrs = [h.addr for h in mesh._handles()]
     one = Shape.from_sizes({})
     calls = [
         getattr(mesh_ref("__proc__", ProcControl, one, {0: addr}), method).call_one(*args)
@@ -37,22 +31,35 @@ async def _ask(mesh: ActorMesh[Any] | ProcMesh, method: str, *args: Any) -> list
     return list(await asyncio.gather(*calls))
 
 
+async def _actor_addrs(mesh: ActorMesh[Any]) -> list[str]:
+    await asyncio.wrap_future(mesh._sent)  # its procs have started: addresses known
+    return [mesh._addr_of(g) for g in mesh._ranks]
+
+
 async def actor_mesh_stats(mesh: ActorMesh[Any]) -> ValueMesh[dict[str, Any]]:
     """Per actor of ``mesh``: its record and its proc's (``"proc"``)."""
     values = []
-    for record in await _ask(mesh, "stats", [mesh._wire]):
+    for record in await _ask(await _actor_addrs(mesh), "stats", [mesh._wire]):
         actor = record["actors"].get(mesh._wire) or {"actor": None, "gone": True}
         values.append({**actor, "proc": record["proc"]})
-    return ValueMesh(mesh._shape, values)
+    return ValueMesh(mesh.shape, values)
 
 
-async def proc_mesh_stats(procs: ProcMesh) -> ValueMesh[dict[str, Any]]:
-    """Per proc: its record, with the records of the actors in it (``"actors"``)."""
-    got = await _ask(procs, "stats", None)
+async def actor_mesh_stacks(mesh: ActorMesh[Any]) -> ValueMesh[list[dict[str, Any]]]:
+    """Per actor of ``mesh``: the stack of every thread and running async endpoint of
+    its proc."""
+    return ValueMesh(mesh.shape, await _ask(await _actor_addrs(mesh), "stacks"))
+
+
+async def proc_mesh_stats(group: ProcGroup, shape: Shape) -> ValueMesh[dict[str, Any]]:
+    """Per proc of ``group`` that ``shape`` selects: its record, with the records of the
+    actors in it (``"actors"``)."""
+    got = await _ask(await group.started_addrs(shape.global_ranks()), "stats", None)
     values = [{**r["proc"], "actors": list(r["actors"].values())} for r in got]
-    return ValueMesh(procs._shape, values)
+    return ValueMesh(shape, values)
 
 
-async def stacks_of(mesh: ActorMesh[Any] | ProcMesh) -> ValueMesh[list[dict[str, Any]]]:
-    """Per proc under ``mesh``: the stack of every thread and running async endpoint."""
-    return ValueMesh(mesh._shape, await _ask(mesh, "stacks"))
+async def proc_mesh_stacks(group: ProcGroup, shape: Shape) -> ValueMesh[list[dict[str, Any]]]:
+    """Per proc of ``group`` that ``shape`` selects: the stack of every thread and
+    running async endpoint."""
+    return ValueMesh(shape, await _ask(await group.started_addrs(shape.global_ranks()), "stacks"))

@@ -21,23 +21,13 @@ __all__ = ["MetricsServer", "serve_metrics"]
 SCRAPE_TIMEOUT = 10.0
 
 
-def _live_proc_meshes() -> list[Any]:
-    from ._proc_mesh import _proc_index
-
-    roots: list[Any] = []
-    for mesh, _ in list(_proc_index.values()):
-        root = mesh._root
-        if not root._stopped and root not in roots:
-            roots.append(root)
-    return roots
-
-
 class _Collector:
     """Builds the metric families at scrape time."""
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+        from ._proc_mesh import live_proc_meshes
         from ._supervision import stuck_reports
 
         proc_labels = ["procs", "rank", "host", "pid"]
@@ -89,7 +79,7 @@ class _Collector:
             "Stuck-endpoint reports this controller received (last 256 kept)",
         )
         stuck.add_metric([], len(stuck_reports))
-        for procs in _live_proc_meshes():
+        for procs in live_proc_meshes():
             try:
                 records = procs.stats().get(timeout=SCRAPE_TIMEOUT).values()
             except Exception as e:  # a mesh that does not answer must not fail the scrape

@@ -1,351 +1,50 @@
-"""``HostMesh`` and ``ProcMesh``: where actors live."""
+"""``ProcMesh``: processes laid out as a named mesh, where actors live.
+
+What a proc mesh and its slices share (the procs, their failures, the actor meshes on
+them) is its :class:`~danaus.mesh._proc_group.ProcGroup`'s; a ``ProcMesh`` is a shape
+over a group.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
-import itertools
-import logging
-import os
-import shutil
-import threading
-import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future as ThreadFuture
 from types import EllipsisType
 from typing import Any, TypeVar
 
 from ..actors._api import (
-    OK,
     Actor,
     Future,
-    Point,
-    Port,
     ProcControl,
     current_runtime,
     endpoints_of,
-    peer_keys,
     run_on,
     run_task,
 )
 from ..actors._api import context_state as _context_module
-from ..config import config
-from ..errors import ClosedError, SupervisionError
+from ..errors import ClosedError
+from ._actor_mesh import ActorMesh, _unless_endpoint
 from ._admin import maybe_start_admin
-from ._bootstrap_cmd import BootstrapCommand, cpu_set, resolve_commands
 from ._forkserver import note_actor_module
-from ._host_agent import AGENT, HostAgent
-from ._logs import LogOptions, printer
-from ._procs import (
-    ProcHandle,
-    RefProcHandle,
-    RemoteProcHandle,
-    SelfProcHandle,
-    forget,
-    start_proc,
-    wait_exited,
-)
+from ._logs import LogOptions
+from ._proc_group import ProcGroup, live_groups
+from ._procs import Proc, RefProcHandle, SelfProcHandle
 from ._shape import Shape
 from ._shaped import Shaped
-from ._supervision import MeshState, current_owner, resolved
+from ._supervision import resolved
 from ._value_mesh import ValueMesh
 
 __all__ = [
-    "HostMesh",
     "ProcMesh",
-    "attach_to_hosts",
-    "attach_to_workers",
-    "hosts_from_config",
+    "group_of",
+    "live_proc_meshes",
+    "new_proc_mesh",
     "shutdown_context",
-    "this_host",
     "this_proc",
 ]
 
-log = logging.getLogger("danaus.mesh")
 A = TypeVar("A", bound=Actor)
-
-
-class HostMesh(Shaped):
-    """A set of hosts that can start procs.
-
-    ``this_host()`` is the controller's own host (a mesh with no dims);
-    ``attach_to_hosts([...])`` gives a mesh with dim ``hosts`` of hosts that each run
-    a host agent.
-    """
-
-    def __init__(
-        self,
-        shape: Shape,
-        name: str = "local",
-        agents: ActorMesh[Any] | None = None,
-        spawned: list[ProcMesh] | None = None,
-        python: str | None = None,
-    ) -> None:
-        self._shape = shape
-        self.name = name
-        self._agents = agents
-        #: the Python that local procs run (``with_python_executable``); None: this one
-        self._python = python
-        #: proc meshes spawned on these hosts (shared by slices): shutdown() stops them
-        self._spawned: list[ProcMesh] = spawned if spawned is not None else []
-
-    def __repr__(self) -> str:
-        return f"HostMesh({self.name}, {self._shape.sizes})"
-
-    def _with_shape(self, shape: Shape) -> HostMesh:
-        agents = self._agents
-        if agents is not None:
-            agents = agents._with_shape(shape)
-        return HostMesh(shape, self.name, agents, self._spawned, self._python)
-
-    def with_python_executable(self, python_executable: str) -> HostMesh:
-        """These hosts, spawning procs that run ``python_executable`` (Monarch's name).
-
-        It must have danaus importable; procs it starts spawn their own procs with it
-        too. Such procs start as fresh interpreters (the fork server runs this Python).
-        Host agents start procs with their own Python: start the agent with the one
-        wanted instead.
-        """
-        path = shutil.which(python_executable) or python_executable
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            raise ValueError(f"python_executable {python_executable!r} is not an executable file")
-        if self._agents is not None:
-            raise ValueError(
-                "with_python_executable applies to this host's procs; host agents start "
-                "procs with their own Python (start the agent with the one wanted)"
-            )
-        return HostMesh(self._shape, self.name, None, self._spawned, path)
-
-    def shutdown(self) -> Future[None]:
-        """Stop every proc mesh spawned on these hosts (Monarch's ``HostMesh.shutdown``).
-
-        The hosts themselves stay usable: a host agent keeps serving other controllers,
-        and ``spawn_procs`` may be called again.
-        """
-        meshes = [m for m in self._spawned if not m._root._stopped]
-        self._spawned[:] = []
-
-        async def stop_all() -> None:
-            await asyncio.gather(
-                *(m._root._stop_all("its host mesh was shut down") for m in meshes)
-            )
-
-        return run_task(current_runtime(), stop_all)
-
-    def spawn_procs(
-        self,
-        per_host: Mapping[str, int] | None = None,
-        bootstrap: Callable[[], None] | Callable[[], Awaitable[None]] | None = None,
-        name: str | None = None,
-        proc_bind: Sequence[Mapping[str, str]] | None = None,
-        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
-        *,
-        env: Mapping[str, str] | None = None,
-    ) -> ProcMesh:
-        """Start procs on every host: ``per_host={"gpus": 4}`` gives a ``{..., "gpus": 4}`` mesh.
-
-        Returns at once; the procs come up in parallel, and messages sent to them
-        meanwhile wait (in order) until they do.
-
-        Args:
-            per_host: named dims of procs on each host; ``{"procs": 1}`` when omitted.
-            bootstrap: as in Monarch, a function (sync or ``async def``) run in each proc
-                before any actor is spawned there, with ``current_rank()`` the proc's
-                rank: set per-proc environment there, e.g. ``CUDA_VISIBLE_DEVICES`` from
-                ``current_rank()["gpus"]``. If it raises, ``await procs.initialized``
-                raises ``ActorError``. (It runs on the proc's loop: keep it short.)
-            name: the mesh name, used in actor ids and log prefixes; by default
-                ``"procs"``, or ``"procs2"``, ``"procs3"``... while meshes of the
-                earlier names still run, so that log lines say which mesh they come from.
-            proc_bind: as in Monarch, one dict per proc of a host (``{"cpus": "0-3"}``
-                or ``"physcpubind"``): each proc is pinned to those CPUs. Local procs only.
-            bootstrap_command: as in Monarch, a :class:`BootstrapCommand` (see
-                ``default_bootstrap_cmd()``), or a function of each proc's ``Point``
-                giving one: its ``program`` runs the proc (a fresh interpreter) and its
-                ``env`` is added to the proc's. Local procs only.
-            env: extra environment variables for the procs.
-        """
-        if name is None:
-            name = _default_name()
-        elif not isinstance(name, str) or not name or "." in name or "[" in name:
-            raise ValueError(f"proc mesh name {name!r} must be a non-empty str without '.' or '['")
-        if bootstrap is not None and not callable(bootstrap):
-            raise TypeError(f"bootstrap must be a function run in each proc, got {bootstrap!r}")
-        if (proc_bind is not None or bootstrap_command is not None) and self._agents is not None:
-            raise ValueError(
-                "proc_bind and bootstrap_command apply to this host's procs; a host agent "
-                "starts procs with its own Python (start the agent as wanted instead)"
-            )
-        mesh = self._spawn_procs(per_host, name, env, proc_bind, bootstrap_command)
-        _live_names[name] = mesh
-        # Stopped meshes need no shutdown: forget them, so a long-lived host mesh stays small.
-        self._spawned[:] = [m for m in self._spawned if not m._root._stopped]
-        self._spawned.append(mesh)
-        if bootstrap is not None:
-            mesh._bootstrap = mesh.spawn("bootstrap", _Bootstrap, bootstrap)
-        return mesh
-
-    def _spawn_procs(
-        self,
-        per_host: Mapping[str, int] | None,
-        name: str,
-        env: Mapping[str, str] | None,
-        proc_bind: Sequence[Mapping[str, str]] | None = None,
-        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
-    ) -> ProcMesh:
-        per_host = dict(per_host or {"procs": 1})
-        for dim, size in per_host.items():
-            if not isinstance(size, int) or size < 1:
-                raise ValueError(f"per_host[{dim!r}] must be a positive int, got {size!r}")
-            if dim in self._shape.sizes:
-                raise ValueError(f"dim {dim!r} is already a dim of the host mesh")
-        host_sizes = self._shape.sizes
-        shape = Shape.from_sizes({**host_sizes, **per_host})
-        rt = current_runtime()
-        env = dict(env or {})
-        options = LogOptions()
-        if self._agents is None:
-            per = len(shape) // len(self._shape)
-            if proc_bind is not None and len(proc_bind) != per:
-                raise ValueError(
-                    f"proc_bind has {len(proc_bind)} entries; it needs one per proc of a "
-                    f"host ({per})"
-                )
-            cpus = [cpu_set(b) for b in proc_bind] if proc_bind is not None else None
-            points = [Point(r, shape.sizes) for r in range(len(shape))]
-            commands = resolve_commands(bootstrap_command, points)
-            # "unix:@": a fresh unguessable name per proc; a name another process could
-            # predict (a counter) could be bound by it first, failing the spawn.
-            handles: list[Any] = []
-            for r, cmd in enumerate(commands):
-                proc_env = {**env, **cmd.env} if cmd is not None else env
-                python = cmd.program if cmd is not None else self._python
-                h = start_proc(rt, "unix:@", r, proc_env, printer(name, r, options), python)
-                if cpus is not None:
-                    os.sched_setaffinity(h.pid, cpus[r % per])
-                handles.append(h)
-            return ProcMesh(shape, handles, name, started=resolved(), log_options=options)
-        return self._spawn_remote(rt, shape, name, env, options)
-
-    def _spawn_remote(
-        self, rt: Any, shape: Shape, name: str, env: dict[str, str], options: LogOptions
-    ) -> ProcMesh:
-        agents = self._agents
-        assert agents is not None
-        per = len(shape) // len(self._shape)
-        started: ThreadFuture[None] = ThreadFuture()
-        handles: list[Any] = []
-        by_host: list[tuple[str, list[RemoteProcHandle]]] = []
-        for h, (_, agent_addr) in enumerate(agents._targets_list):
-            group = [RemoteProcHandle(h * per + i, agent_addr) for i in range(per)]
-            handles.extend(group)
-            by_host.append((agent_addr, group))
-        left = [len(by_host)]
-
-        def on_host(i: int, fut: Any) -> None:
-            _, group = by_host[i]
-            exc = fut.exception()
-            if exc is None:
-                key = peer_keys.get(by_host[i][0])
-                for handle, (addr, pid) in zip(group, fut.result(), strict=True):
-                    if key is not None:  # its agent's key, not ours: so is the proc's
-                        peer_keys[addr] = key
-                    handle.started(addr, pid)
-            else:
-                for handle in group:
-                    handle.failed(
-                        SupervisionError(f"host agent {by_host[i][0]} could not start procs: {exc}")
-                    )
-            left[0] -= 1
-            if left[0] == 0:
-                started.set_result(None)
-
-        sinks = [printer(name, r, options) for r in range(len(shape))]
-
-        def on_line(rank: int, status: int, value: Any) -> bool:
-            if status == OK:
-                r, stream, line = value
-                sinks[r](stream, line)
-            return False  # open for as long as the procs live
-
-        log_port: Port[tuple[int, str, str]] = Port(rt.addr, rt.open_port(on_line))
-        for i, (agent_addr, group) in enumerate(by_host):
-            one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: agent_addr})
-            fut = one.spawn_procs.call_one(rt.addr, [g.rank for g in group], env, log_port)
-            fut.add_done_callback(functools.partial(on_host, i))
-        return ProcMesh(shape, handles, name, started=started, log_options=options)
-
-
-def attach_to_hosts(
-    addrs: Sequence[str], *, key_file: str | None = None, name: str = "hosts"
-) -> HostMesh:
-    """A mesh of the hosts whose host agents listen at ``addrs`` (``tcp://host:port``).
-
-    Every connection authenticates with the agents' key: set ``DANAUS_AUTH_KEY`` (hex)
-    in the controller's environment, or pass ``key_file`` (a file holding the key as hex,
-    as ``danaus new-key`` writes it). Given as ``key_file`` after local procs already
-    run (with this job's own key), it is used for the agents and their procs only.
-    """
-    from ._host_agent import agent_addrs, read_key_file, use_key
-
-    addrs = agent_addrs(addrs)
-    if not addrs:
-        raise ValueError("attach_to_hosts needs at least one host agent address")
-    if key_file is not None:
-        use_key(read_key_file(key_file), addrs)
-    elif not config.auth_key:
-        raise ValueError(
-            "attach_to_hosts needs the agents' key: set DANAUS_AUTH_KEY (hex) or pass key_file="
-        )
-    shape = Shape.from_sizes({"hosts": len(addrs)})
-    agents = mesh_ref(AGENT, HostAgent, shape, dict(enumerate(addrs)))
-    return HostMesh(shape, name, agents)
-
-
-def attach_to_workers(
-    *,
-    workers: Sequence[str],
-    ca: Any = None,
-    private_key: Any = None,
-    name: str | None = None,
-    key_file: str | None = None,
-) -> HostMesh:
-    """Monarch's name for :func:`attach_to_hosts`: a mesh (dim ``hosts``) of the host
-    agents at ``workers`` (``tcp://host:port``, each started with
-    ``run_worker_loop_forever`` or ``danaus host-agent``).
-
-    Unlike Monarch, connections are always authenticated with the job key
-    (``DANAUS_AUTH_KEY`` or ``key_file``), whatever ``ca`` says; ``ca`` and
-    ``private_key`` (Monarch's TLS material) are not used: set ``DANAUS_TLS_*`` for TLS.
-
-    Raises:
-        ValueError: no worker, an address that is not ``tcp://``, or no key.
-    """
-    del ca, private_key
-    workers = [w if isinstance(w, str) else str(w.get()) for w in workers]
-    return attach_to_hosts(workers, key_file=key_file, name=name or "hosts")
-
-
-def hosts_from_config(name: str) -> HostMesh:
-    """The hosts of the job, as Monarch's ``hosts_from_config``.
-
-    The environment variable ``name`` may list host agents, comma-separated
-    (``tcp://10.0.0.2:26600,tcp://10.0.0.3:26600``): then they are attached (with the
-    job key from ``DANAUS_AUTH_KEY``). Otherwise, like Monarch's stand-in, two hosts on
-    this machine: a mesh ``{"hosts": 2}`` whose procs all run here.
-    """
-    import os
-
-    listed = [a.strip() for a in os.environ.get(name, "").split(",") if a.strip()]
-    if listed:
-        return attach_to_hosts(listed, name=name)
-    return HostMesh(Shape.from_sizes({"hosts": 2}), name)
-
-
-def this_host() -> HostMesh:
-    """The host the controller runs on, as a mesh with no dims."""
-    return HostMesh(Shape.from_sizes({}))
 
 
 def this_proc() -> ProcMesh:
@@ -356,9 +55,7 @@ def this_proc() -> ProcMesh:
     blocks the caller too. Stopping the mesh stops its actors, not this process.
     """
     rt = current_runtime()
-    return ProcMesh(
-        Shape.from_sizes({}), [SelfProcHandle(rt.addr)], "this_proc", started=resolved()
-    )
+    return new_proc_mesh(Shape.from_sizes({}), [SelfProcHandle(rt.addr)], "this_proc", resolved())
 
 
 class ProcMesh(Shaped):
@@ -368,47 +65,13 @@ class ProcMesh(Shaped):
     with your program; they are killed when the controller exits in any case.
     """
 
-    def __init__(
-        self,
-        shape: Shape,
-        procs: list[Any],
-        name: str,
-        root: ProcMesh | None = None,
-        started: ThreadFuture[None] | None = None,
-        log_options: LogOptions | None = None,
-    ) -> None:
+    def __init__(self, shape: Shape, group: ProcGroup) -> None:
         self._shape = shape
-        self._procs = procs  # ProcHandle / RemoteProcHandle, indexed by global rank
-        self.name = name
-        self._root = root or self
-        self._started: ThreadFuture[None] = started if started is not None else self._root._started
-        self._stopped = False
-        self._log: LogOptions = log_options or (root._log if root is not None else LogOptions())
-        #: the actors running the spawn_procs(bootstrap=...) function, if any
-        self._bootstrap: ActorMesh[Any] | None = root._bootstrap if root is not None else None
-        if root is None:
-            self._owner = current_owner()
-            self._state = MeshState(name, shape, self._owner)
-            self._actor_states: list[MeshState] = []
-            if self._owner is not None:
-                self._owner.owned.append(self)  # stopped when its owner stops
-            maybe_start_admin()
-            rt = current_runtime()
-            if _on_peer_lost not in rt.on_lost:
-                rt.on_lost.append(_on_peer_lost)
-            for h in procs:
-                if isinstance(h, ProcHandle):
-                    _proc_index[h.addr] = (self, h.rank)
-                    h.exit_callbacks.append(functools.partial(self._proc_exited, h.rank))
-                elif isinstance(h, RemoteProcHandle):
-                    h.on_started.append(functools.partial(_index_remote, self))
-        else:
-            self._owner = root._owner
-            self._state = root._state
-            self._actor_states = root._actor_states
+        self._group = group  # its procs, failures and actor meshes, shared by its slices
+        self.name = group.name
 
     def __repr__(self) -> str:
-        state = "stopped" if self._root._stopped else "running"
+        state = "stopped" if self._group.stopped else "running"
         return f"ProcMesh({self.name}, {self._shape.sizes}, {state})"
 
     def activate(self) -> Any:
@@ -459,24 +122,24 @@ class ProcMesh(Shaped):
                     f"aggregate_window_sec must be seconds (>= 0) or None, got "
                     f"{aggregate_window_sec!r}"
                 )
-            if aggregate_window_sec is None and self._log.aggregator is not None:
-                self._log.aggregator.flush()
-            self._log.aggregate_window_sec = (
+            if aggregate_window_sec is None and self._group.log.aggregator is not None:
+                self._group.log.aggregator.flush()
+            self._group.log.aggregate_window_sec = (
                 None if aggregate_window_sec is None else float(aggregate_window_sec)
             )
         if stream_to_client is not None:
-            self._log.stream_to_client = stream_to_client
+            self._group.log.stream_to_client = stream_to_client
         if level is not None:
-            self._log.level = level
+            self._group.log.level = level
             control = ActorMesh(
                 "__proc__",
                 "__proc__",
                 ProcControl,
                 self._shape,
                 None,
-                self._started,
+                self._group.started,
                 None,
-                self._root,
+                self._group,
             )
             control.set_log_level.broadcast(level)
         done: Future[None] = Future(loop=current_runtime().loop)
@@ -488,13 +151,13 @@ class ProcMesh(Shaped):
         with the records of the actors in it (``"actors"``; see ``ActorMesh.stats``)."""
         from ._inspect import proc_mesh_stats
 
-        return run_task(current_runtime(), lambda: proc_mesh_stats(self))
+        return run_task(current_runtime(), lambda: proc_mesh_stats(self._group, self._shape))
 
     def stacks(self) -> Future[ValueMesh[list[dict[str, Any]]]]:
         """The Python stack of every thread and running async endpoint of each proc."""
-        from ._inspect import stacks_of
+        from ._inspect import proc_mesh_stacks
 
-        return run_task(current_runtime(), lambda: stacks_of(self))
+        return run_task(current_runtime(), lambda: proc_mesh_stacks(self._group, self._shape))
 
     def to_table(self) -> str:
         """A text table of the procs: rank, coordinates, process id and address."""
@@ -507,27 +170,10 @@ class ProcMesh(Shaped):
         ]
         return "\n".join(line.rstrip() for line in lines)
 
-    # supervision
-    def _proc_exited(self, rank: int, why: str) -> None:
-        self._proc_failed(rank, f"proc {self._procs[rank].addr} {why}")
-
-    def _proc_failed(self, rank: int, report: str) -> None:
-        """A proc of this mesh is gone: its actors failed; tell their owners."""
-        root = self._root
-        if root._stopped:
-            return
-        live = [s for s in root._actor_states if s.stopped is None and rank in s.ranks]
-        for state in live:  # the actor meshes with an actor in that proc
-            state.fail([rank], report, "proc")
-        if live:
-            root._state.failed.setdefault(rank, report)
-        else:  # no live actor there: the proc mesh's owner hears of it
-            root._state.fail([rank], report, "proc")
-
     @property
     def failed_ranks(self) -> dict[str, str]:
         """Failed procs of this mesh: ``{str(point): reason}``."""
-        state = self._root._state
+        state = self._group.state
         return {
             str(state.point(r)): why
             for r, why in state.failed.items()
@@ -535,10 +181,11 @@ class ProcMesh(Shaped):
         }
 
     def _with_shape(self, shape: Shape) -> ProcMesh:
-        return ProcMesh(shape, self._procs, self.name, self._root)
+        return ProcMesh(shape, self._group)
 
-    def _handles(self) -> list[Any]:
-        return [self._procs[g] for g in self._shape.global_ranks()]
+    def _handles(self) -> list[Proc]:
+        handles = self._group.handles
+        return [handles[g] for g in self._shape.global_ranks()]
 
     @property
     def initialized(self) -> Future[None]:
@@ -547,7 +194,7 @@ class ProcMesh(Shaped):
         fut: Future[None] = Future(loop=rt.loop)
         handles = self._handles()
 
-        bootstrap = self._root._bootstrap
+        bootstrap = self._group.bootstrap
 
         def check() -> None:
             if fut.done():
@@ -556,8 +203,9 @@ class ProcMesh(Shaped):
                 if not h.ready.done():
                     h.ready.add_done_callback(lambda _: run_on(rt, check))
                     return
-                if h.ready.exception() is not None:
-                    fut.set_exception(h.ready.exception())
+                exc = h.ready.exception()
+                if exc is not None:
+                    fut.set_exception(exc)
                     return
             if bootstrap is not None:  # and the bootstrap function ran in every proc
                 boot = bootstrap._init
@@ -569,7 +217,7 @@ class ProcMesh(Shaped):
                     return
             fut.set_result(None)
 
-        self._started.add_done_callback(lambda _: run_on(rt, check))
+        self._group.started.add_done_callback(lambda _: run_on(rt, check))
         return fut
 
     @property
@@ -590,8 +238,6 @@ class ProcMesh(Shaped):
         note_actor_module(cls.__module__)  # procs forked later have it imported already
         if not name or "." in name or "[" in name:
             raise ValueError(f"actor mesh name {name!r} must be non-empty, without '.' or '['")
-        from ._actor_mesh import ActorMesh
-
         shadowed = sorted(
             n
             for n in endpoints_of(cls)
@@ -602,9 +248,9 @@ class ProcMesh(Shaped):
                 f"{cls.__name__} has endpoint(s) named like ActorMesh attributes, which "
                 f"mesh.<name> could never reach: {', '.join(shadowed)}; rename them"
             )
-        if self._root._stopped:
+        if self._group.stopped:
             raise ClosedError(f"{self!r} was stopped")
-        return ActorMesh._spawn(self, name, cls, args, kwargs)
+        return ActorMesh._spawn(self._group, self._shape, name, cls, args, kwargs)
 
     # lifecycle
     def stop(self, reason: str = "stopped by its owner") -> Future[None]:
@@ -613,78 +259,8 @@ class ProcMesh(Shaped):
         Procs get ``config.stop_timeout`` seconds to exit cleanly, then are killed. Later
         calls raise ``SupervisionError`` saying ``reason``.
         """
-        root = self._root
-        return run_task(current_runtime(), lambda: root._stop_all(reason))
-
-    async def _stop_all(self, reason: str = "stopped by its owner") -> None:
-        from ..actors._api import StopActor, StopProc
-        from ._supervision import actor_states
-
-        self._stopped = True
-        if _live_names.get(self.name) is self:
-            del _live_names[self.name]
-        for state in self._actor_states:
-            state.stopped = state.stopped or f"its proc mesh {self.name!r} was stopped: {reason}"
-        self._state.stopped = reason
-        rt = current_runtime()
-        local = [h for h in self._procs if isinstance(h, ProcHandle)]
-        remote = [h for h in self._procs if isinstance(h, RemoteProcHandle)]
-        if remote:
-            await self._stop_remote(remote)
-        # Procs that are not ours (this process, another's procs): their actors stop, the
-        # processes stay.
-        kept = [h.addr for h in self._procs if isinstance(h, (SelfProcHandle, RefProcHandle))]
-        for addr in dict.fromkeys(kept):
-            for state in self._actor_states:
-                for key, st in list(actor_states.items()):
-                    if st is state:
-                        rt.connection(addr).send(StopActor(key, 0))
-        waits = []
-        for h in local:
-            h.expect_exit()
-            if not h.is_alive():
-                pass
-            elif h.ready.done() and h.ready.exception() is None:
-                rt.connection(h.addr).send(StopProc(0))
-            else:
-                h.kill()  # never came up: nothing to stop cleanly
-            waits.append(wait_exited(h, config.stop_timeout))
-        exited = await asyncio.gather(*waits)
-        for h, ok in zip(local, exited, strict=True):
-            if not ok:
-                log.warning(
-                    "proc %s did not stop within %s s; killing it", h.addr, config.stop_timeout
-                )
-                h.kill()
-        await asyncio.gather(*(wait_exited(h, config.stop_timeout) for h in local))
-        addrs = [h.addr for h in self._procs if h.addr]
-        forget(addrs)
-        for addr in addrs:
-            _proc_index.pop(addr, None)
-        for key, st in list(actor_states.items()):
-            if st in self._actor_states:
-                del actor_states[key]
-        if self._log.aggregator is not None:  # the procs' last lines, before we return
-            self._log.aggregator.flush()
-
-    async def _stop_remote(self, handles: list[RemoteProcHandle]) -> None:
-        """Ask each host agent to stop (and reap) its procs of this mesh."""
-        await asyncio.wrap_future(self._started)
-        by_agent: dict[str, list[str]] = {}
-        for h in handles:
-            if h.addr is not None:
-                by_agent.setdefault(h.agent, []).append(h.addr)
-        calls = []
-        for agent_addr, addrs in by_agent.items():
-            one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: agent_addr})
-            calls.append(one.stop_procs.call_one(addrs))
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        for agent_addr, r in zip(by_agent, results, strict=True):
-            if isinstance(r, BaseException):
-                log.warning("host agent %s could not stop its procs: %s", agent_addr, r)
-        for h in handles:
-            if not h.exited.done():
-                h.exited.set_result(0)
+        group = self._group
+        return run_task(current_runtime(), lambda: group.stop_all(reason))
 
     async def __aenter__(self) -> ProcMesh:
         return self
@@ -707,16 +283,39 @@ def shutdown_context() -> Future[None]:
     """Stop every proc mesh this process spawned and has not stopped (Monarch's
     ``shutdown_context``); idempotent. Also done at interpreter exit, where procs still
     running are killed."""
-    roots: list[ProcMesh] = []
-    for mesh, _ in list(_proc_index.values()):
-        root = mesh._root
-        if not root._stopped and root not in roots:
-            roots.append(root)
+    groups = live_groups()
 
     async def stop_all() -> None:
-        await asyncio.gather(*(root._stop_all("the controller shut down") for root in roots))
+        await asyncio.gather(*(g.stop_all("the controller shut down") for g in groups))
 
     return run_task(current_runtime(), stop_all)
+
+
+def new_proc_mesh(
+    shape: Shape,
+    handles: Sequence[Proc],
+    name: str,
+    started: ThreadFuture[None],
+    log_options: LogOptions | None = None,
+) -> ProcMesh:
+    """A whole new proc mesh of these procs (``handles[r]`` the proc of global rank
+    ``r``), owned by whoever spawns it now: an actor stops it when it stops itself."""
+    group = ProcGroup(name, shape, handles, started, log_options or LogOptions())
+    mesh = ProcMesh(shape, group)
+    if group.owner is not None:
+        group.owner.owned.append(mesh)
+    maybe_start_admin()
+    return mesh
+
+
+def live_proc_meshes() -> list[ProcMesh]:
+    """Every proc mesh this process spawned and has not stopped, whole."""
+    return [ProcMesh(g.shape, g) for g in live_groups()]
+
+
+def group_of(procs: ProcMesh) -> ProcGroup:
+    """The state ``procs`` shares with the rest of its mesh (for the layers above)."""
+    return procs._group
 
 
 def _proc_of_actor(actor: Any) -> ProcMesh:
@@ -743,94 +342,7 @@ def _proc_mesh_of_actor(actor: Any) -> ProcMesh:
         )
     sizes = actor.rank.sizes
     handles = [RefProcHandle(a, r) for r, a in enumerate(addrs)]
-    return ProcMesh(Shape.from_sizes(sizes), handles, actor.proc_mesh_name, started=resolved())
+    return new_proc_mesh(Shape.from_sizes(sizes), handles, actor.proc_mesh_name, resolved())
 
 
 _context_module.proc_mesh_of_actor = _proc_mesh_of_actor
-
-#: default-named proc meshes not stopped yet, by name
-_live_names: weakref.WeakValueDictionary[str, ProcMesh] = weakref.WeakValueDictionary()
-_names_lock = threading.Lock()
-
-
-def _default_name() -> str:
-    """``"procs"``, or ``"procsN"`` while a mesh of that name still runs here."""
-    with _names_lock:
-        for n in itertools.count(1):
-            name = "procs" if n == 1 else f"procs{n}"
-            mesh = _live_names.get(name)
-            if mesh is None or mesh._root._stopped:
-                return name
-    raise AssertionError("unreachable")
-
-
-class _Bootstrap(Actor):
-    """Runs a ``spawn_procs(bootstrap=...)`` function in its proc, before other actors."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        result = fn()
-        if inspect.isawaitable(result):
-            # __init__ runs on the proc's loop, which must not start another actor
-            # before this one is done: run the coroutine to its end on a thread.
-            import concurrent.futures
-
-            async def run() -> Any:
-                return await result
-
-            import contextvars
-
-            ctx = contextvars.copy_context()  # current_rank() works in it too
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                pool.submit(ctx.run, asyncio.run, run()).result()
-
-
-#: procs this process spawned, by address: which mesh and rank (for lost connections)
-_proc_index: dict[str, tuple[ProcMesh, int]] = {}
-
-
-def _index_remote(mesh: ProcMesh, h: RemoteProcHandle) -> None:
-    if h.addr is not None:
-        _proc_index[h.addr] = (mesh, h.rank)
-
-
-def _on_peer_lost(addr: str) -> None:
-    """A connection to ``addr`` was lost: if it was one of our procs (or a host agent),
-    those procs failed. A local proc that is still alive (frozen: it stopped answering
-    heartbeats) is killed, so it cannot come back as a zombie member of the mesh."""
-    entry = _proc_index.pop(addr, None)
-    if entry is not None:
-        mesh, rank = entry
-        h = mesh._procs[rank]
-        if isinstance(h, ProcHandle):
-            rt = current_runtime()
-            rt.spawn_task(_lost_local(mesh, rank, h))
-        else:
-            mesh._proc_failed(rank, f"proc {addr} is unreachable: connection lost")
-        return
-    for mesh, rank in [
-        e
-        for a, e in list(_proc_index.items())
-        if isinstance(e[0]._procs[e[1]], RemoteProcHandle) and e[0]._procs[e[1]].agent == addr
-    ]:
-        _proc_index.pop(mesh._procs[rank].addr, None)
-        mesh._proc_failed(rank, f"its host agent {addr} is gone")
-
-
-async def _lost_local(mesh: ProcMesh, rank: int, h: ProcHandle) -> None:
-    if h.stopping:
-        return  # danaus is stopping it (a mesh's stop, the exit hook): losing it is expected
-    if not await wait_exited(h, 0.5):
-        h.kill()  # alive, but its connection is gone: it cannot come back as a member
-        why = current_runtime().lost.get(h.addr or "")
-        if isinstance(why, SupervisionError):  # our heartbeat gave up on it
-            mesh._proc_failed(rank, f"proc {h.addr} stopped answering (no heartbeat); killed it")
-        else:  # a dropped connection is no missed heartbeat: say what happened
-            mesh._proc_failed(
-                rank,
-                f"proc {h.addr} lost its connection while alive "
-                f"({type(why).__name__}: {why}); killed it",
-            )
-    # else: its exit callback reported the exit status
-
-
-from ._actor_mesh import ActorMesh, _unless_endpoint, mesh_ref  # noqa: E402

@@ -28,10 +28,11 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
+from typing import Protocol
 
-from ..actors._api import Runtime, peer_exit_reason, peer_exited, proc_ready, run_on
+from ..actors._api import Runtime, StopProc, peer_exit_reason, peer_exited, proc_ready, run_on
 from ..config import config
 from ..errors import SupervisionError
 from ._forkserver import ForkedPopen, fork_server, python_path, stop_fork_server
@@ -65,6 +66,41 @@ def describe_exit(returncode: int) -> str:
             name = f"signal {-returncode}"
         return f"killed by {name}"
     return f"exited with code {returncode}"
+
+
+class Proc(Protocol):
+    """One proc of a mesh, whoever runs it: a :class:`ProcHandle` (started here), a
+    :class:`RemoteProcHandle` (by a host agent), a :class:`SelfProcHandle` (this process)
+    or a :class:`RefProcHandle` (another process's)."""
+
+    @property
+    def addr(self) -> str | None:
+        """Where it listens (None: a remote proc not started yet)."""
+
+    @property
+    def rank(self) -> int:
+        """Its global rank in its mesh."""
+
+    @property
+    def ready(self) -> ThreadFuture[None]:
+        """Resolves once it is up (raises if it never came up)."""
+
+    @property
+    def exited(self) -> ThreadFuture[int]:
+        """Resolves with its exit status."""
+
+    @property
+    def pid(self) -> int:
+        """Its process id on its host (-1 where not known here)."""
+
+    @property
+    def state(self) -> str:
+        """What it is doing, in words (``"running"``, ``"killed by SIGKILL"``...)."""
+
+    def is_alive(self) -> bool: ...
+
+    def kill(self) -> None:
+        """Kill it, where it is this process's to kill (a no-op otherwise)."""
 
 
 class ProcHandle:
@@ -460,6 +496,27 @@ async def wait_exited(h: ProcHandle, deadline: float) -> bool:
     except TimeoutError:
         return h.popen.poll() is not None
     return True
+
+
+async def stop_procs(rt: Runtime, handles: Sequence[ProcHandle], grace: float) -> None:
+    """Stop local procs as danaus's own decision (their exits are not failures): each
+    that came up is asked to stop, one that did not is killed; any still running after
+    ``grace`` s is killed. Returns once every one has been reaped (or ``grace`` more
+    seconds passed)."""
+    for h in handles:
+        h.expect_exit()
+        if not h.is_alive():
+            pass
+        elif h.ready.done() and h.ready.exception() is None:
+            rt.connection(h.addr).send(StopProc(0))
+        else:
+            h.kill()  # never came up: nothing to stop cleanly
+    exited = await asyncio.gather(*(wait_exited(h, grace) for h in handles))
+    for h, ok in zip(handles, exited, strict=True):
+        if not ok:
+            log.warning("proc %s did not stop within %s s; killing it", h.addr, grace)
+            h.kill()
+    await asyncio.gather(*(wait_exited(h, grace) for h in handles))
 
 
 def forget(addrs: list[str]) -> None:

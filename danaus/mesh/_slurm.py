@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._proc_mesh import HostMesh
+    from ._host_mesh import HostMesh
 
 __all__ = ["SlurmJob", "expand_hostlist"]
 
@@ -131,6 +131,6 @@ class SlurmJob:
 
     def attach(self) -> HostMesh:
         """``attach_to_hosts(self.addresses())`` with this job's key."""
-        from ._proc_mesh import attach_to_hosts
+        from ._host_mesh import attach_to_hosts
 
         return attach_to_hosts(self.addresses(), key_file=self.key_file)

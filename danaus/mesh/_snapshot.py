@@ -22,9 +22,9 @@ from ..actors._api import ProcControl
 from ._shape import Shape
 
 if TYPE_CHECKING:
-    from ._proc_mesh import ProcMesh
+    from ._proc_group import ProcGroup
 
-__all__ = ["live_proc_meshes", "proc_stacks", "snapshot"]
+__all__ = ["proc_stacks", "snapshot"]
 
 #: how long one proc may take to answer a snapshot's question (s)
 ASK_TIMEOUT = 5.0
@@ -46,22 +46,12 @@ def _process_started() -> float:
 _STARTED = _process_started()
 
 
-def live_proc_meshes() -> list[ProcMesh]:
-    """The proc meshes this process spawned and has not stopped, oldest first."""
-    from ._proc_mesh import _proc_index
+def _find(procs_name: str) -> ProcGroup:
+    from ._proc_group import live_groups
 
-    roots: list[ProcMesh] = []
-    for mesh, _ in list(_proc_index.values()):
-        root = mesh._root
-        if not root._stopped and root not in roots:
-            roots.append(root)
-    return roots
-
-
-def _find(procs_name: str) -> ProcMesh:
-    for root in live_proc_meshes():
-        if root.name == procs_name:
-            return root
+    for group in live_groups():
+        if group.name == procs_name:
+            return group
     raise KeyError(f"no live proc mesh named {procs_name!r}")
 
 
@@ -88,10 +78,10 @@ def _health(failure: str | None, answer: Any) -> str:
     return "ok"
 
 
-async def _proc_mesh_picture(root: ProcMesh) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    handles = root._handles()
-    points = list(root._shape.points())
-    failed = dict(root._state.failed)
+async def _proc_mesh_picture(group: ProcGroup) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    handles = group.handles
+    points = list(group.shape.points())
+    failed = dict(group.state.failed)
     answers = await asyncio.gather(
         *(_ask(None if h.rank in failed else h.addr, "stats", None) for h in handles)
     )
@@ -113,7 +103,7 @@ async def _proc_mesh_picture(root: ProcMesh) -> tuple[dict[str, Any], list[dict[
         if not isinstance(answer, BaseException):
             proc.update(answer["proc"])
             for record in answer["actors"].values():
-                actors.append({**record, "procs": root.name, "proc_rank": h.rank})
+                actors.append({**record, "procs": group.name, "proc_rank": h.rank})
         procs.append(proc)
     meshes = [
         {
@@ -122,11 +112,11 @@ async def _proc_mesh_picture(root: ProcMesh) -> tuple[dict[str, Any], list[dict[
             "failed": {str(r): why for r, why in s.failed.items()},
             "stopped": s.stopped,
         }
-        for s in root._actor_states
+        for s in group.states()
     ]
     picture = {
-        "name": root.name,
-        "sizes": dict(root._shape.sizes),
+        "name": group.name,
+        "sizes": dict(group.shape.sizes),
         "failed": {str(r): why for r, why in failed.items()},
         "procs": procs,
         "actor_meshes": meshes,
@@ -148,9 +138,10 @@ def _actor_health(actor: dict[str, Any], failed_meshes: dict[str, set[int]], stu
 async def snapshot() -> dict[str, Any]:
     """Everything this controller runs, now (see the module's docstring)."""
     from ..config import config
+    from ._proc_group import live_groups
     from ._supervision import failure_reports, stuck_reports
 
-    pictures = await asyncio.gather(*(_proc_mesh_picture(r) for r in live_proc_meshes()))
+    pictures = await asyncio.gather(*(_proc_mesh_picture(g) for g in live_groups()))
     actors: list[dict[str, Any]] = []
     failed_meshes: dict[str, set[int]] = {}
     for picture, those in pictures:
@@ -187,8 +178,7 @@ async def snapshot() -> dict[str, Any]:
 
 async def proc_stacks(procs: str, rank: int) -> list[dict[str, Any]]:
     """The stacks of proc ``rank`` of the live proc mesh named ``procs``."""
-    root = _find(procs)
-    handles = {h.rank: h for h in root._handles()}
+    handles = {h.rank: h for h in _find(procs).handles}
     if rank not in handles:
         raise KeyError(f"proc mesh {procs!r} has no rank {rank}")
     answer = await _ask(handles[rank].addr, "stacks")

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import Any
 
-from ..actors._api import Connection, Failure, Point, Runtime, Stuck, context
+from ..actors._api import Connection, Point, Runtime, Stuck, context
 from ..errors import SupervisionError
 from ._shape import Shape
 
@@ -206,10 +206,6 @@ def resolved() -> ThreadFuture[None]:
     return f
 
 
-#: actor meshes spawned by this process, by wire key: where Failure messages land
-actor_states: dict[str, MeshState] = {}
-
-
 #: the last stuck-endpoint reports with when they came (time.time()), newest last (for
 #: tools: danaus top, the dashboard; bounded)
 stuck_reports: collections.deque[tuple[float, Stuck]] = collections.deque(maxlen=256)
@@ -229,11 +225,3 @@ def handle_stuck(rt: Runtime, conn: Connection, msg: Stuck, parts: list[Any]) ->
         msg.seconds,
         msg.stack.rstrip(),
     )
-
-
-def handle_failure(rt: Runtime, conn: Connection, msg: Failure, parts: list[Any]) -> None:
-    state = actor_states.get(msg.actor)
-    if state is None:
-        log.error("failure of unknown mesh %s (%s): %s", msg.mesh, msg.actor, msg.report)
-        return
-    state.fail(msg.ranks, msg.report, msg.kind)

@@ -26,7 +26,7 @@ except ImportError as e:  # torch is an extra: the actor, mesh and RDMA layers r
 
 from ..actors._api import Future
 from ..errors import DataDependentError
-from ..mesh import ProcMesh, _actor_mesh, _proc_mesh
+from ..mesh import ProcMesh, _actor_endpoint, _proc_mesh
 from . import _client, _dispatch
 from ._client import activate, active, active_stream
 from ._dtensor import Borrow, DTensor, MeshSlice, Stream, slice_mesh
@@ -206,4 +206,4 @@ def _rref(endpoint: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return _dispatch.call_function(client, fn, ep.propagate, args, kwargs)
 
 
-_actor_mesh.rref_hook = _rref
+_actor_endpoint.rref_hook = _rref

@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from ..actors._api import Future
 from ..config import config
 from ..mesh import ProcMesh
+from ..mesh._proc_mesh import group_of
 from . import _dispatch
 from ._worker import FREE, TensorWorker
 
@@ -31,7 +32,7 @@ class _Client:
         import torch.distributed as dist
 
         self.procs = procs
-        self.root = procs._root
+        self.group = group_of(procs)  # the whole mesh's procs, also for a slice
         self.sizes = dict(procs.sizes)
         self.global_ranks = list(procs.shape.global_ranks())
         world = len(procs)
@@ -124,8 +125,7 @@ class _Client:
 def _store_host(procs: ProcMesh) -> str:
     """The controller's address as the procs reach it: loopback for a local mesh, else the
     local IP of the route to the first host (no packet is sent: a UDP connect)."""
-    h = procs._root._procs[0]
-    addr = getattr(h, "agent", None) or h.addr or ""
+    addr = group_of(procs).host_addr(0)
     if not addr.startswith("tcp://"):
         return "127.0.0.1"
     host = addr[len("tcp://") :].rpartition(":")[0].strip("[]")
@@ -146,9 +146,10 @@ def active() -> _Client | None:
 
 def client_for(procs: ProcMesh) -> _Client:
     """The tensor engine of exactly these procs (a slice gets its own workers)."""
-    key = (id(procs._root), tuple(procs.shape.labels), tuple(procs.shape.global_ranks()))
+    group = group_of(procs)
+    key = (id(group), tuple(procs.shape.labels), tuple(procs.shape.global_ranks()))
     client = _clients.get(key)
-    if client is None or client.procs._root._stopped:
+    if client is None or client.group.stopped:
         client = _clients[key] = _Client(procs)
     return client
 

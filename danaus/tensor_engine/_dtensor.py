@@ -244,7 +244,7 @@ def _move(
     client = t._client
     target = client_for(procs)
     dst = target.global_ranks
-    picks = _picks(sizes, ranks, dict(procs.sizes), dst, target.root is client.root)
+    picks = _picks(sizes, ranks, dict(procs.sizes), dst, target.group is client.group)
     if picks is None:
         raise ValueError(
             "to_mesh needs a mesh of the same shape, a slice of the tensor's mesh, or a "

@@ -23,6 +23,7 @@ from danaus import SupervisionError, this_host
 from danaus.actors import _auth
 from danaus.config import config
 from danaus.mesh import MeshFailure, _procs, set_unhandled_fault_hook
+from danaus.mesh._proc_mesh import group_of
 
 from ..faults import danaus_children, danaus_procs
 from .actors_lib import Echo
@@ -394,7 +395,7 @@ async def test_procs_killed_by_the_exit_hook_are_stopped_not_failed(failures: Fa
     procs = this_host().spawn_procs(per_host={"procs": 2})
     echo = procs.spawn("echo", Echo)
     assert (await asyncio.wait_for(echo.echo.call("hi"), 30)).values() == ["hi", "hi"]
-    handles = list(procs._procs)
+    handles = list(group_of(procs).handles)
     assert [h.state for h in handles] == ["running", "running"]
     _procs._kill_all()  # what runs at interpreter exit
     for h in handles:  # its exit was handled on our loop (exit callbacks included)
@@ -410,9 +411,33 @@ async def test_a_proc_killed_by_someone_else_is_still_a_failure(failures: Failur
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         echo = procs.spawn("echo", Echo)
         assert await asyncio.wait_for(echo.echo.call_one("hi"), 30) == "hi"
-        handle = procs._procs[0]
+        handle = group_of(procs).handles[0]
         os.kill(procs.pids[0], signal.SIGKILL)
         await asyncio.wait_for(asyncio.wrap_future(handle.exited), 10)
         assert handle.state == "killed by SIGKILL"
         assert [f.kind for f in failures] == ["proc"]
         assert "killed by SIGKILL" in failures[0].report
+
+
+# ------------------------------------------------------------------ the proc group
+
+
+async def test_a_proc_group_holds_the_actor_meshes_of_its_mesh_and_every_slice() -> None:
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    group = group_of(procs)
+    assert group_of(procs.slice(procs=1)) is group
+    assert repr(group) == f"<ProcGroup {procs.name} {{'procs': 2}} running, 0 actor meshes>"
+    a = procs.spawn("a", Echo)
+    b = procs.slice(procs=1).spawn("b", Echo)
+    await asyncio.wait_for(asyncio.gather(a.initialized, b.initialized), 30)
+    assert [s.name for s in group.states_at(0)] == ["a"]
+    assert [s.name for s in group.states_at(1)] == ["a", "b"]
+    await asyncio.wait_for(a.stop(), 10)
+    assert [s.name for s in group.states_at(1)] == ["b"]
+    assert repr(group) == f"<ProcGroup {procs.name} {{'procs': 2}} running, 1 actor meshes>"
+    await asyncio.wait_for(procs.stop(), 10)
+    assert group.stopped
+    assert group.states_at(1) == []
+    assert repr(group) == f"<ProcGroup {procs.name} {{'procs': 2}} stopped, 0 actor meshes>"
+    with pytest.raises(SupervisionError, match="was stopped"):
+        await asyncio.wait_for(b.echo.call("anyone?"), 10)

@@ -1,0 +1,350 @@
+"""``HostMesh``: hosts that start procs, this one (``this_host()``) or others through
+their host agents (``attach_to_hosts``); ``spawn_procs`` makes a proc mesh on them."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import itertools
+import os
+import shutil
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import Future as ThreadFuture
+from typing import Any
+
+from ..actors._api import OK, Actor, Future, Point, Port, current_runtime, peer_keys, run_task
+from ..config import config
+from ..errors import SupervisionError
+from ._actor_mesh import ActorMesh, mesh_ref
+from ._bootstrap_cmd import BootstrapCommand, cpu_set, resolve_commands
+from ._host_agent import AGENT, HostAgent
+from ._logs import LogOptions, printer
+from ._proc_group import ProcGroup
+from ._proc_mesh import ProcMesh, group_of, new_proc_mesh
+from ._procs import Proc, RemoteProcHandle, start_proc
+from ._shape import Shape
+from ._shaped import Shaped
+from ._supervision import resolved
+
+__all__ = ["HostMesh", "attach_to_hosts", "attach_to_workers", "hosts_from_config", "this_host"]
+
+
+class HostMesh(Shaped):
+    """A set of hosts that can start procs.
+
+    ``this_host()`` is the controller's own host (a mesh with no dims);
+    ``attach_to_hosts([...])`` gives a mesh with dim ``hosts`` of hosts that each run
+    a host agent.
+    """
+
+    def __init__(
+        self,
+        shape: Shape,
+        name: str = "local",
+        agents: ActorMesh[Any] | None = None,
+        spawned: list[ProcGroup] | None = None,
+        python: str | None = None,
+    ) -> None:
+        self._shape = shape
+        self.name = name
+        self._agents = agents
+        #: the Python that local procs run (``with_python_executable``); None: this one
+        self._python = python
+        #: the procs of the meshes spawned on these hosts (shared by slices): shutdown()
+        #: stops them
+        self._spawned: list[ProcGroup] = spawned if spawned is not None else []
+
+    def __repr__(self) -> str:
+        return f"HostMesh({self.name}, {self._shape.sizes})"
+
+    def _with_shape(self, shape: Shape) -> HostMesh:
+        agents = self._agents
+        if agents is not None:
+            agents = agents._with_shape(shape)
+        return HostMesh(shape, self.name, agents, self._spawned, self._python)
+
+    def with_python_executable(self, python_executable: str) -> HostMesh:
+        """These hosts, spawning procs that run ``python_executable`` (Monarch's name).
+
+        It must have danaus importable; procs it starts spawn their own procs with it
+        too. Such procs start as fresh interpreters (the fork server runs this Python).
+        Host agents start procs with their own Python: start the agent with the one
+        wanted instead.
+        """
+        path = shutil.which(python_executable) or python_executable
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise ValueError(f"python_executable {python_executable!r} is not an executable file")
+        if self._agents is not None:
+            raise ValueError(
+                "with_python_executable applies to this host's procs; host agents start "
+                "procs with their own Python (start the agent with the one wanted)"
+            )
+        return HostMesh(self._shape, self.name, None, self._spawned, path)
+
+    def shutdown(self) -> Future[None]:
+        """Stop every proc mesh spawned on these hosts (Monarch's ``HostMesh.shutdown``).
+
+        The hosts themselves stay usable: a host agent keeps serving other controllers,
+        and ``spawn_procs`` may be called again.
+        """
+        groups = [g for g in self._spawned if not g.stopped]
+        self._spawned[:] = []
+
+        async def stop_all() -> None:
+            await asyncio.gather(*(g.stop_all("its host mesh was shut down") for g in groups))
+
+        return run_task(current_runtime(), stop_all)
+
+    def spawn_procs(
+        self,
+        per_host: Mapping[str, int] | None = None,
+        bootstrap: Callable[[], None] | Callable[[], Awaitable[None]] | None = None,
+        name: str | None = None,
+        proc_bind: Sequence[Mapping[str, str]] | None = None,
+        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> ProcMesh:
+        """Start procs on every host: ``per_host={"gpus": 4}`` gives a ``{..., "gpus": 4}`` mesh.
+
+        Returns at once; the procs come up in parallel, and messages sent to them
+        meanwhile wait (in order) until they do.
+
+        Args:
+            per_host: named dims of procs on each host; ``{"procs": 1}`` when omitted.
+            bootstrap: as in Monarch, a function (sync or ``async def``) run in each proc
+                before any actor is spawned there, with ``current_rank()`` the proc's
+                rank: set per-proc environment there, e.g. ``CUDA_VISIBLE_DEVICES`` from
+                ``current_rank()["gpus"]``. If it raises, ``await procs.initialized``
+                raises ``ActorError``. (It runs on the proc's loop: keep it short.)
+            name: the mesh name, used in actor ids and log prefixes; by default
+                ``"procs"``, or ``"procs2"``, ``"procs3"``... while meshes of the
+                earlier names still run, so that log lines say which mesh they come from.
+            proc_bind: as in Monarch, one dict per proc of a host (``{"cpus": "0-3"}``
+                or ``"physcpubind"``): each proc is pinned to those CPUs. Local procs only.
+            bootstrap_command: as in Monarch, a :class:`BootstrapCommand` (see
+                ``default_bootstrap_cmd()``), or a function of each proc's ``Point``
+                giving one: its ``program`` runs the proc (a fresh interpreter) and its
+                ``env`` is added to the proc's. Local procs only.
+            env: extra environment variables for the procs.
+        """
+        if name is None:
+            name = _default_name()
+        elif not isinstance(name, str) or not name or "." in name or "[" in name:
+            raise ValueError(f"proc mesh name {name!r} must be a non-empty str without '.' or '['")
+        if bootstrap is not None and not callable(bootstrap):
+            raise TypeError(f"bootstrap must be a function run in each proc, got {bootstrap!r}")
+        if (proc_bind is not None or bootstrap_command is not None) and self._agents is not None:
+            raise ValueError(
+                "proc_bind and bootstrap_command apply to this host's procs; a host agent "
+                "starts procs with its own Python (start the agent as wanted instead)"
+            )
+        mesh = self._spawn_procs(per_host, name, env, proc_bind, bootstrap_command)
+        group = group_of(mesh)
+        _live_names[name] = group
+        # Stopped meshes need no shutdown: forget them, so a long-lived host mesh stays small.
+        self._spawned[:] = [g for g in self._spawned if not g.stopped]
+        self._spawned.append(group)
+        if bootstrap is not None:
+            group.bootstrap = mesh.spawn("bootstrap", _Bootstrap, bootstrap)
+        return mesh
+
+    def _spawn_procs(
+        self,
+        per_host: Mapping[str, int] | None,
+        name: str,
+        env: Mapping[str, str] | None,
+        proc_bind: Sequence[Mapping[str, str]] | None = None,
+        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
+    ) -> ProcMesh:
+        per_host = dict(per_host or {"procs": 1})
+        for dim, size in per_host.items():
+            if not isinstance(size, int) or size < 1:
+                raise ValueError(f"per_host[{dim!r}] must be a positive int, got {size!r}")
+            if dim in self._shape.sizes:
+                raise ValueError(f"dim {dim!r} is already a dim of the host mesh")
+        host_sizes = self._shape.sizes
+        shape = Shape.from_sizes({**host_sizes, **per_host})
+        rt = current_runtime()
+        env = dict(env or {})
+        options = LogOptions()
+        if self._agents is None:
+            per = len(shape) // len(self._shape)
+            if proc_bind is not None and len(proc_bind) != per:
+                raise ValueError(
+                    f"proc_bind has {len(proc_bind)} entries; it needs one per proc of a "
+                    f"host ({per})"
+                )
+            cpus = [cpu_set(b) for b in proc_bind] if proc_bind is not None else None
+            points = [Point(r, shape.sizes) for r in range(len(shape))]
+            commands = resolve_commands(bootstrap_command, points)
+            # "unix:@": a fresh unguessable name per proc; a name another process could
+            # predict (a counter) could be bound by it first, failing the spawn.
+            handles: list[Proc] = []
+            for r, cmd in enumerate(commands):
+                proc_env = {**env, **cmd.env} if cmd is not None else env
+                python = cmd.program if cmd is not None else self._python
+                h = start_proc(rt, "unix:@", r, proc_env, printer(name, r, options), python)
+                if cpus is not None:
+                    os.sched_setaffinity(h.pid, cpus[r % per])
+                handles.append(h)
+            return new_proc_mesh(shape, handles, name, resolved(), options)
+        return self._spawn_remote(rt, shape, name, env, options)
+
+    def _spawn_remote(
+        self, rt: Any, shape: Shape, name: str, env: dict[str, str], options: LogOptions
+    ) -> ProcMesh:
+        agents = self._agents
+        assert agents is not None
+        per = len(shape) // len(self._shape)
+        started: ThreadFuture[None] = ThreadFuture()
+        handles: list[Proc] = []
+        by_host: list[tuple[str, list[RemoteProcHandle]]] = []
+        for h, (_, agent_addr) in enumerate(agents._targets_list):
+            group = [RemoteProcHandle(h * per + i, agent_addr) for i in range(per)]
+            handles.extend(group)
+            by_host.append((agent_addr, group))
+        left = [len(by_host)]
+
+        def on_host(i: int, fut: Any) -> None:
+            _, group = by_host[i]
+            exc = fut.exception()
+            if exc is None:
+                key = peer_keys.get(by_host[i][0])
+                for handle, (addr, pid) in zip(group, fut.result(), strict=True):
+                    if key is not None:  # its agent's key, not ours: so is the proc's
+                        peer_keys[addr] = key
+                    handle.started(addr, pid)
+            else:
+                for handle in group:
+                    handle.failed(
+                        SupervisionError(f"host agent {by_host[i][0]} could not start procs: {exc}")
+                    )
+            left[0] -= 1
+            if left[0] == 0:
+                started.set_result(None)
+
+        sinks = [printer(name, r, options) for r in range(len(shape))]
+
+        def on_line(rank: int, status: int, value: Any) -> bool:
+            if status == OK:
+                r, stream, line = value
+                sinks[r](stream, line)
+            return False  # open for as long as the procs live
+
+        log_port: Port[tuple[int, str, str]] = Port(rt.addr, rt.open_port(on_line))
+        for i, (agent_addr, group) in enumerate(by_host):
+            one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: agent_addr})
+            fut = one.spawn_procs.call_one(rt.addr, [g.rank for g in group], env, log_port)
+            fut.add_done_callback(functools.partial(on_host, i))
+        return new_proc_mesh(shape, handles, name, started, options)
+
+
+def attach_to_hosts(
+    addrs: Sequence[str], *, key_file: str | None = None, name: str = "hosts"
+) -> HostMesh:
+    """A mesh of the hosts whose host agents listen at ``addrs`` (``tcp://host:port``).
+
+    Every connection authenticates with the agents' key: set ``DANAUS_AUTH_KEY`` (hex)
+    in the controller's environment, or pass ``key_file`` (a file holding the key as hex,
+    as ``danaus new-key`` writes it). Given as ``key_file`` after local procs already
+    run (with this job's own key), it is used for the agents and their procs only.
+    """
+    from ._host_agent import agent_addrs, read_key_file, use_key
+
+    addrs = agent_addrs(addrs)
+    if not addrs:
+        raise ValueError("attach_to_hosts needs at least one host agent address")
+    if key_file is not None:
+        use_key(read_key_file(key_file), addrs)
+    elif not config.auth_key:
+        raise ValueError(
+            "attach_to_hosts needs the agents' key: set DANAUS_AUTH_KEY (hex) or pass key_file="
+        )
+    shape = Shape.from_sizes({"hosts": len(addrs)})
+    agents = mesh_ref(AGENT, HostAgent, shape, dict(enumerate(addrs)))
+    return HostMesh(shape, name, agents)
+
+
+def attach_to_workers(
+    *,
+    workers: Sequence[str],
+    ca: Any = None,
+    private_key: Any = None,
+    name: str | None = None,
+    key_file: str | None = None,
+) -> HostMesh:
+    """Monarch's name for :func:`attach_to_hosts`: a mesh (dim ``hosts``) of the host
+    agents at ``workers`` (``tcp://host:port``, each started with
+    ``run_worker_loop_forever`` or ``danaus host-agent``).
+
+    Unlike Monarch, connections are always authenticated with the job key
+    (``DANAUS_AUTH_KEY`` or ``key_file``), whatever ``ca`` says; ``ca`` and
+    ``private_key`` (Monarch's TLS material) are not used: set ``DANAUS_TLS_*`` for TLS.
+
+    Raises:
+        ValueError: no worker, an address that is not ``tcp://``, or no key.
+    """
+    del ca, private_key
+    workers = [w if isinstance(w, str) else str(w.get()) for w in workers]
+    return attach_to_hosts(workers, key_file=key_file, name=name or "hosts")
+
+
+def hosts_from_config(name: str) -> HostMesh:
+    """The hosts of the job, as Monarch's ``hosts_from_config``.
+
+    The environment variable ``name`` may list host agents, comma-separated
+    (``tcp://10.0.0.2:26600,tcp://10.0.0.3:26600``): then they are attached (with the
+    job key from ``DANAUS_AUTH_KEY``). Otherwise, like Monarch's stand-in, two hosts on
+    this machine: a mesh ``{"hosts": 2}`` whose procs all run here.
+    """
+    import os
+
+    listed = [a.strip() for a in os.environ.get(name, "").split(",") if a.strip()]
+    if listed:
+        return attach_to_hosts(listed, name=name)
+    return HostMesh(Shape.from_sizes({"hosts": 2}), name)
+
+
+def this_host() -> HostMesh:
+    """The host the controller runs on, as a mesh with no dims."""
+    return HostMesh(Shape.from_sizes({}))
+
+
+#: the procs of proc meshes spawned here, by mesh name (for default names)
+_live_names: weakref.WeakValueDictionary[str, ProcGroup] = weakref.WeakValueDictionary()
+_names_lock = threading.Lock()
+
+
+def _default_name() -> str:
+    """``"procs"``, or ``"procsN"`` while a mesh of that name still runs here."""
+    with _names_lock:
+        for n in itertools.count(1):
+            name = "procs" if n == 1 else f"procs{n}"
+            group = _live_names.get(name)
+            if group is None or group.stopped:
+                return name
+    raise AssertionError("unreachable")
+
+
+class _Bootstrap(Actor):
+    """Runs a ``spawn_procs(bootstrap=...)`` function in its proc, before other actors."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        result = fn()
+        if inspect.isawaitable(result):
+            # __init__ runs on the proc's loop, which must not start another actor
+            # before this one is done: run the coroutine to its end on a thread.
+            import concurrent.futures
+
+            async def run() -> Any:
+                return await result
+
+            import contextvars
+
+            ctx = contextvars.copy_context()  # current_rank() works in it too
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pool.submit(ctx.run, asyncio.run, run()).result()
