@@ -28,7 +28,7 @@ import logging
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future as ThreadFuture
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..actors._api import Connection, Failure, Runtime, StopActor, current_runtime
 from ..config import config
@@ -49,6 +49,7 @@ from ._supervision import MeshState, current_owner
 
 if TYPE_CHECKING:
     from ._actor_mesh import ActorMesh
+    from ._host_mesh import _Bootstrap
 
 __all__ = ["GroupState", "ProcGroup", "handle_failure", "live_groups", "remove_actor_mesh"]
 
@@ -101,7 +102,7 @@ class ProcGroup:
         self.state = MeshState(name, shape, self.owner)
         #: the actors that ran the ``spawn_procs(bootstrap=...)`` function, if any (set
         #: once, by ``spawn_procs``): the procs count as initialized after them
-        self.bootstrap: ActorMesh[Any] | None = None
+        self.bootstrap: ActorMesh[_Bootstrap] | None = None
         self._phase = GroupState.RUNNING
         self._actors: dict[str, MeshState] = {}  # by wire name, in spawn order
         rt = current_runtime()
@@ -253,7 +254,7 @@ def live_groups() -> list[ProcGroup]:
     return groups
 
 
-def handle_failure(rt: Runtime, conn: Connection, msg: Failure, parts: list[Any]) -> None:
+def handle_failure(rt: Runtime, conn: Connection, msg: Failure, parts: list[object]) -> None:
     """A proc reports that actors of one of our actor meshes failed."""
     entry = _by_wire.get(msg.actor)
     if entry is None:
