@@ -31,6 +31,7 @@ from ..config import config
 from ..errors import ActorError, EndpointNotFoundError, SerializationError, SupervisionError
 from ._actor_endpoint import ActorEndpoint, NotAnEndpoint
 from ._proc_group import ProcGroup, remove_actor_mesh
+from ._records import ActorStats, GoneActorStats, StackEntry
 from ._shape import Shape
 from ._shaped import Shaped
 from ._supervision import MeshState, current_owner, resolved
@@ -310,7 +311,7 @@ class ActorMesh(Shaped, Generic[A]):
         return {str(st.point(r)): why for r, why in list(st.failed.items()) if r in mine}
 
     @_unless_endpoint
-    def stats(self) -> Future[ValueMesh[dict[str, Any]]]:
+    def stats(self) -> Future[ValueMesh[ActorStats | GoneActorStats]]:
         """What each actor is doing: messages handled and failed per endpoint, its last
         failure, its mailbox depth, the endpoints running now and for how long, and its
         proc's record (pid, host, CPU %, RSS, connections, bytes in and out)."""
@@ -319,7 +320,7 @@ class ActorMesh(Shaped, Generic[A]):
         return run_task(current_runtime(), lambda: actor_mesh_stats(self))
 
     @_unless_endpoint
-    def stacks(self) -> Future[ValueMesh[list[dict[str, Any]]]]:
+    def stacks(self) -> Future[ValueMesh[list[StackEntry]]]:
         """The Python stack of every thread (and running async endpoint) of each actor's
         proc; a thread or task running an endpoint names the actor, the endpoint and for
         how long (``seconds``)."""
@@ -425,11 +426,11 @@ def mesh_ref(name: str, cls: type[A], shape: Shape, addrs: dict[int, str]) -> Ac
     return ActorMesh(name, name, cls, shape, addrs, resolved(), None, None)
 
 
-def mesh_stats(mesh: ActorMesh[Any]) -> Future[ValueMesh[dict[str, Any]]]:
+def mesh_stats(mesh: ActorMesh[Any]) -> Future[ValueMesh[ActorStats | GoneActorStats]]:
     """``mesh.stats()``, also where the actor class has an endpoint named ``stats``."""
     return ActorMesh.__dict__["stats"].fn(mesh)  # type: ignore[no-any-return]
 
 
-def mesh_stacks(mesh: ActorMesh[Any]) -> Future[ValueMesh[list[dict[str, Any]]]]:
+def mesh_stacks(mesh: ActorMesh[Any]) -> Future[ValueMesh[list[StackEntry]]]:
     """``mesh.stacks()``, also where the actor class has an endpoint named ``stacks``."""
     return ActorMesh.__dict__["stacks"].fn(mesh)  # type: ignore[no-any-return]

@@ -4,9 +4,18 @@ control actor (which answers from the proc's loop, also while an actor's thread 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal, TypeVar
 
-from ..actors._api import ProcControl
+from ..actors._api import Actor, ProcControl
+from ._records import (
+    ActorStats,
+    GoneActorStats,
+    ProcReply,
+    ProcStats,
+    StackEntry,
+    proc_reply,
+    stack_entries,
+)
 from ._shape import Shape
 from ._value_mesh import ValueMesh
 
@@ -16,8 +25,12 @@ if TYPE_CHECKING:
 
 __all__ = ["actor_mesh_stacks", "actor_mesh_stats", "proc_mesh_stacks", "proc_mesh_stats"]
 
+A = TypeVar("A", bound=Actor)
 
-async def _ask(addrs: list[str], method: str, *args: Any) -> list[Any]:
+
+async def _ask(
+    addrs: list[str], method: Literal["stats", "stacks"], *args: list[str] | None
+) -> list[object]:
     """Ask the control actor of each proc at ``addrs`` (in that order), all at once.
 
     One call per proc: a control actor has no rank of its own to tag a reply with."""
@@ -31,35 +44,48 @@ async def _ask(addrs: list[str], method: str, *args: Any) -> list[Any]:
     return list(await asyncio.gather(*calls))
 
 
-async def _actor_addrs(mesh: ActorMesh[Any]) -> list[str]:
+async def _stats(addrs: list[str], actors: list[str] | None) -> list[ProcReply]:
+    got = await _ask(addrs, "stats", actors)
+    return [proc_reply(r, addr) for r, addr in zip(got, addrs, strict=True)]
+
+
+async def _stacks(addrs: list[str]) -> list[list[StackEntry]]:
+    got = await _ask(addrs, "stacks")
+    return [stack_entries(r, addr) for r, addr in zip(got, addrs, strict=True)]
+
+
+async def _actor_addrs(mesh: ActorMesh[A]) -> list[str]:
     await asyncio.wrap_future(mesh._sent)  # its procs have started: addresses known
     return [mesh._addr_of(g) for g in mesh._ranks]
 
 
-async def actor_mesh_stats(mesh: ActorMesh[Any]) -> ValueMesh[dict[str, Any]]:
+async def actor_mesh_stats(mesh: ActorMesh[A]) -> ValueMesh[ActorStats | GoneActorStats]:
     """Per actor of ``mesh``: its record and its proc's (``"proc"``)."""
-    values = []
-    for record in await _ask(await _actor_addrs(mesh), "stats", [mesh._wire]):
-        actor = record["actors"].get(mesh._wire) or {"actor": None, "gone": True}
-        values.append({**actor, "proc": record["proc"]})
+    values: list[ActorStats | GoneActorStats] = []
+    for record in await _stats(await _actor_addrs(mesh), [mesh._wire]):
+        actor = record["actors"].get(mesh._wire)
+        if actor is None:
+            values.append({"actor": None, "gone": True, "proc": record["proc"]})
+        else:
+            values.append({**actor, "proc": record["proc"]})
     return ValueMesh(mesh.shape, values)
 
 
-async def actor_mesh_stacks(mesh: ActorMesh[Any]) -> ValueMesh[list[dict[str, Any]]]:
+async def actor_mesh_stacks(mesh: ActorMesh[A]) -> ValueMesh[list[StackEntry]]:
     """Per actor of ``mesh``: the stack of every thread and running async endpoint of
     its proc."""
-    return ValueMesh(mesh.shape, await _ask(await _actor_addrs(mesh), "stacks"))
+    return ValueMesh(mesh.shape, await _stacks(await _actor_addrs(mesh)))
 
 
-async def proc_mesh_stats(group: ProcGroup, shape: Shape) -> ValueMesh[dict[str, Any]]:
+async def proc_mesh_stats(group: ProcGroup, shape: Shape) -> ValueMesh[ProcStats]:
     """Per proc of ``group`` that ``shape`` selects: its record, with the records of the
     actors in it (``"actors"``)."""
-    got = await _ask(await group.started_addrs(shape.global_ranks()), "stats", None)
-    values = [{**r["proc"], "actors": list(r["actors"].values())} for r in got]
+    got = await _stats(await group.started_addrs(shape.global_ranks()), None)
+    values: list[ProcStats] = [{**r["proc"], "actors": list(r["actors"].values())} for r in got]
     return ValueMesh(shape, values)
 
 
-async def proc_mesh_stacks(group: ProcGroup, shape: Shape) -> ValueMesh[list[dict[str, Any]]]:
+async def proc_mesh_stacks(group: ProcGroup, shape: Shape) -> ValueMesh[list[StackEntry]]:
     """Per proc of ``group`` that ``shape`` selects: the stack of every thread and
     running async endpoint."""
-    return ValueMesh(shape, await _ask(await group.started_addrs(shape.global_ranks()), "stacks"))
+    return ValueMesh(shape, await _stacks(await group.started_addrs(shape.global_ranks())))

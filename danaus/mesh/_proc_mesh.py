@@ -30,6 +30,7 @@ from ._forkserver import note_actor_module
 from ._logs import LogOptions
 from ._proc_group import ProcGroup, live_groups
 from ._procs import Proc, RefProcHandle, SelfProcHandle
+from ._records import ProcStats, StackEntry
 from ._shape import Shape
 from ._shaped import Shaped
 from ._supervision import resolved
@@ -146,14 +147,14 @@ class ProcMesh(Shaped):
         done.set_result(None)
         return done
 
-    def stats(self) -> Future[ValueMesh[dict[str, Any]]]:
+    def stats(self) -> Future[ValueMesh[ProcStats]]:
         """Each proc's record (pid, host, CPU %, RSS, connections, bytes in and out),
         with the records of the actors in it (``"actors"``; see ``ActorMesh.stats``)."""
         from ._inspect import proc_mesh_stats
 
         return run_task(current_runtime(), lambda: proc_mesh_stats(self._group, self._shape))
 
-    def stacks(self) -> Future[ValueMesh[list[dict[str, Any]]]]:
+    def stacks(self) -> Future[ValueMesh[list[StackEntry]]]:
         """The Python stack of every thread and running async endpoint of each proc."""
         from ._inspect import proc_mesh_stacks
 
