@@ -10,7 +10,7 @@ spawners (each runtime that spawned actors hosts a small system actor,
 from __future__ import annotations
 
 import threading
-from typing import Any, TypeVar
+from typing import TypeVar, cast
 
 from ..actors._api import (
     Actor,
@@ -35,10 +35,12 @@ CONTROLLERS = "__controllers__"
 
 _lock = threading.Lock()
 #: name -> the singleton's mesh, or the failure that ended it (this process is the root)
-_singletons: dict[str, ActorMesh[Any] | MeshFailure] = {}
+_singletons: dict[str, ActorMesh[Actor] | MeshFailure] = {}
 
 
-def get_or_spawn_controller(name: str, Class: type[A], *args: Any, **kwargs: Any) -> Future[A]:
+def get_or_spawn_controller(
+    name: str, Class: type[A], *args: object, **kwargs: object
+) -> Future[A]:
     """The singleton actor ``name``: spawned as ``Class(*args, **kwargs)`` in the
     controller's process on first use, the same actor mesh on every later call (from
     the controller, or from inside any actor of its procs). As in Monarch, a
@@ -57,16 +59,16 @@ def get_or_spawn_controller(name: str, Class: type[A], *args: Any, **kwargs: Any
         return fut
     mesh = _get_or_spawn_here(name, Class, args, kwargs)
 
-    async def ready() -> Any:
+    async def ready() -> A:
         await mesh.initialized
-        return mesh
+        return cast(A, mesh)  # as Monarch types it: the mesh stands for its actor class
 
     return run_task(rt, ready)
 
 
 def _get_or_spawn_here(
-    name: str, cls: type[Actor], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> ActorMesh[Any]:
+    name: str, cls: type[Actor], args: tuple[object, ...], kwargs: dict[str, object]
+) -> ActorMesh[Actor]:
     from ._proc_mesh import this_proc
 
     with _lock:
@@ -108,13 +110,13 @@ class _Controllers(Actor):
 
     @concurrent_endpoint
     async def get_or_spawn(
-        self, name: str, cls: type[Actor], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> ActorMesh[Any]:
+        self, name: str, cls: type[Actor], args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> ActorMesh[Actor]:
         rt = current_runtime()
         parent = _parent_of(rt)
         if parent is not None:  # a proc that spawned actors itself: pass it on up
             ref = mesh_ref(CONTROLLERS, _Controllers, Shape.from_sizes({}), {0: parent})
-            mesh: ActorMesh[Any] = await ref.get_or_spawn.call_one(name, cls, args, kwargs)
+            mesh: ActorMesh[Actor] = await ref.get_or_spawn.call_one(name, cls, args, kwargs)
             return mesh
         mesh = _get_or_spawn_here(name, cls, tuple(args), dict(kwargs))
         await mesh.initialized
