@@ -11,7 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger("danaus.metrics")
 
@@ -24,7 +29,7 @@ SCRAPE_TIMEOUT = 10.0
 class _Collector:
     """Builds the metric families at scrape time."""
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         from ._proc_mesh import live_proc_meshes
@@ -109,7 +114,7 @@ class _Collector:
 class MetricsServer:
     """A running ``/metrics`` endpoint: ``port``, and ``close()``."""
 
-    def __init__(self, server: Any, thread: threading.Thread) -> None:
+    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
         self._server = server
         self._thread = thread
         self.port: int = server.server_port
