@@ -30,7 +30,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from ..actors._api import auth, background_runtime, context_state, run_task
 from ..config import config
@@ -51,6 +51,10 @@ from ._admin_wire import (
     runtime_dir,
 )
 
+if TYPE_CHECKING:
+    from ._records import StackEntry
+    from ._snapshot import Snapshot
+
 log = logging.getLogger("danaus.admin")
 
 __all__ = [
@@ -68,22 +72,42 @@ __all__ = [
 
 # ----------------------------------------------------------------------------------- ops
 
-#: the admin endpoint's operations, by name: async functions of keyword arguments
-OPS: dict[str, Callable[..., Awaitable[Any]]] = {}
+#: An admin operation: from the request's arguments (a JSON object, checked by the op) to
+#: its result, sent back as JSON.
+Op = Callable[[dict[str, object]], Awaitable[object]]
+OpT = TypeVar("OpT", bound=Op)
+
+#: the admin endpoint's operations, by name
+OPS: dict[str, Op] = {}
 
 
-def admin_op(name: str) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
+def admin_op(name: str) -> Callable[[OpT], OpT]:
     """Register an async function as the admin operation ``name``."""
 
-    def register(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    def register(fn: OpT) -> OpT:
         OPS[name] = fn
         return fn
 
     return register
 
 
+def _no_args(op: str, args: dict[str, object]) -> None:
+    if args:
+        raise TypeError(f"{op} takes no arguments, got {', '.join(sorted(args))}")
+
+
+class Hello(TypedDict):
+    """The answer to ``hello``: who the controller is, and the ops it knows."""
+
+    pid: int
+    host: str
+    argv: list[str]
+    ops: list[str]
+
+
 @admin_op("hello")
-async def _hello() -> dict[str, Any]:
+async def _hello(args: dict[str, object]) -> Hello:
+    _no_args("hello", args)
     return {
         "pid": os.getpid(),
         "host": socket.gethostname(),
@@ -93,16 +117,22 @@ async def _hello() -> dict[str, Any]:
 
 
 @admin_op("snapshot")
-async def _snapshot() -> dict[str, Any]:
+async def _snapshot(args: dict[str, object]) -> Snapshot:
     from ._snapshot import snapshot
 
+    _no_args("snapshot", args)
     return await snapshot()
 
 
 @admin_op("stacks")
-async def _stacks(procs: str, rank: int) -> list[dict[str, Any]]:
+async def _stacks(args: dict[str, object]) -> list[StackEntry]:
     from ._snapshot import proc_stacks
 
+    procs, rank = args.get("procs"), args.get("rank")
+    if set(args) != {"procs", "rank"} or not (
+        isinstance(procs, str) and isinstance(rank, int | str)
+    ):
+        raise TypeError("stacks takes procs (a proc mesh's name) and rank (an integer)")
     return await proc_stacks(procs, int(rank))
 
 
@@ -194,13 +224,13 @@ class AdminServer:
         seq_out = [0]
         tasks: set[asyncio.Task[None]] = set()
 
-        def reply(obj: dict[str, Any]) -> None:
+        def reply(obj: dict[str, object]) -> None:
             if writer.is_closing():
                 return
             writer.write(_seal(key_out, seq_out[0], obj))
             seq_out[0] += 1
 
-        async def run(req: Any) -> None:
+        async def run(req: object) -> None:
             rid = req.get("id") if isinstance(req, dict) else None
             try:
                 if not isinstance(req, dict) or not isinstance(req.get("op"), str):
@@ -211,7 +241,7 @@ class AdminServer:
                 args = req.get("args") or {}
                 if not isinstance(args, dict):
                     raise AdminError("a request's args are an object")
-                reply({"id": rid, "ok": True, "value": await fn(**args)})
+                reply({"id": rid, "ok": True, "value": await fn(args)})
             except Exception as e:
                 reply({"id": rid, "ok": False, "error": f"{type(e).__name__}: {e}"})
 

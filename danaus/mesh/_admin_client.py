@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from typing import Any
 
 from ..actors._api import auth
 from ..config import config
@@ -29,7 +28,7 @@ __all__ = ["AdminClient"]
 
 def _key_for(addr: str) -> bytes:
     for info in find_controllers():
-        if info.get("addr") == addr:
+        if info["addr"] == addr:
             return bytes.fromhex(info["key"])
     if config.auth_key:
         return bytes.fromhex(config.auth_key)
@@ -75,7 +74,7 @@ class AdminClient:
         if addr.startswith("unix:"):
             rest = addr[5:]
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            target: Any = "\0" + rest[1:] if rest.startswith("@") else rest
+            target: str | tuple[str, int] = "\0" + rest[1:] if rest.startswith("@") else rest
         else:
             host, _, port = addr[6:].rpartition(":")
             sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -124,7 +123,14 @@ class AdminClient:
             raise AdminError(f"the admin endpoint {self.addr} did not prove it holds the key")
         return _session_keys(key, client_nonce, server_nonce)
 
-    def call(self, op: str, **args: Any) -> Any:
+    def call(self, op: str, **args: object) -> object:
+        """Run the admin operation ``op`` with ``args``; its JSON value.
+
+        Raises:
+            AdminError: the controller refused or failed it (its message), or the
+                connection failed (then it is closed).
+            AdminTimeout: no answer in ``timeout``.
+        """
         with self._lock:
             rid = self._next_id
             self._next_id += 1
@@ -141,7 +147,7 @@ class AdminClient:
             raise AdminError(str(reply.get("error")))
         return reply.get("value")
 
-    def _reply(self, rid: int) -> Any:
+    def _reply(self, rid: int) -> dict[str, object]:
         while True:  # replies come in order; one to an abandoned call is skipped
             size = int.from_bytes(self._read(4), "big")
             if size > MAX_REPLY:
@@ -149,6 +155,8 @@ class AdminClient:
             mac = self._read(_MAC)
             reply = _open(self._keys[1], self._seq[1], mac, self._read(size))
             self._seq[1] += 1
+            if not isinstance(reply, dict):
+                raise AdminError(f"a reply is {type(reply).__name__}, not an object")
             if reply.get("id") == rid:
                 return reply
 

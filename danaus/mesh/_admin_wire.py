@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 import msgspec
 
@@ -27,6 +27,7 @@ __all__ = [
     "MAX_REQUEST",
     "AdminError",
     "AdminTimeout",
+    "ControllerInfo",
     "find_controllers",
     "runtime_dir",
 ]
@@ -58,7 +59,7 @@ def _plain(obj: object) -> object:
     return sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else repr(obj)
 
 
-def _seal(key: bytes, seq: int, obj: Any) -> bytes:
+def _seal(key: bytes, seq: int, obj: object) -> bytes:
     try:
         payload = msgspec.json.encode(obj, enc_hook=repr)
     except UnicodeEncodeError:  # text with lone surrogates (undecodable argv, file names)
@@ -66,7 +67,8 @@ def _seal(key: bytes, seq: int, obj: Any) -> bytes:
     return len(payload).to_bytes(4, "big") + _mac(key, seq, payload) + payload
 
 
-def _open(key: bytes, seq: int, mac: bytes, payload: bytes) -> Any:
+def _open(key: bytes, seq: int, mac: bytes, payload: bytes) -> object:
+    """The JSON value of a frame (what it is, the reader checks)."""
     if not hmac.compare_digest(_mac(key, seq, payload), mac):
         raise AdminError("a frame failed its integrity check (tampered, replayed or spliced)")
     try:
@@ -99,6 +101,19 @@ def _normalize(addr: str) -> str:
 # ------------------------------------------------------------------------ runtime files
 
 
+class ControllerInfo(TypedDict):
+    """A controller's admin file: where its admin endpoint is and who it is."""
+
+    addr: str
+    #: the job's key, as hex
+    key: str
+    pid: int
+    host: str
+    argv: list[str]
+    #: when it started (``time.time()``)
+    started: float
+
+
 def runtime_dir() -> Path:
     """Where controllers leave their admin files: ``config.runtime_dir``, else
     ``$XDG_RUNTIME_DIR/danaus``, else ``/tmp/danaus-<uid>`` (made private to the user)."""
@@ -115,7 +130,7 @@ def runtime_dir() -> Path:
 
 def _write_runtime_file(addr: str, key: bytes) -> Path:
     path = runtime_dir() / f"admin-{os.getpid()}.json"
-    body = {
+    body: ControllerInfo = {
         "addr": addr,
         "key": key.hex(),
         "pid": os.getpid(),
@@ -139,9 +154,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def find_controllers() -> list[dict[str, Any]]:
+def find_controllers() -> list[ControllerInfo]:
     """The running controllers of this user on this host (their admin files), newest
-    first; files of controllers that died without removing them are removed."""
+    first; files of controllers that died without removing them are removed (and files
+    that are not admin files skipped)."""
     found = []
     for path in runtime_dir().glob("admin-*.json"):
         try:
@@ -149,8 +165,10 @@ def find_controllers() -> list[dict[str, Any]]:
             pid = int(info["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
+        if not (isinstance(info.get("addr"), str) and isinstance(info.get("key"), str)):
+            continue
         if _alive(pid):
-            found.append(info)
+            found.append(cast(ControllerInfo, info))
         else:
             with contextlib.suppress(OSError):
                 path.unlink()

@@ -16,15 +16,115 @@ import os
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal, Required, TypedDict
 
 from ..actors._api import ProcControl
+from ..errors import ProtocolError
+from ._records import ActorRecord, ProcReply, StackEntry, proc_reply, stack_entries
 from ._shape import Shape
 
 if TYPE_CHECKING:
     from ._proc_group import ProcGroup
+    from ._supervision import FailureReport
 
-__all__ = ["proc_stacks", "snapshot"]
+__all__ = [
+    "ActorPicture",
+    "ProcMeshPicture",
+    "ProcPicture",
+    "Snapshot",
+    "proc_stacks",
+    "snapshot",
+]
+
+#: a proc: ``failed`` (exited, killed, lost), ``unresponsive`` (no answer in time), ``ok``
+ProcHealth = Literal["ok", "failed", "unresponsive"]
+#: an actor: ``failed``, ``stopped``, ``stuck`` (an endpoint running longer than
+#: ``config.stuck_warn_after``), ``busy`` (one running), ``idle``
+ActorHealth = Literal["failed", "stopped", "stuck", "busy", "idle"]
+
+
+class ProcPicture(TypedDict, total=False):
+    """One proc: where it is and its health; its record (``ProcRecord``'s keys) when it
+    answered."""
+
+    rank: Required[int]
+    point: Required[str]
+    addr: Required[str | None]
+    health: Required[ProcHealth]
+    failure: Required[str | None]
+    error: Required[str | None]
+    pid: Required[int | None]
+    host: str
+    cpu_percent: float
+    rss_bytes: int
+    connections: int
+    bytes_in: int
+    bytes_out: int
+    actors: int
+    threads: int
+
+
+class ActorMeshPicture(TypedDict):
+    """An actor mesh on a proc mesh: its ranks, which failed (why), whether stopped."""
+
+    name: str
+    ranks: list[int]
+    failed: dict[str, str]
+    stopped: str | None
+
+
+class ProcMeshPicture(TypedDict):
+    """A proc mesh: its procs and the actor meshes on them."""
+
+    name: str
+    sizes: dict[str, int]
+    failed: dict[str, str]
+    procs: list[ProcPicture]
+    actor_meshes: list[ActorMeshPicture]
+
+
+class PlacedActor(ActorRecord):
+    """An actor's record and where it lives: its proc mesh and the proc's rank."""
+
+    procs: str
+    proc_rank: int
+
+
+class ActorPicture(PlacedActor):
+    """An actor's record, where it lives, and its health."""
+
+    health: ActorHealth
+
+
+class ControllerPicture(TypedDict):
+    pid: int
+    host: str
+    argv: list[str]
+    started: float
+
+
+class StuckPicture(TypedDict):
+    """A stuck-endpoint report and when it came (``time.time()``)."""
+
+    when: float
+    actor: str
+    mesh: str
+    rank: str
+    endpoint: str
+    seconds: float
+    stack: str
+
+
+class Snapshot(TypedDict):
+    """What :func:`snapshot` gives (see the module's docstring)."""
+
+    time: float
+    controller: ControllerPicture
+    proc_meshes: list[ProcMeshPicture]
+    actors: list[ActorPicture]
+    stuck: list[StuckPicture]
+    failures: list[FailureReport]
+
 
 #: how long one proc may take to answer a snapshot's question (s)
 ASK_TIMEOUT = 5.0
@@ -55,7 +155,9 @@ def _find(procs_name: str) -> ProcGroup:
     raise KeyError(f"no live proc mesh named {procs_name!r}")
 
 
-async def _ask(addr: str | None, method: str, *args: Any) -> Any:
+async def _ask(
+    addr: str | None, method: Literal["stats", "stacks"], *args: list[str] | None
+) -> object:
     """Ask the control actor of the proc at ``addr``; the exception if it cannot answer."""
     from ._actor_mesh import mesh_ref
 
@@ -70,7 +172,18 @@ async def _ask(addr: str | None, method: str, *args: Any) -> Any:
         return e
 
 
-def _health(failure: str | None, answer: Any) -> str:
+async def _ask_stats(addr: str | None) -> ProcReply | BaseException:
+    """The stats of the proc at ``addr``; the exception if it cannot answer."""
+    answer = await _ask(addr, "stats", None)
+    if isinstance(answer, BaseException):
+        return answer
+    try:
+        return proc_reply(answer, str(addr))
+    except ProtocolError as e:
+        return e
+
+
+def _health(failure: str | None, answer: object) -> ProcHealth:
     if failure is not None:
         return "failed"
     if isinstance(answer, BaseException):
@@ -78,34 +191,36 @@ def _health(failure: str | None, answer: Any) -> str:
     return "ok"
 
 
-async def _proc_mesh_picture(group: ProcGroup) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+async def _proc_mesh_picture(group: ProcGroup) -> tuple[ProcMeshPicture, list[PlacedActor]]:
     handles = group.handles
     points = list(group.shape.points())
     failed = dict(group.state.failed)
     answers = await asyncio.gather(
-        *(_ask(None if h.rank in failed else h.addr, "stats", None) for h in handles)
+        *(_ask_stats(None if h.rank in failed else h.addr) for h in handles)
     )
-    procs, actors = [], []
+    procs: list[ProcPicture] = []
+    actors: list[PlacedActor] = []
     for h, point, answer in zip(handles, points, answers, strict=True):
         failure = failed.get(h.rank)
-        proc: dict[str, Any] = {
+        try:
+            pid = h.pid
+        except Exception:
+            pid = None
+        proc: ProcPicture = {
             "rank": h.rank,
             "point": str(point),
             "addr": h.addr,
             "health": _health(failure, answer),
             "failure": failure,
             "error": str(answer) if isinstance(answer, BaseException) and not failure else None,
+            "pid": pid,
         }
-        try:
-            proc["pid"] = h.pid
-        except Exception:
-            proc["pid"] = None
         if not isinstance(answer, BaseException):
-            proc.update(answer["proc"])
+            proc = {**proc, **answer["proc"]}
             for record in answer["actors"].values():
                 actors.append({**record, "procs": group.name, "proc_rank": h.rank})
         procs.append(proc)
-    meshes = [
+    meshes: list[ActorMeshPicture] = [
         {
             "name": s.name,
             "ranks": sorted(s.ranks),
@@ -114,7 +229,7 @@ async def _proc_mesh_picture(group: ProcGroup) -> tuple[dict[str, Any], list[dic
         }
         for s in group.states()
     ]
-    picture = {
+    picture: ProcMeshPicture = {
         "name": group.name,
         "sizes": dict(group.shape.sizes),
         "failed": {str(r): why for r, why in failed.items()},
@@ -124,7 +239,9 @@ async def _proc_mesh_picture(group: ProcGroup) -> tuple[dict[str, Any], list[dic
     return picture, actors
 
 
-def _actor_health(actor: dict[str, Any], failed_meshes: dict[str, set[int]], stuck: float) -> str:
+def _actor_health(
+    actor: PlacedActor, failed_meshes: dict[str, set[int]], stuck: float
+) -> ActorHealth:
     if actor.get("failed") or actor["rank"] in failed_meshes.get(actor["mesh"], set()):
         return "failed"
     if actor.get("stopped"):
@@ -135,21 +252,23 @@ def _actor_health(actor: dict[str, Any], failed_meshes: dict[str, set[int]], stu
     return "busy" if actor["in_flight"] else "idle"
 
 
-async def snapshot() -> dict[str, Any]:
+async def snapshot() -> Snapshot:
     """Everything this controller runs, now (see the module's docstring)."""
     from ..config import config
     from ._proc_group import live_groups
     from ._supervision import failure_reports, stuck_reports
 
     pictures = await asyncio.gather(*(_proc_mesh_picture(g) for g in live_groups()))
-    actors: list[dict[str, Any]] = []
+    placed: list[PlacedActor] = []
     failed_meshes: dict[str, set[int]] = {}
     for picture, those in pictures:
-        actors.extend(those)
+        placed.extend(those)
         for m in picture["actor_meshes"]:
             failed_meshes.setdefault(m["name"], set()).update(int(r) for r in m["failed"])
-    for a in actors:
-        a["health"] = _actor_health(a, failed_meshes, config.stuck_warn_after)
+    stuck = config.stuck_warn_after
+    actors: list[ActorPicture] = [
+        {**a, "health": _actor_health(a, failed_meshes, stuck)} for a in placed
+    ]
     return {
         "time": time.time(),
         "controller": {
@@ -176,12 +295,13 @@ async def snapshot() -> dict[str, Any]:
     }
 
 
-async def proc_stacks(procs: str, rank: int) -> list[dict[str, Any]]:
+async def proc_stacks(procs: str, rank: int) -> list[StackEntry]:
     """The stacks of proc ``rank`` of the live proc mesh named ``procs``."""
     handles = {h.rank: h for h in _find(procs).handles}
     if rank not in handles:
         raise KeyError(f"proc mesh {procs!r} has no rank {rank}")
-    answer = await _ask(handles[rank].addr, "stacks")
+    addr = handles[rank].addr
+    answer = await _ask(addr, "stacks")
     if isinstance(answer, BaseException):
         raise answer
-    return list(answer)
+    return stack_entries(answer, str(addr))

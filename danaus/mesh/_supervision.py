@@ -27,9 +27,9 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
-from typing import Any
+from typing import Protocol, TypedDict
 
 from ..actors._api import Connection, Point, Runtime, Stuck, context
 from ..errors import SupervisionError
@@ -38,6 +38,44 @@ from ._shape import Shape
 __all__ = ["MeshFailure", "set_unhandled_fault_hook"]
 
 log = logging.getLogger("danaus.supervision")
+
+
+class FailureReport(TypedDict):
+    """A failure as tools see it: when (``time.time()``), which mesh, which ranks (and
+    their points), what kind (as :attr:`MeshFailure.kind`), and the report."""
+
+    when: float
+    mesh: str
+    ranks: list[int]
+    points: list[str]
+    kind: str
+    report: str
+
+
+class _Named(Protocol):
+    @property
+    def actor_id(self) -> str: ...
+
+
+class _Stoppable(Protocol):
+    def stop(self) -> Awaitable[object]: ...
+
+
+class Owner(Protocol):
+    """What supervision asks of a mesh's owner actor (the actor layer's instance)."""
+
+    #: the meshes it spawned: they stop when it stops
+    owned: list[_Stoppable]
+
+    @property
+    def stopped(self) -> bool: ...
+
+    @property
+    def ctx(self) -> _Named: ...
+
+    def supervise(self, failure: MeshFailure, escalate_report: str) -> None:
+        """Give ``failure`` to the actor's ``__supervise__``; unhandled, the actor fails
+        with ``escalate_report``."""
 
 
 class MeshFailure:
@@ -127,7 +165,7 @@ class MeshState:
     """Failure state of one mesh, shared by all its slices."""
 
     def __init__(
-        self, name: str, shape: Shape, owner: Any, ranks: frozenset[int] | None = None
+        self, name: str, shape: Shape, owner: Owner | None, ranks: frozenset[int] | None = None
     ) -> None:
         self.name = name
         self.shape = shape  # of the whole mesh: global ranks index it
@@ -176,7 +214,7 @@ class MeshState:
         route(self.owner, failure)
 
 
-def route(owner: Any, failure: MeshFailure) -> None:
+def route(owner: Owner | None, failure: MeshFailure) -> None:
     """Give ``failure`` to ``owner`` (an ActorInstance) or, at the top, to the hook."""
     if _exiting.is_set():
         log.debug("at exit, not reported: %s", failure)
@@ -192,7 +230,7 @@ def route(owner: Any, failure: MeshFailure) -> None:
     )
 
 
-def current_owner() -> Any:
+def current_owner() -> Owner | None:
     """The ActorInstance whose endpoint is running now (None on the controller): the
     owner of any mesh spawned now."""
     ctx = context().actor_instance
@@ -211,10 +249,10 @@ def resolved() -> ThreadFuture[None]:
 stuck_reports: collections.deque[tuple[float, Stuck]] = collections.deque(maxlen=256)
 
 #: the last failures of meshes this process spawned, newest last (for tools; bounded)
-failure_reports: collections.deque[dict[str, Any]] = collections.deque(maxlen=256)
+failure_reports: collections.deque[FailureReport] = collections.deque(maxlen=256)
 
 
-def handle_stuck(rt: Runtime, conn: Connection, msg: Stuck, parts: list[Any]) -> None:
+def handle_stuck(rt: Runtime, conn: Connection, msg: Stuck, parts: list[object]) -> None:
     stuck_reports.append((time.time(), msg))
     log.warning(
         "endpoint %s of %s (mesh %s, rank %s) has been running for %.0f s; its stack:\n%s",

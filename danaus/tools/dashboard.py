@@ -89,14 +89,18 @@ class AdminSource:
     def __init__(
         self, addr: str | None = None, key: bytes | None = None, timeout: float = REQUEST_TIMEOUT
     ) -> None:
-        from ..mesh import AdminClient
+        from ..mesh import AdminClient, AdminError
 
         self._key = key
         self._timeout = timeout
         self._lock = threading.Lock()
         client = AdminClient(addr, key, timeout)
         self.addr = client.addr  # the one found: later connections go to the same one
-        self.hello: dict[str, Any] = client.call("hello")
+        hello = client.call("hello")
+        if not isinstance(hello, dict):
+            client.close()
+            raise AdminError(f"{self.addr} answered hello with {type(hello).__name__}")
+        self.hello: dict[str, Any] = hello
         self._client: Any = client
 
     def _call(self, op: str, **args: Any) -> Any:

@@ -109,7 +109,10 @@ class Poller:
             try:
                 if client is None:
                     raise AdminError("not connected to the controller now")
-                done.set_result(list(client.call("stacks", procs=procs, rank=rank)))
+                stacks = client.call("stacks", procs=procs, rank=rank)
+                if not isinstance(stacks, list):
+                    raise AdminError(f"stacks came as {type(stacks).__name__}, not a list")
+                done.set_result(stacks)
             except (AdminError, OSError) as e:
                 done.set_exception(e)
 
@@ -140,6 +143,8 @@ class Poller:
             with self._lock:
                 self._asking_since = time.monotonic()
             snap = client.call("snapshot")
+            if not isinstance(snap, dict):
+                raise AdminError(f"the snapshot came as {type(snap).__name__}, not an object")
         except (AdminError, OSError) as e:
             if not self._stop.is_set():
                 self._failed(e)
