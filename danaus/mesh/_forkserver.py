@@ -38,9 +38,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-from ._forkserver_proc import _MAX_MSG, SAFE_PRELOAD, _decode, _encode
+from ._forkserver_proc import (
+    _MAX_MSG,
+    SAFE_PRELOAD,
+    Answer,
+    ForkRequest,
+    PreloadRequest,
+    ServerStatus,
+    StatusRequest,
+    _encode,
+    decode_answer,
+)
 
 log = logging.getLogger("danaus.procs")
 
@@ -146,7 +155,7 @@ class ForkServer:
         self._ctl, self._child_ctl = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._requests: dict[int, ForkedPopen] = {}
         self._by_pid: dict[int, ForkedPopen] = {}
-        self._status: dict[int, queue.SimpleQueue[dict[str, Any]]] = {}
+        self._status: dict[int, queue.SimpleQueue[ServerStatus]] = {}
         self._next_id = 0
         self._lock = threading.Lock()
         self._outbox: queue.SimpleQueue[tuple[bytes, list[int]] | None] = queue.SimpleQueue()
@@ -214,15 +223,16 @@ class ForkServer:
                 code = self._popen.wait()
                 self._die(f"it exited ({code})")
                 return
-            self._dispatch(_decode(data))
+            self._dispatch(decode_answer(data))
 
-    def _dispatch(self, msg: dict[str, Any]) -> None:
-        op = msg["op"]
-        if op == "ready":
+    def _dispatch(self, msg: Answer | None) -> None:
+        if msg is None:
+            return
+        if msg["op"] == "ready":
             if msg["unsafe"]:
                 self._mark_unsafe(msg["unsafe"])
             self.ready.set()
-        elif op == "forked":
+        elif msg["op"] == "forked":
             with self._lock:
                 popen = self._requests.pop(msg["id"], None)
                 if popen is not None and msg["pid"] > 0:
@@ -233,16 +243,16 @@ class ForkServer:
                 else:
                     log.error("the fork server could not fork a proc: %s", msg.get("error"))
                     popen._exit(1)
-        elif op == "exit":
+        elif msg["op"] == "exit":
             with self._lock:
                 popen = self._by_pid.pop(msg["pid"], None)
             if popen is not None:
                 popen._exit(msg["code"])
-        elif op == "unsafe":
+        elif msg["op"] == "unsafe":
             self._mark_unsafe(msg["reason"])
-        elif op == "preload_failed":
+        elif msg["op"] == "preload_failed":
             log.info("the fork server did not preload %s", msg["failed"])
-        elif op == "status":
+        elif msg["op"] == "status":
             box = self._status.pop(msg["id"], None)
             if box is not None:
                 box.put(msg)
@@ -315,8 +325,14 @@ class ForkServer:
             self._next_id += 1
             rid = self._next_id
             self._requests[rid] = popen
-        msg = {"op": "fork", "id": rid, "addr": addr, "parent": parent, "env": env}
-        msg["cwd"] = os.getcwd()
+        msg: ForkRequest = {
+            "op": "fork",
+            "id": rid,
+            "addr": addr,
+            "parent": parent,
+            "env": env,
+            "cwd": os.getcwd(),
+        }
         self._outbox.put((_encode(msg), fds))
         return popen
 
@@ -333,16 +349,16 @@ class ForkServer:
         fresh = [m for m in modules if m not in self.preload]
         if fresh and not self.dead:
             self.preload.extend(fresh)
-            self._outbox.put((_encode({"op": "preload", "modules": fresh}), []))
+            self._outbox.put((_encode(PreloadRequest(op="preload", modules=fresh)), []))
 
-    def status(self, timeout: float = 30.0) -> dict[str, Any]:
+    def status(self, timeout: float = 30.0) -> ServerStatus:
         """The server's own report: pid, preloaded modules, threads, CUDA, children."""
-        box: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        box: queue.SimpleQueue[ServerStatus] = queue.SimpleQueue()
         with self._lock:
             self._next_id += 1
             rid = self._next_id
             self._status[rid] = box
-        self._outbox.put((_encode({"op": "status", "id": rid}), []))
+        self._outbox.put((_encode(StatusRequest(op="status", id=rid)), []))
         return box.get(timeout=timeout)
 
 

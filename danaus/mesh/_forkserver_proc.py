@@ -14,7 +14,7 @@ import socket
 import sys
 import threading
 import traceback
-from typing import Any
+from typing import Literal, NotRequired, TypedDict
 
 import msgspec
 
@@ -26,7 +26,126 @@ SAFE_PRELOAD = ("numpy", "torch", "scipy", "pandas")
 _BASE = ("danaus", "danaus.actors._proc", "danaus.actors._runtime", "danaus.actors._actor")
 _MAX_MSG = 1 << 20
 _encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder().decode
+_decode_map = msgspec.msgpack.Decoder(dict[str, object]).decode
+
+# The wire (see ``_forkserver``): msgpack maps tagged by ``op``. Requests, to the server:
+
+
+class ForkRequest(TypedDict):
+    """Fork a proc (its stdin, stdout, stderr and listening socket come as fds)."""
+
+    op: Literal["fork"]
+    id: int
+    addr: str
+    parent: str
+    env: dict[str, str]
+    cwd: str
+
+
+class PreloadRequest(TypedDict):
+    op: Literal["preload"]
+    modules: list[str]
+
+
+class StatusRequest(TypedDict):
+    op: Literal["status"]
+    id: int
+
+
+Request = ForkRequest | PreloadRequest | StatusRequest
+
+# Answers, from the server:
+
+
+class Ready(TypedDict):
+    op: Literal["ready"]
+    pid: int
+    preloaded: list[str]
+    unsafe: str
+
+
+class Forked(TypedDict):
+    """The proc of request ``id`` is ``pid``; -1 and ``error`` where the fork failed."""
+
+    op: Literal["forked"]
+    id: int
+    pid: int
+    error: NotRequired[str]
+
+
+class Exited(TypedDict):
+    op: Literal["exit"]
+    pid: int
+    code: int
+
+
+class Unsafe(TypedDict):
+    """Forking from the server became unsafe (``reason``): procs start with exec."""
+
+    op: Literal["unsafe"]
+    reason: str
+
+
+class PreloadFailed(TypedDict):
+    op: Literal["preload_failed"]
+    #: module -> why it did not import
+    failed: dict[str, str]
+
+
+class ServerStatus(TypedDict):
+    """The server's own report: pid, preloaded modules, threads, CUDA, children."""
+
+    op: Literal["status"]
+    id: int
+    pid: int
+    preloaded: list[str]
+    children: list[int]
+    python_threads: int
+    cuda_initialized: bool
+    unsafe: str
+
+
+Answer = Ready | Forked | Exited | Unsafe | PreloadFailed | ServerStatus
+
+
+def decode_request(data: bytes) -> Request | None:
+    """A request, checked; None for an op this server does not know (ignored).
+
+    Raises:
+        msgspec.DecodeError: ``data`` is not a well-formed request.
+    """
+    msg = _decode_map(data)
+    match msg.get("op"):
+        case "fork":
+            return msgspec.convert(msg, ForkRequest)
+        case "preload":
+            return msgspec.convert(msg, PreloadRequest)
+        case "status":
+            return msgspec.convert(msg, StatusRequest)
+    return None
+
+
+def decode_answer(data: bytes) -> Answer | None:
+    """An answer, checked; None for an op this spawner does not know (ignored).
+
+    Raises:
+        msgspec.DecodeError: ``data`` is not a well-formed answer.
+    """
+    msg = _decode_map(data)
+    match msg.get("op"):
+        case "ready":
+            return msgspec.convert(msg, Ready)
+        case "forked":
+            return msgspec.convert(msg, Forked)
+        case "exit":
+            return msgspec.convert(msg, Exited)
+        case "unsafe":
+            return msgspec.convert(msg, Unsafe)
+        case "preload_failed":
+            return msgspec.convert(msg, PreloadFailed)
+        case "status":
+            return msgspec.convert(msg, ServerStatus)
+    return None
 
 
 class _Server:
@@ -41,7 +160,7 @@ class _Server:
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: Answer) -> None:
         try:
             self.ctl.send(_encode(msg))
         except OSError:
@@ -88,15 +207,16 @@ class _Server:
                         return
                     if not data:
                         return
-                    self.handle(_decode(data), fds)
+                    self.handle(decode_request(data), fds)
 
-    def handle(self, msg: dict[str, Any], fds: list[int]) -> None:
-        op = msg.get("op")
-        if op == "fork":
+    def handle(self, msg: Request | None, fds: list[int]) -> None:
+        if msg is None:
+            pass
+        elif msg["op"] == "fork":
             self.fork(msg, fds)
-        elif op == "preload":
+        elif msg["op"] == "preload":
             self.preload(list(msg["modules"]))
-        elif op == "status":
+        elif msg["op"] == "status":
             self.send(
                 {
                     "op": "status",
@@ -112,7 +232,7 @@ class _Server:
         for fd in fds:
             os.close(fd)
 
-    def fork(self, msg: dict[str, Any], fds: list[int]) -> None:
+    def fork(self, msg: ForkRequest, fds: list[int]) -> None:
         try:
             pid = os.fork()
         except OSError as e:
@@ -123,7 +243,7 @@ class _Server:
         self.children.add(pid)
         self.send({"op": "forked", "id": msg["id"], "pid": pid})
 
-    def _child(self, msg: dict[str, Any], fds: list[int]) -> None:
+    def _child(self, msg: ForkRequest, fds: list[int]) -> None:
         try:
             self.sel.close()
             self.ctl.close()
