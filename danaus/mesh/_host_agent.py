@@ -13,7 +13,7 @@ import os
 import signal
 from collections.abc import Sequence
 from concurrent.futures import Future as ThreadFuture
-from typing import Any
+from typing import TypedDict
 
 from ..actors._api import (
     Actor,
@@ -37,6 +37,14 @@ log = logging.getLogger("danaus.host_agent")
 
 #: The wire name of the agent actor in its process.
 AGENT = "host_agent"
+
+
+class AgentInfo(TypedDict):
+    """What a host agent says of itself: its host, pid and how many procs it runs."""
+
+    host: str
+    pid: int
+    procs: int
 
 
 class HostAgent(Actor):
@@ -124,7 +132,7 @@ class HostAgent(Actor):
         forget(addrs)
 
     @endpoint
-    def info(self) -> dict[str, Any]:
+    def info(self) -> AgentInfo:
         return {"host": self.host, "pid": os.getpid(), "procs": len(self.procs)}
 
 
@@ -241,8 +249,8 @@ def agent_addrs(addrs: Sequence[str]) -> list[str]:
 def run_worker_loop_forever(
     *,
     address: str,
-    ca: Any = None,
-    private_key: Any = None,
+    ca: object = None,
+    private_key: object = None,
     key_file: str | None = None,
 ) -> None:
     """Monarch's name for running a host agent here (``danaus host-agent``): serve
