@@ -13,9 +13,18 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future as ThreadFuture
-from typing import Any
 
-from ..actors._api import OK, Actor, Future, Point, Port, current_runtime, peer_keys, run_task
+from ..actors._api import (
+    OK,
+    Actor,
+    Future,
+    Point,
+    Port,
+    Runtime,
+    current_runtime,
+    peer_keys,
+    run_task,
+)
 from ..config import config
 from ..errors import SupervisionError
 from ._actor_mesh import ActorMesh, mesh_ref
@@ -44,7 +53,7 @@ class HostMesh(Shaped):
         self,
         shape: Shape,
         name: str = "local",
-        agents: ActorMesh[Any] | None = None,
+        agents: ActorMesh[HostAgent] | None = None,
         spawned: list[ProcGroup] | None = None,
         python: str | None = None,
     ) -> None:
@@ -195,7 +204,7 @@ class HostMesh(Shaped):
         return self._spawn_remote(rt, shape, name, env, options)
 
     def _spawn_remote(
-        self, rt: Any, shape: Shape, name: str, env: dict[str, str], options: LogOptions
+        self, rt: Runtime, shape: Shape, name: str, env: dict[str, str], options: LogOptions
     ) -> ProcMesh:
         agents = self._agents
         assert agents is not None
@@ -209,7 +218,8 @@ class HostMesh(Shaped):
             by_host.append((agent_addr, group))
         left = [len(by_host)]
 
-        def on_host(i: int, fut: Any) -> None:
+        def on_host(i: int, fut: Future[list[tuple[str, int]]]) -> None:
+            # (what HostAgent.spawn_procs returns: each proc's address and pid)
             _, group = by_host[i]
             exc = fut.exception()
             if exc is None:
@@ -229,8 +239,9 @@ class HostMesh(Shaped):
 
         sinks = [printer(name, r, options) for r in range(len(shape))]
 
-        def on_line(rank: int, status: int, value: Any) -> bool:
-            if status == OK:
+        def on_line(rank: int, status: int, value: object) -> bool:
+            # a line of a proc's output: (its rank, "out" | "err", the line)
+            if status == OK and isinstance(value, tuple | list) and len(value) == 3:
                 r, stream, line = value
                 sinks[r](stream, line)
             return False  # open for as long as the procs live
@@ -272,8 +283,8 @@ def attach_to_hosts(
 def attach_to_workers(
     *,
     workers: Sequence[str],
-    ca: Any = None,
-    private_key: Any = None,
+    ca: object = None,
+    private_key: object = None,
     name: str | None = None,
     key_file: str | None = None,
 ) -> HostMesh:
@@ -333,14 +344,14 @@ def _default_name() -> str:
 class _Bootstrap(Actor):
     """Runs a ``spawn_procs(bootstrap=...)`` function in its proc, before other actors."""
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
+    def __init__(self, fn: Callable[[], object]) -> None:
         result = fn()
         if inspect.isawaitable(result):
             # __init__ runs on the proc's loop, which must not start another actor
             # before this one is done: run the coroutine to its end on a thread.
             import concurrent.futures
 
-            async def run() -> Any:
+            async def run() -> object:
                 return await result
 
             import contextvars
