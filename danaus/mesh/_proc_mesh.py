@@ -8,14 +8,16 @@ over a group.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
+from contextlib import AbstractContextManager
 from types import EllipsisType
-from typing import Any, TypeVar
+from typing import Protocol, TypeVar
 
 from ..actors._api import (
     Actor,
     Future,
+    Point,
     ProcControl,
     current_runtime,
     endpoints_of,
@@ -75,7 +77,7 @@ class ProcMesh(Shaped):
         state = "stopped" if self._group.stopped else "running"
         return f"ProcMesh({self.name}, {self._shape.sizes}, {state})"
 
-    def activate(self) -> Any:
+    def activate(self) -> AbstractContextManager[object]:
         """``with procs.activate():`` torch calls make distributed tensors on these procs.
 
         Imports the tensor engine (and torch) on first use.
@@ -227,7 +229,7 @@ class ProcMesh(Shaped):
         return [h.pid for h in self._handles()]
 
     # actors
-    def spawn(self, name: str, cls: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+    def spawn(self, name: str, cls: type[A], *args: object, **kwargs: object) -> ActorMesh[A]:
         """Create one ``cls(*args, **kwargs)`` actor in every proc of this mesh.
 
         Returns at once. Messages sent to the mesh are handled after ``__init__`` ran.
@@ -277,7 +279,7 @@ class ProcMesh(Shaped):
 
 
 #: set by danaus.tensor_engine when imported (the mesh layer does not import it)
-activate_hook: Any = None
+activate_hook: Callable[[ProcMesh], AbstractContextManager[object]] | None = None
 
 
 def shutdown_context() -> Future[None]:
@@ -319,7 +321,22 @@ def group_of(procs: ProcMesh) -> ProcGroup:
     return procs._group
 
 
-def _proc_of_actor(actor: Any) -> ProcMesh:
+class _PlacedActor(Protocol):
+    """What ``context().actor_instance`` says of where an actor lives."""
+
+    @property
+    def actor_id(self) -> str: ...
+    @property
+    def rank(self) -> Point: ...
+    @property
+    def proc_addr(self) -> str: ...
+    @property
+    def proc_mesh_name(self) -> str: ...
+    @property
+    def proc_addrs(self) -> tuple[str, ...]: ...
+
+
+def _proc_of_actor(actor: _PlacedActor) -> ProcMesh:
     """``context().actor_instance.proc``: the actor's own proc as a mesh of one."""
     rt = current_runtime()
     if rt.addr != actor.proc_addr:
@@ -333,7 +350,7 @@ def _proc_of_actor(actor: Any) -> ProcMesh:
 _context_module.proc_of_actor = _proc_of_actor
 
 
-def _proc_mesh_of_actor(actor: Any) -> ProcMesh:
+def _proc_mesh_of_actor(actor: _PlacedActor) -> ProcMesh:
     """``context().actor_instance.proc_mesh``: a reference to the actor's proc mesh."""
     addrs = actor.proc_addrs
     if not addrs:
