@@ -11,8 +11,8 @@ has to reduce them. Per-sender order is kept by sequence numbers (see ``ActorIns
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeAlias, cast
 
 import msgspec
 
@@ -42,6 +42,9 @@ from ..errors import SerializationError
 log = logging.getLogger("danaus.cast")
 
 Target = tuple[int, str, int]  # (rank, proc address, sequence number)
+#: an out-of-band part of a frame (the actor layer's ``Buffer``, which ``_api`` does not
+#: export)
+Part: TypeAlias = bytes | bytearray | memoryview
 _error_decode = msgspec.msgpack.Decoder(ErrorInfo).decode
 
 
@@ -68,7 +71,7 @@ def send_cast(
     fanout: int,
     args: msgspec.Raw,
     pickled: bool,
-    parts: Sequence[Any],
+    parts: Sequence[Part],
     reducer: tuple[msgspec.Raw, bool] | None = None,
     region: Region | None = None,
 ) -> None:
@@ -100,7 +103,7 @@ def send_cast(
 
 
 def _send_subtree(
-    rt: Runtime, chunk: list[Target], port: int, msg: Cast, parts: Sequence[Any]
+    rt: Runtime, chunk: list[Target], port: int, msg: Cast, parts: Sequence[Part]
 ) -> None:
     """Send ``msg`` to the head of ``chunk``; its results (or, if the head cannot be reached
     or is lost, an error per rank and a skip of the lost sequence numbers) go to ``port``."""
@@ -116,6 +119,12 @@ def _send_subtree(
         conn.pending[port] = lost
 
 
+class ReplySink(Protocol):
+    """Where an actor's reply to a call goes: its connection, or a cast's tree node."""
+
+    def send(self, msg: Result, parts: Sequence[Part] = ()) -> bool: ...
+
+
 class _Reply:
     """Stands in for a connection: catches the local actor's reply to a cast."""
 
@@ -123,7 +132,7 @@ class _Reply:
         self.node = node
         self.peer = peer
 
-    def send(self, msg: Result, parts: Sequence[Any] = ()) -> bool:
+    def send(self, msg: Result, parts: Sequence[Part] = ()) -> bool:
         self.node.add(msg.rank, msg.status, msg.value, msg.pickled, list(parts))
         return True
 
@@ -137,13 +146,14 @@ class _Node:
         self.msg = msg
         self.left = expected
         self.entries: list[tuple[int, int, msgspec.Raw, bool, int]] = []
-        self.parts: list[Any] = []
-        self.acc: Any = _NOTHING
+        self.parts: list[Part] = []
+        #: the reduced value so far (the user's), or _NOTHING
+        self.acc: object = _NOTHING
         self.error: tuple[int, msgspec.Raw] | None = None
-        self._combine: Any = None
+        self._combine: Callable[[object, object], object] | None = None
 
     def add(
-        self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Any]
+        self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Part]
     ) -> None:
         if self.msg.mode == CAST_REDUCE:
             self._reduce(rank, status, value, pickled, parts)
@@ -154,7 +164,7 @@ class _Node:
         if self.left == 0:
             self._finish()
 
-    def add_gathered(self, msg: Gathered, parts: list[Any]) -> None:
+    def add_gathered(self, msg: Gathered, parts: list[Part]) -> None:
         i = 0
         for rank, status, value, pickled, n in msg.entries:
             if self.msg.mode == CAST_REDUCE:
@@ -182,7 +192,7 @@ class _Node:
             self._finish()
 
     def _reduce(
-        self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Any]
+        self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Part]
     ) -> None:
         if self.error is not None:
             return
@@ -211,7 +221,7 @@ class _Node:
             if self.error is not None:
                 rank, raw = self.error
                 entries = [(rank, ERROR, raw, False, 0)]
-                parts: list[Any] = []
+                parts: list[Part] = []
             else:
                 try:
                     raw, pickled, parts = dumps(self.acc, lambda: f"reduced result of {msg.method}")
@@ -233,7 +243,7 @@ class _Node:
 _NOTHING = object()
 
 
-def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Any]) -> None:
+def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Part]) -> None:
     """In a proc: handle our own target of ``msg`` and forward the rest down the tree."""
     if msg.actor not in rt.actors and rt.await_actor(
         msg.actor, lambda: handle_cast(rt, conn, msg, parts)
@@ -267,7 +277,7 @@ def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Any]) -> N
         )
         _send_subtree(rt, chunk, child_port, fwd, parts)
     actor = rt.actors.get(msg.actor)
-    reply_to: Any = _Reply(node, msg.sender) if node is not None else conn
+    reply_to: ReplySink = _Reply(node, msg.sender) if node is not None else conn
     call = Call(
         msg.actor, msg.method, 1 if node is not None else 0, msg.args, msg.pickled, seq, msg.region
     )
@@ -275,7 +285,8 @@ def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Any]) -> N
         if node is not None:
             node.add(rank, ERROR, encode_error(rt.no_actor(msg.actor)), False, [])
         return
-    actor.deliver(reply_to, call, parts, msg.sender)
+    # The actor layer types the reply sink as a Connection; it only calls send() on it.
+    actor.deliver(cast(Connection, reply_to), call, parts, msg.sender)
 
 
 class _SubtreeLoss:
@@ -288,8 +299,10 @@ class _SubtreeLoss:
         self.ranks = ranks
         self.port = 0
 
-    def __call__(self, rank: int, status: int, value: Any) -> bool:
-        self.node.add_failure(rank, value)
+    def __call__(self, rank: int, status: int, value: object) -> bool:
+        # (the error the connection's loss delivers for each rank of the subtree)
+        exc = value if isinstance(value, BaseException) else ConnectionError(repr(value))
+        self.node.add_failure(rank, exc)
         self.ranks -= 1
         if self.ranks == 0:
             self.rt.gathers.pop(self.port, None)  # a late Gathered must not count again
@@ -298,7 +311,7 @@ class _SubtreeLoss:
         return False
 
 
-def handle_gathered(rt: Runtime, conn: Connection, msg: Gathered, parts: list[Any]) -> None:
+def handle_gathered(rt: Runtime, conn: Connection, msg: Gathered, parts: list[Part]) -> None:
     """Results of a subtree: into a tree node's gather, or the sender's port."""
     conn.pending.pop(msg.port, None)
     node = rt.gathers.pop(msg.port, None)
