@@ -7,9 +7,9 @@ import functools
 import inspect
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import Future as ThreadFuture
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar, overload
 
 from ..actors._api import (
     ERROR,
@@ -40,21 +40,30 @@ from ._value_mesh import ValueMesh
 __all__ = ["ActorMesh", "mesh_ref", "mesh_stacks", "mesh_stats"]
 
 A = TypeVar("A", bound=Actor)
+#: a mesh of ``Foo`` actors is a mesh of actors: ``ActorMesh[Foo]`` is an ``ActorMesh[Actor]``
+A_co = TypeVar("A_co", bound=Actor, covariant=True)
+R = TypeVar("R")
 _spawn_ids = itertools.count()
 _choose_lock = threading.Lock()
 
 
-class _unless_endpoint:
+class _unless_endpoint(Generic[R]):
     """An ``ActorMesh`` method whose name an actor class may also give an endpoint (e.g.
     ``stats``): where it does, ``mesh.stats`` is that endpoint, as without the method
-    (reach the method as ``danaus.mesh_stats(mesh)`` then)."""
+    (reach the method as ``danaus.mesh_stats(mesh)`` then; type checkers see the method)."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[[ActorMesh[Actor]], R]) -> None:
         self.fn = fn
         self.name = fn.__name__
         self.__doc__ = fn.__doc__
 
-    def __get__(self, mesh: Any, owner: type | None = None) -> Any:
+    @overload
+    def __get__(self, mesh: None, owner: type | None = None) -> _unless_endpoint[R]: ...
+    @overload
+    def __get__(self, mesh: ActorMesh[A], owner: type | None = None) -> Callable[[], R]: ...
+    def __get__(
+        self, mesh: ActorMesh[A] | None, owner: type | None = None
+    ) -> _unless_endpoint[R] | Callable[[], R] | ActorEndpoint[A]:
         if mesh is None:
             return self
         if self.name in endpoints_of(mesh._cls):
@@ -62,7 +71,7 @@ class _unless_endpoint:
         return functools.partial(self.fn, mesh)
 
 
-class ActorMesh(Shaped, Generic[A]):
+class ActorMesh(Shaped, Generic[A_co]):
     """One actor of class ``A`` in each proc of a proc mesh.
 
     ``mesh.method`` is an :class:`ActorEndpoint` with the adverbs ``call``,
@@ -74,7 +83,7 @@ class ActorMesh(Shaped, Generic[A]):
         self,
         name: str,
         wire: str,
-        cls: type[A],
+        cls: type[A_co],
         shape: Shape,
         addrs: dict[int, str] | None,
         initialized: ThreadFuture[None],
@@ -152,8 +161,8 @@ class ActorMesh(Shaped, Generic[A]):
         shape: Shape,
         name: str,
         actor_cls: type[A],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
     ) -> ActorMesh[A]:
         """One ``actor_cls`` actor in each proc of ``group`` that ``shape`` (the whole
         group's, or a slice's) selects."""
@@ -170,11 +179,12 @@ class ActorMesh(Shaped, Generic[A]):
         state = MeshState(name, group.shape, current_owner(), frozenset(ranks))
         group.add(wire, state)
 
-        def on_reply(rank: int, status: int, value: Any) -> bool:
+        def on_reply(rank: int, status: int, value: object) -> bool:
             if status == ERROR:
-                errors.append(value)
-                kind = "init" if isinstance(value, ActorError) else "proc"
-                state.fail([rank], str(value), kind)
+                err = value if isinstance(value, BaseException) else SupervisionError(str(value))
+                errors.append(err)
+                kind = "init" if isinstance(err, ActorError) else "proc"
+                state.fail([rank], str(err), kind)
             left[0] -= 1
             if left[0] == 0:
                 if errors:
@@ -207,9 +217,9 @@ class ActorMesh(Shaped, Generic[A]):
 
         # Remote procs learn their addresses from their host agent: spawn once they have.
         group.started.add_done_callback(lambda _: run_on(rt, send))
-        return cls(name, wire, actor_cls, shape, None, init, rt, group, sent, state)
+        return ActorMesh(name, wire, actor_cls, shape, None, init, rt, group, sent, state)
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         if self._sent.done():
             addrs = dict(self._targets_list)
         else:
@@ -248,7 +258,7 @@ class ActorMesh(Shaped, Generic[A]):
     def __repr__(self) -> str:
         return f"ActorMesh({self._name}: {self._cls.__name__}, {self._shape.sizes})"
 
-    def __getattr__(self, name: str) -> ActorEndpoint[A]:
+    def __getattr__(self, name: str) -> ActorEndpoint[A_co]:
         if name.startswith("__"):
             raise AttributeError(name)
         if name not in endpoints_of(self._cls):
@@ -260,7 +270,7 @@ class ActorMesh(Shaped, Generic[A]):
             )
         return ActorEndpoint(self, name)
 
-    def _with_shape(self, shape: Shape) -> ActorMesh[A]:
+    def _with_shape(self, shape: Shape) -> ActorMesh[A_co]:
         return ActorMesh(
             self._name,
             self._wire,
@@ -295,7 +305,7 @@ class ActorMesh(Shaped, Generic[A]):
         self._init.add_done_callback(done)
         return fut
 
-    def __await__(self) -> Any:
+    def __await__(self) -> Generator[object, None, ActorMesh[A_co]]:
         """``await procs.spawn(...)`` waits for every ``__init__`` and gives the mesh."""
         yield from self.initialized.__await__()
         return self
@@ -311,7 +321,7 @@ class ActorMesh(Shaped, Generic[A]):
         return {str(st.point(r)): why for r, why in list(st.failed.items()) if r in mine}
 
     @_unless_endpoint
-    def stats(self) -> Future[ValueMesh[ActorStats | GoneActorStats]]:
+    def stats(self: ActorMesh[Actor]) -> Future[ValueMesh[ActorStats | GoneActorStats]]:
         """What each actor is doing: messages handled and failed per endpoint, its last
         failure, its mailbox depth, the endpoints running now and for how long, and its
         proc's record (pid, host, CPU %, RSS, connections, bytes in and out)."""
@@ -320,7 +330,7 @@ class ActorMesh(Shaped, Generic[A]):
         return run_task(current_runtime(), lambda: actor_mesh_stats(self))
 
     @_unless_endpoint
-    def stacks(self) -> Future[ValueMesh[list[StackEntry]]]:
+    def stacks(self: ActorMesh[Actor]) -> Future[ValueMesh[list[StackEntry]]]:
         """The Python stack of every thread (and running async endpoint) of each actor's
         proc; a thread or task running an endpoint names the actor, the endpoint and for
         how long (``seconds``)."""
@@ -348,7 +358,7 @@ class ActorMesh(Shaped, Generic[A]):
                 return
             left = [len(ranks)]
 
-            def on_reply(rank: int, status: int, value: Any) -> bool:
+            def on_reply(rank: int, status: int, value: object) -> bool:
                 left[0] -= 1
                 if left[0] == 0 and not fut.done():
                     fut.set_result(None)  # stopped, or its proc is gone: either way, done
@@ -412,11 +422,11 @@ class ActorMesh(Shaped, Generic[A]):
 def _rebuild(
     name: str,
     wire: str,
-    cls: type[Any],
+    cls: type[A],
     shape: Shape,
     addrs: dict[int, str],
     whole: Shape | None = None,
-) -> ActorMesh[Any]:
+) -> ActorMesh[A]:
     state = MeshState(name, whole, None) if whole is not None else None
     return ActorMesh(name, wire, cls, shape, addrs, resolved(), None, None, state=state)
 
@@ -426,11 +436,11 @@ def mesh_ref(name: str, cls: type[A], shape: Shape, addrs: dict[int, str]) -> Ac
     return ActorMesh(name, name, cls, shape, addrs, resolved(), None, None)
 
 
-def mesh_stats(mesh: ActorMesh[Any]) -> Future[ValueMesh[ActorStats | GoneActorStats]]:
+def mesh_stats(mesh: ActorMesh[A]) -> Future[ValueMesh[ActorStats | GoneActorStats]]:
     """``mesh.stats()``, also where the actor class has an endpoint named ``stats``."""
     return ActorMesh.__dict__["stats"].fn(mesh)  # type: ignore[no-any-return]
 
 
-def mesh_stacks(mesh: ActorMesh[Any]) -> Future[ValueMesh[list[StackEntry]]]:
+def mesh_stacks(mesh: ActorMesh[A]) -> Future[ValueMesh[list[StackEntry]]]:
     """``mesh.stacks()``, also where the actor class has an endpoint named ``stacks``."""
     return ActorMesh.__dict__["stacks"].fn(mesh)  # type: ignore[no-any-return]
