@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeAlias, TypeVar
 
 import msgspec
 
@@ -32,7 +32,7 @@ from ..actors._api import (
 )
 from ..config import config
 from ..errors import EndpointNotFoundError, SupervisionError
-from ._cast import send_cast
+from ._cast import Part, send_cast
 from ._value_mesh import ValueMesh
 
 if TYPE_CHECKING:
@@ -41,19 +41,28 @@ if TYPE_CHECKING:
 __all__ = ["Accumulator", "ActorEndpoint", "NotAnEndpoint", "as_endpoint", "send"]
 
 A = TypeVar("A", bound=Actor)
+A_co = TypeVar("A_co", bound=Actor, covariant=True)
+T = TypeVar("T")
+
+#: a call's arguments, encoded: (header value, pickled?, out-of-band parts)
+Encoded: TypeAlias = tuple[msgspec.Raw, bool, list[Part]]
+
+# The adverbs' results are the user's endpoint's return values, which an ``ActorEndpoint``
+# (one per attribute name, from ``ActorMesh.__getattr__``) cannot know: they stay ``Any``
+# so that typed user code keeps using them as before. Arguments are ``object``.
 
 
-class ActorEndpoint(Generic[A]):
+class ActorEndpoint(Generic[A_co]):
     """An endpoint of every actor in a mesh, with Monarch's adverbs."""
 
-    def __init__(self, mesh: ActorMesh[A], name: str) -> None:
+    def __init__(self, mesh: ActorMesh[A_co], name: str) -> None:
         self._mesh = mesh
         self._name = name
 
     def __repr__(self) -> str:
         return f"<endpoint {self._mesh._cls.__name__}.{self._name} of {self._mesh!r}>"
 
-    def _encode(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, bool, list[Any]]:
+    def _encode(self, args: tuple[object, ...], kwargs: dict[str, object]) -> Encoded:
         return dumps_args(args, kwargs, self._describe_args)
 
     def _describe_args(self) -> str:
@@ -64,7 +73,7 @@ class ActorEndpoint(Generic[A]):
         rt: Runtime,
         ranks: list[int],
         port: int,
-        enc: tuple[Any, bool, list[Any]],
+        enc: Encoded,
         mode: int = CAST_GATHER,
         reducer: tuple[msgspec.Raw, bool] | None = None,
         here: bool | None = None,
@@ -143,7 +152,7 @@ class ActorEndpoint(Generic[A]):
         else:
             gate.add_done_callback(lambda _: run_on(rt, go))
 
-    def rref(self, *args: Any, **kwargs: Any) -> Any:
+    def rref(self, *args: object, **kwargs: object) -> Any:
         """Call the endpoint on every actor with DTensor arguments (each actor gets its
         proc's shard) and make what each returns a shard of a new DTensor, without
         waiting (Monarch's ``rref``). The endpoint needs ``@endpoint(propagate=fn)``:
@@ -154,7 +163,7 @@ class ActorEndpoint(Generic[A]):
         assert rref_hook is not None
         return rref_hook(self, args, kwargs)
 
-    def call_one(self, *args: Any, **kwargs: Any) -> Future[Any]:
+    def call_one(self, *args: object, **kwargs: object) -> Future[Any]:
         """Call the one actor of this mesh; ``ValueError`` if it holds more or fewer."""
         ranks = self._mesh._ranks
         if len(ranks) != 1:
@@ -165,17 +174,17 @@ class ActorEndpoint(Generic[A]):
         return self._call_single(ranks, args, kwargs)
 
     def _call_single(
-        self, ranks: list[int], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Future[Any]:
+        self, ranks: list[int], args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> Future[object]:
         enc = self._encode(args, kwargs)
         rt, here = runtime_here()
-        fut: Future[Any] = Future(loop=rt.loop)
+        fut: Future[object] = Future(loop=rt.loop)
         port = rt.open_future_port(fut)
         self._arm(fut, rt, port, ranks)
         self._send(rt, ranks, port, enc, here=here)
         return fut
 
-    def _arm(self, fut: Future[Any], rt: Runtime, port: int, ranks: list[int]) -> None:
+    def _arm(self, fut: Future[T], rt: Runtime, port: int, ranks: list[int]) -> None:
         """Cancelling ``fut`` cancels the calls; waiting on it from one of its own
         callees (an actor calling itself) raises instead of deadlocking."""
         fut._on_cancel = functools.partial(_cancel_calls, rt, self._mesh, port, ranks)
@@ -192,7 +201,7 @@ class ActorEndpoint(Generic[A]):
                 ),
             )
 
-    def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
+    def choose(self, *args: object, **kwargs: object) -> Future[Any]:
         """Call one actor of the mesh and return its result.
 
         The actor with the fewest calls from this caller still in flight through
@@ -210,7 +219,7 @@ class ActorEndpoint(Generic[A]):
         fut.add_done_callback(lambda _: mesh._picked_done(rank))
         return fut
 
-    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[Any]]:
+    def call(self, *args: object, **kwargs: object) -> Future[ValueMesh[Any]]:
         """Call every actor; the result is a :class:`ValueMesh` of their return values.
 
         Raises (when awaited) the first ``ActorError`` or ``SupervisionError`` that comes
@@ -218,19 +227,19 @@ class ActorEndpoint(Generic[A]):
         """
         enc = self._encode(args, kwargs)
         rt = current_runtime()
-        fut: Future[ValueMesh[Any]] = Future(loop=rt.loop)
+        fut: Future[ValueMesh[object]] = Future(loop=rt.loop)
         shape = self._mesh._shape
         ranks = self._mesh._ranks
         index = {g: i for i, g in enumerate(ranks)}
-        values: list[Any] = [None] * len(ranks)
+        values: list[object] = [None] * len(ranks)
         left = [len(ranks)]
         error: list[BaseException] = []
 
-        def on_reply(rank: int, status: int, value: Any) -> bool:
+        def on_reply(rank: int, status: int, value: object) -> bool:
             left[0] -= 1
             if status == ERROR:
                 if not error:
-                    error.append(value)
+                    error.append(_as_error(value))
             else:
                 values[index[rank]] = value
             if left[0] == 0 and not fut.done():
@@ -245,12 +254,12 @@ class ActorEndpoint(Generic[A]):
         self._send(rt, ranks, port, enc)
         return fut
 
-    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+    def broadcast(self, *args: object, **kwargs: object) -> None:
         """Send to every actor and do not wait (fire and forget)."""
         enc = self._encode(args, kwargs)
         self._send(current_runtime(), self._mesh._ranks, 0, enc, CAST_NONE)
 
-    async def post(self, *args: Any, **kwargs: Any) -> None:
+    async def post(self, *args: object, **kwargs: object) -> None:
         """``broadcast`` with backpressure: send, then wait while the way to these actors
         is backed up (their mailboxes are full, or they read slower than we send).
 
@@ -268,7 +277,7 @@ class ActorEndpoint(Generic[A]):
             if conn is not None and conn.write_paused:
                 await conn.writable()
 
-    def stream(self, *args: Any, **kwargs: Any) -> _Stream:
+    def stream(self, *args: object, **kwargs: object) -> _Stream:
         """Call every actor; their results in arrival order. As in Monarch, iterating gives
         futures (``[await f for f in ep.stream()]``, or ``f.get()``); ``async for`` gives
         the values themselves."""
@@ -280,7 +289,12 @@ class ActorEndpoint(Generic[A]):
         return s
 
 
-def _cancel_calls(rt: Runtime, mesh: ActorMesh[Any], port: int, ranks: list[int]) -> None:
+def _as_error(value: object) -> BaseException:
+    """What a port got with status ``ERROR``: always an exception."""
+    return value if isinstance(value, BaseException) else SupervisionError(str(value))
+
+
+def _cancel_calls(rt: Runtime, mesh: ActorMesh[Actor], port: int, ranks: list[int]) -> None:
     """The caller gave up on the calls answering to ``port``: tell their actors."""
 
     def go() -> None:
@@ -304,28 +318,28 @@ class Accumulator(Generic[A]):
     """
 
     def __init__(
-        self, endpoint: ActorEndpoint[A], identity: Any, combine: Callable[[Any, Any], Any]
+        self, endpoint: ActorEndpoint[A], identity: object, combine: Callable[[Any, Any], Any]
     ) -> None:
         self._endpoint = endpoint
         self._identity = identity
         self._combine = combine
 
-    def accumulate(self, *args: Any, **kwargs: Any) -> Future[Any]:
+    def accumulate(self, *args: object, **kwargs: object) -> Future[Any]:
         ep = self._endpoint
         enc = ep._encode(args, kwargs)
         rt = current_runtime()
-        fut: Future[Any] = Future(loop=rt.loop)
+        fut: Future[object] = Future(loop=rt.loop)
         ranks = ep._mesh._ranks
         acc = [self._identity]
         left = [len(ranks)]
         combine = self._combine
 
-        def on_reply(rank: int, status: int, value: Any) -> bool:
+        def on_reply(rank: int, status: int, value: object) -> bool:
             left[0] -= 1
             if fut.done():
                 return left[0] <= 0
             if status == ERROR:
-                fut.set_exception(value)
+                fut.set_exception(_as_error(value))
             else:
                 try:
                     acc[0] = combine(acc[0], value)
@@ -350,13 +364,13 @@ class _Stream:
 
     def __init__(self, rt: Runtime, n: int) -> None:
         self._n = n
-        self._receiver: PortReceiver[Any] = PortReceiver(rt, once=False)
+        self._receiver: PortReceiver[object] = PortReceiver(rt, once=False)
         self.port_id = self._receiver.port_id
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._aiter()
 
-    async def _aiter(self) -> AsyncIterator[Any]:
+    async def _aiter(self) -> AsyncIterator[object]:
         try:
             for _ in range(self._n):
                 yield await self._receiver.recv()
@@ -377,14 +391,14 @@ class NotAnEndpoint:
     """``mesh.method`` for a plain method (not an ``@endpoint``) of the actor class: not
     callable as is; ``as_endpoint(mesh.method)`` makes an endpoint of it, as in Monarch."""
 
-    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+    def __init__(self, mesh: ActorMesh[Actor], name: str) -> None:
         self._mesh = mesh
         self._name = name
 
     def __repr__(self) -> str:
         return f"<plain method {self._mesh._cls.__name__}.{self._name} of {self._mesh!r}>"
 
-    def __getattr__(self, adverb: str) -> Any:
+    def __getattr__(self, adverb: str) -> NoReturn:
         if adverb.startswith("__"):
             raise AttributeError(adverb)
         raise EndpointNotFoundError(
@@ -394,8 +408,8 @@ class NotAnEndpoint:
 
 
 def as_endpoint(
-    not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False
-) -> ActorEndpoint[Any]:
+    not_an_endpoint: object, *, propagate: object = None, explicit_response_port: bool = False
+) -> ActorEndpoint[Actor]:
     """Call a plain method of a spawned actor (not an ``@endpoint``) with the adverbs:
     ``as_endpoint(mesh.method).call(...)``, as in Monarch.
 
@@ -419,10 +433,10 @@ def as_endpoint(
 
 
 def send(
-    endpoint: ActorEndpoint[Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    port: Port[Any] | None = None,
+    endpoint: ActorEndpoint[Actor],
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
+    port: Port[T] | None = None,
     selection: str = "all",
 ) -> None:
     """Send a call without waiting for it, as Monarch's ``send``.
@@ -464,7 +478,7 @@ def send(
         index = {g: i for i, g in enumerate(ranks)}
     left = [len(ranks)]
 
-    def on_reply(rank: int, status: int, value: Any) -> bool:
+    def on_reply(rank: int, status: int, value: object) -> bool:
         left[0] -= 1
         forward(rt, port, index.get(rank, -1), status, value)
         return left[0] == 0
@@ -472,5 +486,8 @@ def send(
     endpoint._send(rt, ranks, rt.open_port(on_reply), enc)
 
 
-#: set by danaus.tensor_engine when imported (the mesh layer does not import it)
-rref_hook: Any = None
+#: set by danaus.tensor_engine when imported (the mesh layer does not import it): gives
+#: a DTensor (a type of the tensor engine's, hence ``Any`` here)
+rref_hook: Callable[[ActorEndpoint[Actor], tuple[object, ...], dict[str, object]], Any] | None = (
+    None
+)
