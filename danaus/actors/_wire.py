@@ -235,6 +235,13 @@ class Stuck(msgspec.Struct, tag=28, array_like=True, frozen=True):
     stack: str
 
 
+class Paused(msgspec.Struct, tag=45, array_like=True, frozen=True):
+    """The sender's event loop stops (``paused``: a debugger prompt runs on its thread)
+    or resumes: its silence meanwhile is no sign that it is lost."""
+
+    paused: bool
+
+
 Message: TypeAlias = (
     Call
     | Result
@@ -249,6 +256,7 @@ Message: TypeAlias = (
     | Failure
     | Cancel
     | Stuck
+    | Paused
 )
 
 
