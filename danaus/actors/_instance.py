@@ -459,6 +459,11 @@ class ActorInstance:
         elif (exc := task.exception()) is not None:
             if by_caller and isinstance(exc, asyncio.CancelledError):
                 return
+            if config.debug_on_error and not by_caller:
+                from . import _debug
+
+                if _debug.wants_post_mortem(exc):
+                    _debug.post_mortem(exc, self)  # (on the loop: its peers are told)
             self._endpoint_raised(conn, msg, ep, exc)
         else:
             self._finish(conn, msg, ep, task.result())
@@ -991,15 +996,21 @@ def check_stuck(rt: Runtime) -> None:
     after = config.stuck_warn_after
     if after <= 0:
         return
+    from . import _debug
+
     now = time.monotonic()
     seen = set()
     for key, inst in list(rt.actors.items()):
         if not isinstance(inst, ActorInstance) or not inst.owner_addr:
             continue  # a system actor, or one nobody spawned from afar
+        paused = _debug.is_paused(key)
         for method, since in inst.running_calls():
             k = (id(rt), key, method, since)
             seen.add(k)
-            running = now - since
+            if paused:
+                continue  # in a debugger: waiting for a person, not stuck
+            # Time spent paused in a debugger does not count: the clock restarts after.
+            running = now - max(since, _debug.resumed_at(key))
             if running < _next_warn.get(k, after):
                 continue
             _next_warn[k] = 2 * running
@@ -1009,7 +1020,7 @@ def check_stuck(rt: Runtime) -> None:
                     inst.ctx.name,
                     inst.rank_text,
                     method,
-                    round(running, 3),
+                    round(now - since, 3),
                     _stack_of(inst, method),
                 )
             )

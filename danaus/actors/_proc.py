@@ -44,6 +44,9 @@ async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> No
     from ._instance import ProcControl, install_actor
 
     install_actor(rt, "__proc__", ProcControl())
+    from . import _debug
+
+    _debug.install(rt, parent)  # breakpoint() opens a session at the spawner
     rt.connection(parent)  # dialing the spawner tells it we are up
     stdin_closed = loop.create_future()
 
