@@ -46,11 +46,23 @@ def _process_started() -> float:
 _STARTED = _process_started()
 
 
-def _find(procs_name: str) -> ProcGroup:
+def _labelled() -> list[tuple[str, ProcGroup]]:
+    """Each live proc mesh with the name tools know it by: its own, or ``name#2``, ... for
+    later ones while an older mesh of the same name still runs (names need not be
+    unique; a tool's question about one must reach that one)."""
     from ._proc_group import live_groups
 
+    seen: dict[str, int] = {}
+    out = []
     for group in live_groups():
-        if group.name == procs_name:
+        n = seen[group.name] = seen.get(group.name, 0) + 1
+        out.append((group.name if n == 1 else f"{group.name}#{n}", group))
+    return out
+
+
+def _find(procs_name: str) -> ProcGroup:
+    for label, group in _labelled():
+        if label == procs_name:
             return group
     raise KeyError(f"no live proc mesh named {procs_name!r}")
 
@@ -78,7 +90,9 @@ def _health(failure: str | None, answer: Any) -> str:
     return "ok"
 
 
-async def _proc_mesh_picture(group: ProcGroup) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+async def _proc_mesh_picture(
+    group: ProcGroup, label: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     handles = group.handles
     points = list(group.shape.points())
     failed = dict(group.state.failed)
@@ -103,7 +117,7 @@ async def _proc_mesh_picture(group: ProcGroup) -> tuple[dict[str, Any], list[dic
         if not isinstance(answer, BaseException):
             proc.update(answer["proc"])
             for record in answer["actors"].values():
-                actors.append({**record, "procs": group.name, "proc_rank": h.rank})
+                actors.append({**record, "procs": label, "proc_rank": h.rank})
         procs.append(proc)
     meshes = [
         {
@@ -115,7 +129,7 @@ async def _proc_mesh_picture(group: ProcGroup) -> tuple[dict[str, Any], list[dic
         for s in group.states()
     ]
     picture = {
-        "name": group.name,
+        "name": label,
         "sizes": dict(group.shape.sizes),
         "failed": {str(r): why for r, why in failed.items()},
         "procs": procs,
@@ -138,10 +152,9 @@ def _actor_health(actor: dict[str, Any], failed_meshes: dict[str, set[int]], stu
 async def snapshot() -> dict[str, Any]:
     """Everything this controller runs, now (see the module's docstring)."""
     from ..config import config
-    from ._proc_group import live_groups
     from ._supervision import failure_reports, stuck_reports
 
-    pictures = await asyncio.gather(*(_proc_mesh_picture(g) for g in live_groups()))
+    pictures = await asyncio.gather(*(_proc_mesh_picture(g, label) for label, g in _labelled()))
     actors: list[dict[str, Any]] = []
     failed_meshes: dict[str, set[int]] = {}
     for picture, those in pictures:
