@@ -67,7 +67,9 @@ def _find(procs_name: str) -> ProcGroup:
     raise KeyError(f"no live proc mesh named {procs_name!r}")
 
 
-async def _ask(addr: str | None, method: str, *args: Any) -> Any:
+async def _ask(
+    addr: str | None, method: str, *args: Any, answer_within: float = ASK_TIMEOUT
+) -> Any:
     """Ask the control actor of the proc at ``addr``; the exception if it cannot answer."""
     from ._actor_mesh import mesh_ref
 
@@ -75,29 +77,43 @@ async def _ask(addr: str | None, method: str, *args: Any) -> Any:
         return ConnectionError("no address to ask")
     ref = mesh_ref("__proc__", ProcControl, Shape.from_sizes({}), {0: addr})
     try:
-        return await asyncio.wait_for(getattr(ref, method).call_one(*args), ASK_TIMEOUT)
+        return await asyncio.wait_for(getattr(ref, method).call_one(*args), answer_within)
     except TimeoutError:
-        return TimeoutError(f"no answer in {ASK_TIMEOUT:.0f} s")
+        return TimeoutError(f"no answer in {answer_within:g} s")
     except Exception as e:
         return e
 
 
-def _health(failure: str | None, answer: Any) -> str:
+def _health(failure: str | None, answer: Any, paused: bool) -> str:
     if failure is not None:
         return "failed"
     if isinstance(answer, BaseException):
-        return "unresponsive"
+        return "paused" if paused else "unresponsive"
     return "ok"
 
 
+#: how long a proc with an actor paused in a debugger may take to answer: its loop may be
+#: the paused thread (an async endpoint), and then it cannot (s)
+PAUSED_ASK_TIMEOUT = 0.5
+
+
 async def _proc_mesh_picture(
-    group: ProcGroup, label: str
+    group: ProcGroup, label: str, debug: list[dict[str, object]]
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     handles = group.handles
     points = list(group.shape.points())
     failed = dict(group.state.failed)
+    paused = {str(d["proc"]): d for d in debug}
     answers = await asyncio.gather(
-        *(_ask(None if h.rank in failed else h.addr, "stats", None) for h in handles)
+        *(
+            _ask(
+                None if h.rank in failed else h.addr,
+                "stats",
+                None,
+                answer_within=PAUSED_ASK_TIMEOUT if h.addr in paused else ASK_TIMEOUT,
+            )
+            for h in handles
+        )
     )
     procs, actors = [], []
     for h, point, answer in zip(handles, points, answers, strict=True):
@@ -106,7 +122,7 @@ async def _proc_mesh_picture(
             "rank": h.rank,
             "point": str(point),
             "addr": h.addr,
-            "health": _health(failure, answer),
+            "health": _health(failure, answer, h.addr in paused),
             "failure": failure,
             "error": str(answer) if isinstance(answer, BaseException) and not failure else None,
         }
@@ -118,6 +134,25 @@ async def _proc_mesh_picture(
             proc.update(answer["proc"])
             for record in answer["actors"].values():
                 actors.append({**record, "procs": label, "proc_rank": h.rank})
+        elif failure is None and h.addr in paused:  # its loop waits at the pdb prompt
+            d = paused[h.addr]
+            actors.append(
+                {
+                    "actor": d["actor"],
+                    "mesh": d["mesh"],
+                    "rank": d["rank"],
+                    "procs": label,
+                    "proc_rank": h.rank,
+                    "handled": {},
+                    "errors": {},
+                    "last_failure": None,
+                    "mailbox": 0,
+                    "in_flight": 1,
+                    "running": [(d["function"], time.time() - float(str(d["opened"])))],
+                    "failed": False,
+                    "stopped": False,
+                }
+            )
         procs.append(proc)
     meshes = [
         {
@@ -138,11 +173,15 @@ async def _proc_mesh_picture(
     return picture, actors
 
 
-def _actor_health(actor: dict[str, Any], failed_meshes: dict[str, set[int]], stuck: float) -> str:
+def _actor_health(
+    actor: dict[str, Any], failed_meshes: dict[str, set[int]], stuck: float, paused: set[str]
+) -> str:
     if actor.get("failed") or actor["rank"] in failed_meshes.get(actor["mesh"], set()):
         return "failed"
     if actor.get("stopped"):
         return "stopped"
+    if actor["actor"] in paused:  # in a debugger: not stuck, waiting for a person
+        return "paused"
     longest = max((s for _, s in actor["running"]), default=0.0)
     if stuck > 0 and longest >= stuck:
         return "stuck"
@@ -152,17 +191,22 @@ def _actor_health(actor: dict[str, Any], failed_meshes: dict[str, set[int]], stu
 async def snapshot() -> dict[str, Any]:
     """Everything this controller runs, now (see the module's docstring)."""
     from ..config import config
+    from ._debug import debug_sessions
     from ._supervision import failure_reports, stuck_reports
 
-    pictures = await asyncio.gather(*(_proc_mesh_picture(g, label) for label, g in _labelled()))
+    debug = debug_sessions()
+    pictures = await asyncio.gather(
+        *(_proc_mesh_picture(g, label, debug) for label, g in _labelled())
+    )
     actors: list[dict[str, Any]] = []
     failed_meshes: dict[str, set[int]] = {}
     for picture, those in pictures:
         actors.extend(those)
         for m in picture["actor_meshes"]:
             failed_meshes.setdefault(m["name"], set()).update(int(r) for r in m["failed"])
+    paused = {str(s["actor"]) for s in debug}
     for a in actors:
-        a["health"] = _actor_health(a, failed_meshes, config.stuck_warn_after)
+        a["health"] = _actor_health(a, failed_meshes, config.stuck_warn_after, paused)
     return {
         "time": time.time(),
         "controller": {
@@ -186,6 +230,7 @@ async def snapshot() -> dict[str, Any]:
             for when, s in list(stuck_reports)
         ],
         "failures": list(failure_reports),
+        "debug": debug,
     }
 
 

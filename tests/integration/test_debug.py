@@ -136,6 +136,11 @@ def test_list_attach_step_and_cast_continue(job: Any, endpoint: str, marker: str
     j = job(endpoint)
     line = _line_of(marker)
     j.wait_paused(2)
+    assert j.admin is not None  # what danaus top and the dashboard show of them
+    snap = j.admin.call("snapshot")
+    healths = {a["actor"]: a["health"] for a in snap["actors"] if a["mesh"] == "busy"}
+    assert healths == {"procs[0].busy[0]": "paused", "procs[1].busy[1]": "paused"}
+    assert sorted(s["rank"] for s in snap["debug"]) == [0, 1]
     dbg = j.debugger()
     dbg.sendline("list")
     dbg.expect(PROMPT)
