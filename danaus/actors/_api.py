@@ -43,7 +43,7 @@ from ._errinfo import (
 from ._future import (
     Future,
 )
-from ._instance import ProcControl, install_actor
+from ._handlers import ProcControl, install_actor
 from ._loops import (
     all_runtimes,
     background_runtime,
