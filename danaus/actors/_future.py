@@ -127,6 +127,16 @@ class Future(asyncio.Future[T], Generic[T]):
             hook()
         return True
 
+    def set_cancel_hook(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` once when this future is cancelled: how the layer that sent
+        the call tells the callee to stop."""
+        self._on_cancel = hook
+
+    def set_self_wait(self, actor: object, what: str) -> None:
+        """Mark this as a call into ``actor`` made by its own endpoint: waiting for it
+        from inside that endpoint raises ``DeadlockError(what)`` instead of hanging."""
+        self._self_wait = (actor, what)
+
     def _check_self_wait(self) -> None:
         sw = self._self_wait
         if sw is None:

@@ -246,7 +246,7 @@ def run_task(rt: Runtime, make: Callable[[], Coroutine[object, object, T]]) -> F
 
         task.add_done_callback(done)
         # Cancelling the future (a timeout, a cancelled caller) stops the work too.
-        fut._on_cancel = lambda: run_on(rt, task.cancel)
+        fut.set_cancel_hook(lambda: run_on(rt, task.cancel))
 
     run_on(rt, start)
     return fut
