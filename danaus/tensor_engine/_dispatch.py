@@ -149,7 +149,7 @@ class _Walk:
             key.append(obj.shape)
             key.append(obj.stride())
             key.append(obj.dtype)
-            client = obj._client
+            client = obj.client
             if self.client is None:
                 self.client = client
                 self.dtensor = obj
@@ -158,7 +158,7 @@ class _Walk:
                     f"a DTensor of {client.procs} used with one of {self.client.procs}: "
                     "move it first with t.to_mesh(procs)"
                 )
-            return obj._ref
+            return obj.ref
         if t is tuple or t is list:
             self.key.append(len(obj))
             return t([self.wire(x) for x in obj])
@@ -242,7 +242,7 @@ def dispatch(func: Any, args: Any, kwargs: Any) -> Any:
     for a in args:  # the common arguments inline: this runs for every op
         t = type(a)
         if t is _DT:
-            client = a._client
+            client = a.client
             if walk.client is None:
                 walk.client = client
             elif client is not walk.client:
@@ -250,7 +250,7 @@ def dispatch(func: Any, args: Any, kwargs: Any) -> Any:
             key.append(a.shape)
             key.append(a.stride())
             key.append(a.dtype)
-            wargs.append(a._ref)
+            wargs.append(a.ref)
         elif t is int or a is None:
             key.append(a)
             wargs.append(a)
@@ -343,7 +343,7 @@ def _record(
 def _ids(obj: Any, into: list[int]) -> None:
     t = type(obj)
     if t is _DT:
-        into.append(obj._ref.i)
+        into.append(obj.ref.i)
     elif t is tuple or t is list:
         for x in obj:
             _ids(x, into)
@@ -388,7 +388,8 @@ def call_function(client: _Client, fn: Any, shape_fn: Any, args: Any, kwargs: An
     return result
 
 
-def _late() -> None:
+def bind_dtensor() -> None:
+    """Set this module's ``DTensor`` (imported late: a top-level import would be circular)."""
     global _DT
     from ._dtensor import DTensor
 
