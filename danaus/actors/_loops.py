@@ -162,7 +162,7 @@ def _caller_can_await() -> bool:
     below the loop, a loop callback — passes through, and reaching the end counts as yes
     (a callback of the running loop).
     """
-    f: FrameType | None = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)  # noqa: SLF001 - the stdlib's
     while f is not None:
         code = f.f_code
         if code.co_flags & _ASYNC_CODE:

@@ -134,7 +134,7 @@ class PortReceiver(Generic[T]):
 
         def handler(rank: int, status: int, value: Any) -> bool:
             me = ref()  # a dropped receiver closes its port at the next message
-            return True if me is None else me._on_message(rank, status, value)
+            return True if me is None else me._on_message(rank, status, value)  # noqa: SLF001 - a PortReceiver's own
 
         self.port_id = rt.open_port(handler)
         weakref.finalize(self, _close_port, rt, self.port_id)

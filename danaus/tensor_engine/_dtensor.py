@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ._client import _Client
 
 _REDUCTIONS = ("sum", "avg", "min", "max", "stack")
-_TENSOR_DATA: Any = torch._C.TensorBase.__dict__["data"]
+_TENSOR_DATA: Any = torch._C.TensorBase.__dict__["data"]  # noqa: SLF001 - torch's
 
 
 class _Handle(Ref):
@@ -51,11 +51,11 @@ class DTensor(torch.Tensor):
     ref: _Handle
     #: the tensor engine's client of its mesh: what sends the commands for it
     client: _Client
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # noqa: SLF001 - torch's
 
     @staticmethod
     def _make(client: _Client, shape: Any, stride: Any, offset: int, dtype: torch.dtype) -> DTensor:
-        r: DTensor = torch.Tensor._make_wrapper_subclass(
+        r: DTensor = torch.Tensor._make_wrapper_subclass(  # noqa: SLF001 - torch's
             DTensor,
             shape,
             strides=stride,
