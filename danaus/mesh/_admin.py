@@ -122,7 +122,9 @@ class AdminServer:
     def __repr__(self) -> str:
         return f"<AdminServer {self.addr}>"
 
-    async def _start(self) -> None:
+    async def start(self) -> None:
+        """Listen on ``addr`` (choosing the port where it says 0) and write the runtime
+        file that clients find it by."""
         family_unix = self.addr.startswith("unix:")
         if family_unix:
             rest = self.addr[5:]
@@ -246,7 +248,7 @@ def serve_admin(addr: str = "auto", timeout: float = 10.0) -> AdminServer:
         if _server is not None:
             return _server
         server = AdminServer(_normalize(addr), auth.job_key())
-        run_task(background_runtime(), server._start).result(timeout)
+        run_task(background_runtime(), server.start).result(timeout)
         _server = server
         _server_ready.set()
         return server

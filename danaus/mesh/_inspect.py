@@ -32,15 +32,15 @@ async def _ask(addrs: list[str], method: str, *args: Any) -> list[Any]:
 
 
 async def _actor_addrs(mesh: ActorMesh[Any]) -> list[str]:
-    await asyncio.wrap_future(mesh._sent)  # its procs have started: addresses known
-    return [mesh._addr_of(g) for g in mesh._ranks]
+    await asyncio.wrap_future(mesh.spawn_sent)  # its procs have started: addresses known
+    return [mesh.addr_of(g) for g in mesh.global_ranks()]
 
 
 async def actor_mesh_stats(mesh: ActorMesh[Any]) -> ValueMesh[dict[str, Any]]:
     """Per actor of ``mesh``: its record and its proc's (``"proc"``)."""
     values = []
-    for record in await _ask(await _actor_addrs(mesh), "stats", [mesh._wire]):
-        actor = record["actors"].get(mesh._wire) or {"actor": None, "gone": True}
+    for record in await _ask(await _actor_addrs(mesh), "stats", [mesh.wire_name]):
+        actor = record["actors"].get(mesh.wire_name) or {"actor": None, "gone": True}
         values.append({**actor, "proc": record["proc"]})
     return ValueMesh(mesh.shape, values)
 
