@@ -28,6 +28,10 @@ def main(argv: list[str] | None = None) -> None:
 
         dashboard_main(args[1:])
         return
+    if args[:1] == ["debug"]:  # its own options, parsed by the tool
+        from .tools.debug import main as debug_main
+
+        sys.exit(debug_main(args[1:]))
     parser = argparse.ArgumentParser(prog="danaus", description="danaus command-line tools")
     sub = parser.add_subparsers(dest="cmd", required=True)
     agent = sub.add_parser("host-agent", help="run a host agent that starts procs on this host")
@@ -42,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("rdma-bench", help="RDMA data-plane microbenchmark (danaus rdma-bench --help)")
     sub.add_parser("top", help="a live terminal view of a running controller (danaus top --help)")
     sub.add_parser("dashboard", help="a live dashboard of a running job (danaus dashboard --help)")
+    sub.add_parser("debug", help="drive the actors paused in pdb (danaus debug --help)")
     ns = parser.parse_args(args)
     if ns.cmd == "host-agent":
         from .mesh._host_agent import main_host_agent

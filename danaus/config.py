@@ -115,6 +115,10 @@ class Config:
     #: spawner) logs a warning naming it, with its stack, and again at 2x, 4x, ... (s; 0:
     #: never). Checked every ``heartbeat_interval`` on the proc's loop.
     stuck_warn_after: float = 60.0
+    #: An endpoint that raises stops in pdb at the frame that raised (post-mortem), before
+    #: its caller gets the error, until someone attached with ``danaus debug`` continues
+    #: it. Read by procs (``DANAUS_DEBUG_ON_ERROR=1`` in the controller's environment).
+    debug_on_error: bool = False
     #: The controller's admin endpoint, which ``danaus top``, ``danaus dashboard --attach``
     #: and ``danaus debug`` attach to (the job key required): "auto" (a local abstract
     #: unix socket, started with the first proc mesh), "off", ``unix:@name``,

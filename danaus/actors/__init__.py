@@ -1,6 +1,6 @@
 """The actor runtime of one proc: actors, endpoints, ports, futures, context."""
 
-from . import _instance
+from . import _handlers
 from ._actor import Actor, Endpoint, concurrent_endpoint, endpoint
 from ._context import Context, context, current_actor_name, current_rank, current_size
 from ._future import Future
@@ -9,8 +9,8 @@ from ._port import Channel, Port, PortReceiver, RankedPortReceiver
 from ._runtime import on_every_heartbeat as _on_every_heartbeat
 from ._runtime import register_handlers as _register
 
-_register(_instance.HANDLERS)  # the message types the actor layer handles
-_on_every_heartbeat(_instance.check_stuck)  # endpoints running too long are reported
+_register(_handlers.HANDLERS)  # the message types the actor layer handles
+_on_every_heartbeat(_handlers.check_stuck)  # endpoints running too long are reported
 
 __all__ = [
     "Actor",

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..config import config
 from ._context import current
 
 if TYPE_CHECKING:
@@ -114,6 +115,14 @@ class Job:
         return f"<Job {getattr(self.fn, '__name__', self.fn)} {state}>"
 
 
+def _stop_at_error(exc: BaseException, actor: Any) -> None:
+    """``config.debug_on_error``: pdb at the frame that raised, before the caller hears."""
+    from . import _debug
+
+    if _debug.wants_post_mortem(exc):
+        _debug.post_mortem(exc, actor)
+
+
 class ActorThread:
     """Runs one actor's sync jobs in order on a daemon thread; reports finished ones
     back to the loop with ``on_done(jobs)``, called on the loop's thread."""
@@ -172,6 +181,8 @@ class ActorThread:
                     job.value = run(job.fn, *job.args, **job.kwargs)
                     job.ok = True
                 except BaseException as e:  # user code: every outcome is reported
+                    if config.debug_on_error:
+                        _stop_at_error(e, self._actor)
                     job.value = e
                 self.current = None
             job.args = job.kwargs = None  # type: ignore[assignment]  # free them now

@@ -32,6 +32,9 @@ from ._connection import (
 from ._context import (
     context,
 )
+from ._debug import (
+    proc_parent,
+)
 from ._errinfo import (
     encode_error,
     error_from_info,
@@ -40,7 +43,7 @@ from ._errinfo import (
 from ._future import (
     Future,
 )
-from ._instance import ProcControl, install_actor
+from ._handlers import ProcControl, install_actor
 from ._loops import (
     all_runtimes,
     background_runtime,
@@ -63,8 +66,10 @@ from ._port import (
 )
 from ._runtime import (
     JOB_ID,
+    Handler,
     Runtime,
     SkipOnLoss,
+    on_every_heartbeat,
     peer_exit_reason,
     peer_exited,
     peer_keys,
@@ -86,6 +91,11 @@ from ._wire import (
     Call,
     Cancel,
     Cast,
+    DebugClose,
+    DebugDetach,
+    DebugInput,
+    DebugOpen,
+    DebugOutput,
     ErrorInfo,
     Failure,
     Gathered,
@@ -111,11 +121,17 @@ __all__ = [
     "Cancel",
     "Cast",
     "Connection",
+    "DebugClose",
+    "DebugDetach",
+    "DebugInput",
+    "DebugOpen",
+    "DebugOutput",
     "ErrorInfo",
     "Extent",
     "Failure",
     "Future",
     "Gathered",
+    "Handler",
     "Point",
     "Port",
     "PortReceiver",
@@ -150,10 +166,12 @@ __all__ = [
     "install_runtime",
     "loads",
     "new_event_loop",
+    "on_every_heartbeat",
     "parse_addr",
     "peer_exit_reason",
     "peer_exited",
     "peer_keys",
+    "proc_parent",
     "proc_ready",
     "register_handlers",
     "run_on",

@@ -70,6 +70,8 @@ class Connection(asyncio.BufferedProtocol):
         self.bytes_out = 0
         self.seen_reads = -1
         self.quiet_since = 0.0
+        #: the peer said its loop is paused (a debugger prompt): its silence is excused
+        self.peer_paused = False
         #: reply port id -> rank of the callee (or the ranks of a cast subtree), for
         #: calls whose reply comes back here; failed if the connection is lost
         self.pending: dict[int, Any] = {}
@@ -236,8 +238,8 @@ class Connection(asyncio.BufferedProtocol):
         A proc that is alive at the socket level but frozen (SIGSTOP, a deadlock in C
         code) stops answering, and its callers' pending calls fail instead of hanging.
         """
-        if self.state is not OPEN:
-            return
+        if self.state is not OPEN or self.peer_paused:
+            return  # (a paused peer reads nothing: no ping either)
         if self._read_holders:
             # We stopped reading ourselves (a full mailbox): the peer's silence says
             # nothing about it, and it cannot hear our pongs to its pings. Tell it we
@@ -257,6 +259,19 @@ class Connection(asyncio.BufferedProtocol):
             )
         elif now - self.quiet_since >= config.heartbeat_interval:
             self.send(_PING)
+
+    def set_peer_paused(self, paused: bool) -> None:
+        """The peer's loop stops (a debugger prompt: its silence is no sign of loss) or goes
+        on (or its debugger session was lost: silence counts again). Silence until now is
+        excused either way."""
+        self.peer_paused = paused
+        self.excuse_silence(self.loop.time())
+
+    def excuse_silence(self, now: float) -> None:
+        """Count the peer as heard from ``now``: a loop that was paused (ours, or the
+        peer's) did not read, so the silence before says nothing about the peer."""
+        self.seen_reads = self.reads
+        self.quiet_since = now
 
     def close(self) -> None:
         """Flush what is queued, then close."""

@@ -35,6 +35,8 @@ class Future(asyncio.Future[T], Generic[T]):
     #: set when this is a call into the actor whose own endpoint made it: waiting for it
     #: from inside that endpoint can never end (the actor runs one message at a time)
     _self_wait: tuple[object, str] | None = None
+    #: held as long as this future lives (the port receiver it answers from)
+    _keepalive: object = None
 
     def get(self, timeout: float | None = None) -> T:
         """Wait for the result from synchronous code (a script, a sync endpoint, a
@@ -126,6 +128,21 @@ class Future(asyncio.Future[T], Generic[T]):
             self._on_cancel = None
             hook()
         return True
+
+    def set_cancel_hook(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` once when this future is cancelled: how the layer that sent
+        the call tells the callee to stop."""
+        self._on_cancel = hook
+
+    def set_self_wait(self, actor: object, what: str) -> None:
+        """Mark this as a call into ``actor`` made by its own endpoint: waiting for it
+        from inside that endpoint raises ``DeadlockError(what)`` instead of hanging."""
+        self._self_wait = (actor, what)
+
+    def keep_alive(self, obj: object) -> None:
+        """Hold a reference to ``obj`` as long as this future lives (the port receiver
+        that resolves it, which closes its port when dropped)."""
+        self._keepalive = obj
 
     def _check_self_wait(self) -> None:
         sw = self._self_wait

@@ -162,7 +162,7 @@ def _caller_can_await() -> bool:
     below the loop, a loop callback — passes through, and reaching the end counts as yes
     (a callback of the running loop).
     """
-    f: FrameType | None = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)  # noqa: SLF001 - the stdlib's
     while f is not None:
         code = f.f_code
         if code.co_flags & _ASYNC_CODE:
@@ -246,7 +246,7 @@ def run_task(rt: Runtime, make: Callable[[], Coroutine[object, object, T]]) -> F
 
         task.add_done_callback(done)
         # Cancelling the future (a timeout, a cancelled caller) stops the work too.
-        fut._on_cancel = lambda: run_on(rt, task.cancel)
+        fut.set_cancel_hook(lambda: run_on(rt, task.cancel))
 
     run_on(rt, start)
     return fut

@@ -134,7 +134,7 @@ class PortReceiver(Generic[T]):
 
         def handler(rank: int, status: int, value: Any) -> bool:
             me = ref()  # a dropped receiver closes its port at the next message
-            return True if me is None else me._on_message(rank, status, value)
+            return True if me is None else me._on_message(rank, status, value)  # noqa: SLF001 - a PortReceiver's own
 
         self.port_id = rt.open_port(handler)
         weakref.finalize(self, _close_port, rt, self.port_id)
@@ -178,6 +178,10 @@ class PortReceiver(Generic[T]):
         """The next value, in the order sent: ``await r.recv()`` or ``r.recv().get()``."""
         return self._recv(False)
 
+    def recv_ranked(self) -> Future[tuple[int, T]]:
+        """The next ``(rank, value)``, in the order sent (``ranked().recv()``)."""
+        return self._recv(True)
+
     def _recv(self, ranked: bool) -> Future[Any]:
         fut: Future[Any] = Future(loop=self._rt.loop)
 
@@ -213,7 +217,7 @@ class RankedPortReceiver(Generic[T]):
 
     def recv(self) -> Future[tuple[int, T]]:
         """The next ``(rank, value)``, in the order sent."""
-        return self._receiver._recv(True)
+        return self._receiver.recv_ranked()
 
     def close(self) -> None:
         """Stop receiving (see :meth:`PortReceiver.close`)."""

@@ -41,9 +41,12 @@ async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> No
     sock = socket.socket(fileno=listen_fd) if listen_fd is not None else None
     rt = Runtime(loop, addr=addr, key=key, sock=sock)
     install_runtime(rt)
-    from ._instance import ProcControl, install_actor
+    from ._handlers import ProcControl, install_actor
 
     install_actor(rt, "__proc__", ProcControl())
+    from . import _debug
+
+    _debug.install(rt, parent)  # breakpoint() opens a session at the spawner
     rt.connection(parent)  # dialing the spawner tells it we are up
     stdin_closed = loop.create_future()
 

@@ -41,6 +41,7 @@ from ._wire import (
     Call,
     ErrorInfo,
     Message,
+    Paused,
     Ping,
     Pong,
     Region,
@@ -585,6 +586,24 @@ class Runtime:
         if reply:
             conn.pending[reply] = rank
 
+    # ------------------------------------------------------------ pauses
+
+    def announce_pause(self, paused: bool) -> None:
+        """This loop's thread stops in a debugger prompt (``paused``) or goes on.
+
+        Called on this loop's thread. Every open connection's peer is told at once (the
+        loop will not flush later), so that it does not declare us lost while we are
+        silent. On resuming, the peers' own silence meanwhile is forgiven: we did not read.
+        """
+        now = self.loop.time()
+        msg = Paused(paused)
+        for conn in {*self._all_conns, *self.conns.values()}:
+            if conn.state is OPEN:
+                if not paused:
+                    conn.excuse_silence(now)
+                conn.send(msg)
+                conn.flush()
+
     # ------------------------------------------------------------ shutdown
 
     def abandon(self) -> None:
@@ -652,4 +671,10 @@ def _on_pong(rt: Runtime, conn: Connection, msg: Pong, parts: list[Any]) -> None
     pass  # its arrival counted as a read
 
 
-_handlers.update({Result: _on_result, Ping: _on_ping, Pong: _on_pong})  # no runtime yet
+def _on_paused(rt: Runtime, conn: Connection, msg: Paused, parts: list[Any]) -> None:
+    conn.set_peer_paused(msg.paused)
+
+
+_handlers.update(
+    {Result: _on_result, Ping: _on_ping, Pong: _on_pong, Paused: _on_paused}
+)  # no runtime yet

@@ -119,7 +119,7 @@ def thread_stacks(rt: Runtime) -> list[dict[str, Any]]:
             running[ident] = (inst.ctx.actor_id, method, round(now - since, 6))
     names = {t.ident: t.name for t in threading.enumerate()}
     out = []
-    for ident, frame in sys._current_frames().items():
+    for ident, frame in sys._current_frames().items():  # noqa: SLF001 - the stdlib's
         entry: dict[str, Any] = {
             "thread": names.get(ident, f"thread {ident}"),
             "stack": "".join(traceback.format_stack(frame)),

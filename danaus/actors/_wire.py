@@ -235,6 +235,68 @@ class Stuck(msgspec.Struct, tag=28, array_like=True, frozen=True):
     stack: str
 
 
+# ---------------------------------------------------------------- debugger
+# A paused actor's pdb session travels on a connection of its own, dialed by the paused
+# thread with a blocking socket (its proc's loop may be the thing paused) to where the
+# actor's failures go; the spawner side may relay it further up (nested meshes).
+
+
+class DebugOpen(msgspec.Struct, tag=40, array_like=True, frozen=True):
+    """Paused thread -> spawner: actor ``actor_id`` (rank ``rank`` of actor mesh ``mesh``)
+    stopped in pdb at ``where`` (``file:line``); ``session`` names it on this channel."""
+
+    session: int
+    actor_id: str
+    mesh: str
+    rank: int
+    coords: dict[str, int]
+    where: str
+    function: str
+    proc: str
+    host: str
+    pid: int
+    #: "breakpoint", or "post-mortem: <exception>" (``config.debug_on_error``)
+    reason: str = "breakpoint"
+
+
+class DebugOutput(msgspec.Struct, tag=41, array_like=True, frozen=True):
+    """Paused thread -> spawner: what pdb wrote. ``prompt``: it now waits for a line,
+    stopped at ``where`` in ``function``."""
+
+    session: int
+    text: str
+    prompt: bool = False
+    where: str = ""
+    function: str = ""
+
+
+class DebugInput(msgspec.Struct, tag=42, array_like=True, frozen=True):
+    """Spawner -> paused thread: one line typed for pdb."""
+
+    session: int
+    line: str
+
+
+class DebugClose(msgspec.Struct, tag=43, array_like=True, frozen=True):
+    """Paused thread -> spawner: the session is over (the actor goes on)."""
+
+    session: int
+
+
+class DebugDetach(msgspec.Struct, tag=44, array_like=True, frozen=True):
+    """Spawner -> paused thread: nobody will attach (the attacher went away, or the user
+    continued every session): clear the breakpoints set in pdb and continue."""
+
+    session: int
+
+
+class Paused(msgspec.Struct, tag=45, array_like=True, frozen=True):
+    """The sender's event loop stops (``paused``: a debugger prompt runs on its thread)
+    or resumes: its silence meanwhile is no sign that it is lost."""
+
+    paused: bool
+
+
 Message: TypeAlias = (
     Call
     | Result
@@ -249,6 +311,12 @@ Message: TypeAlias = (
     | Failure
     | Cancel
     | Stuck
+    | DebugOpen
+    | DebugOutput
+    | DebugInput
+    | DebugClose
+    | DebugDetach
+    | Paused
 )
 
 

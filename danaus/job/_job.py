@@ -89,7 +89,7 @@ class JobTrait(ABC):
     @property
     def apply_id(self) -> str | None:
         """A fresh id per allocation made by :meth:`apply`; kept by a saved job."""
-        return self._cached._apply_id if self._cached is not None else self._apply_id
+        return self._cached._apply_id if self._cached is not None else self._apply_id  # noqa: SLF001 - a JobTrait's own
 
     @property
     def _running(self) -> JobTrait | None:
@@ -140,9 +140,9 @@ class JobTrait(ABC):
             self.apply()
         running = self._running
         assert running is not None
-        state = running._state()
+        state = running._state()  # noqa: SLF001 - a JobTrait's own
         if cached_path is not None:
-            running._keep()
+            running._keep()  # noqa: SLF001 - a JobTrait's own
             running.dump(cached_path)
         return state
 
@@ -150,7 +150,7 @@ class JobTrait(ABC):
         """End the job (its allocation), whoever made it."""
         running = self._running
         if running is not None:
-            running._kill()
+            running._kill()  # noqa: SLF001 - a JobTrait's own
         self._status = JobStatus.NOT_RUNNING
         self._cached = None
 
@@ -178,7 +178,7 @@ class JobTrait(ABC):
             return None
         if not job.can_run(self):
             log.info("the job saved at %s cannot run this spec (or has ended): ending it", path)
-            job._kill()
+            job._kill()  # noqa: SLF001 - a JobTrait's own
             try:
                 os.remove(os.path.realpath(path))
             except FileNotFoundError:

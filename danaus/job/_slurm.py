@@ -169,24 +169,24 @@ class SlurmJob(JobTrait):
     def job_id(self) -> str | None:
         """The SLURM job id of the allocation, once applied."""
         running = self._running
-        return running._slurm_job_id if isinstance(running, SlurmJob) else None
+        return running._slurm_job_id if isinstance(running, SlurmJob) else None  # noqa: SLF001 - a SlurmJob's own
 
     @property
     def job_dir(self) -> str | None:
         """The job directory (key, batch script, agents' addresses, output)."""
         running = self._running
-        return running._job_dir if isinstance(running, SlurmJob) else None
+        return running._job_dir if isinstance(running, SlurmJob) else None  # noqa: SLF001 - a SlurmJob's own
 
     @property
     def agents(self) -> list[tuple[str, str, int, str]]:
         """``(address, node, pid, step)`` of each host agent, in node order, once
         ``state()`` has connected."""
         running = self._running
-        return list(running._agents) if isinstance(running, SlurmJob) else []
+        return list(running._agents) if isinstance(running, SlurmJob) else []  # noqa: SLF001 - a SlurmJob's own
 
     def __repr__(self) -> str:
         running = self._running
-        job_id = running._slurm_job_id if isinstance(running, SlurmJob) else None
+        job_id = running._slurm_job_id if isinstance(running, SlurmJob) else None  # noqa: SLF001 - a SlurmJob's own
         where = f" job {job_id}" if job_id else ""
         if self._allocation is not None:
             where += f" in allocation {self._allocation}"
@@ -218,7 +218,7 @@ class SlurmJob(JobTrait):
 
     def can_run(self, spec: JobTrait) -> bool:
         """The same request, and the allocation still alive."""
-        if not isinstance(spec, SlurmJob) or spec._spec() != self._spec():
+        if not isinstance(spec, SlurmJob) or spec._spec() != self._spec():  # noqa: SLF001 - a SlurmJob's own
             return False
         if self._slurm_job_id is None:
             return False

@@ -1,12 +1,15 @@
 """Meshes: hosts, procs and actors laid out as named multi-dimensional meshes."""
 
-from ..actors._api import Cast, Failure, Gathered, Stuck, register_handlers
+from ..actors._api import Cast, Failure, Gathered, Stuck, on_every_heartbeat, register_handlers
 from ._actor_endpoint import Accumulator, ActorEndpoint, as_endpoint, send
 from ._actor_mesh import ActorMesh, mesh_stacks, mesh_stats
 from ._admin import AdminClient, AdminError, AdminServer, serve_admin
 from ._bootstrap_cmd import BootstrapCommand, default_bootstrap_cmd
 from ._cast import handle_cast, handle_gathered
 from ._controllers import get_or_spawn_controller
+from ._debug import debug_sessions
+from ._debug_relay import HANDLERS as _DEBUG_HANDLERS
+from ._debug_relay import sweep as _debug_sweep
 from ._host_agent import run_worker_loop_forever
 from ._host_mesh import HostMesh, attach_to_hosts, attach_to_workers, hosts_from_config, this_host
 from ._metrics import MetricsServer, serve_metrics
@@ -23,8 +26,10 @@ register_handlers(
         Gathered: handle_gathered,
         Failure: handle_failure,
         Stuck: handle_stuck,
+        **_DEBUG_HANDLERS,
     }
 )
+on_every_heartbeat(_debug_sweep)  # debuggers that went away let their sessions go on
 
 __all__ = [
     "Accumulator",
@@ -43,6 +48,7 @@ __all__ = [
     "as_endpoint",
     "attach_to_hosts",
     "attach_to_workers",
+    "debug_sessions",
     "default_bootstrap_cmd",
     "get_or_spawn_controller",
     "hosts_from_config",

@@ -59,16 +59,27 @@ class ActorEndpoint(Generic[A_co]):
         self._mesh = mesh
         self._name = name
 
-    def __repr__(self) -> str:
-        return f"<endpoint {self._mesh._cls.__name__}.{self._name} of {self._mesh!r}>"
+    @property
+    def mesh(self) -> ActorMesh[A_co]:
+        """The actors this endpoint calls."""
+        return self._mesh
 
-    def _encode(self, args: tuple[object, ...], kwargs: dict[str, object]) -> Encoded:
+    @property
+    def name(self) -> str:
+        """The endpoint's name (the method's)."""
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"<endpoint {self._mesh.actor_class.__name__}.{self._name} of {self._mesh!r}>"
+
+    def encode_args(self, args: tuple[object, ...], kwargs: dict[str, object]) -> Encoded:
+        """A call's arguments as :meth:`send_encoded` takes them."""
         return dumps_args(args, kwargs, self._describe_args)
 
     def _describe_args(self) -> str:
-        return f"arguments of {self._mesh._cls.__name__}.{self._name}"
+        return f"arguments of {self._mesh.actor_class.__name__}.{self._name}"
 
-    def _send(
+    def send_encoded(
         self,
         rt: Runtime,
         ranks: list[int],
@@ -78,13 +89,15 @@ class ActorEndpoint(Generic[A_co]):
         reducer: tuple[msgspec.Raw, bool] | None = None,
         here: bool | None = None,
     ) -> None:
+        """Send the call with arguments ``enc`` (from :meth:`encode_args`) to the actors
+        of global ranks ``ranks``, their replies to ``port`` (0: none)."""
         if here is None:
             here = rt.on_loop()
         mesh = self._mesh
         raw, pickled, parts = enc
-        actor = mesh._wire
+        actor = mesh.wire_name
         method = self._name
-        state = mesh._state
+        state = mesh.mesh_state
         if state.failed or state.stopped:  # fail those ranks at once, send to the rest
             live = []
             for r in ranks:
@@ -96,16 +109,14 @@ class ActorEndpoint(Generic[A_co]):
             ranks = live
             if not ranks:
                 return
-        region = mesh._region
-        if here and len(ranks) == 1 and mesh._open_for is rt:
+        region = mesh.call_region
+        if here and len(ranks) == 1 and mesh.is_open_for(rt):
             rank = ranks[0]  # the hot path: one actor, already spawned, from its loop
-            rt.send_call(
-                mesh._addr_of(rank), actor, method, port, rank, raw, pickled, parts, region
-            )
+            rt.send_call(mesh.addr_of(rank), actor, method, port, rank, raw, pickled, parts, region)
             return
-        gate = mesh._gate(rt, here)
+        gate = mesh.call_gate(rt, here)
         ready = gate.done()
-        if ready and len(ranks) == 1 and here and (addr := mesh._addr_of(ranks[0])):
+        if ready and len(ranks) == 1 and here and (addr := mesh.addr_of(ranks[0])):
             rt.send_call(addr, actor, method, port, ranks[0], raw, pickled, parts, region)
             return
         fanout = config.cast_fanout
@@ -113,7 +124,7 @@ class ActorEndpoint(Generic[A_co]):
         def go() -> None:
             targets = []
             for r in ranks:
-                a = mesh._addr_of(r)
+                a = mesh.addr_of(r)
                 if a:
                     targets.append((r, a))
                 elif port:
@@ -165,7 +176,7 @@ class ActorEndpoint(Generic[A_co]):
 
     def call_one(self, *args: object, **kwargs: object) -> Future[Any]:
         """Call the one actor of this mesh; ``ValueError`` if it holds more or fewer."""
-        ranks = self._mesh._ranks
+        ranks = self._mesh.global_ranks()
         if len(ranks) != 1:
             raise ValueError(
                 f"call_one needs a mesh of exactly one actor, {self._mesh!r} has {len(ranks)}: "
@@ -176,21 +187,21 @@ class ActorEndpoint(Generic[A_co]):
     def _call_single(
         self, ranks: list[int], args: tuple[object, ...], kwargs: dict[str, object]
     ) -> Future[object]:
-        enc = self._encode(args, kwargs)
+        enc = self.encode_args(args, kwargs)
         rt, here = runtime_here()
         fut: Future[object] = Future(loop=rt.loop)
         port = rt.open_future_port(fut)
         self._arm(fut, rt, port, ranks)
-        self._send(rt, ranks, port, enc, here=here)
+        self.send_encoded(rt, ranks, port, enc, here=here)
         return fut
 
     def _arm(self, fut: Future[T], rt: Runtime, port: int, ranks: list[int]) -> None:
         """Cancelling ``fut`` cancels the calls; waiting on it from one of its own
         callees (an actor calling itself) raises instead of deadlocking."""
-        fut._on_cancel = functools.partial(_cancel_calls, rt, self._mesh, port, ranks)
+        fut.set_cancel_hook(functools.partial(_cancel_calls, rt, self._mesh, port, ranks))
         waiter = waiting_actor()
-        if waiter is not None and waiter.wire == self._mesh._wire and waiter.rank in ranks:
-            fut._self_wait = (
+        if waiter is not None and waiter.wire == self._mesh.wire_name and waiter.rank in ranks:
+            fut.set_self_wait(
                 waiter,
                 (
                     f"deadlock: actor {waiter.ctx.actor_id} waits for its own endpoint "
@@ -209,14 +220,14 @@ class ActorEndpoint(Generic[A_co]):
         a healthy one is left (then the call fails with ``SupervisionError``).
         """
         mesh = self._mesh
-        ranks = mesh._ranks
-        failed = mesh._state.failed
+        ranks = mesh.global_ranks()
+        failed = mesh.mesh_state.failed
         if failed:
             healthy = [r for r in ranks if r not in failed]
             ranks = healthy or ranks
-        rank = mesh._pick(ranks)
+        rank = mesh.choose_rank(ranks)
         fut = self._call_single([rank], args, kwargs)
-        fut.add_done_callback(lambda _: mesh._picked_done(rank))
+        fut.add_done_callback(lambda _: mesh.chosen_done(rank))
         return fut
 
     def call(self, *args: object, **kwargs: object) -> Future[ValueMesh[Any]]:
@@ -225,11 +236,11 @@ class ActorEndpoint(Generic[A_co]):
         Raises (when awaited) the first ``ActorError`` or ``SupervisionError`` that comes
         back, once every actor has answered.
         """
-        enc = self._encode(args, kwargs)
+        enc = self.encode_args(args, kwargs)
         rt = current_runtime()
         fut: Future[ValueMesh[object]] = Future(loop=rt.loop)
-        shape = self._mesh._shape
-        ranks = self._mesh._ranks
+        shape = self._mesh.shape
+        ranks = self._mesh.global_ranks()
         index = {g: i for i, g in enumerate(ranks)}
         values: list[object] = [None] * len(ranks)
         left = [len(ranks)]
@@ -251,13 +262,13 @@ class ActorEndpoint(Generic[A_co]):
 
         port = rt.open_port(on_reply)
         self._arm(fut, rt, port, ranks)
-        self._send(rt, ranks, port, enc)
+        self.send_encoded(rt, ranks, port, enc)
         return fut
 
     def broadcast(self, *args: object, **kwargs: object) -> None:
         """Send to every actor and do not wait (fire and forget)."""
-        enc = self._encode(args, kwargs)
-        self._send(current_runtime(), self._mesh._ranks, 0, enc, CAST_NONE)
+        enc = self.encode_args(args, kwargs)
+        self.send_encoded(current_runtime(), self._mesh.global_ranks(), 0, enc, CAST_NONE)
 
     async def post(self, *args: object, **kwargs: object) -> None:
         """``broadcast`` with backpressure: send, then wait while the way to these actors
@@ -271,8 +282,8 @@ class ActorEndpoint(Generic[A_co]):
             raise RuntimeError("post() is for async code on the calling loop; use broadcast()")
         self.broadcast(*args, **kwargs)
         mesh = self._mesh
-        for r in mesh._ranks:
-            addr = mesh._addr_of(r)
+        for r in mesh.global_ranks():
+            addr = mesh.addr_of(r)
             conn = rt.conns.get(addr) if addr else None
             if conn is not None and conn.write_paused:
                 await conn.writable()
@@ -281,11 +292,11 @@ class ActorEndpoint(Generic[A_co]):
         """Call every actor; their results in arrival order. As in Monarch, iterating gives
         futures (``[await f for f in ep.stream()]``, or ``f.get()``); ``async for`` gives
         the values themselves."""
-        enc = self._encode(args, kwargs)
+        enc = self.encode_args(args, kwargs)
         rt = current_runtime()
-        ranks = self._mesh._ranks
+        ranks = self._mesh.global_ranks()
         s = _Stream(rt, len(ranks))
-        self._send(rt, ranks, s.port_id, enc)
+        self.send_encoded(rt, ranks, s.port_id, enc)
         return s
 
 
@@ -299,9 +310,9 @@ def _cancel_calls(rt: Runtime, mesh: ActorMesh[Actor], port: int, ranks: list[in
 
     def go() -> None:
         rt.close_port(port)
-        msg = Cancel(mesh._wire, port)
+        msg = Cancel(mesh.wire_name, port)
         for r in ranks:
-            addr = mesh._addr_of(r)
+            addr = mesh.addr_of(r)
             conn = rt.conns.get(addr) if addr else None
             if conn is not None:
                 conn.pending.pop(port, None)
@@ -326,10 +337,10 @@ class Accumulator(Generic[A]):
 
     def accumulate(self, *args: object, **kwargs: object) -> Future[Any]:
         ep = self._endpoint
-        enc = ep._encode(args, kwargs)
+        enc = ep.encode_args(args, kwargs)
         rt = current_runtime()
         fut: Future[object] = Future(loop=rt.loop)
-        ranks = ep._mesh._ranks
+        ranks = ep.mesh.global_ranks()
         acc = [self._identity]
         left = [len(ranks)]
         combine = self._combine
@@ -354,7 +365,7 @@ class Accumulator(Generic[A]):
         if config.cast_fanout and len(ranks) > config.cast_fanout:
             # Each top-level subtree answers once, with its reduced value.
             left[0] = min(config.cast_fanout, len(ranks))
-        ep._send(rt, ranks, port, enc, CAST_REDUCE, (reducer[0], reducer[1]))
+        ep.send_encoded(rt, ranks, port, enc, CAST_REDUCE, (reducer[0], reducer[1]))
         return fut
 
 
@@ -383,7 +394,7 @@ class _Stream:
         (The port closes when this stream is dropped.)"""
         futures = [self._receiver.recv() for _ in range(self._n)]
         for f in futures:
-            f._keepalive = self._receiver  # type: ignore[attr-defined]  # the port lives while a future waits
+            f.keep_alive(self._receiver)  # the port lives while a future waits
         yield from futures
 
 
@@ -395,14 +406,24 @@ class NotAnEndpoint:
         self._mesh = mesh
         self._name = name
 
+    @property
+    def mesh(self) -> ActorMesh[Actor]:
+        """The actors whose plain method this is."""
+        return self._mesh
+
+    @property
+    def name(self) -> str:
+        """The method's name."""
+        return self._name
+
     def __repr__(self) -> str:
-        return f"<plain method {self._mesh._cls.__name__}.{self._name} of {self._mesh!r}>"
+        return f"<plain method {self._mesh.actor_class.__name__}.{self._name} of {self._mesh!r}>"
 
     def __getattr__(self, adverb: str) -> NoReturn:
         if adverb.startswith("__"):
             raise AttributeError(adverb)
         raise EndpointNotFoundError(
-            f"{self._mesh._cls.__name__}.{self._name} is a plain method, not an @endpoint: "
+            f"{self._mesh.actor_class.__name__}.{self._name} is a plain method, not an @endpoint: "
             f"mark it @endpoint, or call it through as_endpoint(mesh.{self._name}).{adverb}(...)"
         )
 
@@ -429,7 +450,7 @@ def as_endpoint(
             f"{not_an_endpoint!r}"
         )
     kind = "port" if explicit_response_port else "call"
-    return ActorEndpoint(not_an_endpoint._mesh, f"{AS_ENDPOINT}{kind}:{not_an_endpoint._name}")
+    return ActorEndpoint(not_an_endpoint.mesh, f"{AS_ENDPOINT}{kind}:{not_an_endpoint.name}")
 
 
 def send(
@@ -466,12 +487,12 @@ def send(
         else:
             endpoint.choose(*args, **kwargs)  # its result is dropped
         return
-    enc = endpoint._encode(args, kwargs)
+    enc = endpoint.encode_args(args, kwargs)
     rt = current_runtime()
-    mesh = endpoint._mesh
-    ranks = mesh._ranks
+    mesh = endpoint.mesh
+    ranks = mesh.global_ranks()
     if selection == "choose":
-        i = mesh._next_turn(len(ranks))
+        i = mesh.next_turn(len(ranks))
         ranks = [ranks[i]]
         index = {ranks[0]: i}
     else:
@@ -483,7 +504,7 @@ def send(
         forward(rt, port, index.get(rank, -1), status, value)
         return left[0] == 0
 
-    endpoint._send(rt, ranks, rt.open_port(on_reply), enc)
+    endpoint.send_encoded(rt, ranks, rt.open_port(on_reply), enc)
 
 
 #: set by danaus.tensor_engine when imported (the mesh layer does not import it): gives

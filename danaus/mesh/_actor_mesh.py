@@ -66,7 +66,7 @@ class _unless_endpoint(Generic[R]):
     ) -> _unless_endpoint[R] | Callable[[], R] | ActorEndpoint[A]:
         if mesh is None:
             return self
-        if self.name in endpoints_of(mesh._cls):
+        if self.name in endpoints_of(mesh.actor_class):
             return ActorEndpoint(mesh, self.name)
         return functools.partial(self.fn, mesh)
 
@@ -112,8 +112,52 @@ class ActorMesh(Shaped, Generic[A_co]):
         self._open_for: Runtime | None = None
         self._region_memo: tuple[Region | None] | None = None
 
+    # The internal API of the endpoints (``_actor_endpoint``) and the layers above: read-
+    # only views and small methods. Class attributes, so spawn() refuses endpoints named
+    # like them (an instance attribute would hide such an endpoint without a word).
+
     @property
-    def _region(self) -> Region | None:
+    def actor_class(self) -> type[A_co]:
+        """The class of these actors."""
+        return self._cls
+
+    @property
+    def wire_name(self) -> str:
+        """The actors' key in their procs (unique per spawn): what calls to them name."""
+        return self._wire
+
+    @property
+    def mesh_state(self) -> MeshState:
+        """The supervision state of the whole mesh, shared by its slices: its failed
+        ranks and whether it was stopped."""
+        return self._state
+
+    @property
+    def spawn_sent(self) -> ThreadFuture[None]:
+        """Resolves once the Spawn messages are on their way (the procs have started:
+        their addresses are known)."""
+        return self._sent
+
+    @property
+    def init_done(self) -> ThreadFuture[None]:
+        """Resolves once every actor's ``__init__`` ran (raises the first error)."""
+        return self._init
+
+    def global_ranks(self) -> list[int]:
+        """The global rank of each actor of this mesh (or slice), in order (not to be
+        changed: it is the mesh's own list)."""
+        return self._ranks
+
+    def is_open_for(self, rt: Runtime) -> bool:
+        """Whether calls from ``rt`` are known to need no wait (see :meth:`call_gate`)."""
+        return self._open_for is rt
+
+    def spawn_loop_closed(self) -> bool:
+        """Whether the runtime that spawned these actors has closed (its loop ended)."""
+        return self._spawn_rt is not None and self._spawn_rt.closed
+
+    @property
+    def call_region(self) -> Region | None:
         """What calls to this mesh tell their actors about the slice called, so that
         ``current_rank()`` there is the place in it (Monarch's message rank); ``None``
         when this is the whole mesh, where message ranks are the actors' own ranks."""
@@ -138,10 +182,12 @@ class ActorMesh(Shaped, Generic[A_co]):
     def _targets_list(self) -> list[tuple[int, str]]:
         """(global rank, proc address) of each actor; only once the procs are started."""
         if self._tl is None:
-            self._tl = [(g, self._addr_of(g)) for g in self._ranks]
+            self._tl = [(g, self.addr_of(g)) for g in self._ranks]
         return self._tl
 
-    def _addr_of(self, rank: int) -> str:
+    def addr_of(self, rank: int) -> str:
+        """The address of the proc of the actor of global rank ``rank``; "" if that proc
+        never started."""
         addrs = self._addrs
         if addrs is not None:
             return addrs[rank]
@@ -155,7 +201,7 @@ class ActorMesh(Shaped, Generic[A_co]):
         return addr
 
     @classmethod
-    def _spawn(
+    def spawn_on(
         cls,
         group: ProcGroup,
         shape: Shape,
@@ -226,9 +272,9 @@ class ActorMesh(Shaped, Generic[A_co]):
             # Right after spawn(), as Monarch allows: local procs' addresses are known (their
             # sockets are bound by the spawner, so a receiver's dial waits in the kernel's
             # queue), and a call that overtakes the Spawn is held for it (spawn_wait).
-            addrs = {g: self._addr_of(g) for g in self._ranks}
+            addrs = {g: self.addr_of(g) for g in self._ranks}
             if not all(addrs.values()) and self._wait_for_addresses():
-                addrs = {g: self._addr_of(g) for g in self._ranks}
+                addrs = {g: self.addr_of(g) for g in self._ranks}
             if not all(addrs.values()):
                 raise SerializationError(
                     f"{self!r} cannot be passed on before its procs have started (their "
@@ -310,7 +356,8 @@ class ActorMesh(Shaped, Generic[A_co]):
         yield from self.initialized.__await__()
         return self
 
-    def _targets(self) -> list[tuple[int, str]]:
+    def rank_addrs(self) -> list[tuple[int, str]]:
+        """``(global rank, proc address)`` of each actor; only once the procs started."""
         return self._targets_list
 
     @property
@@ -366,7 +413,7 @@ class ActorMesh(Shaped, Generic[A_co]):
 
             port = rt.open_port(on_reply)
             for r in ranks:
-                addr = mesh._addr_of(r)
+                addr = mesh.addr_of(r)
                 conn = rt.connection(addr) if addr else None
                 if conn is not None and conn.send(StopActor(mesh._wire, port)):
                     conn.pending[port] = r
@@ -377,7 +424,7 @@ class ActorMesh(Shaped, Generic[A_co]):
         gate.add_done_callback(lambda _: run_on(rt, go))
         return fut
 
-    def _gate(self, rt: Runtime, here: bool) -> ThreadFuture[None]:
+    def call_gate(self, rt: Runtime, here: bool) -> ThreadFuture[None]:
         """What calls from ``rt`` wait for: after our own Spawn went out, the connection
         keeps our calls behind it; from another runtime (another loop or proc), until the
         actors exist. Once open for a loop's own runtime, that is remembered (the hot
@@ -387,10 +434,10 @@ class ActorMesh(Shaped, Generic[A_co]):
             self._open_for = rt
         return gate
 
-    def _pick(self, ranks: list[int]) -> int:
+    def choose_rank(self, ranks: list[int]) -> int:
         """The rank ``choose`` calls among ``ranks``: the one with the fewest of this
         caller's ``choose`` calls in flight, ties round robin; in flight until
-        :meth:`_picked_done`."""
+        :meth:`chosen_done`."""
         inflight = self._inflight
         with _choose_lock:  # the count is also lowered on the loop's thread
             start = self._rr
@@ -401,11 +448,12 @@ class ActorMesh(Shaped, Generic[A_co]):
             inflight[rank] = inflight.get(rank, 0) + 1
         return rank
 
-    def _picked_done(self, rank: int) -> None:
+    def chosen_done(self, rank: int) -> None:
+        """The ``choose`` call to ``rank`` ended."""
         with _choose_lock:
             self._inflight[rank] -= 1
 
-    def _next_turn(self, n: int) -> int:
+    def next_turn(self, n: int) -> int:
         """Round robin over ``n`` actors: the index of the next one."""
         with _choose_lock:
             i = self._rr % n

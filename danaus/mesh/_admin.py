@@ -72,28 +72,36 @@ __all__ = [
 
 # ----------------------------------------------------------------------------------- ops
 
-#: An admin operation: from the request's arguments (a JSON object, checked by the op) to
-#: its result, sent back as JSON.
+#: An admin operation as the server runs it: from a request's arguments (a JSON object)
+#: to its result, sent back as JSON.
 Op = Callable[[dict[str, object]], Awaitable[object]]
-OpT = TypeVar("OpT", bound=Op)
+F = TypeVar("F")
 
 #: the admin endpoint's operations, by name
 OPS: dict[str, Op] = {}
 
 
-def admin_op(name: str) -> Callable[[OpT], OpT]:
-    """Register an async function as the admin operation ``name``."""
+def admin_op(name: str) -> Callable[[F], F]:
+    """Register an async function as the admin operation ``name``: a request's ``args``
+    become its keyword arguments (ones it does not take answer ``TypeError``)."""
 
-    def register(fn: OpT) -> OpT:
-        OPS[name] = fn
+    def register(fn: F) -> F:
+        OPS[name] = _by_keywords(name, fn)
         return fn
 
     return register
 
 
-def _no_args(op: str, args: dict[str, object]) -> None:
-    if args:
-        raise TypeError(f"{op} takes no arguments, got {', '.join(sorted(args))}")
+def _by_keywords(name: str, fn: object) -> Op:
+    """``fn`` called with a request's arguments as keywords. Ops differ in signature, so
+    this one call is checked when it is made, as Python binds the arguments."""
+    if not callable(fn):
+        raise TypeError(f"admin op {name!r} must be an async function, got {fn!r}")
+
+    async def op(args: dict[str, object]) -> object:
+        return await fn(**args)
+
+    return op
 
 
 class Hello(TypedDict):
@@ -106,8 +114,7 @@ class Hello(TypedDict):
 
 
 @admin_op("hello")
-async def _hello(args: dict[str, object]) -> Hello:
-    _no_args("hello", args)
+async def _hello() -> Hello:
     return {
         "pid": os.getpid(),
         "host": socket.gethostname(),
@@ -117,22 +124,16 @@ async def _hello(args: dict[str, object]) -> Hello:
 
 
 @admin_op("snapshot")
-async def _snapshot(args: dict[str, object]) -> Snapshot:
+async def _snapshot() -> Snapshot:
     from ._snapshot import snapshot
 
-    _no_args("snapshot", args)
     return await snapshot()
 
 
 @admin_op("stacks")
-async def _stacks(args: dict[str, object]) -> list[StackEntry]:
+async def _stacks(procs: str, rank: int) -> list[StackEntry]:
     from ._snapshot import proc_stacks
 
-    procs, rank = args.get("procs"), args.get("rank")
-    if set(args) != {"procs", "rank"} or not (
-        isinstance(procs, str) and isinstance(rank, int | str)
-    ):
-        raise TypeError("stacks takes procs (a proc mesh's name) and rank (an integer)")
     return await proc_stacks(procs, int(rank))
 
 
@@ -152,7 +153,9 @@ class AdminServer:
     def __repr__(self) -> str:
         return f"<AdminServer {self.addr}>"
 
-    async def _start(self) -> None:
+    async def start(self) -> None:
+        """Listen on ``addr`` (choosing the port where it says 0) and write the runtime
+        file that clients find it by."""
         family_unix = self.addr.startswith("unix:")
         if family_unix:
             rest = self.addr[5:]
@@ -276,7 +279,7 @@ def serve_admin(addr: str = "auto", timeout: float = 10.0) -> AdminServer:
         if _server is not None:
             return _server
         server = AdminServer(_normalize(addr), auth.job_key())
-        run_task(background_runtime(), server._start).result(timeout)
+        run_task(background_runtime(), server.start).result(timeout)
         _server = server
         _server_ready.set()
         return server

@@ -75,7 +75,7 @@ def _get_or_spawn_here(
         found = _singletons.get(name)
         if isinstance(found, MeshFailure):
             raise ValueError(f"the controller {name!r} failed: {found}")
-        if found is not None and found._spawn_rt is not None and found._spawn_rt.closed:
+        if found is not None and found.spawn_loop_closed():
             found = None  # its loop ended (an earlier asyncio.run): spawn it anew
         if found is None:
             found = this_proc().spawn(name, cls, *args, **kwargs)

@@ -121,7 +121,8 @@ class ForkedPopen:
         callback()
 
     # called by the server's reader thread
-    def _forked(self, pid: int) -> None:
+    def note_forked(self, pid: int) -> None:
+        """The server forked the proc: it is ``pid``."""
         with self._lock:
             self._pid = pid
             kill = self._kill_asked
@@ -129,7 +130,8 @@ class ForkedPopen:
         if kill:
             self.kill()
 
-    def _exit(self, code: int) -> None:
+    def note_exit(self, code: int) -> None:
+        """The proc exited with ``code`` (or was never forked): runs the exit callbacks."""
         with self._lock:
             if self.returncode is not None:
                 return
@@ -239,15 +241,15 @@ class ForkServer:
                     self._by_pid[msg["pid"]] = popen
             if popen is not None:
                 if msg["pid"] > 0:
-                    popen._forked(msg["pid"])
+                    popen.note_forked(msg["pid"])
                 else:
                     log.error("the fork server could not fork a proc: %s", msg.get("error"))
-                    popen._exit(1)
+                    popen.note_exit(1)
         elif msg["op"] == "exit":
             with self._lock:
                 popen = self._by_pid.pop(msg["pid"], None)
             if popen is not None:
-                popen._exit(msg["code"])
+                popen.note_exit(msg["code"])
         elif msg["op"] == "unsafe":
             self._mark_unsafe(msg["reason"])
         elif msg["op"] == "preload_failed":
@@ -272,8 +274,8 @@ class ForkServer:
         self.ready.set()
         self._outbox.put(None)
         for popen in orphans:
-            _wait_gone(popen._pid, 5.0)
-            popen._exit(-signal.SIGKILL)
+            _wait_gone(popen.known_pid, 5.0)
+            popen.note_exit(-signal.SIGKILL)
         if orphans or "exited" not in why:
             log.warning("the fork server (pid %s) is gone: %s", self.pid, why)
 
@@ -320,7 +322,7 @@ class ForkServer:
                 for fd in fds:
                     os.close(fd)
                 popen.stdin.close()
-                popen._exit(1)
+                popen.note_exit(1)
                 return popen
             self._next_id += 1
             rid = self._next_id
@@ -360,6 +362,25 @@ class ForkServer:
             self._status[rid] = box
         self._outbox.put((_encode(StatusRequest(op="status", id=rid)), []))
         return box.get(timeout=timeout)
+
+    def stop(self, timeout: float) -> None:
+        """Stop the server (its children die with it) and wait, up to ``timeout``
+        seconds in all, for it and its threads to end."""
+        popen = self._popen
+        if popen is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            popen.terminate()
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(max(0.0, deadline - time.monotonic()))
+        if popen.poll() is None:
+            popen.kill()
+        # Its threads end with it (the reader sees the socket close): none is left running
+        # while the interpreter finalizes.
+        self._outbox.put(None)
+        for thread in (self._reader, self._writer):
+            thread.join(max(0.1, deadline - time.monotonic()))
 
 
 def _wait_gone(pid: int, timeout: float) -> None:
@@ -421,18 +442,5 @@ def stop_fork_server(timeout: float = 5.0) -> None:
     global _server
     with _server_lock:
         server, _server = _server, None
-    if server is None or server._popen is None:
-        return
-    popen = server._popen
-    with contextlib.suppress(ProcessLookupError):
-        popen.terminate()
-    deadline = time.monotonic() + timeout
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        popen.wait(max(0.0, deadline - time.monotonic()))
-    if popen.poll() is None:
-        popen.kill()
-    # Its threads end with it (the reader sees the socket close): none is left running
-    # while the interpreter finalizes.
-    server._outbox.put(None)
-    for thread in (server._reader, server._writer):
-        thread.join(max(0.1, deadline - time.monotonic()))
+    if server is not None:
+        server.stop(timeout)

@@ -72,7 +72,7 @@ class HostMesh(Shaped):
     def _with_shape(self, shape: Shape) -> HostMesh:
         agents = self._agents
         if agents is not None:
-            agents = agents._with_shape(shape)
+            agents = agents.with_shape(shape)
         return HostMesh(shape, self.name, agents, self._spawned, self._python)
 
     def with_python_executable(self, python_executable: str) -> HostMesh:
@@ -212,7 +212,7 @@ class HostMesh(Shaped):
         started: ThreadFuture[None] = ThreadFuture()
         handles: list[Proc] = []
         by_host: list[tuple[str, list[RemoteProcHandle]]] = []
-        for h, (_, agent_addr) in enumerate(agents._targets_list):
+        for h, (_, agent_addr) in enumerate(agents.rank_addrs()):
             group = [RemoteProcHandle(h * per + i, agent_addr) for i in range(per)]
             handles.extend(group)
             by_host.append((agent_addr, group))

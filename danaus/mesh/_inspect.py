@@ -55,15 +55,15 @@ async def _stacks(addrs: list[str]) -> list[list[StackEntry]]:
 
 
 async def _actor_addrs(mesh: ActorMesh[A]) -> list[str]:
-    await asyncio.wrap_future(mesh._sent)  # its procs have started: addresses known
-    return [mesh._addr_of(g) for g in mesh._ranks]
+    await asyncio.wrap_future(mesh.spawn_sent)  # its procs have started: addresses known
+    return [mesh.addr_of(g) for g in mesh.global_ranks()]
 
 
 async def actor_mesh_stats(mesh: ActorMesh[A]) -> ValueMesh[ActorStats | GoneActorStats]:
     """Per actor of ``mesh``: its record and its proc's (``"proc"``)."""
     values: list[ActorStats | GoneActorStats] = []
-    for record in await _stats(await _actor_addrs(mesh), [mesh._wire]):
-        actor = record["actors"].get(mesh._wire)
+    for record in await _stats(await _actor_addrs(mesh), [mesh.wire_name]):
+        actor = record["actors"].get(mesh.wire_name)
         if actor is None:
             values.append({"actor": None, "gone": True, "proc": record["proc"]})
         else:

@@ -77,6 +77,12 @@ class ProcMesh(Shaped):
         state = "stopped" if self._group.stopped else "running"
         return f"ProcMesh({self.name}, {self._shape.sizes}, {state})"
 
+    @property
+    def proc_group(self) -> ProcGroup:
+        """The state this mesh shares with the rest of its mesh (its procs, failures and
+        actor meshes), for the layers above."""
+        return self._group
+
     def activate(self) -> AbstractContextManager[object]:
         """``with procs.activate():`` torch calls make distributed tensors on these procs.
 
@@ -211,7 +217,7 @@ class ProcMesh(Shaped):
                     fut.set_exception(exc)
                     return
             if bootstrap is not None:  # and the bootstrap function ran in every proc
-                boot = bootstrap._init
+                boot = bootstrap.init_done
                 if not boot.done():
                     boot.add_done_callback(lambda _: run_on(rt, check))
                     return
@@ -253,7 +259,7 @@ class ProcMesh(Shaped):
             )
         if self._group.stopped:
             raise ClosedError(f"{self!r} was stopped")
-        return ActorMesh._spawn(self._group, self._shape, name, cls, args, kwargs)
+        return ActorMesh.spawn_on(self._group, self._shape, name, cls, args, kwargs)
 
     # lifecycle
     def stop(self, reason: str = "stopped by its owner") -> Future[None]:
@@ -318,7 +324,7 @@ def live_proc_meshes() -> list[ProcMesh]:
 
 def group_of(procs: ProcMesh) -> ProcGroup:
     """The state ``procs`` shares with the rest of its mesh (for the layers above)."""
-    return procs._group
+    return procs.proc_group
 
 
 class _PlacedActor(Protocol):

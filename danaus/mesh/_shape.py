@@ -420,7 +420,7 @@ class Shape:
 
     def __repr__(self) -> str:
         sizes = self.sizes
-        if self._key() == Shape.from_sizes(sizes)._key():
+        if self._key() == Shape.from_sizes(sizes)._key():  # noqa: SLF001 - another Shape
             return f"Shape({sizes})"
         return f"Shape({sizes}, strides={self._strides}, offset={self._offset})"
 

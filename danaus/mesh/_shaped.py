@@ -22,6 +22,10 @@ class Shaped:
     def _with_shape(self: M, shape: Shape) -> M:
         raise NotImplementedError
 
+    def with_shape(self: M, shape: Shape) -> M:
+        """The same mesh seen through ``shape`` (a slice's or a reshaped view's shape)."""
+        return self._with_shape(shape)
+
     @property
     def shape(self) -> Shape:
         return self._shape

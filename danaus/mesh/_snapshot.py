@@ -24,6 +24,7 @@ from ._records import ActorRecord, ProcReply, StackEntry, proc_reply, stack_entr
 from ._shape import Shape
 
 if TYPE_CHECKING:
+    from ._debug import DebugRecord
     from ._proc_group import ProcGroup
     from ._supervision import FailureReport
 
@@ -36,11 +37,12 @@ __all__ = [
     "snapshot",
 ]
 
-#: a proc: ``failed`` (exited, killed, lost), ``unresponsive`` (no answer in time), ``ok``
-ProcHealth = Literal["ok", "failed", "unresponsive"]
-#: an actor: ``failed``, ``stopped``, ``stuck`` (an endpoint running longer than
-#: ``config.stuck_warn_after``), ``busy`` (one running), ``idle``
-ActorHealth = Literal["failed", "stopped", "stuck", "busy", "idle"]
+#: a proc: ``failed`` (exited, killed, lost), ``unresponsive`` (no answer in time),
+#: ``paused`` (no answer, with an actor in a debugger), ``ok``
+ProcHealth = Literal["ok", "failed", "unresponsive", "paused"]
+#: an actor: ``failed``, ``stopped``, ``paused`` (in a debugger), ``stuck`` (an endpoint
+#: running longer than ``config.stuck_warn_after``), ``busy`` (one running), ``idle``
+ActorHealth = Literal["failed", "stopped", "paused", "stuck", "busy", "idle"]
 
 
 class ProcPicture(TypedDict, total=False):
@@ -124,6 +126,8 @@ class Snapshot(TypedDict):
     actors: list[ActorPicture]
     stuck: list[StuckPicture]
     failures: list[FailureReport]
+    #: the actors paused in pdb
+    debug: list[DebugRecord]
 
 
 #: how long one proc may take to answer a snapshot's question (s)
@@ -146,17 +150,32 @@ def _process_started() -> float:
 _STARTED = _process_started()
 
 
-def _find(procs_name: str) -> ProcGroup:
+def _labelled() -> list[tuple[str, ProcGroup]]:
+    """Each live proc mesh with the name tools know it by: its own, or ``name#2``, ... for
+    later ones while an older mesh of the same name still runs (names need not be
+    unique; a tool's question about one must reach that one)."""
     from ._proc_group import live_groups
 
+    seen: dict[str, int] = {}
+    out = []
     for group in live_groups():
-        if group.name == procs_name:
+        n = seen[group.name] = seen.get(group.name, 0) + 1
+        out.append((group.name if n == 1 else f"{group.name}#{n}", group))
+    return out
+
+
+def _find(procs_name: str) -> ProcGroup:
+    for label, group in _labelled():
+        if label == procs_name:
             return group
     raise KeyError(f"no live proc mesh named {procs_name!r}")
 
 
 async def _ask(
-    addr: str | None, method: Literal["stats", "stacks"], *args: list[str] | None
+    addr: str | None,
+    method: Literal["stats", "stacks"],
+    *args: list[str] | None,
+    answer_within: float = ASK_TIMEOUT,
 ) -> object:
     """Ask the control actor of the proc at ``addr``; the exception if it cannot answer."""
     from ._actor_mesh import mesh_ref
@@ -165,16 +184,16 @@ async def _ask(
         return ConnectionError("no address to ask")
     ref = mesh_ref("__proc__", ProcControl, Shape.from_sizes({}), {0: addr})
     try:
-        return await asyncio.wait_for(getattr(ref, method).call_one(*args), ASK_TIMEOUT)
+        return await asyncio.wait_for(getattr(ref, method).call_one(*args), answer_within)
     except TimeoutError:
-        return TimeoutError(f"no answer in {ASK_TIMEOUT:.0f} s")
+        return TimeoutError(f"no answer in {answer_within:g} s")
     except Exception as e:
         return e
 
 
-async def _ask_stats(addr: str | None) -> ProcReply | BaseException:
+async def _ask_stats(addr: str | None, answer_within: float) -> ProcReply | BaseException:
     """The stats of the proc at ``addr``; the exception if it cannot answer."""
-    answer = await _ask(addr, "stats", None)
+    answer = await _ask(addr, "stats", None, answer_within=answer_within)
     if isinstance(answer, BaseException):
         return answer
     try:
@@ -183,20 +202,34 @@ async def _ask_stats(addr: str | None) -> ProcReply | BaseException:
         return e
 
 
-def _health(failure: str | None, answer: object) -> ProcHealth:
+def _health(failure: str | None, answer: object, paused: bool) -> ProcHealth:
     if failure is not None:
         return "failed"
     if isinstance(answer, BaseException):
-        return "unresponsive"
+        return "paused" if paused else "unresponsive"
     return "ok"
 
 
-async def _proc_mesh_picture(group: ProcGroup) -> tuple[ProcMeshPicture, list[PlacedActor]]:
+#: how long a proc with an actor paused in a debugger may take to answer: its loop may be
+#: the paused thread (an async endpoint), and then it cannot (s)
+PAUSED_ASK_TIMEOUT = 0.5
+
+
+async def _proc_mesh_picture(
+    group: ProcGroup, label: str, debug: list[DebugRecord]
+) -> tuple[ProcMeshPicture, list[PlacedActor]]:
     handles = group.handles
     points = list(group.shape.points())
     failed = dict(group.state.failed)
+    paused = {d["proc"]: d for d in debug}
     answers = await asyncio.gather(
-        *(_ask_stats(None if h.rank in failed else h.addr) for h in handles)
+        *(
+            _ask_stats(
+                None if h.rank in failed else h.addr,
+                PAUSED_ASK_TIMEOUT if h.addr in paused else ASK_TIMEOUT,
+            )
+            for h in handles
+        )
     )
     procs: list[ProcPicture] = []
     actors: list[PlacedActor] = []
@@ -210,7 +243,7 @@ async def _proc_mesh_picture(group: ProcGroup) -> tuple[ProcMeshPicture, list[Pl
             "rank": h.rank,
             "point": str(point),
             "addr": h.addr,
-            "health": _health(failure, answer),
+            "health": _health(failure, answer, h.addr in paused),
             "failure": failure,
             "error": str(answer) if isinstance(answer, BaseException) and not failure else None,
             "pid": pid,
@@ -218,7 +251,26 @@ async def _proc_mesh_picture(group: ProcGroup) -> tuple[ProcMeshPicture, list[Pl
         if not isinstance(answer, BaseException):
             proc = {**proc, **answer["proc"]}
             for record in answer["actors"].values():
-                actors.append({**record, "procs": group.name, "proc_rank": h.rank})
+                actors.append({**record, "procs": label, "proc_rank": h.rank})
+        elif failure is None and h.addr in paused:  # its loop waits at the pdb prompt
+            d = paused[h.addr]
+            actors.append(
+                {
+                    "actor": d["actor"],
+                    "mesh": d["mesh"],
+                    "rank": d["rank"],
+                    "procs": label,
+                    "proc_rank": h.rank,
+                    "handled": {},
+                    "errors": {},
+                    "last_failure": None,
+                    "mailbox": 0,
+                    "in_flight": 1,
+                    "running": [(d["function"], time.time() - d["opened"])],
+                    "failed": None,
+                    "stopped": False,
+                }
+            )
         procs.append(proc)
     meshes: list[ActorMeshPicture] = [
         {
@@ -230,7 +282,7 @@ async def _proc_mesh_picture(group: ProcGroup) -> tuple[ProcMeshPicture, list[Pl
         for s in group.states()
     ]
     picture: ProcMeshPicture = {
-        "name": group.name,
+        "name": label,
         "sizes": dict(group.shape.sizes),
         "failed": {str(r): why for r, why in failed.items()},
         "procs": procs,
@@ -240,12 +292,14 @@ async def _proc_mesh_picture(group: ProcGroup) -> tuple[ProcMeshPicture, list[Pl
 
 
 def _actor_health(
-    actor: PlacedActor, failed_meshes: dict[str, set[int]], stuck: float
+    actor: PlacedActor, failed_meshes: dict[str, set[int]], stuck: float, paused: set[str]
 ) -> ActorHealth:
     if actor.get("failed") or actor["rank"] in failed_meshes.get(actor["mesh"], set()):
         return "failed"
     if actor.get("stopped"):
         return "stopped"
+    if actor["actor"] in paused:  # in a debugger: not stuck, waiting for a person
+        return "paused"
     longest = max((s for _, s in actor["running"]), default=0.0)
     if stuck > 0 and longest >= stuck:
         return "stuck"
@@ -255,10 +309,13 @@ def _actor_health(
 async def snapshot() -> Snapshot:
     """Everything this controller runs, now (see the module's docstring)."""
     from ..config import config
-    from ._proc_group import live_groups
+    from ._debug import debug_sessions
     from ._supervision import failure_reports, stuck_reports
 
-    pictures = await asyncio.gather(*(_proc_mesh_picture(g) for g in live_groups()))
+    debug = debug_sessions()
+    pictures = await asyncio.gather(
+        *(_proc_mesh_picture(g, label, debug) for label, g in _labelled())
+    )
     placed: list[PlacedActor] = []
     failed_meshes: dict[str, set[int]] = {}
     for picture, those in pictures:
@@ -266,8 +323,9 @@ async def snapshot() -> Snapshot:
         for m in picture["actor_meshes"]:
             failed_meshes.setdefault(m["name"], set()).update(int(r) for r in m["failed"])
     stuck = config.stuck_warn_after
+    paused = {s["actor"] for s in debug}
     actors: list[ActorPicture] = [
-        {**a, "health": _actor_health(a, failed_meshes, stuck)} for a in placed
+        {**a, "health": _actor_health(a, failed_meshes, stuck, paused)} for a in placed
     ]
     return {
         "time": time.time(),
@@ -292,6 +350,7 @@ async def snapshot() -> Snapshot:
             for when, s in list(stuck_reports)
         ],
         "failures": list(failure_reports),
+        "debug": debug,
     }
 
 

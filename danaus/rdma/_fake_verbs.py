@@ -332,17 +332,17 @@ class FakeVerbs:
             qp.outstanding -= 1  # (hardware frees it with a later signalled completion)
             return
         opcode = WC_RDMA_READ if wr.opcode == WR_RDMA_READ else WC_RDMA_WRITE
-        qp.device._cq.append((Completion(wr.wr_id, status, opcode), qp))
+        qp.device._cq.append((Completion(wr.wr_id, status, opcode), qp))  # noqa: SLF001 - a FakeVerbs' own
         if status != WC_SUCCESS and qp.state != QPS_ERR:
             self._to_error(qp)
 
     def _to_error(self, qp: _FakeQP) -> None:
         qp.state = QPS_ERR
         dev = qp.device
-        flushed = [wr for q, wr in dev._held if q is qp]
-        dev._held = [(q, wr) for q, wr in dev._held if q is not qp]
+        flushed = [wr for q, wr in dev._held if q is qp]  # noqa: SLF001 - a FakeVerbs' own
+        dev._held = [(q, wr) for q, wr in dev._held if q is not qp]  # noqa: SLF001 - a FakeVerbs' own
         for wr in flushed:
-            dev._complete(qp, wr, WC_WR_FLUSH_ERR)
+            dev._complete(qp, wr, WC_WR_FLUSH_ERR)  # noqa: SLF001 - a FakeVerbs' own
 
     def _qp(self, qp: QueuePair) -> _FakeQP:
         mine = self._qps.get(qp.qpn)

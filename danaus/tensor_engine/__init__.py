@@ -31,7 +31,7 @@ from . import _client, _dispatch
 from ._client import activate, active, active_stream
 from ._dtensor import Borrow, DTensor, MeshSlice, Stream, slice_mesh
 
-_client._late()
+_client.bind_dtensor()
 
 __all__ = [
     "Borrow",
@@ -60,7 +60,7 @@ def fetch_shard(t: DTensor, **coords: int) -> Future[torch.Tensor]:
     """
     if not isinstance(t, DTensor):
         raise TypeError(f"fetch_shard takes a DTensor, not {type(t).__name__}")
-    return t._client.fetch(t, coords)
+    return t.client.fetch(t, coords)
 
 
 def inspect(t: DTensor, **coords: int) -> torch.Tensor:
@@ -143,7 +143,7 @@ def remote(
 
         def call(*args: Any, **kwargs: Any) -> Any:
             client = active() or next(
-                (a._client for a in (*args, *kwargs.values()) if isinstance(a, DTensor)), None
+                (a.client for a in (*args, *kwargs.values()) if isinstance(a, DTensor)), None
             )
             if client is None:
                 return f(*args, **kwargs)  # no mesh involved: an ordinary call
@@ -187,22 +187,22 @@ class _ActorCall:
 def _rref(endpoint: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     from ..actors._api import endpoints_of
 
-    mesh = endpoint._mesh
-    ep = endpoints_of(mesh._cls)[endpoint._name]
+    mesh = endpoint.mesh
+    ep = endpoints_of(mesh.actor_class)[endpoint.name]
     if ep.propagate is None or not callable(ep.propagate):
         raise ValueError(
-            f"{mesh._cls.__name__}.{endpoint._name}.rref needs @endpoint(propagate=fn): fn "
+            f"{mesh.actor_class.__name__}.{endpoint.name}.rref needs @endpoint(propagate=fn): fn "
             "gives the output's shape from the arguments' (e.g. propagate=lambda x: x)"
         )
     client = active() or next(
-        (a._client for a in (*args, *kwargs.values()) if isinstance(a, DTensor)), None
+        (a.client for a in (*args, *kwargs.values()) if isinstance(a, DTensor)), None
     )
     if client is None:
         raise ValueError(
-            f"{mesh._cls.__name__}.{endpoint._name}.rref needs a DTensor argument or an "
+            f"{mesh.actor_class.__name__}.{endpoint.name}.rref needs a DTensor argument or an "
             "active mesh (procs.activate())"
         )
-    fn = _ActorCall(mesh._wire, mesh._cls, endpoint._name)
+    fn = _ActorCall(mesh.wire_name, mesh.actor_class, endpoint.name)
     return _dispatch.call_function(client, fn, ep.propagate, args, kwargs)
 
 

@@ -119,7 +119,7 @@ class _Client:
             raise ValueError(
                 f"fetch_shard needs coordinates for every dim of {self.sizes} (got {coords})"
             )
-        return mesh.fetch.call_one(t._id)
+        return mesh.fetch.call_one(t.ref_id)
 
 
 def _store_host(procs: ProcMesh) -> str:
@@ -218,7 +218,8 @@ def active_stream() -> Stream | None:
     return getattr(_tls, "stream", None)
 
 
-def _late() -> None:
+def bind_dtensor() -> None:
+    """Set this module's ``DTensor`` (imported late: a top-level import would be circular)."""
     global _DT
     from ._dtensor import DTensor
 

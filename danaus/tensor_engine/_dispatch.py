@@ -50,7 +50,7 @@ def _info(func: Any) -> _OpInfo:
     info = _infos.get(func)
     if info is not None:
         return info
-    schema = func._schema
+    schema = func._schema  # noqa: SLF001 - torch's (an OpOverload's)
     name = schema.name + ("." + schema.overload_name if schema.overload_name else "")
     written = []
     sets: dict[str, tuple[int, str]] = {}
@@ -100,7 +100,7 @@ def stays_local(func: Any, args: Any, kwargs: Any) -> bool:
     for a in args:
         if isinstance(a, torch.Tensor) and a.device.type == "meta":
             return True
-    f: Any = sys._getframe(2)
+    f: Any = sys._getframe(2)  # noqa: SLF001 - the stdlib's
     while f is not None and f.f_code.co_filename.startswith(_PASS_THROUGH):
         f = f.f_back
     return f is not None and f.f_code.co_filename.startswith(_LOCAL_CALLERS)
@@ -112,7 +112,7 @@ _lines: dict[tuple[Any, int], str] = {}
 
 def issued_at() -> str:
     """The user's line that issued the current operation (first frame outside us and torch)."""
-    f: Any = sys._getframe(2)
+    f: Any = sys._getframe(2)  # noqa: SLF001 - the stdlib's
     while f is not None:
         code = f.f_code
         ours = _ours.get(code)
@@ -149,7 +149,7 @@ class _Walk:
             key.append(obj.shape)
             key.append(obj.stride())
             key.append(obj.dtype)
-            client = obj._client
+            client = obj.client
             if self.client is None:
                 self.client = client
                 self.dtensor = obj
@@ -158,7 +158,7 @@ class _Walk:
                     f"a DTensor of {client.procs} used with one of {self.client.procs}: "
                     "move it first with t.to_mesh(procs)"
                 )
-            return obj._ref
+            return obj.ref
         if t is tuple or t is list:
             self.key.append(len(obj))
             return t([self.wire(x) for x in obj])
@@ -235,14 +235,14 @@ def dispatch(func: Any, args: Any, kwargs: Any) -> Any:
     """Record ``func(*args, **kwargs)`` (an ATen op with a DTensor in it) for the workers."""
     info = _info(func)
     if info.value_read:
-        raise value_error(f"{_VALUE_READS[func._schema.name]} (torch's {func})")
+        raise value_error(f"{_VALUE_READS[func._schema.name]} (torch's {func})")  # noqa: SLF001 - torch's
     walk = _Walk(None)
     key = walk.key
     wargs = []
     for a in args:  # the common arguments inline: this runs for every op
         t = type(a)
         if t is _DT:
-            client = a._client
+            client = a.client
             if walk.client is None:
                 walk.client = client
             elif client is not walk.client:
@@ -250,7 +250,7 @@ def dispatch(func: Any, args: Any, kwargs: Any) -> Any:
             key.append(a.shape)
             key.append(a.stride())
             key.append(a.dtype)
-            wargs.append(a._ref)
+            wargs.append(a.ref)
         elif t is int or a is None:
             key.append(a)
             wargs.append(a)
@@ -343,7 +343,7 @@ def _record(
 def _ids(obj: Any, into: list[int]) -> None:
     t = type(obj)
     if t is _DT:
-        into.append(obj._ref.i)
+        into.append(obj.ref.i)
     elif t is tuple or t is list:
         for x in obj:
             _ids(x, into)
@@ -364,12 +364,12 @@ def _restride(func: Any, args: Any, kwargs: Any) -> None:
     from torch.utils._mode_utils import no_dispatch
 
     with no_dispatch():
-        meta_in_tls = torch._C._meta_in_tls_dispatch_include()
-        torch._C._set_meta_in_tls_dispatch_include(True)
+        meta_in_tls = torch._C._meta_in_tls_dispatch_include()  # noqa: SLF001 - torch's
+        torch._C._set_meta_in_tls_dispatch_include(True)  # noqa: SLF001 - torch's
         try:
             func(*args, **kwargs)
         finally:
-            torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
+            torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)  # noqa: SLF001 - torch's
 
 
 def call_function(client: _Client, fn: Any, shape_fn: Any, args: Any, kwargs: Any) -> Any:
@@ -388,7 +388,8 @@ def call_function(client: _Client, fn: Any, shape_fn: Any, args: Any, kwargs: An
     return result
 
 
-def _late() -> None:
+def bind_dtensor() -> None:
+    """Set this module's ``DTensor`` (imported late: a top-level import would be circular)."""
     global _DT
     from ._dtensor import DTensor
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ._client import _Client
 
 _REDUCTIONS = ("sum", "avg", "min", "max", "stack")
-_TENSOR_DATA: Any = torch._C.TensorBase.__dict__["data"]
+_TENSOR_DATA: Any = torch._C.TensorBase.__dict__["data"]  # noqa: SLF001 - torch's
 
 
 class _Handle(Ref):
@@ -47,13 +47,15 @@ class DTensor(torch.Tensor):
     the last reference frees the shards.
     """
 
-    _ref: _Handle
-    _client: _Client
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    #: its tensor on the workers (freed there when no DTensor holds it any more)
+    ref: _Handle
+    #: the tensor engine's client of its mesh: what sends the commands for it
+    client: _Client
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # noqa: SLF001 - torch's
 
     @staticmethod
     def _make(client: _Client, shape: Any, stride: Any, offset: int, dtype: torch.dtype) -> DTensor:
-        r: DTensor = torch.Tensor._make_wrapper_subclass(
+        r: DTensor = torch.Tensor._make_wrapper_subclass(  # noqa: SLF001 - torch's
             DTensor,
             shape,
             strides=stride,
@@ -61,8 +63,8 @@ class DTensor(torch.Tensor):
             dtype=dtype,
             device=client.device,
         )
-        r._ref = _Handle(client)
-        r._client = client
+        r.ref = _Handle(client)
+        r.client = client
         return r
 
     @classmethod
@@ -75,7 +77,7 @@ class DTensor(torch.Tensor):
         grad = f", grad_fn={type(self.grad_fn).__name__}" if self.grad_fn is not None else ""
         rg = ", requires_grad=True" if self.requires_grad and not grad else ""
         return (
-            f"DTensor(mesh={self._client.sizes}, shape={tuple(self.shape)}, "
+            f"DTensor(mesh={self.client.sizes}, shape={tuple(self.shape)}, "
             f"dtype={self.dtype}{rg}{grad})"
         )
 
@@ -93,21 +95,22 @@ class DTensor(torch.Tensor):
     def data(self, value: DTensor) -> None:
         # nn.Module.to(dtype) and friends swap a parameter's contents this way: the
         # wrapper takes the new metadata, and must refer to the new shards too.
-        if not isinstance(value, DTensor) or value._client is not self._client:
+        if not isinstance(value, DTensor) or value.client is not self.client:
             raise TypeError(
                 f"a DTensor's .data must be a DTensor of the same mesh, not {type(value).__name__}"
             )
         _TENSOR_DATA.__set__(self, value)
-        self._ref = value._ref
+        self.ref = value.ref
 
     @property
-    def _id(self) -> int:
-        return self._ref.i
+    def ref_id(self) -> int:
+        """The id of its tensor on the workers."""
+        return self.ref.i
 
     @property
     def mesh(self) -> ProcMesh:
         """The procs that hold this tensor's shards."""
-        return self._client.procs
+        return self.client.procs
 
     def tolist(self) -> Any:
         raise _dispatch.value_error("tolist()")
@@ -124,9 +127,9 @@ class DTensor(torch.Tensor):
         the DTensor until the call returns: dropping it frees the shards."""
         from ._worker import local_shard
 
-        client = self._client
+        client = self.client
         seq = client.barrier()
-        return (local_shard, (client.rendezvous, self._id, seq))
+        return (local_shard, (client.rendezvous, self.ref_id, seq))
 
     def __deepcopy__(self, memo: Any) -> DTensor:
         out: DTensor = self.detach().clone()  # type: ignore[assignment]
@@ -150,7 +153,7 @@ class DTensor(torch.Tensor):
             mesh: the result on these procs (a slice of this tensor's mesh), e.g. the
                 ``dp=0`` slice to gather there only.
         """
-        client = self._client
+        client = self.client
         dims = (dims,) if isinstance(dims, str) else tuple(dims)
         unknown = [d for d in dims if d not in client.sizes]
         if unknown:
@@ -174,13 +177,13 @@ class DTensor(torch.Tensor):
         client.issue(
             (
                 REDUCE,
-                self._ref,
+                self.ref,
                 list(dims),
                 reduction,
                 scatter,
                 tuple(self.shape),
                 self.dtype,
-                [out._id],
+                [out.ref_id],
                 _dispatch.issued_at(),
             )
         )
@@ -202,7 +205,7 @@ class DTensor(torch.Tensor):
         a slice of this tensor's mesh (each proc gets its own shard); or has this mesh's
         dims and more, which get copies (a broadcast).
         """
-        c = self._client
+        c = self.client
         return _move(self, list(range(len(c.global_ranks))), c.sizes, c.global_ranks, procs)
 
 
@@ -210,7 +213,7 @@ class MeshSlice:
     """The shards of a DTensor on a slice of its mesh (:func:`slice_mesh`)."""
 
     def __init__(self, t: DTensor, coords: dict[str, int]) -> None:
-        client = t._client
+        client = t.client
         unknown = [d for d in coords if d not in client.sizes]
         if unknown:
             raise ValueError(f"unknown mesh dims {unknown}; the mesh has {list(client.sizes)}")
@@ -223,7 +226,7 @@ class MeshSlice:
     def to_mesh(self, procs: ProcMesh) -> DTensor:
         """These shards on ``procs`` (the rules of :meth:`DTensor.to_mesh`), e.g.
         ``slice_mesh(t, dp=0).to_mesh(t.mesh)`` broadcasts ``dp=0``'s shard along dp."""
-        client = self.tensor._client
+        client = self.tensor.client
         ranks = list(self.procs.shape.global_ranks())
         index = [client.global_ranks.index(g) for g in ranks]
         return _move(self.tensor, index, dict(self.procs.sizes), ranks, procs)
@@ -241,7 +244,7 @@ def _move(
     ``index`` (a mesh of ``sizes``, procs ``ranks``)."""
     from ._client import client_for
 
-    client = t._client
+    client = t.client
     target = client_for(procs)
     dst = target.global_ranks
     picks = _picks(sizes, ranks, dict(procs.sizes), dst, target.group is client.group)
@@ -254,11 +257,11 @@ def _move(
     for p in picks:
         readers[index[p]] += 1
     client.flush()
-    bufs = list(client.workers.publish.call(t._id, readers).get().values())  # rank order
+    bufs = list(client.workers.publish.call(t.ref_id, readers).get().values())  # rank order
     shape = list(t.shape)
     out = DTensor._make(target, shape, _contiguous_strides(shape), 0, t.dtype)
     sources = [bufs[index[p]].pop() for p in picks]  # a snapshot per reader
-    target.issue((PULL, sources, tuple(shape), t.dtype, [out._id], _dispatch.issued_at()))
+    target.issue((PULL, sources, tuple(shape), t.dtype, [out.ref_id], _dispatch.issued_at()))
     return out
 
 
@@ -298,7 +301,7 @@ def _contiguous_strides(shape: list[int]) -> list[int]:
     return strides
 
 
-_dispatch._late()
+_dispatch.bind_dtensor()
 
 
 class Stream:
@@ -330,7 +333,7 @@ class Stream:
         ``mutable`` is Monarch's promise that only this stream writes to ``t`` meanwhile;
         danaus does not check it (workers run every command in order on CPU).
         """
-        t._client.issue((BORROW, t._ref, None, self.name, [t._id], _dispatch.issued_at()))
+        t.client.issue((BORROW, t.ref, None, self.name, [t.ref_id], _dispatch.issued_at()))
         return t, Borrow(t, self, mutable)
 
 
@@ -350,8 +353,8 @@ class Borrow:
         """The default stream waits for this stream's work on the tensor from here on."""
         t, self.tensor = self.tensor, None
         if t is not None:
-            t._client.issue(
-                (BORROW, t._ref, self.stream.name, None, [t._id], _dispatch.issued_at())
+            t.client.issue(
+                (BORROW, t.ref, self.stream.name, None, [t.ref_id], _dispatch.issued_at())
             )
 
 

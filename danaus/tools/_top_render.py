@@ -290,7 +290,7 @@ def _actor_cols(rows: list[ActorRow]) -> list[_Col]:
 def _health_style(health: str) -> Style:
     if health == "failed":
         return "failed"
-    if health in ("stuck", "unresponsive"):
+    if health in ("stuck", "unresponsive", "paused"):
         return "warn"
     return "plain"
 

@@ -131,3 +131,29 @@ def _target(addr: str) -> tuple[int, object]:
         return socket.AF_UNIX, "\0" + addr[6:]
     host, _, port = addr[6:].rpartition(":")
     return socket.AF_INET, (host, int(port))
+
+
+async def test_two_live_proc_meshes_of_one_name_are_told_apart() -> None:
+    host = this_host()
+    async with (
+        host.spawn_procs(per_host={"procs": 1}, name="twin") as first,
+        host.spawn_procs(per_host={"procs": 2}, name="twin") as second,
+    ):
+        await (await first.spawn("a", Busy)).ok.call()
+        await (await second.spawn("b", Busy)).ok.call()
+        addr = _server_addr()
+
+        def look() -> tuple[dict, list, list]:
+            with AdminClient(addr) as client:
+                snap = client.call("snapshot")
+                return (
+                    snap,
+                    client.call("stacks", procs="twin", rank=0),
+                    client.call("stacks", procs="twin#2", rank=1),
+                )
+
+        snap, _, _ = await asyncio.to_thread(look)
+    twins = [p for p in snap["proc_meshes"] if p["name"].startswith("twin")]
+    assert [(p["name"], len(p["procs"])) for p in twins] == [("twin", 1), ("twin#2", 2)]
+    assert [p["pid"] for p in twins[1]["procs"]] == second.pids
+    assert {a["procs"] for a in snap["actors"] if a["mesh"] == "b"} == {"twin#2"}

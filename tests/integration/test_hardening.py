@@ -110,7 +110,7 @@ async def test_a_thousand_idle_strangers_cost_a_proc_little(
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         slow = await procs.spawn("slow", Slow)
         pid = procs.pids[0]
-        addr = slow._targets()[0][1]
+        addr = slow.rank_addrs()[0][1]
         before = _rss(pid)
         socks = []
         try:

@@ -229,7 +229,7 @@ async def test_get_or_spawn_controller_is_one_actor_for_the_controller_and_its_p
     registry = await get_or_spawn_controller("registry", Registry, 100)
     assert await registry.register.call_one() == 101
     again = await get_or_spawn_controller("registry", Registry, 0)  # args of the first call win
-    assert again._wire == registry._wire
+    assert again.wire_name == registry.wire_name
     async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
         clients = await procs.spawn("clients", Client)
         assert sorted((await clients.register_sync.call()).values()) == [102, 103]

@@ -35,7 +35,7 @@ async def test_garbage_from_an_unauthenticated_socket_is_refused_while_callers_s
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         echo = procs.spawn("echo", Echo)
         await echo.initialized
-        addr = echo._targets()[0][1]
+        addr = echo.rank_addrs()[0][1]
         caller = asyncio.create_task(_hammer(echo, 2000))
         reader, writer = await asyncio.open_unix_connection(_abstract(addr))
         writer.write(os.urandom(4096))
@@ -49,7 +49,7 @@ async def test_a_peer_with_the_wrong_key_is_refused_while_callers_succeed() -> N
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         echo = procs.spawn("echo", Echo)
         await echo.initialized
-        addr = echo._targets()[0][1]
+        addr = echo.rank_addrs()[0][1]
         caller = asyncio.create_task(_hammer(echo, 2000))
         import msgspec
 
@@ -70,7 +70,7 @@ async def test_oversized_frame_header_closes_only_that_connection() -> None:
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         echo = procs.spawn("echo", Echo)
         await echo.initialized
-        reader, writer = await asyncio.open_unix_connection(_abstract(echo._targets()[0][1]))
+        reader, writer = await asyncio.open_unix_connection(_abstract(echo.rank_addrs()[0][1]))
         writer.write(PREFIX.pack(MAGIC, 1 << 30, 0))
         assert await asyncio.wait_for(reader.read(), 10) == b""
         writer.close()

@@ -121,7 +121,7 @@ async def test_unknown_endpoint_lists_the_endpoints() -> None:
         fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         port = rt.open_port(lambda rank, status, value: fut.set_result(value) or True)
         raw, pickled, parts = dumps([[], {}], lambda: "args")
-        rt.send_call(echo._targets()[0][1], echo._wire, "nope", port, 0, raw, pickled, parts)
+        rt.send_call(echo.rank_addrs()[0][1], echo.wire_name, "nope", port, 0, raw, pickled, parts)
         err = await asyncio.wait_for(fut, 10)
         assert isinstance(err, EndpointNotFoundError)
         assert "no endpoint 'nope'" in str(err) and "whoami" in str(err)
@@ -222,7 +222,7 @@ async def test_a_malformed_plain_argument_payload_fails_only_that_call() -> None
         fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         port = rt.open_port(lambda rank, status, value: fut.set_result(value) or True)
         rt.send_call(
-            echo._targets()[0][1], echo._wire, "echo", port, 0, encode_plain(5), False, []
+            echo.rank_addrs()[0][1], echo.wire_name, "echo", port, 0, encode_plain(5), False, []
         )  # not [args, kwargs]
         err = await asyncio.wait_for(fut, 10)
         assert isinstance(err, SerializationError)

@@ -201,7 +201,7 @@ async def test_drop_connection_fails_pending_calls_and_the_proc(failures: Failur
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         echo = await procs.spawn("echo", Echo)
         stuck = echo.wait_forever.call_one()
-        faults.drop_connection(echo._targets()[0][1])
+        faults.drop_connection(echo.rank_addrs()[0][1])
         with pytest.raises(SupervisionError):
             await asyncio.wait_for(stuck, 5)
         assert (await failures.first()).kind == "proc"

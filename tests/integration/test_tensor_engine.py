@@ -159,7 +159,7 @@ def test_an_op_on_a_freed_tensor_fails_on_fetch_only(procs: Any) -> None:
     with procs.activate() as client:
         x = torch.ones(2)
         y = x + 1
-        client.free(x._id)  # freed on the workers while the controller still holds x
+        client.free(x.ref_id)  # freed on the workers while the controller still holds x
         client.flush()
         w = x * 2
         ok = y * 3

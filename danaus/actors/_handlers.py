@@ -1,0 +1,319 @@
+"""Where the actor layer's messages are handled: ``Call``, ``Spawn``, ``StopActor``,
+``StopProc``, ``Cancel`` and ``SeqSkip`` (:data:`HANDLERS`, registered with the runtime by
+``danaus.actors``); every proc's control actor (:class:`ProcControl`); and the check
+that reports endpoints running too long."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from typing import TYPE_CHECKING, TypeVar
+
+from ..config import config
+from ..errors import SerializationError
+from ._actor import Actor, endpoint
+from ._connection import Connection
+from ._context import ActorContext
+from ._errinfo import encode_error, info_from_error
+from ._instance import ActorInstance
+from ._point import Point
+from ._serialize import loads
+from ._stats import actor_record, proc_record, thread_stacks
+from ._wire import (
+    CLOSE,
+    NIL,
+    Call,
+    Cancel,
+    ErrorInfo,
+    Result,
+    SeqSkip,
+    Spawn,
+    StopActor,
+    StopProc,
+    Stuck,
+)
+
+if TYPE_CHECKING:
+    from ._runtime import Handler, Runtime
+
+T = TypeVar("T")
+
+__all__ = ["HANDLERS", "ProcControl", "check_stuck", "install_actor", "spawn_actor"]
+
+
+class _FailedActor:
+    """Stands in for an actor whose ``__init__`` raised: every call fails with the reason."""
+
+    def __init__(self, rt: Runtime, actor_id: str, rank: int, info: ErrorInfo) -> None:
+        self.rt = rt
+        self.info = ErrorInfo(
+            "supervision",
+            actor_id,
+            info.rank,
+            "SupervisionError",
+            f"actor {actor_id} failed to start: {info.exc_type}: {info.message}",
+            info.traceback,
+        )
+        self.rank = rank
+        self.stopped = False
+
+    def deliver(
+        self, conn: Connection, msg: Call, parts: list[object], sender: str | None = None
+    ) -> None:
+        self.rt.reply_error(conn, msg.reply, self.rank, self.info)
+
+    def skip(self, sender: str, seq: int) -> None:
+        pass
+
+    def cancel(self, conn: Connection, reply: int) -> None:
+        pass
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+def install_actor(rt: Runtime, key: str, obj: Actor) -> ActorInstance:
+    """Register an already-built actor under ``key`` (system actors: a proc's control
+    actor, a host agent)."""
+    ctx = ActorContext(f"{rt.addr}.{key}", key, Point({}, {}), rt.addr, obj)
+    inst = ActorInstance(rt, key, ctx, obj, inline_sync=True)
+    rt.actors[key] = inst
+    return inst
+
+
+class ProcControl(Actor):
+    """Every proc's system actor (key ``__proc__``): settings the controller changes live."""
+
+    @endpoint
+    def set_log_level(self, level: int) -> None:
+        logging.getLogger().setLevel(level)
+
+    @endpoint
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    @endpoint
+    def stats(self, actors: list[str] | None = None) -> dict[str, object]:
+        """This proc's record, and the records of the actors with these wire keys (every
+        actor but the system ones when None)."""
+        rt = _rt_here()
+        now = time.monotonic()
+        keys = [k for k in rt.actors if not k.startswith("__")] if actors is None else actors
+        records = {}
+        for key in keys:
+            inst = rt.actors.get(key)
+            if inst is not None and hasattr(inst, "stats"):
+                records[key] = actor_record(inst, now)
+        return {"proc": proc_record(rt), "actors": records}
+
+    @endpoint
+    def stacks(self) -> list[dict[str, object]]:
+        """Every thread's stack, and every running async endpoint's."""
+        rt = _rt_here()
+        out = thread_stacks(rt)
+        now = time.monotonic()
+        for inst in list(rt.actors.values()):
+            for task, method, since in getattr(inst, "running_tasks", lambda: [])():
+                out.append(
+                    {
+                        "task": task.get_name(),
+                        "actor": inst.ctx.actor_id,
+                        "endpoint": method,
+                        "seconds": round(now - since, 6),
+                        "stack": _task_stack(task),
+                    }
+                )
+        return out
+
+
+def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[object]) -> None:
+    """Handle a Spawn message: build the actor, run its ``__init__``, reply."""
+
+    point = Point.from_rank(msg.rank, msg.sizes)
+    name = msg.actor.split(".", 1)[0]  # the wire key is "name.job.n", unique per spawn
+    actor_id = f"{msg.mesh}[{msg.rank}].{name}[{msg.rank}]"
+    if msg.actor in rt.actors:
+        info = ErrorInfo(
+            "actor",
+            actor_id,
+            str(point),
+            "ValueError",
+            f"an actor named {msg.actor!r} already lives in proc {rt.addr}",
+            "",
+        )
+        conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
+        return
+    try:
+        cls, args, kwargs = loads(
+            msg.payload, msg.pickled, parts, lambda: f"actor class and arguments of {actor_id}"
+        )
+        obj = cls.__new__(cls)
+        ctx = ActorContext(
+            actor_id,
+            name,
+            point,
+            rt.addr,
+            obj,
+            proc_mesh_name=msg.mesh,
+            proc_addrs=tuple(msg.proc_addrs),
+        )
+        inst = ActorInstance(rt, msg.actor, ctx, obj, msg.mesh, msg.owner_addr)
+        inst.cv.run(obj.__init__, *args, **kwargs)
+    except BaseException as e:  # user code: SystemExit too
+        tb = "".join(traceback.format_exception(e))
+        info = info_from_error(e, actor_id, str(point), tb)
+        if not isinstance(e, SerializationError):
+            info = ErrorInfo(
+                "actor", actor_id, str(point), info.exc_type, info.message, tb, "", info.exception
+            )
+        rt.actors[msg.actor] = _FailedActor(rt, actor_id, msg.rank, info)  # type: ignore[assignment]
+        conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
+        rt.release_actor(msg.actor)
+        return
+    rt.actors[msg.actor] = inst
+    conn.send(Result(msg.reply, CLOSE, NIL, False, msg.rank))
+    rt.release_actor(msg.actor)
+
+
+# ---------------------------------------------------------------- message handlers
+
+
+def _on_call(rt: Runtime, conn: Connection, msg: Call, parts: list[object]) -> None:
+    actor = rt.actors.get(msg.actor)
+    if actor is None:
+        if not rt.await_actor(msg.actor, lambda: rt.dispatch(conn, msg, parts)):
+            rt.reply_error(conn, msg.reply, -1, rt.no_actor(msg.actor))
+    else:
+        actor.deliver(conn, msg, parts)
+
+
+def _on_spawn(rt: Runtime, conn: Connection, msg: Spawn, parts: list[object]) -> None:
+    spawn_actor(rt, conn, msg, parts)
+
+
+def _on_stop_actor(rt: Runtime, conn: Connection, msg: StopActor, parts: list[object]) -> None:
+    rt.spawn_task(_stop_actor(rt, conn, msg))
+
+
+def _on_stop_proc(rt: Runtime, conn: Connection, msg: StopProc, parts: list[object]) -> None:
+    rt.spawn_task(_stop_proc(rt, conn, msg))
+
+
+def _on_cancel(rt: Runtime, conn: Connection, msg: Cancel, parts: list[object]) -> None:
+    actor = rt.actors.get(msg.actor)
+    if actor is not None:
+        actor.cancel(conn, msg.reply)
+
+
+def _on_seq_skip(rt: Runtime, conn: Connection, msg: SeqSkip, parts: list[object]) -> None:
+    actor = rt.actors.get(msg.actor)
+    if actor is not None:
+        actor.skip(msg.sender or conn.peer or "", msg.seq)
+
+
+async def _stop_actor(rt: Runtime, conn: Connection, msg: StopActor) -> None:
+    actor = rt.actors.pop(msg.actor, None)
+    rt.gone_actors.add(msg.actor)
+    if actor is not None:
+        await actor.stop()
+    if msg.reply:
+        conn.send(Result(msg.reply, CLOSE, NIL))
+
+
+async def _stop_proc(rt: Runtime, conn: Connection, msg: StopProc) -> None:
+    actors, rt.actors = list(rt.actors.values()), {}
+    for actor in actors:
+        await actor.stop()
+    if msg.reply:
+        conn.send(Result(msg.reply, CLOSE, NIL))
+    conn.flush()
+    if not rt.stop_requested.done():
+        rt.stop_requested.set_result(None)
+
+
+#: The message types the actor layer handles (registered by ``danaus.actors``).
+HANDLERS: dict[type, Handler] = {
+    Call: _on_call,
+    Spawn: _on_spawn,
+    StopActor: _on_stop_actor,
+    StopProc: _on_stop_proc,
+    Cancel: _on_cancel,
+    SeqSkip: _on_seq_skip,
+}
+
+
+def _rt_here() -> Runtime:
+    from ._loops import current_runtime
+
+    return current_runtime()
+
+
+def _task_stack(task: asyncio.Task[T]) -> str:
+    import io
+
+    buf = io.StringIO()
+    task.print_stack(file=buf)
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------- stuck endpoints
+
+#: (runtime, actor key, endpoint, start) -> when to warn next (seconds running)
+_next_warn: dict[tuple[int, str, str, float], float] = {}
+
+
+def check_stuck(rt: Runtime) -> None:
+    """Tell the spawner of each actor whose endpoint has run past ``stuck_warn_after``
+    (again at twice as long, and so on)."""
+    after = config.stuck_warn_after
+    if after <= 0:
+        return
+    from . import _debug
+
+    now = time.monotonic()
+    seen = set()
+    for key, inst in list(rt.actors.items()):
+        if not isinstance(inst, ActorInstance) or not inst.owner_addr:
+            continue  # a system actor, or one nobody spawned from afar
+        paused = _debug.is_paused(key)
+        for method, since in inst.running_calls():
+            k = (id(rt), key, method, since)
+            seen.add(k)
+            if paused:
+                continue  # in a debugger: waiting for a person, not stuck
+            # Time spent paused in a debugger does not count: the clock restarts after.
+            running = now - max(since, _debug.resumed_at(key))
+            if running < _next_warn.get(k, after):
+                continue
+            _next_warn[k] = 2 * running
+            rt.connection(inst.owner_addr).send(
+                Stuck(
+                    inst.ctx.actor_id,
+                    inst.ctx.name,
+                    inst.rank_text,
+                    method,
+                    round(now - since, 3),
+                    _stack_of(inst, method),
+                )
+            )
+    for k in [k for k in _next_warn if k[0] == id(rt) and k not in seen]:
+        del _next_warn[k]  # finished: forget it
+
+
+def _stack_of(inst: ActorInstance, method: str) -> str:
+    """The stack of ``inst``'s running ``method``: its thread's, or its task's."""
+    import sys
+    import traceback
+
+    for ident, m, _ in inst.running_threads():
+        frame = sys._current_frames().get(ident)
+        if m == method and frame is not None:
+            return "".join(traceback.format_stack(frame))
+    for task, m, _ in inst.running_tasks():
+        if m == method:
+            return _task_stack(task)
+    return "(no stack: it runs on the proc's loop)"
