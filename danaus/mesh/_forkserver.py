@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._forkserver_proc import _MAX_MSG, SAFE_PRELOAD, _decode, _encode
+from ._forkserver_main import _MAX_MSG, SAFE_PRELOAD, _decode, _encode
 
 log = logging.getLogger("danaus.procs")
 
@@ -170,7 +170,7 @@ class ForkServer:
                 [
                     sys.executable,
                     "-c",  # not -m: the package imports this module before running it
-                    "from danaus.mesh._forkserver_proc import serve_main; serve_main()",
+                    "from danaus.mesh._forkserver_main import serve_main; serve_main()",
                     "--control-fd",
                     str(self._child_ctl.fileno()),
                     "--parent-pid",
