@@ -71,7 +71,9 @@ def danaus_procs(spawner: int, servers: bool = False) -> list[int]:
     rows = _process_table()
     tag = f"--parent-pid\0{spawner}\0".encode()
     exec_procs = {
-        p for p, _, st, cmd in rows if st != "Z" and b"danaus.actors._proc" in cmd and tag in cmd
+        p
+        for p, _, st, cmd in rows
+        if st != "Z" and b"danaus.actors._proc_main" in cmd and tag in cmd
     }
     forked = {
         p: pp

@@ -183,17 +183,17 @@ __all__ = [
 ]
 
 
-# A proc's entry point, imported only when used: ``python -m danaus.actors._proc`` imports
-# this package first, and must find ``_proc`` not imported yet.
+# A proc's entry point, imported only when used: ``python -m danaus.actors._proc_main`` imports
+# this package first, and must find ``_proc_main`` not imported yet.
 def run_proc(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> NoReturn:
     """Be a proc (in a forked child of a fork server); never returns."""
-    from ._proc import run
+    from ._proc_main import run
 
     run(addr, parent, parent_pid, listen_fd)
 
 
 def die_with_parent(parent_pid: int) -> None:
     """Have the kernel kill this process when its parent dies (Linux)."""
-    from ._proc import _die_with_parent
+    from ._proc_main import _die_with_parent
 
     _die_with_parent(parent_pid)

@@ -73,7 +73,7 @@ def breakpointhook(*args: object, **kwargs: object) -> object:
         return sys.__breakpointhook__(*args, **kwargs)  # "0" (off), or the user's own
     from ._remote_pdb import set_trace
 
-    set_trace(sys._getframe(1))
+    set_trace(sys._getframe(1))  # noqa: SLF001 - the stdlib's, as pdb.set_trace uses
     return None
 
 

@@ -310,7 +310,7 @@ def _stack_of(inst: ActorInstance, method: str) -> str:
     import traceback
 
     for ident, m, _ in inst.running_threads():
-        frame = sys._current_frames().get(ident)
+        frame = sys._current_frames().get(ident)  # noqa: SLF001 - the stdlib's
         if m == method and frame is not None:
             return "".join(traceback.format_stack(frame))
     for task, m, _ in inst.running_tasks():

@@ -269,7 +269,7 @@ class RemotePdb(pdb.Pdb):
 
     # ------------------------------------------------------------ streams
 
-    def _write(self, text: str) -> None:
+    def write_text(self, text: str) -> None:
         self._buf.append(text)
         self._buflen += len(text)
         if self._buflen >= _OUTPUT_CHUNK and self._chan is not None:
@@ -280,7 +280,7 @@ class RemotePdb(pdb.Pdb):
             text, self._buf, self._buflen = "".join(self._buf), [], 0
             chan.send(DebugOutput(self._session, text))
 
-    def _readline(self) -> str:
+    def read_line(self) -> str:
         chan = self._chan
         if chan is None:
             return "continue\n"
@@ -318,7 +318,7 @@ class _Input:
         self._dbg = dbg
 
     def readline(self) -> str:
-        return self._dbg._readline()
+        return self._dbg.read_line()
 
     def isatty(self) -> bool:
         return False
@@ -333,12 +333,12 @@ class _Output:
         self._dbg = dbg
 
     def write(self, text: str) -> int:
-        self._dbg._write(text)
+        self._dbg.write_text(text)
         return len(text)
 
     def writelines(self, lines: Iterable[str]) -> None:
         for line in lines:
-            self._dbg._write(line)
+            self._dbg.write_text(line)
 
     def flush(self) -> None:
         pass  # (it goes out at the prompt, or when a chunk is full)

@@ -12,7 +12,7 @@ from ..actors._api import Point
 __all__ = ["BootstrapCommand", "cpu_set", "default_bootstrap_cmd", "resolve_commands"]
 
 #: What a proc runs after its program: danaus's proc entry point.
-PROC_ARGS = ("-m", "danaus.actors._proc")
+PROC_ARGS = ("-m", "danaus.actors._proc_main")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +20,7 @@ class BootstrapCommand:
     """The command that starts a proc (Monarch's): ``program`` (a Python with danaus
     importable), ``arg0``, ``args`` and extra ``env``.
 
-    danaus starts every proc with ``program -m danaus.actors._proc ...``: ``program`` and
+    danaus starts every proc with ``program -m danaus.actors._proc_main ...``: ``program`` and
     ``env`` may change (another Python, a wrapper script that ``exec``s one, variables
     per proc); ``args`` must stay the default's.
     """
@@ -36,7 +36,7 @@ class BootstrapCommand:
 
 
 def default_bootstrap_cmd() -> BootstrapCommand:
-    """The command danaus starts procs with here: this Python, ``-m danaus.actors._proc``."""
+    """The command danaus starts procs with here: this Python, ``-m danaus.actors._proc_main``."""
     return BootstrapCommand(sys.executable, None, list(PROC_ARGS), {})
 
 

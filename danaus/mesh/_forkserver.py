@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ._forkserver_proc import (
+from ._forkserver_main import (
     _MAX_MSG,
     SAFE_PRELOAD,
     Answer,
@@ -179,7 +179,7 @@ class ForkServer:
                 [
                     sys.executable,
                     "-c",  # not -m: the package imports this module before running it
-                    "from danaus.mesh._forkserver_proc import serve_main; serve_main()",
+                    "from danaus.mesh._forkserver_main import serve_main; serve_main()",
                     "--control-fd",
                     str(self._child_ctl.fileno()),
                     "--parent-pid",

@@ -31,7 +31,7 @@ from ..actors._api import (
 from ..config import config
 from ..errors import SupervisionError
 from ._logs import LineSink
-from ._procs import ProcHandle, RemoteProcHandle, forget, start_proc, stop_procs
+from ._proc_handles import ProcHandle, RemoteProcHandle, forget, start_proc, stop_procs
 
 log = logging.getLogger("danaus.host_agent")
 

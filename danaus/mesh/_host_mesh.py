@@ -32,8 +32,8 @@ from ._bootstrap_cmd import BootstrapCommand, cpu_set, resolve_commands
 from ._host_agent import AGENT, HostAgent
 from ._logs import LogOptions, printer
 from ._proc_group import ProcGroup
+from ._proc_handles import Proc, RemoteProcHandle, start_proc
 from ._proc_mesh import ProcMesh, group_of, new_proc_mesh
-from ._procs import Proc, RemoteProcHandle, start_proc
 from ._shape import Shape
 from ._shaped import Shaped
 from ._supervision import resolved

@@ -34,7 +34,7 @@ from ..actors._api import Connection, Failure, Runtime, StopActor, current_runti
 from ..config import config
 from ..errors import SupervisionError
 from ._logs import LogOptions
-from ._procs import (
+from ._proc_handles import (
     Proc,
     ProcHandle,
     RefProcHandle,

@@ -31,7 +31,7 @@ from ._admin import maybe_start_admin
 from ._forkserver import note_actor_module
 from ._logs import LogOptions
 from ._proc_group import ProcGroup, live_groups
-from ._procs import Proc, RefProcHandle, SelfProcHandle
+from ._proc_handles import Proc, RefProcHandle, SelfProcHandle
 from ._records import ProcStats, StackEntry
 from ._shape import Shape
 from ._shaped import Shaped

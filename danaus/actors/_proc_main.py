@@ -1,4 +1,4 @@
-"""Entry point of a proc: ``python -m danaus.actors._proc --addr ADDR --parent ADDR``.
+"""Entry point of a proc: ``python -m danaus.actors._proc_main --addr ADDR --parent ADDR``.
 
 The job key arrives as the first line on stdin. stdin stays open afterwards: when the
 controller dies, the pipe reaches EOF and the proc exits (and on Linux the kernel's

@@ -2,7 +2,7 @@
 
 Each proc is forked by this host's fork server (``_forkserver``: milliseconds, with danaus
 and the heavy modules already imported) or, with ``config.spawn_method = "exec"`` or where
-forking is unsafe, started as ``python -m danaus.actors._proc``. Either way it gets the job
+forking is unsafe, started as ``python -m danaus.actors._proc_main``. Either way it gets the job
 key on stdin and keeps stdin open as a lifeline; the kernel's parent-death signal backs
 that up. Every proc is
 also killed by an ``atexit`` hook, so none outlives the controller; procs killed that way
@@ -387,7 +387,7 @@ def _exec_proc(
     cmd = [
         python,
         "-m",
-        "danaus.actors._proc",
+        "danaus.actors._proc_main",
         "--addr",
         addr,
         "--parent",

@@ -23,7 +23,7 @@ log = logging.getLogger("danaus.procs")
 #: heavy modules worth preloading whenever the spawning process has imported them
 SAFE_PRELOAD = ("numpy", "torch", "scipy", "pandas")
 #: modules every proc imports: always preloaded
-_BASE = ("danaus", "danaus.actors._proc", "danaus.actors._runtime", "danaus.actors._actor")
+_BASE = ("danaus", "danaus.actors._proc_main", "danaus.actors._runtime", "danaus.actors._actor")
 _MAX_MSG = 1 << 20
 _encode = msgspec.msgpack.Encoder().encode
 _decode_map = msgspec.msgpack.Decoder(dict[str, object]).decode
