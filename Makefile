@@ -26,10 +26,16 @@ $(STAMP): pyproject.toml Makefile
 # The process tests run twice: procs forked by the fork server (the default), then
 # started as fresh interpreters. The first run reports the controller's line coverage
 # (make test COV= to skip it: it makes the CPU-bound unit tests about 1.5x slower).
+# The second leaves out what does not depend on how procs start: the people's tools
+# (they read the controller), SLURM (srun starts its agents), the rdma-bench CLI and the
+# model-sized tensor-engine tests (test_tensor_engine covers fresh interpreters there).
 COV ?= --cov=danaus --cov-report=term:skip-covered
+EXEC_SKIP := test_top test_dashboard test_slurm test_spmd_slurm test_rdma_bench \
+	test_tensor_engine_models
 test: compile
 	$(PY) -m pytest -q $(COV) tests
-	DANAUS_SPAWN_METHOD=exec $(PY) -m pytest -q tests/integration tests/conformance
+	DANAUS_SPAWN_METHOD=exec $(PY) -m pytest -q tests/integration tests/conformance \
+		$(foreach t,$(EXEC_SKIP),--ignore=tests/integration/$(t).py)
 
 test-unit: compile
 	$(PY) -m pytest -q tests/unit
