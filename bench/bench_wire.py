@@ -17,7 +17,7 @@ import msgspec
 import uvloop
 
 from danaus.actors._future import Future
-from danaus.actors._instance import ProcControl, install_actor
+from danaus.actors._handlers import ProcControl, install_actor
 from danaus.actors._runtime import Runtime
 from danaus.actors._serialize import dumps_args
 
