@@ -36,7 +36,7 @@ def no_leftover_procs() -> Iterator[None]:
     yield
     left = set(_children()) - before
     if left:
-        from danaus.mesh._proc_handles import _kill_all
+        from danaus.mesh._local_procs import _kill_all
 
         _kill_all()
         pytest.fail(f"test left procs running: {sorted(left)}")

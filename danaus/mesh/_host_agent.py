@@ -30,8 +30,9 @@ from ..actors._api import (
 )
 from ..config import config
 from ..errors import SupervisionError
+from ._local_procs import forget, start_proc, stop_procs
 from ._logs import LineSink
-from ._proc_handles import ProcHandle, RemoteProcHandle, forget, start_proc, stop_procs
+from ._proc_handles import ProcHandle, RemoteProcHandle
 
 log = logging.getLogger("danaus.host_agent")
 

@@ -30,9 +30,10 @@ from ..errors import SupervisionError
 from ._actor_mesh import ActorMesh, mesh_ref
 from ._bootstrap_cmd import BootstrapCommand, cpu_set, resolve_commands
 from ._host_agent import AGENT, HostAgent
+from ._local_procs import start_proc
 from ._logs import LogOptions, printer
 from ._proc_group import ProcGroup
-from ._proc_handles import Proc, RemoteProcHandle, start_proc
+from ._proc_handles import Proc, RemoteProcHandle
 from ._proc_mesh import ProcMesh, group_of, new_proc_mesh
 from ._shape import Shape
 from ._shaped import Shaped

@@ -33,17 +33,9 @@ from typing import TYPE_CHECKING
 from ..actors._api import Connection, Failure, Runtime, StopActor, current_runtime
 from ..config import config
 from ..errors import SupervisionError
+from ._local_procs import forget, stop_procs, wait_exited
 from ._logs import LogOptions
-from ._proc_handles import (
-    Proc,
-    ProcHandle,
-    RefProcHandle,
-    RemoteProcHandle,
-    SelfProcHandle,
-    forget,
-    stop_procs,
-    wait_exited,
-)
+from ._proc_handles import Proc, ProcHandle, RefProcHandle, RemoteProcHandle, SelfProcHandle
 from ._shape import Shape
 from ._supervision import MeshState, current_owner
 

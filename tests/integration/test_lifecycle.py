@@ -22,7 +22,7 @@ import pytest
 from danaus import SupervisionError, this_host
 from danaus.actors import _auth
 from danaus.config import config
-from danaus.mesh import MeshFailure, _proc_handles, set_unhandled_fault_hook
+from danaus.mesh import MeshFailure, _local_procs, set_unhandled_fault_hook
 from danaus.mesh._proc_mesh import group_of
 
 from ..faults import danaus_children, danaus_procs
@@ -161,8 +161,8 @@ async def test_a_taken_socket_name_is_given_up_for_a_fresh_one(
     squat.bind("\0" + taken)
     squat.listen(1)
     draws = iter([taken, taken])
-    fresh = _proc_handles.fresh_name
-    monkeypatch.setattr(_proc_handles, "fresh_name", lambda: next(draws, None) or fresh())
+    fresh = _local_procs.fresh_name
+    monkeypatch.setattr(_local_procs, "fresh_name", lambda: next(draws, None) or fresh())
     try:
         async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
             addr, pid = await asyncio.wait_for(procs.spawn("where", Where).where.call_one(), 30)
@@ -176,7 +176,7 @@ def test_spawn_says_so_when_every_fresh_name_is_taken(monkeypatch: pytest.Monkey
     taken = f"danaus-{secrets.token_hex(16)}"
     squat = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     squat.bind("\0" + taken)
-    monkeypatch.setattr(_proc_handles, "fresh_name", lambda: taken)
+    monkeypatch.setattr(_local_procs, "fresh_name", lambda: taken)
     try:
         with pytest.raises(OSError, match="fresh abstract socket names in a row were taken"):
             this_host().spawn_procs(per_host={"procs": 1})
@@ -397,7 +397,7 @@ async def test_procs_killed_by_the_exit_hook_are_stopped_not_failed(failures: Fa
     assert (await asyncio.wait_for(echo.echo.call("hi"), 30)).values() == ["hi", "hi"]
     handles = list(group_of(procs).handles)
     assert [h.state for h in handles] == ["running", "running"]
-    _proc_handles._kill_all()  # what runs at interpreter exit
+    _local_procs._kill_all()  # what runs at interpreter exit
     for h in handles:  # its exit was handled on our loop (exit callbacks included)
         await asyncio.wait_for(asyncio.wrap_future(h.exited), 10)
     assert [h.state for h in handles] == ["stopped (killed by SIGKILL)"] * 2
