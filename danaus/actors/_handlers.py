@@ -20,7 +20,7 @@ from ._errinfo import encode_error, info_from_error
 from ._instance import ActorInstance
 from ._point import Point
 from ._serialize import loads
-from ._stats import actor_record, proc_record, thread_stacks
+from ._stats import StackEntry, actor_record, proc_record, thread_stacks
 from ._wire import (
     CLOSE,
     NIL,
@@ -111,7 +111,7 @@ class ProcControl(Actor):
         return {"proc": proc_record(rt), "actors": records}
 
     @endpoint
-    def stacks(self) -> list[dict[str, object]]:
+    def stacks(self) -> list[StackEntry]:
         """Every thread's stack, and every running async endpoint's."""
         rt = _rt_here()
         out = thread_stacks(rt)
