@@ -391,10 +391,10 @@ class ActorInstance:
                         msg,
                         f"actor {self.ctx.actor_id} was stopped before handling {msg.method}",
                     )
-            elif job.ok:
+            elif job.error is None:
                 self._finish(conn, msg, ep, job.value)
             else:
-                self._endpoint_raised(conn, msg, ep, job.value)
+                self._endpoint_raised(conn, msg, ep, job.error)
         for c in batched:
             c.batch_end()
         if not self.jobs and self._jobs_idle is not None and not self._jobs_idle.done():
