@@ -20,16 +20,18 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from ..config import config
 from ._context import current
 
 if TYPE_CHECKING:
+    from ._connection import Connection
     from ._instance import ActorInstance
     from ._runtime import Runtime
+    from ._wire import Call
 
-__all__ = ["ActorThread", "Job", "thread_home", "waiting_actor"]
+__all__ = ["ActorThread", "Job", "JobFn", "thread_home", "waiting_actor"]
 
 
 class _Local(threading.local):
@@ -67,13 +69,21 @@ def waiting_actor() -> ActorInstance | None:
     return None
 
 
+class JobFn(Protocol):
+    """What a job runs: an endpoint's function, given the actor and the caller's values."""
+
+    def __call__(self, *args: object, **kwargs: object) -> object: ...
+
+
 class Job:
-    """One piece of sync work: ``fn(*args, **kwargs)``, and how it ended."""
+    """One piece of sync work: ``fn(*args, **kwargs)``, and how it ended: ``ok`` with its
+    ``value``, or the ``error`` it raised."""
 
     __slots__ = (
         "args",
         "cancelled",
         "conn",
+        "error",
         "fn",
         "kwargs",
         "msg",
@@ -85,11 +95,11 @@ class Job:
 
     def __init__(
         self,
-        conn: Any,
-        msg: Any,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        conn: Connection,
+        msg: Call,
+        fn: JobFn,
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
     ) -> None:
         self.conn = conn
         self.msg = msg
@@ -97,7 +107,8 @@ class Job:
         self.args = args
         self.kwargs = kwargs
         self.ok = False
-        self.value: Any = None
+        self.value: object = None
+        self.error: BaseException | None = None
         self.cancelled = False  # the caller gave up: skip it, or drop its result
         self.started = False
         self.started_at = 0.0  # (time.monotonic())
@@ -107,7 +118,7 @@ class Job:
             "cancelled"
             if self.cancelled
             else "done"
-            if self.ok or self.value is not None
+            if self.ok or self.error is not None
             else "running"
             if self.started
             else "queued"
@@ -115,7 +126,7 @@ class Job:
         return f"<Job {getattr(self.fn, '__name__', self.fn)} {state}>"
 
 
-def _stop_at_error(exc: BaseException, actor: Any) -> None:
+def _stop_at_error(exc: BaseException, actor: ActorInstance) -> None:
     """``config.debug_on_error``: pdb at the frame that raised, before the caller hears."""
     from . import _debug
 
@@ -130,7 +141,7 @@ class ActorThread:
     def __init__(
         self,
         rt: Runtime,
-        actor: Any,
+        actor: ActorInstance,
         name: str,
         cv: contextvars.Context,
         on_done: Callable[[list[Job]], None],
@@ -183,7 +194,7 @@ class ActorThread:
                 except BaseException as e:  # user code: every outcome is reported
                     if config.debug_on_error:
                         _stop_at_error(e, self._actor)
-                    job.value = e
+                    job.error = e
                 self.current = None
             job.args = job.kwargs = None  # type: ignore[assignment]  # free them now
             self._done.append(job)

@@ -81,6 +81,12 @@ from ._serialize import (
     dumps_args,
     loads,
 )
+from ._stats import (
+    ActorRecord,
+    ProcFields,
+    ProcRecord,
+    StackEntry,
+)
 from ._wire import (
     CAST_GATHER,
     CAST_NONE,
@@ -117,6 +123,7 @@ __all__ = [
     "NIL",
     "OK",
     "Actor",
+    "ActorRecord",
     "Call",
     "Cancel",
     "Cast",
@@ -136,11 +143,14 @@ __all__ = [
     "Port",
     "PortReceiver",
     "ProcControl",
+    "ProcFields",
+    "ProcRecord",
     "Region",
     "Result",
     "Runtime",
     "SkipOnLoss",
     "Spawn",
+    "StackEntry",
     "StopActor",
     "StopProc",
     "Stuck",

@@ -17,7 +17,7 @@ import logging
 import select
 import socket
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -25,7 +25,7 @@ from ..config import config
 from ..errors import AuthenticationError, ProtocolError, SupervisionError
 from ._frames import TAG_BYTES, FrameMacs, FrameReader, frame_macs, frame_tag, trim_part_pool
 from ._handshake import HandshakeMachine
-from ._wire import MAGIC, PREFIX, Buffer, Ping, frame
+from ._wire import MAGIC, PREFIX, Buffer, Message, Ping, frame
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -74,7 +74,7 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_paused = False
         #: reply port id -> rank of the callee (or the ranks of a cast subtree), for
         #: calls whose reply comes back here; failed if the connection is lost
-        self.pending: dict[int, Any] = {}
+        self.pending: dict[int, int | list[int]] = {}
         self._encoder = msgspec.msgpack.Encoder()
         # Messages go straight to the runtime: no call through this class per frame.
         self._reader = FrameReader(
@@ -337,12 +337,15 @@ class Connection(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------ writing
 
-    def send(self, msg: Any, parts: Sequence[Buffer] = ()) -> bool:
+    def send(self, msg: Message, parts: Sequence[Buffer] = ()) -> bool:
         """Queue one message; False when the connection is closed."""
         return self.send_encoded(self._encoder.encode(msg), parts)
 
     def send_reported(
-        self, msg: Any, parts: Sequence[Buffer], undelivered: Callable[[BaseException | None], None]
+        self,
+        msg: Message,
+        parts: Sequence[Buffer],
+        undelivered: Callable[[BaseException | None], None],
     ) -> bool:
         """:meth:`send` for a message that nobody answers (a port value): if it is queued
         now, while connecting, and the connection then fails, ``undelivered(reason)``

@@ -12,7 +12,7 @@ import traceback
 from typing import TYPE_CHECKING, TypeVar
 
 from ..config import config
-from ..errors import SerializationError
+from ..errors import ProtocolError, SerializationError
 from ._actor import Actor, endpoint
 from ._connection import Connection
 from ._context import ActorContext
@@ -20,10 +20,11 @@ from ._errinfo import encode_error, info_from_error
 from ._instance import ActorInstance
 from ._point import Point
 from ._serialize import loads
-from ._stats import actor_record, proc_record, thread_stacks
+from ._stats import StackEntry, actor_record, proc_record, thread_stacks
 from ._wire import (
     CLOSE,
     NIL,
+    Buffer,
     Call,
     Cancel,
     ErrorInfo,
@@ -111,7 +112,7 @@ class ProcControl(Actor):
         return {"proc": proc_record(rt), "actors": records}
 
     @endpoint
-    def stacks(self) -> list[dict[str, object]]:
+    def stacks(self) -> list[StackEntry]:
         """Every thread's stack, and every running async endpoint's."""
         rt = _rt_here()
         out = thread_stacks(rt)
@@ -130,7 +131,27 @@ class ProcControl(Actor):
         return out
 
 
-def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[object]) -> None:
+def _spawn_payload(
+    value: object,
+) -> tuple[type[Actor], tuple[object, ...], dict[str, object]]:
+    """A Spawn's payload, ``(actor class, args, kwargs)``, checked for its shape.
+
+    Raises:
+        ProtocolError: the spawner sent something else.
+    """
+    if isinstance(value, tuple) and len(value) == 3:
+        cls, args, kwargs = value
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, Actor)
+            and isinstance(args, tuple)
+            and isinstance(kwargs, dict)
+        ):
+            return cls, args, kwargs
+    raise ProtocolError(f"a Spawn's payload is {type(value).__name__}, not (class, args, kwargs)")
+
+
+def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) -> None:
     """Handle a Spawn message: build the actor, run its ``__init__``, reply."""
 
     point = Point.from_rank(msg.rank, msg.sizes)
@@ -148,8 +169,10 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[object]) 
         conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
         return
     try:
-        cls, args, kwargs = loads(
-            msg.payload, msg.pickled, parts, lambda: f"actor class and arguments of {actor_id}"
+        cls, args, kwargs = _spawn_payload(
+            loads(
+                msg.payload, msg.pickled, parts, lambda: f"actor class and arguments of {actor_id}"
+            )
         )
         obj = cls.__new__(cls)
         ctx = ActorContext(
@@ -162,7 +185,7 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[object]) 
             proc_addrs=tuple(msg.proc_addrs),
         )
         inst = ActorInstance(rt, msg.actor, ctx, obj, msg.mesh, msg.owner_addr)
-        inst.cv.run(obj.__init__, *args, **kwargs)
+        inst.cv.run(cls.__init__, obj, *args, **kwargs)
     except BaseException as e:  # user code: SystemExit too
         tb = "".join(traceback.format_exception(e))
         info = info_from_error(e, actor_id, str(point), tb)
@@ -191,7 +214,7 @@ def _on_call(rt: Runtime, conn: Connection, msg: Call, parts: list[object]) -> N
         actor.deliver(conn, msg, parts)
 
 
-def _on_spawn(rt: Runtime, conn: Connection, msg: Spawn, parts: list[object]) -> None:
+def _on_spawn(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) -> None:
     spawn_actor(rt, conn, msg, parts)
 
 

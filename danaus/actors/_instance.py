@@ -25,7 +25,7 @@ from ._context import ActorContext, Context, current
 from ._errinfo import encode_error, info_from_error
 from ._loops import run_on
 from ._port import Port
-from ._serialize import _ATOMS, dumps, loads
+from ._serialize import _ATOMS, dumps, loads_args
 from ._stats import ActorStats
 from ._wire import (
     ERROR,
@@ -287,7 +287,7 @@ class ActorInstance:
             return
         try:
             if msg.pickled:
-                args, kwargs = loads(msg.args, True, parts, _Describe(self, msg, "arguments"))
+                args, kwargs = loads_args(msg.args, parts, _Describe(self, msg, "arguments"))
             else:  # plain arguments: one msgpack decode
                 args, kwargs = _plain_decode(msg.args)
         except (SerializationError, msgspec.DecodeError, ValueError, TypeError) as e:
@@ -391,10 +391,10 @@ class ActorInstance:
                         msg,
                         f"actor {self.ctx.actor_id} was stopped before handling {msg.method}",
                     )
-            elif job.ok:
+            elif job.error is None:
                 self._finish(conn, msg, ep, job.value)
             else:
-                self._endpoint_raised(conn, msg, ep, job.value)
+                self._endpoint_raised(conn, msg, ep, job.error)
         for c in batched:
             c.batch_end()
         if not self.jobs and self._jobs_idle is not None and not self._jobs_idle.done():

@@ -6,7 +6,9 @@ import collections
 import logging
 import traceback
 import weakref
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar, cast
+
+import msgspec
 
 from ..errors import ClosedError
 from ._context import ActorContext, current, current_rank
@@ -15,7 +17,7 @@ from ._future import Future
 from ._loops import current_runtime, run_on
 from ._runtime import Runtime
 from ._serialize import dumps
-from ._wire import CLOSE, ERROR, NIL, OK, Result
+from ._wire import CLOSE, ERROR, NIL, OK, Buffer, Result
 
 __all__ = ["Channel", "Port", "PortReceiver", "RankedPortReceiver"]
 
@@ -58,7 +60,14 @@ class Port(Generic[T]):
         """Tell the receiver that nothing more will come (its ``recv()`` raises ClosedError)."""
         self._post(CLOSE, None, False, [], None)
 
-    def _post(self, status: int, raw: Any, pickled: bool, parts: list[Any], local: Any) -> None:
+    def _post(
+        self,
+        status: int,
+        raw: msgspec.Raw | None,
+        pickled: bool,
+        parts: list[Buffer],
+        local: object,
+    ) -> None:
         rt = current_runtime()
         rank = current_rank().rank if current_rank().sizes else -1
         if rt.addr == self.addr:
@@ -69,16 +78,16 @@ class Port(Generic[T]):
         run_on(rt, _send, rt, self.addr, msg, parts, current.get().actor_instance)
 
 
-def forward(rt: Runtime, port: Port[Any], rank: int, status: int, value: Any) -> None:
+def forward(rt: Runtime, port: Port[T], rank: int, status: int, value: object) -> None:
     """Give ``port`` a value (or, with status ``ERROR``, an exception) that arrived here,
     saying it comes from ``rank`` (what a ranked receiver reports). On ``rt``'s loop."""
     if port.addr == rt.addr:
         rt.deliver(port.port_id, rank, status, value)
         return
-    parts: list[Any] = []
+    parts: list[Buffer] = []
     pickled = False
     if status == ERROR:
-        raw: Any = encode_error(info_from_error(value))
+        raw = encode_error(info_from_error(cast(BaseException, value)))  # ERROR: an exception
     else:
         try:
             raw, pickled, parts = dumps(value, lambda: f"value forwarded to {port!r}")
@@ -100,7 +109,7 @@ def _close_port(rt: Runtime, port_id: int) -> None:
 
 
 def _send(
-    rt: Runtime, addr: str, msg: Result, parts: list[Any], sender: ActorContext | None
+    rt: Runtime, addr: str, msg: Result, parts: list[Buffer], sender: ActorContext | None
 ) -> None:
     conn = rt.connection(addr)
 
@@ -127,12 +136,14 @@ class PortReceiver(Generic[T]):
     def __init__(self, rt: Runtime, once: bool) -> None:
         self._rt = rt
         self._once = once
-        self._values: collections.deque[tuple[int, int, Any]] = collections.deque()
-        self._waiters: collections.deque[tuple[Future[Any], bool]] = collections.deque()
+        #: (rank, status, value): a value sent (the sender's T), or an exception
+        self._values: collections.deque[tuple[int, int, object]] = collections.deque()
+        #: (future, ranked): a T, or a (rank, T) when ranked
+        self._waiters: collections.deque[tuple[Future[object], bool]] = collections.deque()
         self._closed = False
         ref = weakref.ref(self)
 
-        def handler(rank: int, status: int, value: Any) -> bool:
+        def handler(rank: int, status: int, value: object) -> bool:
             me = ref()  # a dropped receiver closes its port at the next message
             return True if me is None else me._on_message(rank, status, value)  # noqa: SLF001 - a PortReceiver's own
 
@@ -143,7 +154,7 @@ class PortReceiver(Generic[T]):
         state = "closed" if self._closed else "open"
         return f"<PortReceiver #{self.port_id} {state} buffered={len(self._values)}>"
 
-    def _on_message(self, rank: int, status: int, value: Any) -> bool:
+    def _on_message(self, rank: int, status: int, value: object) -> bool:
         if status == CLOSE:
             self._closed = True
         else:
@@ -159,7 +170,7 @@ class PortReceiver(Generic[T]):
             if self._values:
                 rank, status, value = self._values.popleft()
                 if status == ERROR:
-                    w.set_exception(value)
+                    w.set_exception(cast(BaseException, value))  # ERROR: an exception
                 elif not ranked:
                     w.set_result(value)
                 elif rank < 0:
@@ -176,14 +187,14 @@ class PortReceiver(Generic[T]):
 
     def recv(self) -> Future[T]:
         """The next value, in the order sent: ``await r.recv()`` or ``r.recv().get()``."""
-        return self._recv(False)
+        return cast("Future[T]", self._recv(False))
 
     def recv_ranked(self) -> Future[tuple[int, T]]:
         """The next ``(rank, value)``, in the order sent (``ranked().recv()``)."""
-        return self._recv(True)
+        return cast("Future[tuple[int, T]]", self._recv(True))
 
-    def _recv(self, ranked: bool) -> Future[Any]:
-        fut: Future[Any] = Future(loop=self._rt.loop)
+    def _recv(self, ranked: bool) -> Future[object]:
+        fut: Future[object] = Future(loop=self._rt.loop)
 
         def arm() -> None:
             self._waiters.append((fut, ranked))

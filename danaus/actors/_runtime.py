@@ -427,7 +427,7 @@ class Runtime:
             else:
                 self._fail_pending(conn, pending)
 
-    def _fail_pending(self, conn: Connection, pending: dict[int, Any]) -> None:
+    def _fail_pending(self, conn: Connection, pending: dict[int, int | list[int]]) -> None:
         for port, ranks in pending.items():
             for rank in ranks if isinstance(ranks, list) else (ranks,):
                 self.deliver(
@@ -440,7 +440,7 @@ class Runtime:
                 ranks.send_skips(self)
 
     async def _fail_pending_after_exit(
-        self, conn: Connection, pending: dict[int, Any], exited: ThreadFuture[int]
+        self, conn: Connection, pending: dict[int, int | list[int]], exited: ThreadFuture[int]
     ) -> None:
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(exited)), _EXIT_STATUS_WAIT)

@@ -14,8 +14,8 @@ import io
 import pickle
 import sys
 import types
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, cast
 
 import cloudpickle
 import msgspec
@@ -23,6 +23,12 @@ import msgspec
 from ..config import config
 from ..errors import SerializationError
 from ._wire import Buffer
+
+if TYPE_CHECKING:
+    import torch
+
+#: What an out-of-band buffer is rebuilt from: a part of the frame, or, in-band, pickle's
+PickledBuffer = Buffer | pickle.PickleBuffer
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
@@ -59,13 +65,13 @@ class _NeedCloudpickle(Exception):
     """Plain pickle would store a reference the other process cannot resolve."""
 
 
-def _rebuild_bytes(buf: Any) -> bytes:
+def _rebuild_bytes(buf: PickledBuffer) -> bytes:
     return bytes(buf)
 
 
 def _rebuild_tensor(
-    buf: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool, param: bool
-) -> Any:
+    buf: PickledBuffer, dtype: str, shape: tuple[int, ...], requires_grad: bool, param: bool
+) -> torch.Tensor:
     import torch
 
     dt = getattr(torch, dtype)
@@ -80,8 +86,9 @@ def _rebuild_tensor(
     return t
 
 
-def _reduce_tensor(obj: Any) -> Any:
-    """Reduce a plain CPU tensor to its bytes as a PickleBuffer (out-of-band if large)."""
+def _reduce_tensor(obj: torch.Tensor) -> object:
+    """Reduce a plain CPU tensor to its bytes as a PickleBuffer (out-of-band if large):
+    pickle's reduce tuple, or ``NotImplemented`` for a tensor pickled as usual."""
     import torch
 
     if obj.device.type != "cpu" or obj.is_sparse or obj.is_quantized:
@@ -96,7 +103,7 @@ def _reduce_tensor(obj: Any) -> Any:
     return (
         _rebuild_tensor,
         (
-            pickle.PickleBuffer(raw),
+            pickle.PickleBuffer(raw),  # type: ignore[arg-type]  # numpy's stubs: no Buffer
             dtype,
             tuple(t.shape),
             obj.requires_grad,
@@ -131,10 +138,11 @@ def _mark_large_bytes(obj: object, depth: int = 0) -> object:
     return obj
 
 
-def _override(obj: Any) -> Any:
+def _override(obj: object) -> object:
+    """pickle's reduce tuple for ``obj``, or ``NotImplemented`` (pickled as usual)."""
     t = type(obj)
     if t is _LargeBytes:
-        return (_rebuild_bytes, (pickle.PickleBuffer(obj.data),))
+        return (_rebuild_bytes, (pickle.PickleBuffer(cast(_LargeBytes, obj).data),))
     if "torch" in sys.modules and t.__module__.startswith("torch"):
         import torch
 
@@ -143,8 +151,10 @@ def _override(obj: Any) -> Any:
     return NotImplemented
 
 
+# The stubs' return type of reducer_override is a private alias (with Any in it): ours say
+# object, a reduce tuple or NotImplemented, which pickle checks as it goes.
 class _Pickler(pickle.Pickler):
-    def reducer_override(self, obj: Any) -> Any:
+    def reducer_override(self, obj: object) -> object:  # type: ignore[override]
         if isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) in (
             "__main__",
             "__mp_main__",
@@ -154,7 +164,7 @@ class _Pickler(pickle.Pickler):
 
 
 class _CloudPickler(cloudpickle.Pickler):  # type: ignore[misc]
-    def reducer_override(self, obj: Any) -> Any:
+    def reducer_override(self, obj: object) -> object:
         r = _override(obj)
         if r is NotImplemented:
             return super().reducer_override(obj)
@@ -228,7 +238,7 @@ _OOB_PICKLE = msgspec.Raw(_encode(0))
 
 
 def dumps_args(
-    args: tuple[Any, ...], kwargs: dict[str, Any], what: Callable[[], str]
+    args: tuple[object, ...], kwargs: dict[str, object], what: Callable[[], str]
 ) -> tuple[msgspec.Raw, bool, list[Buffer]]:
     """Encode a call's arguments; the receiver's ``loads`` gives ``[args, kwargs]``."""
     for a in args:
@@ -248,9 +258,9 @@ def dumps_args(
 
 
 def loads(
-    raw: msgspec.Raw | bytes, pickled: bool, parts: list[Any], what: Callable[[], str]
-) -> Any:
-    """Decode what :func:`dumps` made.
+    raw: msgspec.Raw | bytes, pickled: bool, parts: Sequence[Buffer], what: Callable[[], str]
+) -> object:
+    """Decode what :func:`dumps` made: a value of the sender's user, unchecked.
 
     Raises:
         SerializationError: the value cannot be decoded or unpickled here (e.g. its
@@ -267,6 +277,22 @@ def loads(
     except Exception as e:
         raise SerializationError(f"{what()} could not be unpickled: {type(e).__name__}: {e}") from e
     return value
+
+
+#: A call's arguments as :func:`loads_args` gives them: a tuple (or a msgpack list) and a dict
+Args = tuple[tuple[object, ...] | list[object], dict[str, object]]
+
+
+def loads_args(raw: msgspec.Raw | bytes, parts: Sequence[Buffer], what: Callable[[], str]) -> Args:
+    """Decode the pickled arguments :func:`dumps_args` made: ``(args, kwargs)``.
+
+    Not checked here, per call: the peer passed the handshake and runs this code, whose
+    ``dumps_args`` pickles exactly this pair.
+
+    Raises:
+        SerializationError: as :func:`loads`.
+    """
+    return cast(Args, loads(raw, True, parts, what))
 
 
 def encode_plain(obj: object) -> msgspec.Raw:

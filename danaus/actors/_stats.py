@@ -12,16 +12,81 @@ import sys
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Required, TypedDict
 
 if TYPE_CHECKING:
     from ._instance import ActorInstance
     from ._runtime import Runtime
 
-__all__ = ["ActorStats", "actor_record", "proc_record", "thread_stacks"]
+__all__ = [
+    "ActorRecord",
+    "ActorStats",
+    "ProcFields",
+    "ProcRecord",
+    "StackEntry",
+    "actor_record",
+    "proc_record",
+    "thread_stacks",
+]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class ActorRecord(TypedDict):
+    """One actor: its counters, mailbox depth and the endpoints running now.
+
+    Plain dicts at run time (JSON-able); pairs in ``running`` are tuples where made and
+    lists once they crossed the wire.
+    """
+
+    actor: str
+    mesh: str
+    rank: int
+    #: messages handled / failed, per endpoint
+    handled: dict[str, int]
+    errors: dict[str, int]
+    last_failure: str | None
+    mailbox: int
+    in_flight: int
+    #: (endpoint, seconds it has run) of each message running now
+    running: list[tuple[str, float]]
+    failed: str | None
+    stopped: bool
+
+
+class ProcFields(TypedDict):
+    """What every record of a proc holds, whatever else it holds."""
+
+    pid: int
+    host: str
+    addr: str
+    cpu_percent: float
+    rss_bytes: int
+    connections: int
+    bytes_in: int
+    bytes_out: int
+    threads: int
+
+
+class ProcRecord(ProcFields):
+    """One proc: pid, host, CPU % since its last record, RSS, connections, bytes."""
+
+    #: how many actors it holds
+    actors: int
+
+
+class StackEntry(TypedDict, total=False):
+    """One stack of ``mesh.stacks()``: a thread's (``thread``) or a running async
+    endpoint's (``task``); one running an endpoint names the actor, the endpoint and
+    for how long (``seconds``)."""
+
+    thread: str
+    task: str
+    actor: str
+    endpoint: str
+    seconds: float
+    stack: Required[str]
 
 
 class ActorStats:
@@ -39,7 +104,7 @@ class ActorStats:
         self.last_failure = f"{method}: {what}"
 
 
-def actor_record(inst: ActorInstance, now: float | None = None) -> dict[str, Any]:
+def actor_record(inst: ActorInstance, now: float | None = None) -> ActorRecord:
     """One actor's record: its counters, mailbox depth, and the endpoints running now
     (with how long, in seconds)."""
     now = time.monotonic() if now is None else now
@@ -81,7 +146,7 @@ def _uptime() -> float:
     return max(boot_seconds - start_ticks / _TICKS, 1e-3)
 
 
-def proc_record(rt: Runtime) -> dict[str, Any]:
+def proc_record(rt: Runtime) -> ProcRecord:
     """This proc: pid, host, CPU % since the last record, RSS, connections, bytes."""
     now, cpu, pid = time.monotonic(), _cpu_seconds(), os.getpid()
     last_pid, then, cpu_then = _last_cpu
@@ -109,7 +174,7 @@ def proc_record(rt: Runtime) -> dict[str, Any]:
     }
 
 
-def thread_stacks(rt: Runtime) -> list[dict[str, Any]]:
+def thread_stacks(rt: Runtime) -> list[StackEntry]:
     """The Python stack of every thread of this process, innermost frame last; a thread
     running an actor's endpoint says which (``actor``, ``endpoint``, ``seconds``)."""
     now = time.monotonic()
@@ -118,9 +183,9 @@ def thread_stacks(rt: Runtime) -> list[dict[str, Any]]:
         for ident, method, since in getattr(inst, "running_threads", lambda: [])():
             running[ident] = (inst.ctx.actor_id, method, round(now - since, 6))
     names = {t.ident: t.name for t in threading.enumerate()}
-    out = []
+    out: list[StackEntry] = []
     for ident, frame in sys._current_frames().items():  # noqa: SLF001 - the stdlib's
-        entry: dict[str, Any] = {
+        entry: StackEntry = {
             "thread": names.get(ident, f"thread {ident}"),
             "stack": "".join(traceback.format_stack(frame)),
         }

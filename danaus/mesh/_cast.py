@@ -37,7 +37,7 @@ from ..actors._api import (
     info_from_error,
     loads,
 )
-from ..errors import SerializationError
+from ..errors import ProtocolError, SerializationError
 
 log = logging.getLogger("danaus.cast")
 
@@ -117,6 +117,19 @@ def _send_subtree(
         lost.send_skips(rt)
     elif port:
         conn.pending[port] = lost
+
+
+def _combine_of(reducer: object) -> Callable[[object, object], object]:
+    """The combine function of a reduce's ``(identity, combine)``, checked for its shape.
+
+    Raises:
+        ProtocolError: the caster sent something else.
+    """
+    if isinstance(reducer, tuple) and len(reducer) == 2:
+        combine: object = reducer[1]
+        if callable(combine):
+            return combine
+    raise ProtocolError(f"a reducer is {type(reducer).__name__}, not (identity, combine)")
 
 
 class ReplySink(Protocol):
@@ -205,11 +218,13 @@ class _Node:
                 self.acc = v
             else:
                 if self._combine is None:
-                    _, self._combine = loads(
-                        self.msg.reducer,
-                        self.msg.reducer_pickled,
-                        [],
-                        lambda: "the accumulator's combine function",
+                    self._combine = _combine_of(
+                        loads(
+                            self.msg.reducer,
+                            self.msg.reducer_pickled,
+                            [],
+                            lambda: "the accumulator's combine function",
+                        )
                     )
                 self.acc = self._combine(self.acc, v)
         except Exception as e:

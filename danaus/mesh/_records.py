@@ -2,14 +2,16 @@
 ``mesh.stacks()``, as every proc's control actor (``ProcControl``) answers them.
 
 They are plain dicts at run time (JSON-able, what tools show); these ``TypedDict``\\ s say
-which keys they hold. Pairs in ``running`` are tuples where made and lists once they
-crossed the wire.
+which keys they hold. The records a proc makes (``ActorRecord``, ``ProcRecord``,
+``StackEntry``) are the actor layer's, re-exported here; pairs in ``running`` are tuples
+where made and lists once they crossed the wire.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Required, TypedDict, cast
+from typing import Literal, TypedDict, cast
 
+from ..actors._api import ActorRecord, ProcFields, ProcRecord, StackEntry
 from ..errors import ProtocolError
 
 __all__ = [
@@ -23,43 +25,6 @@ __all__ = [
     "proc_reply",
     "stack_entries",
 ]
-
-
-class ActorRecord(TypedDict):
-    """One actor: its counters, mailbox depth and the endpoints running now."""
-
-    actor: str
-    mesh: str
-    rank: int
-    #: messages handled / failed, per endpoint
-    handled: dict[str, int]
-    errors: dict[str, int]
-    last_failure: str | None
-    mailbox: int
-    in_flight: int
-    #: (endpoint, seconds it has run) of each message running now
-    running: list[tuple[str, float]]
-    failed: str | None
-    stopped: bool
-
-
-class _ProcFields(TypedDict):
-    pid: int
-    host: str
-    addr: str
-    cpu_percent: float
-    rss_bytes: int
-    connections: int
-    bytes_in: int
-    bytes_out: int
-    threads: int
-
-
-class ProcRecord(_ProcFields):
-    """One proc: pid, host, CPU % since its last record, RSS, connections, bytes."""
-
-    #: how many actors it holds
-    actors: int
 
 
 class ProcReply(TypedDict):
@@ -84,23 +49,10 @@ class GoneActorStats(TypedDict):
     proc: ProcRecord
 
 
-class ProcStats(_ProcFields):
+class ProcStats(ProcFields):
     """``procs.stats()`` of one proc: its record, with the records of its actors."""
 
     actors: list[ActorRecord]
-
-
-class StackEntry(TypedDict, total=False):
-    """One stack of ``mesh.stacks()``: a thread's (``thread``) or a running async
-    endpoint's (``task``); one running an endpoint names the actor, the endpoint and
-    for how long (``seconds``)."""
-
-    thread: str
-    task: str
-    actor: str
-    endpoint: str
-    seconds: float
-    stack: Required[str]
 
 
 def proc_reply(obj: object, addr: str) -> ProcReply:
