@@ -86,6 +86,7 @@ from ._stats import (
     ProcFields,
     ProcRecord,
     StackEntry,
+    process_uptime,
 )
 from ._wire import (
     CAST_GATHER,
@@ -183,6 +184,7 @@ __all__ = [
     "peer_keys",
     "proc_parent",
     "proc_ready",
+    "process_uptime",
     "register_handlers",
     "run_on",
     "run_proc",

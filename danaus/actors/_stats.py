@@ -134,16 +134,16 @@ def _cpu_seconds() -> float:
 _last_cpu: list[float] = [-1, 0.0, 0.0]
 
 
-def _uptime() -> float:
-    """Seconds since this process started (from /proc; 1 where that is unknown)."""
+def process_uptime() -> float | None:
+    """Seconds since this process started (from /proc); None where that is unknown."""
     try:
         with open("/proc/self/stat") as f:
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
         with open("/proc/uptime") as f:
             boot_seconds = float(f.read().split()[0])
     except (OSError, ValueError, IndexError):
-        return 1.0
-    return max(boot_seconds - start_ticks / _TICKS, 1e-3)
+        return None
+    return max(boot_seconds - start_ticks / _TICKS, 0.0)
 
 
 def proc_record(rt: Runtime) -> ProcRecord:
@@ -151,7 +151,7 @@ def proc_record(rt: Runtime) -> ProcRecord:
     now, cpu, pid = time.monotonic(), _cpu_seconds(), os.getpid()
     last_pid, then, cpu_then = _last_cpu
     if last_pid != pid:  # the first record of this process: since it started
-        then, cpu_then = now - _uptime(), 0.0
+        then, cpu_then = now - max(process_uptime() or 1.0, 1e-3), 0.0
     _last_cpu[:] = [pid, now, cpu]
     rss = 0
     try:

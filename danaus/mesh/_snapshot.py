@@ -18,7 +18,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Literal, Required, TypedDict
 
-from ..actors._api import ProcControl
+from ..actors._api import ProcControl, process_uptime
 from ..errors import ProtocolError
 from ._records import ActorRecord, ProcReply, StackEntry, proc_reply, stack_entries
 from ._shape import Shape
@@ -137,14 +137,7 @@ ASK_TIMEOUT = 5.0
 def _process_started() -> float:
     """When this process started (``time.time()``'s scale): this module is imported at the
     first snapshot, which may be long after. Now, where /proc does not say."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            boot_seconds = float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return time.time()
-    return time.time() - max(boot_seconds - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    return time.time() - (process_uptime() or 0.0)
 
 
 _STARTED = _process_started()

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     from ..mesh import AdminError
-    from ..mesh._host_agent import read_key_file
+    from ._attach import read_key
 
     parser = argparse.ArgumentParser(
         prog="danaus dashboard",
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     ns = parser.parse_args(argv)
     try:
-        key = read_key_file(ns.key_file) if ns.key_file else None
+        key = read_key("danaus dashboard", ns.key_file) if ns.key_file else None
         source = AdminSource(ns.attach, key)
     except (OSError, ValueError, AdminError) as e:
         raise SystemExit(f"danaus dashboard: {e}") from None

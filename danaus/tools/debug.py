@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 from ..mesh import AdminClient, AdminError
 from ..mesh._admin import find_controllers, runtime_dir
+from ._attach import read_key
 from ._debug_commands import (
     Attach,
     Cast,
@@ -330,16 +331,6 @@ def format_sessions(sessions: Sequence[dict[str, Any]]) -> str:
     )
 
 
-def _read_key(path: str) -> bytes:
-    try:
-        with open(path) as f:
-            return bytes.fromhex(f.read().strip())
-    except OSError as e:
-        raise SystemExit(f"danaus debug: cannot read the key file {path}: {e.strerror}") from None
-    except ValueError:
-        raise SystemExit(f"danaus debug: the key file {path} does not hold a hex key") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     """``danaus debug``; returns the exit status (1: no controller, or it went away)."""
     parser = argparse.ArgumentParser(
@@ -361,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         "$DANAUS_AUTH_KEY)",
     )
     ns = parser.parse_args(argv)
-    key = _read_key(ns.key_file) if ns.key_file else None
+    key = read_key("danaus debug", ns.key_file) if ns.key_file else None
     try:
         addr = ns.attach or _newest()  # (once: both connections reach the same controller)
         cli = DebugCli(lambda: AdminClient(addr, key))

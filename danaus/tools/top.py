@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 from ..config import config
 from ..mesh import AdminClient, AdminError
 from ..mesh._admin import find_controllers
+from ._attach import read_key
 from ._top_render import Line, Style, View, actor_rows, handle_key, render
 
 __all__ = ["Poller", "main"]
@@ -287,16 +288,6 @@ def _screen(scr: Any, poller: Poller, view: View) -> int:
 # ----------------------------------------------------------------------------------- cli
 
 
-def _read_key(path: str) -> bytes:
-    try:
-        with open(path) as f:
-            return bytes.fromhex(f.read().strip())
-    except OSError as e:
-        raise SystemExit(f"danaus top: cannot read the key file {path}: {e.strerror}") from None
-    except ValueError:
-        raise SystemExit(f"danaus top: the key file {path} does not hold a hex key") from None
-
-
 def _key_of(addr: str) -> bytes | None:
     """The key to connect to ``addr`` again, read now while its file is there."""
     for info in find_controllers():
@@ -330,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     if ns.interval <= 0:
         parser.error("--interval must be positive")
-    key = _read_key(ns.key_file) if ns.key_file else None
+    key = read_key("danaus top", ns.key_file) if ns.key_file else None
     try:
         client = AdminClient(ns.attach, key, timeout=CALL_TIMEOUT)
     except (AdminError, ValueError) as e:  # (ValueError: an address of no known form)
