@@ -1,6 +1,27 @@
-"""What the tools share to attach to a controller: reading a key file."""
+"""What the tools share to attach to a controller: their ``--attach`` and ``--key-file``
+options, and reading a key file."""
 
 from __future__ import annotations
+
+import argparse
+
+
+def add_attach_options(parser: argparse.ArgumentParser) -> None:
+    """``--attach ADDR`` and ``--key-file F``, as every tool takes them."""
+    parser.add_argument(
+        "--attach",
+        metavar="ADDR",
+        default=None,
+        help="the controller's admin address (unix:@name, unix:/path, tcp://host:port); "
+        "default: the newest controller of this user on this host",
+    )
+    parser.add_argument(
+        "--key-file",
+        metavar="F",
+        default=None,
+        help="file holding the job key as hex (default: the controller's admin file, "
+        "else $DANAUS_AUTH_KEY)",
+    )
 
 
 def read_key(prog: str, path: str) -> bytes:

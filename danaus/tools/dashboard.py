@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     from ..mesh import AdminError
-    from ._attach import read_key
+    from ._attach import add_attach_options, read_key
 
     parser = argparse.ArgumentParser(
         prog="danaus dashboard",
@@ -222,19 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         "the job's internals to whoever reaches it: it listens on 127.0.0.1 and its URL "
         "holds a token; from elsewhere, use an ssh tunnel (ssh -L PORT:127.0.0.1:PORT host).",
     )
-    parser.add_argument(
-        "--attach",
-        metavar="ADDR",
-        default=None,
-        help="the controller's admin endpoint (unix:@name, unix:/path, tcp://host:port); "
-        "default: the newest controller of this user on this host",
-    )
-    parser.add_argument(
-        "--key-file",
-        default=None,
-        help="file holding the job key as hex (default: the controller's admin file, "
-        "else $DANAUS_AUTH_KEY)",
-    )
+    add_attach_options(parser)
     parser.add_argument(
         "--port", type=int, default=0, help="port to serve on (default: a free one)"
     )

@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 from ..mesh import AdminClient, AdminError
 from ..mesh._admin import find_controllers, runtime_dir
-from ._attach import read_key
+from ._attach import add_attach_options, read_key
 from ._debug_commands import (
     Attach,
     Cast,
@@ -337,20 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="danaus debug",
         description="List the actors of a running job that are paused in pdb, and drive them.",
     )
-    parser.add_argument(
-        "--attach",
-        metavar="ADDR",
-        default=None,
-        help="the controller's admin address (default: the newest controller of this user "
-        "on this host)",
-    )
-    parser.add_argument(
-        "--key-file",
-        metavar="F",
-        default=None,
-        help="file holding the job key as hex (default: the controller's admin file, or "
-        "$DANAUS_AUTH_KEY)",
-    )
+    add_attach_options(parser)
     ns = parser.parse_args(argv)
     key = read_key("danaus debug", ns.key_file) if ns.key_file else None
     try:

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from ..config import config
 from ..mesh import AdminClient, AdminError
 from ..mesh._admin import find_controllers
-from ._attach import read_key
+from ._attach import add_attach_options, read_key
 from ._top_render import Line, Style, View, actor_rows, handle_key, render
 
 __all__ = ["Poller", "main"]
@@ -302,19 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="danaus top",
         description="A live view of a running danaus controller: its procs and actors.",
     )
-    parser.add_argument(
-        "--attach",
-        metavar="ADDR",
-        default=None,
-        help="the controller's admin address (default: the newest controller on this host)",
-    )
-    parser.add_argument(
-        "--key-file",
-        metavar="F",
-        default=None,
-        help="file holding the job key as hex (default: $DANAUS_AUTH_KEY, or the "
-        "controller's file in the runtime directory)",
-    )
+    add_attach_options(parser)
     parser.add_argument(
         "--interval", metavar="S", type=float, default=1.0, help="seconds between refreshes"
     )
