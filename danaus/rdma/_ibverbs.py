@@ -18,13 +18,10 @@ new one.
 from __future__ import annotations
 
 import asyncio
-import collections
 import enum
-import itertools
 import logging
 import os
 import secrets
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import config
@@ -40,9 +37,10 @@ from ..errors import (
 from . import _verbs
 from ._backend import IBVERBS_DISABLED, Backend, Exchange, LocalBuffer
 from ._handle import BufferHandle
-from ._ibverbs_parts import LocalMR, LocalRegions, Poller, address, byte_view
+from ._ibverbs_parts import LocalRegions, address, byte_view
+from ._ibverbs_post import Conn, Poster, Transfer
 from ._memory import is_cuda_tensor
-from ._verbs import Completion, Device, QPInfo, QueuePair, Region
+from ._verbs import Device, QPInfo, QueuePair, Region
 
 __all__ = ["IbverbsBackend", "State", "make_ibverbs_backend"]
 
@@ -56,38 +54,6 @@ class State(enum.Enum):
 
     OPEN = "open"
     CLOSED = "closed"
-
-
-@dataclass(eq=False)
-class _Transfer:
-    what: str  # for messages: "RDMA READ of 4096 bytes at offset 0 of buffer 3 of <owner>"
-    opcode: int
-    local: LocalMR
-    local_addr: int
-    remote_addr: int
-    rkey: int
-    length: int
-    future: asyncio.Future[None]
-    posted: int = 0  # bytes posted
-    outstanding: int = 0  # work requests posted, not completed
-    error: RDMAError | None = None
-    finished: bool = False
-
-    @property
-    def all_posted(self) -> bool:
-        return self.error is not None or self.posted >= self.length
-
-
-@dataclass(eq=False)
-class _Conn:
-    """The reader's RC queue pair to one owner."""
-
-    owner: str
-    qp: QueuePair
-    credits: int  # free send-queue slots
-    queue: collections.deque[_Transfer] = field(default_factory=collections.deque)
-    outstanding: int = 0
-    broken: str | None = None  # why, once broken
 
 
 class IbverbsBackend(Backend):
@@ -127,22 +93,17 @@ class IbverbsBackend(Backend):
         self._sq_depth = sq_depth
         self._mr_cache = mr_cache
         self._token = secrets.token_hex(8)  # who we are to owners
-        self._conns: dict[str, _Conn] = {}
-        self._draining: set[_Conn] = set()  # broken, waiting for their flushes
         self._locks: dict[str, asyncio.Lock] = {}
         self._served: dict[str, QueuePair] = {}  # reader token -> our queue pair
         self._owned: dict[int, Region] = {}  # buf_id -> region
         self._local = LocalRegions(device, mr_cache, self._deregister)
-        self._inflight: dict[int, tuple[_Conn, _Transfer]] = {}
-        self._wr_ids = itertools.count(1)
-        self._cq_credits = device.cq_depth
-        self._poller: Poller | None = None
+        self._poster = Poster(device, chunk_bytes, self._local)
 
     def __repr__(self) -> str:
         return (
             f"<IbverbsBackend {self.state.value} device={self.device.name} "
-            f"peers={len(self._conns)} served={len(self._served)} "
-            f"local_mrs={len(self._local)} in_flight={len(self._inflight)}>"
+            f"peers={len(self._poster.conns)} served={len(self._served)} "
+            f"local_mrs={len(self._local)} in_flight={len(self._poster.inflight)}>"
         )
 
     @classmethod
@@ -264,16 +225,13 @@ class IbverbsBackend(Backend):
         if n == 0:
             return
         conn = await self._connection(handle.owner)
-        loop = asyncio.get_running_loop()
-        if self._poller is None:
-            self._poller = Poller(self.device, loop, self._on_completions, self._on_poll_error)
         addr = address(view)
         local = self._local.acquire(view, addr, _verbs.ACCESS_LOCAL_WRITE if reading else 0)
         what = (
             f"RDMA {'READ' if reading else 'WRITE'} of {n} bytes at offset {offset} "
             f"of buffer {handle.buf_id} of {handle.owner}"
         )
-        t = _Transfer(
+        t = Transfer(
             what,
             opcode,
             local,
@@ -281,31 +239,32 @@ class IbverbsBackend(Backend):
             int(keys["addr"]) + offset,
             int(keys["rkey"]),
             n,
-            loop.create_future(),
+            asyncio.get_running_loop().create_future(),
         )
-        conn.queue.append(t)
-        self._pump(conn)
+        self._poster.submit(conn, t)
         try:
             async with asyncio.timeout(self.transfer_timeout):
                 await t.future
         except TimeoutError:
-            self._abandon(t, conn)
-            self._break(conn, f"a transfer on it timed out after {self.transfer_timeout} s")
+            self._poster.abandon(t, conn)
+            self._poster.break_conn(
+                conn, f"a transfer on it timed out after {self.transfer_timeout} s"
+            )
             raise RDMATransferError(
                 f"{what} timed out after {self.transfer_timeout} s; its queue pair was reset"
             ) from None
         except asyncio.CancelledError:
             # work requests already posted finish in the background, into memory that
             # stays referenced (the local region) until they complete
-            self._abandon(t, conn)
+            self._poster.abandon(t, conn)
             raise
 
-    async def _connection(self, owner: str) -> _Conn:
-        conn = self._conns.get(owner)
+    async def _connection(self, owner: str) -> Conn:
+        conn = self._poster.conns.get(owner)
         if conn is not None:
             return conn
         async with self._locks.setdefault(owner, asyncio.Lock()):
-            conn = self._conns.get(owner)
+            conn = self._poster.conns.get(owner)
             if conn is not None:
                 return conn
             self._check_open()
@@ -332,147 +291,8 @@ class IbverbsBackend(Backend):
                 raise RDMATransferError(
                     f"queue-pair setup with {owner} failed: {type(e).__name__}: {e}"
                 ) from e
-            conn = self._conns[owner] = _Conn(owner, qp, self._sq_depth)
+            conn = self._poster.conns[owner] = Conn(owner, qp, self._sq_depth)
             return conn
-
-    # ------------------------------------------------------------ posting and completions
-
-    def _pump(self, conn: _Conn) -> None:
-        """Post the queued chunks of ``conn`` that its send queue and the CQ have room for."""
-        while conn.queue:
-            t = conn.queue[0]
-            if conn.broken is not None and t.error is None:
-                t.error = RDMATransferError(f"{t.what} failed: {conn.broken}")
-            if t.all_posted:
-                conn.queue.popleft()
-                self._finish(t)
-                continue
-            if conn.credits <= 0 or self._cq_credits <= 0 or self._poller is None:
-                return
-            n = min(self.chunk_bytes, t.length - t.posted)
-            wr_id = next(self._wr_ids)
-            wr = _verbs.rdma_work_request(
-                wr_id,
-                t.opcode,
-                t.local_addr + t.posted,
-                n,
-                t.local.region.lkey,
-                t.remote_addr + t.posted,
-                t.rkey,
-            )
-            self._inflight[wr_id] = (conn, t)
-            conn.credits -= 1
-            conn.outstanding += 1
-            t.outstanding += 1
-            self._cq_credits -= 1
-            self._poller.expect(1)
-            try:
-                self.device.post_send(conn.qp, wr)
-            except Exception as e:
-                del self._inflight[wr_id]
-                conn.credits += 1
-                conn.outstanding -= 1
-                t.outstanding -= 1
-                self._cq_credits += 1
-                self._poller.expect(-1)
-                self._break(conn, f"posting a work request failed: {type(e).__name__}: {e}")
-                continue
-            t.posted += n
-
-    def _on_completions(self, completions: list[Completion]) -> None:
-        """On the loop: account for completions polled by the poller thread."""
-        touched: dict[int, _Conn] = {}
-        for c in completions:
-            entry = self._inflight.pop(c.wr_id, None)
-            if entry is None:
-                continue
-            conn, t = entry
-            conn.credits += 1
-            conn.outstanding -= 1
-            t.outstanding -= 1
-            self._cq_credits += 1
-            if c.status != _verbs.WC_SUCCESS:
-                if t.error is None:
-                    if c.status == _verbs.WC_WR_FLUSH_ERR and conn.broken is not None:
-                        why = conn.broken
-                    else:
-                        why = (
-                            f"work completion {_verbs.status_text(c.status)}, "
-                            f"vendor error {c.vendor_err:#x}"
-                        )
-                    t.error = RDMATransferError(f"{t.what} failed: {why}")
-                self._break(
-                    conn,
-                    f"the queue pair to {conn.owner} failed with "
-                    f"{_verbs.WC_STATUS_NAMES.get(c.status, c.status)}",
-                )
-            self._finish(t)
-            touched[id(conn)] = conn
-        for conn in touched.values():
-            self._pump(conn)
-            self._drop_if_drained(conn)
-        for conn in list(self._conns.values()):  # CQ room may have been what they lacked
-            if conn.queue and id(conn) not in touched:
-                self._pump(conn)
-
-    def _on_poll_error(self, exc: BaseException) -> None:
-        """On the loop: the poller thread died; fail what waits on it."""
-        self._poller = None
-        why = f"polling the completion queue failed: {type(exc).__name__}: {exc}"
-        inflight, self._inflight = self._inflight, {}
-        for conn, t in inflight.values():
-            conn.outstanding -= 1
-            t.outstanding -= 1
-            self._cq_credits += 1
-            if t.error is None:
-                t.error = RDMATransferError(f"{t.what} failed: {why}")
-        for conn in [*self._conns.values(), *self._draining]:
-            self._break(conn, why)
-            self._drop_if_drained(conn)
-        for _, t in inflight.values():
-            self._finish(t)
-
-    def _finish(self, t: _Transfer) -> None:
-        if t.finished or t.outstanding > 0 or not t.all_posted:
-            return
-        t.finished = True
-        t.local.inuse -= 1
-        if not t.future.done():
-            if t.error is not None:
-                t.future.set_exception(t.error)
-            else:
-                t.future.set_result(None)
-        self._local.evict()
-
-    def _abandon(self, t: _Transfer, conn: _Conn) -> None:
-        """The caller stopped waiting: post no more of ``t``."""
-        if t.error is None:
-            t.error = RDMATransferError(f"{t.what} was abandoned")
-        if t in conn.queue:
-            conn.queue.remove(t)
-        self._finish(t)
-
-    def _break(self, conn: _Conn, why: str) -> None:
-        """Stop using ``conn``'s queue pair: error it (flushing what is posted) and fail
-        its queued transfers; the next transfer to its owner connects anew."""
-        if conn.broken is not None:
-            return
-        conn.broken = why
-        if self._conns.get(conn.owner) is conn:
-            del self._conns[conn.owner]
-        self._draining.add(conn)
-        try:
-            self.device.set_error(conn.qp)
-        except Exception as e:
-            log.warning(
-                "ibverbs: could not move the queue pair to %s to the error state: %s", conn.owner, e
-            )
-        self._pump(conn)
-
-    def _drop_if_drained(self, conn: _Conn) -> None:
-        if conn in self._draining and conn.outstanding == 0:
-            self._draining.discard(conn)
-            self._destroy_qp(conn.qp)
 
     # ------------------------------------------------------------ teardown
 
@@ -481,24 +301,13 @@ class IbverbsBackend(Backend):
         if self.state is State.CLOSED:
             return
         self.state = State.CLOSED
-        poller, self._poller = self._poller, None
+        poller, self._poster.poller = self._poster.poller, None
         if poller is not None:
             poller.stop()
             await asyncio.to_thread(poller.join)
-        transfers = {id(t): t for _, t in self._inflight.values()}
-        for conn in [*self._conns.values(), *self._draining]:
-            transfers.update((id(t), t) for t in conn.queue)
-        for t in transfers.values():
-            if not t.future.done():
-                t.future.set_exception(
-                    RDMATransferError(f"{t.what} failed: the ibverbs backend was closed")
-                )
-        qps = [c.qp for c in [*self._conns.values(), *self._draining]]
+        qps = self._poster.close("the ibverbs backend was closed")
         qps += self._served.values()
-        self._conns.clear()
-        self._draining.clear()
         self._served.clear()
-        self._inflight.clear()
         for qp in qps:  # first: after this the device touches no memory
             self._destroy_qp(qp)
         self._local.clear()

@@ -226,7 +226,7 @@ async def test_exchange_carries_queue_pair_info_and_both_ends_are_connected(proc
     assert payload["op"] == "connect"
     info = QPInfo.from_dict(payload["qp"])
     assert info.gid == procs.reader_dev.gid and info.lid == procs.reader_dev.lid
-    conn = procs.reader._conns[OWNER]
+    conn = procs.reader._poster.conns[OWNER]
     assert info.qpn == conn.qp.qpn and info.psn == conn.qp.psn
     assert procs.reader_dev.connected(conn.qp)
     assert handle.keys["ibverbs"]["device"] == procs.owner.device.name
@@ -332,7 +332,7 @@ async def test_injected_completion_error_fails_the_transfer_then_next_works(proc
     await procs.reader.read(handle, 0, memoryview(dst))
     assert np.array_equal(dst, src)
     assert len(procs.exchanges) == 2
-    assert not procs.reader._inflight and not procs.reader._draining
+    assert not procs.reader._poster.inflight and not procs.reader._poster.draining
 
 
 async def test_error_fails_the_other_transfers_on_that_queue_pair(procs: Procs) -> None:
@@ -405,11 +405,11 @@ async def test_cancelled_transfer_keeps_its_memory_until_posted_requests_finish(
     with pytest.raises(asyncio.CancelledError):
         await task
     entry = next(e for e in procs.reader._local.entries.values() if e.region.length == MiB)
-    assert entry.inuse == 1 and procs.reader._inflight  # held work requests pin it
+    assert entry.inuse == 1 and procs.reader._poster.inflight  # held work requests pin it
     procs.reader_dev.release()
     procs.reader_dev.on_post = None
     await procs.reader.read(handle, 0, memoryview(dst[:10]))  # completes after the held ones
-    assert entry.inuse == 0 and not procs.reader._inflight
+    assert entry.inuse == 0 and not procs.reader._poster.inflight
     assert len(procs.exchanges) == 1  # cancelling does not reset the queue pair
 
 
