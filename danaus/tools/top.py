@@ -7,8 +7,8 @@ own, so that a slow controller never freezes the screen. Keys: up/down (j/k) sel
 actor, ``n m c h e r`` sort (by name, mailbox, its proc's CPU, handled, errors, running
 time; again reverses), ``s`` the selected actor's stack, ``q`` quits.
 
-What is drawn comes from :mod:`._top_render` (pure, tested without a terminal); this
-module holds the terminal and the connection.
+What is drawn comes from :mod:`._top_model` and :mod:`._top_render` (pure, tested
+without a terminal); this module holds the terminal and the connection.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from ..config import config
 from ..mesh import AdminClient, AdminError
 from ..mesh._admin import find_controllers
 from ._attach import add_attach_options, read_key
-from ._top_render import Line, Style, View, actor_rows, handle_key, render
+from ._top_model import View, actor_rows
+from ._top_render import Line, Style, handle_key, render
 
 __all__ = ["Poller", "main"]
 

@@ -6,16 +6,8 @@ from typing import Any
 
 import pytest
 
-from danaus.tools._top_render import (
-    Line,
-    StackPane,
-    View,
-    actor_rows,
-    handle_key,
-    render,
-    sorted_rows,
-    stack_lines,
-)
+from danaus.tools._top_model import StackPane, View, actor_rows, sorted_rows
+from danaus.tools._top_render import Line, handle_key, render, stack_lines
 
 
 def _actor(
