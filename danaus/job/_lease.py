@@ -12,10 +12,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
+from concurrent.futures import Future as ThreadFuture
 
 from ..actors._api import Actor, endpoint
+from ..config import config
 
-__all__ = ["AGENTS_DIR", "LEASE", "JobLease"]
+__all__ = ["AGENTS_DIR", "LEASE", "JobLease", "hold_job"]
 
 #: The wire name of the lease actor in an agent of a job.
 LEASE = "job_lease"
@@ -66,3 +69,31 @@ class JobLease(Actor):
         self.holders[controller] = linger
         self._arm(None, "")
         return {"node": self.node, "addr": self.addr, "pid": os.getpid()}
+
+
+def hold_job(addrs: list[str], linger: float | None) -> None:
+    """From the controller: hold the job whose agents listen at ``addrs``; they end it
+    ``linger`` seconds after this process is gone (``None``: never)."""
+
+    def hold() -> None:
+        # From a thread of our own: the call goes through danaus's background loop,
+        # whose connections live as long as this process (not an application loop's).
+        from ..actors._api import current_runtime
+        from ..mesh import Shape
+        from ..mesh._actor_mesh import mesh_ref
+
+        shape = Shape.from_sizes({"hosts": len(addrs)})
+        lease = mesh_ref(LEASE, JobLease, shape, dict(enumerate(addrs)))
+        lease.hold.call(current_runtime().addr, linger).get(timeout=config.connect_timeout)
+
+    done: ThreadFuture[None] = ThreadFuture()
+
+    def run() -> None:
+        try:
+            hold()
+            done.set_result(None)
+        except BaseException as e:
+            done.set_exception(e)
+
+    threading.Thread(target=run, name="danaus-slurm-hold", daemon=True).start()
+    done.result(timeout=config.connect_timeout + 5)

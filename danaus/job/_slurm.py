@@ -24,17 +24,12 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
-import time
-import uuid
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING, Any
 
-from ..actors._api import auth
-from ..config import config
 from ._job import JobState, JobStatus, JobTrait
-from ._lease import AGENTS_DIR, LEASE, JobLease
+from ._job_dir import Agent, create_job_dir, wait_for_agents
+from ._lease import hold_job
 from ._squeue import COMMAND_TIMEOUT, TERMINAL, job_status, slurm_command
 
 if TYPE_CHECKING:
@@ -43,9 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["SlurmJob"]
 
 log = logging.getLogger("danaus.job.slurm")
-
-#: How often the job's state and the agents' addresses are polled while waiting (s).
-POLL_INTERVAL = 0.02
 
 
 class SlurmJob(JobTrait):
@@ -154,7 +146,7 @@ class SlurmJob(JobTrait):
         self._job_dir: str | None = None
         self._step: str | None = None  # the agents' step, in a given allocation
         self._kept = False  # saved for later controllers: outlives this one
-        self._agents: list[tuple[str, str, int, str]] = []
+        self._agents: list[Agent] = []
         # This controller's connection to it (not saved).
         self._hosts: dict[str, HostMesh] | None = None
         self._srun: subprocess.Popen[bytes] | None = None
@@ -178,7 +170,7 @@ class SlurmJob(JobTrait):
         return running._job_dir if isinstance(running, SlurmJob) else None  # noqa: SLF001 - a SlurmJob's own
 
     @property
-    def agents(self) -> list[tuple[str, str, int, str]]:
+    def agents(self) -> list[Agent]:
         """``(address, node, pid, step)`` of each host agent, in node order, once
         ``state()`` has connected."""
         running = self._running
@@ -270,13 +262,7 @@ class SlurmJob(JobTrait):
         ]
 
     def _create(self) -> None:
-        key = auth.job_key()
-        job_dir = os.path.join(self._log_dir, f"{self._job_name}-{uuid.uuid4().hex[:12]}")
-        os.makedirs(job_dir, mode=0o700)
-        key_path = os.path.join(job_dir, "key")
-        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(key.hex() + "\n")
+        job_dir = create_job_dir(self._log_dir, self._job_name)
         self._job_dir = job_dir
         self._kept = False
         try:
@@ -328,74 +314,20 @@ class SlurmJob(JobTrait):
 
     # ---------------------------------------------------------------- connect
 
-    def _output_tail(self, lines: int = 10) -> str:
-        if self._job_dir is None:
-            return ""
-        text = []
-        for name in sorted(os.listdir(self._job_dir)):
-            if name.startswith("slurm-") and name.endswith(".out"):
-                with open(os.path.join(self._job_dir, name), errors="replace") as f:
-                    text += f.read().splitlines()[-lines:]
-        return "\n".join(text)
-
-    def _ended(self, status: tuple[str, list[str]] | None) -> RuntimeError:
-        state = status[0] if status else "gone from the queue"
-        tail = self._output_tail()
-        return RuntimeError(
-            f"SLURM job {self._slurm_job_id} ended ({state}) before its agents reported"
-            + (f"; its output:\n{tail}" if tail else "")
-        )
-
-    def _wait_for_agents(self) -> list[tuple[str, str, int, str]]:
-        """``(address, node, pid, step)`` of each agent, in node order, once all reported."""
-        assert self._slurm_job_id is not None and self._job_dir is not None
-        folder = os.path.join(self._job_dir, AGENTS_DIR)
-        queued_until = (
-            None if self._job_start_timeout is None else time.monotonic() + self._job_start_timeout
-        )
-        started: float | None = None
-        next_check = 0.0
-        while True:
-            now = time.monotonic()
-            names = os.listdir(folder) if os.path.isdir(folder) else []
-            found = [n for n in names if n.isdigit()]
-            if len(found) >= self.nodes:
-                break
-            if self._srun is not None and self._srun.poll() is not None:
-                raise self._ended(("srun exited", []))
-            if now >= next_check:
-                next_check = now + 0.2
-                status = job_status(self._slurm_job_id)
-                if status is None or status[0] in TERMINAL:
-                    raise self._ended(status)
-                if status[0] == "RUNNING" and started is None:
-                    started = now
-                elif status[0] != "RUNNING" and queued_until is not None and now > queued_until:
-                    self._kill()
-                    raise TimeoutError(
-                        f"SLURM job {self._slurm_job_id} did not start within "
-                        f"{self._job_start_timeout} s (it is {status[0]}); cancelled it"
-                    )
-            if started is not None and now - started > config.proc_start_timeout:
-                raise TimeoutError(
-                    f"the agents of SLURM job {self._slurm_job_id} did not all report within "
-                    f"{config.proc_start_timeout} s (config.proc_start_timeout): "
-                    f"{len(found)} of {self.nodes} in {folder}\n{self._output_tail()}"
-                )
-            time.sleep(POLL_INTERVAL)
-        agents = []
-        for i in range(self.nodes):
-            with open(os.path.join(folder, str(i))) as f:
-                addr, node, pid, *step = f.read().split()
-            agents.append((addr, node, int(pid), step[0] if step else ""))
-        return agents
-
     def _state(self) -> JobState:
         if self._hosts is None:
             from ..mesh import attach_to_hosts
 
             assert self._job_dir is not None
-            agents = self._wait_for_agents()
+            assert self._slurm_job_id is not None
+            agents = wait_for_agents(
+                self._job_dir,
+                self.nodes,
+                self._slurm_job_id,
+                srun=self._srun,
+                start_timeout=self._job_start_timeout,
+                cancel=self._kill,
+            )
             if self._allocation is not None:
                 self._step = agents[0][3]
             addrs = [a for a, _, _, _ in agents]
@@ -417,30 +349,7 @@ class SlurmJob(JobTrait):
 
     def _hold(self, addrs: list[str]) -> None:
         """Hold the job from this controller: the agents end it when we are gone."""
-        linger = self._linger()
-
-        def hold() -> None:
-            # From a thread of our own: the call goes through danaus's background loop,
-            # whose connections live as long as this process (not an application loop's).
-            from ..actors._api import current_runtime
-            from ..mesh import Shape
-            from ..mesh._actor_mesh import mesh_ref
-
-            shape = Shape.from_sizes({"hosts": len(addrs)})
-            lease = mesh_ref(LEASE, JobLease, shape, dict(enumerate(addrs)))
-            lease.hold.call(current_runtime().addr, linger).get(timeout=config.connect_timeout)
-
-        done: ThreadFuture[None] = ThreadFuture()
-
-        def run() -> None:
-            try:
-                hold()
-                done.set_result(None)
-            except BaseException as e:
-                done.set_exception(e)
-
-        threading.Thread(target=run, name="danaus-slurm-hold", daemon=True).start()
-        done.result(timeout=config.connect_timeout + 5)
+        hold_job(addrs, self._linger())
 
     def _keep(self) -> None:
         """Saved for later controllers: the job outlives this one (``idle_timeout``)."""
