@@ -15,18 +15,28 @@ import contextlib
 import os
 import socket
 import statistics
-import struct
-import subprocess
-import sys
 import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any, cast
 
-import msgspec
 import numpy as np
 import uvloop
 
+from ._floor_io import (
+    BULK_SOCKBUF,
+    CONNECT_TIMEOUT_S,
+    IO_TIMEOUT_S,
+    Echo,
+    PingPong,
+    Pipelined,
+    abstract_name,
+    accept,
+    child,
+    close,
+    make_listener,
+    new_runner,
+    recv_exact,
+    require_no_running_loop,
+    set_bufs,
+)
 from ._stats import Stats, format_table, summarize
 
 __all__ = [
@@ -38,332 +48,13 @@ __all__ = [
     "uvloop_pipelined",
 ]
 
-# How long a child gets to start up and connect, and to exit after its peer is gone.
-_CONNECT_TIMEOUT_S = 30.0
-_EXIT_TIMEOUT_S = 10.0
-# Bound on any single blocking socket operation in the bulk floors.
-_IO_TIMEOUT_S = 60.0
-_BULK_SOCKBUF = 4 << 20
-# Flush a burst of small frames about every 4 KB so the two processes overlap.
-_FLUSH_BYTES = 4096
-_PAYLOAD = bytes(range(16))
-_HDR = struct.Struct("<I")
-_REPO_ROOT = str(Path(__file__).resolve().parents[1])
-
-
-class _Msg(msgspec.Struct, array_like=True, frozen=True):
-    """The small message of the RPC floors: 1 + 1 to 5 + 18 bytes of msgpack."""
-
-    id: int
-    payload: bytes
-
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(_Msg)
-
-
-def _append_frame(out: bytearray, msg: _Msg) -> None:
-    """Appends `msg` to `out` as a 4-byte little-endian length and its msgpack."""
-    start = len(out)
-    _encoder.encode_into(msg, out, start + 4)  # pads the gap for the length
-    _HDR.pack_into(out, start, len(out) - start - 4)
-
-
-# -- the length-prefixed asyncio.Protocol shared by both ends of the RPC floors --
-
-
-class _Framed(asyncio.Protocol):
-    """Splits the byte stream into `_Msg` frames and hands each read's to `on_messages`."""
-
-    def __init__(self, closed: asyncio.Future[None]) -> None:
-        self._buf = bytearray()
-        self._closed = closed
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.transport = cast(asyncio.Transport, transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self._closed.done():
-            if exc is None:
-                self._closed.set_result(None)
-            else:
-                self._closed.set_exception(exc)
-        self.on_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        buf = self._buf
-        if buf:
-            buf += data
-            # Decoded messages copy their bytes, so the view is released before the
-            # consumed prefix is deleted (a live export would make `del` fail).
-            with memoryview(buf) as view:
-                msgs, pos = _split(view)
-            del buf[:pos]
-        else:
-            msgs, pos = _split(memoryview(data))
-            if pos < len(data):
-                buf += data[pos:]
-        if msgs:
-            self.on_messages(msgs)
-
-    def on_messages(self, msgs: list[_Msg]) -> None:
-        raise NotImplementedError
-
-    def on_lost(self, exc: Exception | None) -> None:
-        pass
-
-    def send(self, msgs: Sequence[_Msg]) -> None:
-        """Writes `msgs` as one burst, flushed about every 4 KB."""
-        transport = self.transport
-        assert transport is not None
-        out = bytearray()
-        for msg in msgs:
-            _append_frame(out, msg)
-            if len(out) >= _FLUSH_BYTES:
-                transport.write(out)
-                out = bytearray()
-        if out:
-            transport.write(out)
-
-
-def _split(view: memoryview) -> tuple[list[_Msg], int]:
-    """Decodes the complete frames at the start of `view`; returns them and the bytes used."""
-    msgs: list[_Msg] = []
-    pos = 0
-    end = len(view)
-    decode = _decoder.decode
-    while end - pos >= 4:
-        (size,) = _HDR.unpack_from(view, pos)
-        stop = pos + 4 + size
-        if stop > end:
-            break
-        msgs.append(decode(view[pos + 4 : stop]))
-        pos = stop
-    return msgs, pos
-
-
-class _Echo(_Framed):
-    """The child's end: sends every message back, one burst per read."""
-
-    def on_messages(self, msgs: list[_Msg]) -> None:
-        self.send(msgs)
-
-
-class _PingPong(_Framed):
-    """The parent's end of the ping-pong: one message in flight, one sample per round trip."""
-
-    def __init__(self, closed: asyncio.Future[None], total: int) -> None:
-        super().__init__(closed)
-        self._total = total
-        self._next_id = 0
-        self._t0 = 0.0
-        self.samples: list[float] = []
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def start(self) -> None:
-        self._send_one()
-
-    def _send_one(self) -> None:
-        self._t0 = time.perf_counter()
-        self.send((_Msg(self._next_id, _PAYLOAD),))
-
-    def on_messages(self, msgs: list[_Msg]) -> None:
-        t1 = time.perf_counter()
-        if len(msgs) != 1 or msgs[0].id != self._next_id:
-            self._fail(RuntimeError(f"ping-pong out of step: expected id {self._next_id}"))
-            return
-        self.samples.append(t1 - self._t0)
-        self._next_id += 1
-        if self._next_id < self._total:
-            self._send_one()
-        elif not self.done.done():
-            self.done.set_result(None)
-
-    def on_lost(self, exc: Exception | None) -> None:
-        self._fail(ConnectionError(f"echo child closed the connection early: {exc!r}"))
-
-    def _fail(self, exc: BaseException) -> None:
-        if not self.done.done():
-            self.done.set_exception(exc)
-
-
-class _Pipelined(_Framed):
-    """The parent's end of the pipelined floor: keeps `inflight` messages outstanding."""
-
-    def __init__(self, closed: asyncio.Future[None]) -> None:
-        super().__init__(closed)
-        self._loop = asyncio.get_running_loop()
-        self._total = 0
-        self._sent = 0
-        self._received = 0
-        self.done: asyncio.Future[float] = self._loop.create_future()
-
-    def begin(self, total: int, inflight: int) -> asyncio.Future[float]:
-        """Starts a run of `total` messages; the future gives the time the last reply came."""
-        self._total = total
-        self._sent = 0
-        self._received = 0
-        self.done = self._loop.create_future()
-        self._send_more(min(inflight, total))
-        return self.done
-
-    def _send_more(self, count: int) -> None:
-        first = self._sent
-        self._sent += count
-        self.send([_Msg(i, _PAYLOAD) for i in range(first, first + count)])
-
-    def on_messages(self, msgs: list[_Msg]) -> None:
-        self._received += len(msgs)
-        more = min(len(msgs), self._total - self._sent)
-        if more > 0:
-            self._send_more(more)
-        if self._received >= self._total and not self.done.done():
-            self.done.set_result(time.perf_counter())
-
-    def on_lost(self, exc: Exception | None) -> None:
-        if not self.done.done():
-            self.done.set_exception(
-                ConnectionError(f"echo child closed the connection early: {exc!r}")
-            )
-
-
-# -- process and socket plumbing --
-
-
-def _require_no_running_loop(name: str) -> None:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    raise RuntimeError(
-        f"{name}() blocks and runs its own event loop; call it from synchronous code "
-        "(for example in a thread via asyncio.to_thread), not inside a running loop"
-    )
-
-
-#: When set, the floor's child process is pinned to these CPUs (the caller pins itself),
-#: so a floor can be measured in the same placement as the benchmark it is compared with.
-CHILD_CPUS: set[int] | None = None
-
-
-def _abstract_name() -> str:
-    """A fresh abstract-namespace socket name, without its leading NUL (argv can't hold one)."""
-    return f"danaus-bench-{os.getpid()}-{os.urandom(6).hex()}"
-
-
-@contextlib.contextmanager
-def _child(*args: str) -> Iterator[subprocess.Popen[bytes]]:
-    """Runs `_child_main(args)` in a fresh interpreter and always reaps it.
-
-    On a clean exit from the block the child gets `_EXIT_TIMEOUT_S` to finish on its own
-    (it exits when its peer closes the connection); on an error it is killed at once.
-    """
-    boot = (
-        f"import sys; sys.path.insert(0, {_REPO_ROOT!r}); "
-        "from bench._floors import _child_main; _child_main(sys.argv[1:])"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", boot, *args], stdin=subprocess.DEVNULL)
-    if CHILD_CPUS:
-        os.sched_setaffinity(proc.pid, CHILD_CPUS)
-    try:
-        yield proc
-    except BaseException:
-        proc.kill()
-        raise
-    finally:
-        try:
-            proc.wait(timeout=_EXIT_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=_EXIT_TIMEOUT_S)
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmark child {args!r} exited with status {proc.returncode}")
-
-
-def _listener(
-    family: socket.AddressFamily, address: str | tuple[str, int], bufsize: int | None = None
-) -> socket.socket:
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        if bufsize is not None:
-            # Before listen(): accepted sockets inherit it, and TCP picks its window
-            # scale from the receive buffer at handshake time.
-            _set_bufs(sock, bufsize)
-        sock.bind(address)
-        sock.listen(1)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _accept(listener: socket.socket, proc: subprocess.Popen[bytes]) -> socket.socket:
-    """Accepts the child's connection, failing fast if the child dies first."""
-    deadline = time.monotonic() + _CONNECT_TIMEOUT_S
-    listener.settimeout(0.05)
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except TimeoutError:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"benchmark child exited with status {proc.returncode} before connecting"
-                ) from None
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"benchmark child did not connect within {_CONNECT_TIMEOUT_S:.0f} s"
-                ) from None
-            continue
-        conn.settimeout(None)
-        return conn
-
-
-def _set_bufs(sock: socket.socket, size: int) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
-
-
-def _recv_exact(sock: socket.socket, view: memoryview) -> None:
-    """Fills `view` from `sock` in place."""
-    pos = 0
-    total = len(view)
-    while pos < total:
-        got = sock.recv_into(view[pos:])
-        if got == 0:
-            raise ConnectionError(f"peer closed after {pos} of {total} bytes")
-        pos += got
-
-
-def _new_runner() -> asyncio.Runner:
-    return asyncio.Runner(loop_factory=uvloop.new_event_loop)
-
-
-async def _close(
-    transport: asyncio.BaseTransport,
-    closed: asyncio.Future[None],
-    done: asyncio.Future[Any],
-) -> None:
-    """Closes `transport` and waits (bounded) for `connection_lost`, so nothing leaks.
-
-    `done` is the run's result future; on an error path nobody awaits it, so its
-    exception is fetched here to keep asyncio from logging it as never retrieved.
-    """
-    transport.close()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(asyncio.shield(closed), _EXIT_TIMEOUT_S)
-    if done.done() and not done.cancelled():
-        done.exception()
-
-
 # -- the RPC floors --
 
 
 def uvloop_pingpong(n: int = 5000, warmup: int = 500) -> Stats:
     """Round-trip latency of a raw uvloop ping-pong between two processes.
 
-    The parent sends a small msgspec-msgpack `_Msg` (an int id and 16 bytes), length
+    The parent sends a small msgspec-msgpack `Msg` (an int id and 16 bytes), length
     prefixed, over an abstract Unix-domain socket; the child decodes it, re-encodes it
     and sends it back. One message is in flight at a time, and both ends are plain
     `asyncio.Protocol`s on uvloop. Each sample runs from before the encode to after the
@@ -378,14 +69,14 @@ def uvloop_pingpong(n: int = 5000, warmup: int = 500) -> Stats:
     """
     if n < 1 or warmup < 0:
         raise ValueError(f"need n >= 1 and warmup >= 0, got n={n}, warmup={warmup}")
-    _require_no_running_loop("uvloop_pingpong")
+    require_no_running_loop("uvloop_pingpong")
     total = n + warmup
-    name = _abstract_name()
-    with contextlib.closing(_listener(socket.AF_UNIX, "\0" + name)) as listener:
-        with _child("echo", name) as proc:
-            conn = _accept(listener, proc)
+    name = abstract_name()
+    with contextlib.closing(make_listener(socket.AF_UNIX, "\0" + name)) as listener:
+        with child("echo", name) as proc:
+            conn = accept(listener, proc)
             listener.close()
-            with _new_runner() as runner:
+            with new_runner() as runner:
                 samples = runner.run(
                     asyncio.wait_for(_pingpong(conn, total), timeout=30.0 + total * 1e-3)
                 )
@@ -396,14 +87,12 @@ async def _pingpong(conn: socket.socket, total: int) -> list[float]:
     loop = asyncio.get_running_loop()
     closed: asyncio.Future[None] = loop.create_future()
     conn.setblocking(False)
-    transport, proto = await loop.create_unix_connection(
-        lambda: _PingPong(closed, total), sock=conn
-    )
+    transport, proto = await loop.create_unix_connection(lambda: PingPong(closed, total), sock=conn)
     try:
         proto.start()
         await proto.done
     finally:
-        await _close(transport, closed, proto.done)
+        await close(transport, closed, proto.done)
     return proto.samples
 
 
@@ -425,14 +114,14 @@ def uvloop_pipelined(n: int = 50000, inflight: int = 1000) -> float:
     """
     if n < 1 or inflight < 1:
         raise ValueError(f"need n >= 1 and inflight >= 1, got n={n}, inflight={inflight}")
-    _require_no_running_loop("uvloop_pipelined")
+    require_no_running_loop("uvloop_pipelined")
     warm = min(n, max(inflight, n // 5))
-    name = _abstract_name()
-    with contextlib.closing(_listener(socket.AF_UNIX, "\0" + name)) as listener:
-        with _child("echo", name) as proc:
-            conn = _accept(listener, proc)
+    name = abstract_name()
+    with contextlib.closing(make_listener(socket.AF_UNIX, "\0" + name)) as listener:
+        with child("echo", name) as proc:
+            conn = accept(listener, proc)
             listener.close()
-            with _new_runner() as runner:
+            with new_runner() as runner:
                 limit_s = 30.0 + (n + warm) * 1e-4
                 return runner.run(
                     asyncio.wait_for(_pipelined(conn, n, warm, inflight), timeout=limit_s)
@@ -443,13 +132,13 @@ async def _pipelined(conn: socket.socket, n: int, warm: int, inflight: int) -> f
     loop = asyncio.get_running_loop()
     closed: asyncio.Future[None] = loop.create_future()
     conn.setblocking(False)
-    transport, proto = await loop.create_unix_connection(lambda: _Pipelined(closed), sock=conn)
+    transport, proto = await loop.create_unix_connection(lambda: Pipelined(closed), sock=conn)
     try:
         await proto.begin(warm, inflight)
         t0 = time.perf_counter()
         t1 = await proto.begin(n, inflight)
     finally:
-        await _close(transport, closed, proto.done)
+        await close(transport, closed, proto.done)
     return n / (t1 - t0)
 
 
@@ -457,10 +146,10 @@ async def _echo_child(name: str) -> None:
     loop = asyncio.get_running_loop()
     closed: asyncio.Future[None] = loop.create_future()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(_CONNECT_TIMEOUT_S)
+    sock.settimeout(CONNECT_TIMEOUT_S)
     sock.connect("\0" + name)
     sock.setblocking(False)
-    await loop.create_unix_connection(lambda: _Echo(closed), sock=sock)
+    await loop.create_unix_connection(lambda: Echo(closed), sock=sock)
     # The parent closes the connection when it is done; a parent that dies does too.
     await closed
 
@@ -484,7 +173,7 @@ def raw_unix_bulk(nbytes: int = 64 << 20, iters: int = 5) -> float:
         `2 * nbytes / seconds` (bytes moved, both directions, per second of round
         trip), the median over the `iters` round trips.
     """
-    name = _abstract_name()
+    name = abstract_name()
     return _bulk(socket.AF_UNIX, "\0" + name, ("unix", name), nbytes, iters)
 
 
@@ -515,22 +204,22 @@ def _bulk(
         raise ValueError(f"need nbytes >= 1 and iters >= 1, got {nbytes}, {iters}")
     send = memoryview(bytearray(b"\xa5") * nbytes)
     recv = memoryview(bytearray(nbytes))  # zero-filled, so already touched
-    with contextlib.closing(_listener(family, address, _BULK_SOCKBUF)) as listener:
+    with contextlib.closing(make_listener(family, address, BULK_SOCKBUF)) as listener:
         if unix_args is None:
             port = listener.getsockname()[1]
             child_args: tuple[str, ...] = ("tcp", "127.0.0.1", str(port))
         else:
             child_args = unix_args
-        with _child("bulk", *child_args, str(nbytes), str(iters + 1)) as proc:
-            conn = _accept(listener, proc)
+        with child("bulk", *child_args, str(nbytes), str(iters + 1)) as proc:
+            conn = accept(listener, proc)
             listener.close()
             with conn:
-                conn.settimeout(_IO_TIMEOUT_S)
+                conn.settimeout(IO_TIMEOUT_S)
                 samples: list[float] = []
                 for i in range(iters + 1):
                     t0 = time.perf_counter()
                     conn.sendall(send)
-                    _recv_exact(conn, recv)
+                    recv_exact(conn, recv)
                     elapsed = time.perf_counter() - t0
                     if i > 0:
                         samples.append(elapsed)
@@ -551,21 +240,21 @@ def _bulk_child(argv: list[str]) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         address = (host, int(port_s))
     with sock:
-        _set_bufs(sock, _BULK_SOCKBUF)
-        sock.settimeout(_IO_TIMEOUT_S)
+        set_bufs(sock, BULK_SOCKBUF)
+        sock.settimeout(IO_TIMEOUT_S)
         sock.connect(address)
         buf = memoryview(bytearray(int(nbytes_s)))
         for _ in range(int(rounds_s)):
-            _recv_exact(sock, buf)
+            recv_exact(sock, buf)
             sock.sendall(buf)
 
 
 def _child_main(argv: list[str]) -> None:
-    """Entry point of the benchmark child processes started by `_child`."""
+    """Entry point of the benchmark child processes started by `child`."""
     kind, *rest = argv
     if kind == "echo":
         (name,) = rest
-        with _new_runner() as runner:
+        with new_runner() as runner:
             runner.run(_echo_child(name))
     elif kind == "bulk":
         _bulk_child(rest)
