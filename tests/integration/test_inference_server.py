@@ -21,7 +21,8 @@ import pytest
 from aiohttp import web
 
 from examples.inference_server.model import build
-from examples.inference_server.server import SERVER, InferenceServer, make_app
+from examples.inference_server.replicas import InferenceServer
+from examples.inference_server.server import SERVER, make_app
 
 from ..faults import danaus_procs
 
