@@ -30,7 +30,7 @@ class Sink(Actor):
     @endpoint
     async def take(self, sender: str, i: int) -> None:
         inst = context().actor_instance.runtime_actor  # type: ignore[union-attr]
-        self.max_depth = max(self.max_depth, len(inst.queue))
+        self.max_depth = max(self.max_depth, len(inst.mailbox))
         self.count += 1
         if i % 64 == 0:
             await asyncio.sleep(0)

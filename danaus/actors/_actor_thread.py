@@ -59,12 +59,13 @@ def waiting_actor() -> ActorInstance | None:
     if ctx is None:
         return None  # the controller
     inst = ctx.runtime_actor
-    if inst is not None and inst.task is not None:
+    running = inst.in_flight.task if inst is not None else None
+    if running is not None:
         try:
             task = asyncio.current_task()
         except RuntimeError:
             return None
-        if inst.task is task:
+        if running is task:
             return inst
     return None
 
@@ -72,7 +73,7 @@ def waiting_actor() -> ActorInstance | None:
 class JobFn(Protocol):
     """What a job runs: an endpoint's function, given the actor and the caller's values."""
 
-    def __call__(self, *args: object, **kwargs: object) -> object: ...
+    def __call__(self, actor: object, /, *args: object, **kwargs: object) -> object: ...
 
 
 class Job:

@@ -205,7 +205,7 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) 
 # ---------------------------------------------------------------- message handlers
 
 
-def _on_call(rt: Runtime, conn: Connection, msg: Call, parts: list[object]) -> None:
+def _on_call(rt: Runtime, conn: Connection, msg: Call, parts: list[Buffer]) -> None:
     actor = rt.actors.get(msg.actor)
     if actor is None:
         if not rt.await_actor(msg.actor, lambda: rt.dispatch(conn, msg, parts)):

@@ -192,7 +192,7 @@ class Sink(Actor):
     @endpoint
     async def take(self, sender: str, i: int) -> None:
         inst = context().actor_instance.runtime_actor  # type: ignore[union-attr]
-        self.max_depth = max(self.max_depth, len(inst.queue))
+        self.max_depth = max(self.max_depth, len(inst.mailbox))
         self.got.setdefault(sender, []).append(i)
         if i % 64 == 0:
             await asyncio.sleep(0)  # suspend now and then, so messages queue up

@@ -1,0 +1,271 @@
+"""What goes back to the caller of an actor's message once it ran: the :class:`Replier`
+turns each outcome (a value, an exception, a cancellation, a stop) into a reply, encoding
+a value as plain msgpack when it is a small atom and as a pickle with out-of-band parts
+otherwise, and an exception as an :class:`ErrorInfo` with the user's traceback; an error
+that nobody waits for fails the actor. It also holds the :class:`ResponsePort` that an
+``explicit_response_port`` endpoint answers through. Running the message is the actor
+instance's."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from ..config import config
+from ..errors import SerializationError
+from ._actor_thread import Job
+from ._connection import Connection
+from ._errinfo import encode_error, info_from_error
+from ._loops import run_on
+from ._port import Port
+from ._serialize import _ATOMS, dumps
+from ._wire import ERROR, NIL, OK, Buffer, Call, ErrorInfo, Result
+
+if TYPE_CHECKING:
+    from ._instance import ActorInstance, RunnableEndpoint
+
+__all__ = ["Describe", "Replier", "ResponsePort", "encode_result", "error_info"]
+
+log = logging.getLogger("danaus.actor")
+
+_plain_encode = msgspec.msgpack.Encoder().encode
+
+
+def encode_result(
+    result: object, actor: ActorInstance, msg: Call
+) -> tuple[msgspec.Raw, bool, Sequence[Buffer]]:
+    """``result`` of ``msg`` as ``(raw, pickled, parts)`` for a :class:`Result`.
+
+    Raises:
+        SerializationError: it cannot be pickled.
+    """
+    t = type(result)
+    if t in _ATOMS or (t is bytes and isinstance(result, bytes) and len(result) < 4096):
+        try:  # no pickle, no checks
+            raw = msgspec.Raw(_plain_encode(result))
+        except (OverflowError, UnicodeEncodeError):
+            pass  # an int too large for msgpack, a str with lone surrogates: pickle it
+        else:
+            if len(raw) <= config.oob_threshold:
+                return raw, False, ()
+    return dumps(result, Describe(actor, msg, "return value"))
+
+
+def error_info(e: BaseException, actor: ActorInstance, include_tb: bool = True) -> ErrorInfo:
+    """What the caller hears of ``e``, raised by the actor's endpoint."""
+    # Skip the runtime's own frame: the user's code starts one frame down.
+    tb = (
+        "".join(
+            traceback.format_exception(
+                type(e), e, e.__traceback__.tb_next if e.__traceback__ else None
+            )
+        )
+        if include_tb
+        else ""
+    )
+    return info_from_error(e, actor.ctx.actor_id, actor.rank_text, tb)
+
+
+class Replier:
+    """Answers the callers of one actor's messages (on the loop's thread)."""
+
+    __slots__ = ("_actor",)
+
+    def __init__(self, actor: ActorInstance) -> None:
+        self._actor = actor
+
+    def __repr__(self) -> str:
+        return f"<Replier {self._actor.ctx.actor_id}>"
+
+    def returned(self, conn: Connection, msg: Call, ep: RunnableEndpoint, result: object) -> None:
+        """``msg`` returned ``result`` (an explicit-response-port endpoint answers itself)."""
+        if msg.reply and not ep.explicit_response_port:
+            self.value(conn, msg, result)
+
+    def value(self, conn: Connection, msg: Call, result: object) -> None:
+        a = self._actor
+        try:
+            raw, pickled, parts = encode_result(result, a, msg)
+        except SerializationError as e:
+            self.error(conn, msg, error_info(e, a, include_tb=False))
+            return
+        conn.send(Result(msg.reply, OK, raw, pickled, a.rank), parts)
+
+    def raised(self, conn: Connection, msg: Call, ep: RunnableEndpoint, exc: BaseException) -> None:
+        """The endpoint that ran ``msg`` raised ``exc``."""
+        a = self._actor
+        info = error_info(exc, a)
+        a.stats.failed(msg.method, f"{info.exc_type}: {info.message}")
+        if ep.explicit_response_port:
+            # As in Monarch: it owed its caller an answer through the port and raised
+            # instead; nobody else will see this exception, so the actor has failed.
+            report = (
+                f"{info.exc_type}: {info.message} in {msg.method} (an explicit-response-port "
+                f"endpoint raised instead of answering)\n{info.traceback}"
+            )
+            if a.failed is None:
+                a.fail(report, "actor")
+            self.supervision(
+                conn,
+                msg,
+                f"actor {a.ctx.actor_id} failed: {info.exc_type}: {info.message}",
+                info.traceback,
+            )
+            return
+        self.error(conn, msg, info)
+
+    def supervision(self, conn: Connection, msg: Call, why: str, tb: str = "") -> None:
+        """Fail ``msg`` with ``SupervisionError``: the actor failed or stopped (``why``)."""
+        a = self._actor
+        info = ErrorInfo("supervision", a.ctx.actor_id, a.rank_text, "SupervisionError", why, tb)
+        self.error(conn, msg, info)
+
+    def error(self, conn: Connection, msg: Call, info: ErrorInfo) -> None:
+        a = self._actor
+        if msg.reply:
+            a.rt.reply_error(conn, msg.reply, a.rank, info)
+        elif info.kind == "actor" and a.failed is None:
+            # Nobody waits for this result (broadcast): the actor has failed.
+            a.fail(
+                f"{info.exc_type}: {info.message} in {msg.method} (called with "
+                f"broadcast, so no caller saw it)\n{info.traceback}",
+                "actor",
+            )
+        else:
+            log.error("%s: %s (no caller waited for this result)", a.ctx.actor_id, info.message)
+
+    def jobs_done(self, jobs: list[Job]) -> None:
+        """Sync messages the actor's thread finished, in order."""
+        a = self._actor
+        batched = []
+        if len(jobs) > 1:  # their replies go out in one write per connection
+            for job in jobs:
+                c = job.conn
+                if type(c) is Connection and c not in batched and c.batch_begin():
+                    batched.append(c)
+        for job in jobs:
+            conn, msg = job.conn, job.msg
+            if job.cancelled:
+                continue  # its caller gave up: the result goes nowhere
+            ep = a.endpoint(msg.method)
+            assert ep is not None  # it ran, so it was found
+            if not job.started:
+                if msg.reply:
+                    self.supervision(
+                        conn,
+                        msg,
+                        f"actor {a.ctx.actor_id} was stopped before handling {msg.method}",
+                    )
+            elif job.error is None:
+                self.returned(conn, msg, ep, job.value)
+            else:
+                self.raised(conn, msg, ep, job.error)
+        for c in batched:
+            c.batch_end()
+
+    def task_done(
+        self,
+        conn: Connection,
+        msg: Call,
+        ep: RunnableEndpoint,
+        task: asyncio.Task[object],
+        by_caller: bool,
+    ) -> None:
+        """The task that ran ``msg`` ended; ``by_caller``: its caller had cancelled it."""
+        if by_caller and (task.cancelled() or task.exception() is None):
+            return  # its caller gave up: nobody waits for the outcome
+        a = self._actor
+        if task.cancelled() and a.stopped:
+            if msg.reply:  # (a broadcast has nobody to tell)
+                self.supervision(
+                    conn, msg, f"actor {a.ctx.actor_id} was stopped while handling {msg.method}"
+                )
+        elif task.cancelled():  # the endpoint's own code let a cancellation out
+            self.error(
+                conn,
+                msg,
+                ErrorInfo(
+                    "actor",
+                    a.ctx.actor_id,
+                    a.rank_text,
+                    "asyncio.CancelledError",
+                    f"{msg.method} was cancelled (by the endpoint's own code)",
+                    "",
+                ),
+            )
+        elif (exc := task.exception()) is not None:
+            if by_caller and isinstance(exc, asyncio.CancelledError):
+                return
+            if config.debug_on_error and not by_caller:
+                from . import _debug
+
+                if _debug.wants_post_mortem(exc):
+                    _debug.post_mortem(exc, a)  # (on the loop: its peers are told)
+            self.raised(conn, msg, ep, exc)
+        else:
+            self.returned(conn, msg, ep, task.result())
+
+
+class Describe:
+    """Names a message's payload for an error message, built only if one is raised."""
+
+    __slots__ = ("actor", "msg", "what")
+
+    def __init__(self, actor: ActorInstance, msg: Call, what: str) -> None:
+        self.actor = actor
+        self.msg = msg
+        self.what = what
+
+    def __call__(self) -> str:
+        return f"{self.what} of {type(self.actor.obj).__name__}.{self.msg.method}"
+
+
+class ResponsePort(Port[object]):
+    """The caller's reply port, given to an ``explicit_response_port`` endpoint.
+
+    ``send(v)`` answers the call with ``v``, ``exception(e)`` with an error; from the
+    endpoint, another task, or another message's handler, at any time. Pickled, it
+    becomes a plain :class:`Port` to the caller, which another actor may answer through.
+    """
+
+    __slots__ = ("_actor", "_conn", "_rank")
+
+    def __init__(self, actor: ActorInstance, conn: Connection, msg: Call) -> None:
+        super().__init__(getattr(conn, "peer", None) or "", msg.reply)
+        self._actor = actor
+        self._conn = conn
+        self._rank = actor.rank
+
+    def __repr__(self) -> str:
+        return f"ResponsePort({self.addr}#{self.port_id})"
+
+    def exception(self, exc: BaseException) -> None:
+        a = self._actor
+        tb = "".join(traceback.format_exception(exc))
+
+        info = info_from_error(exc, a.ctx.actor_id, a.rank_text, tb)
+        self._post(ERROR, encode_error(info), False, [], exc)
+
+    def _post(
+        self,
+        status: int,
+        raw: msgspec.Raw | None,
+        pickled: bool,
+        parts: list[Buffer],
+        local: object,
+    ) -> None:
+        if not self.port_id:
+            return  # a broadcast: nobody waits for an answer
+        msg = Result(
+            self.port_id,
+            status,
+            raw if raw is not None else NIL,
+            pickled,
+            self._rank,
+        )
+        run_on(self._actor.rt, self._conn.send, msg, parts)
