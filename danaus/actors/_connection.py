@@ -23,14 +23,15 @@ import msgspec
 
 from ..config import config
 from ..errors import AuthenticationError, ProtocolError, SupervisionError
-from ._frames import TAG_BYTES, FrameMacs, FrameReader, frame_macs, frame_tag, trim_part_pool
+from ._frame_tags import TAG_BYTES, FrameMacs, frame_macs, frame_tag
+from ._frames import FrameReader
 from ._handshake import HandshakeMachine
 from ._wire import MAGIC, PREFIX, Buffer, Message, Ping, frame
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ["CLOSED", "HANDSHAKE", "OPEN", "Connection", "State", "trim_part_pool"]
+__all__ = ["CLOSED", "HANDSHAKE", "OPEN", "Connection", "State"]
 
 log = logging.getLogger("danaus.connection")
 

@@ -31,8 +31,8 @@ from . import _auth
 from ._address import parse_addr, tls_context
 from ._connection import CLOSED, HANDSHAKE, OPEN, Connection
 from ._errinfo import encode_error, error_decode, error_from_info
-from ._frames import trim_part_pool
 from ._future import Future
+from ._part_pool import trim_part_pool
 from ._serialize import loads
 from ._wire import (
     ERROR,
