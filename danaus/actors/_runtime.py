@@ -29,8 +29,9 @@ from ..errors import (
 )
 from . import _auth
 from ._address import parse_addr, tls_context
-from ._connection import CLOSED, HANDSHAKE, OPEN, Connection
+from ._connection import Connection
 from ._errinfo import encode_error, error_decode, error_from_info
+from ._frame_writer import CLOSED, HANDSHAKE, OPEN
 from ._future import Future
 from ._part_pool import trim_part_pool
 from ._serialize import loads
