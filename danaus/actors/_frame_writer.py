@@ -27,6 +27,8 @@ log = logging.getLogger("danaus.connection")
 
 
 class State(enum.Enum):
+    """Where a connection is: authenticating, open, or closed for good."""
+
     HANDSHAKE = "handshake"
     OPEN = "open"
     CLOSED = "closed"
