@@ -3,7 +3,10 @@
 There is one :class:`Runtime` per event loop that uses danaus: in a proc, the proc's
 loop; in the controller, the application's running loop (async code) or danaus's own
 background loop (sync code). Messages to a peer go over one connection per peer
-address, in the order sent.
+address, in the order sent. Its listening socket and dials are in
+:mod:`~danaus.actors._sockets`, what it knows of peers in :mod:`~danaus.actors._peers`,
+the owners of its ports in :mod:`~danaus.actors._replies`, and messages held for
+actors not spawned yet in :mod:`~danaus.actors._arrivals`.
 """
 
 from __future__ import annotations
