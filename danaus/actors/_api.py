@@ -55,6 +55,12 @@ from ._loops import (
     run_task,
     runtime_here,
 )
+from ._peers import (
+    peer_exit_reason,
+    peer_exited,
+    peer_keys,
+    proc_ready,
+)
 from ._point import (
     Extent,
     Point,
@@ -64,16 +70,12 @@ from ._port import (
     PortReceiver,
     forward,
 )
+from ._replies import SkipOnLoss
 from ._runtime import (
     JOB_ID,
     Handler,
     Runtime,
-    SkipOnLoss,
     on_every_heartbeat,
-    peer_exit_reason,
-    peer_exited,
-    peer_keys,
-    proc_ready,
     register_handlers,
 )
 from ._serialize import (

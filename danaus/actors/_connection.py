@@ -1,53 +1,42 @@
-"""One authenticated control-plane connection: it moves bytes, and batches writes.
+"""One authenticated control-plane connection: its lifecycle, reading and liveness.
 
 Reading is an ``asyncio.BufferedProtocol`` whose buffer belongs to a
 :class:`~danaus.actors._frames.FrameReader` (bytes in, frames out, no socket); the
 handshake is a :class:`~danaus.actors._handshake.HandshakeMachine` (headers in, frames to send
 out). This class moves bytes between the transport and those two, hands each message
-to the runtime, and writes: messages sent during one loop iteration go out in one
-``writelines`` call, or at once past ``config.flush_bytes``.
+to the runtime, holds reading while a mailbox is full, and pings a quiet peer. Writing
+(batching, the backlog while connecting, frame tags, flow control) is its base class,
+:class:`~danaus.actors._frame_writer.FrameWriter`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import logging
 import select
 import socket
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
-
-import msgspec
 
 from ..config import config
 from ..errors import AuthenticationError, ProtocolError, SupervisionError
-from ._frames import TAG_BYTES, FrameMacs, FrameReader, frame_macs, frame_tag, trim_part_pool
+from ._frame_tags import frame_macs
+from ._frame_writer import CLOSED, HANDSHAKE, OPEN, FrameWriter
+from ._frames import FrameReader
 from ._handshake import HandshakeMachine
-from ._wire import MAGIC, PREFIX, Buffer, Message, Ping, frame
+from ._wire import Ping
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ["CLOSED", "HANDSHAKE", "OPEN", "Connection", "State", "trim_part_pool"]
+__all__ = ["Connection"]
 
 log = logging.getLogger("danaus.connection")
 
 _PING = Ping()
 
 
-class State(enum.Enum):
-    HANDSHAKE = "handshake"
-    OPEN = "open"
-    CLOSED = "closed"
-
-
-# Module-level aliases: looking up an Enum member on its class is slow on Python 3.11.
-HANDSHAKE, OPEN, CLOSED = State.HANDSHAKE, State.OPEN, State.CLOSED
-
-
-class Connection(asyncio.BufferedProtocol):
+class Connection(FrameWriter, asyncio.BufferedProtocol):
     """A framed, authenticated connection to one peer (a proc or a controller).
 
     Either side may send: the dialer announces its own listening address, so the
@@ -65,9 +54,8 @@ class Connection(asyncio.BufferedProtocol):
         self.was_open = False
         #: reads so far, and when the heartbeat last saw the count change
         self.reads = 0
-        #: bytes read from and written to the socket (``stats()``)
+        #: bytes read from the socket (``stats()``)
         self.bytes_in = 0
-        self.bytes_out = 0
         self.seen_reads = -1
         self.quiet_since = 0.0
         #: the peer said its loop is paused (a debugger prompt): its silence is excused
@@ -75,7 +63,7 @@ class Connection(asyncio.BufferedProtocol):
         #: reply port id -> rank of the callee (or the ranks of a cast subtree), for
         #: calls whose reply comes back here; failed if the connection is lost
         self.pending: dict[int, int | list[int]] = {}
-        self._encoder = msgspec.msgpack.Encoder()
+        self._init_writer()
         # Messages go straight to the runtime: no call through this class per frame.
         self._reader = FrameReader(
             functools.partial(runtime.dispatch, self), self._on_handshake, self._peer_name
@@ -87,22 +75,10 @@ class Connection(asyncio.BufferedProtocol):
         )
         self._hs_timer: asyncio.TimerHandle | None = None
         self._hs_started = 0.0
-        # write state
-        self._wq: list[Buffer] = []
-        self._wbytes = 0
-        self._flush_handle: asyncio.Handle | None = None
-        self._reading = False  # inside buffer_updated: writes are flushed at its end
-        self.write_paused = False
-        self._writable_waiters: list[asyncio.Future[None]] = []
         self._read_holders: set[object] = set()
-        self._backlog: list[tuple[bytes, Sequence[Buffer]]] = []  # frames while connecting
         #: TCP without TLS: every frame after the handshake carries a tag under a session
         #: key, over a per-direction sequence number and the frame
         self._tag_frames = False
-        self._mac_out: FrameMacs | None = None
-        self._seq_out = 0
-        self._backlog_msgs = 0  # messages in _backlog: reported if they are never sent
-        self._undelivered: list[Callable[[BaseException | None], None]] = []
 
     @classmethod
     def lost(cls, runtime: Runtime, peer: str, reason: BaseException | None) -> Connection:
@@ -177,7 +153,7 @@ class Connection(asyncio.BufferedProtocol):
             if self.close_reason is None:
                 self.close_reason = exc or ConnectionResetError(f"connection to {self.peer} closed")
         self._reader.close()
-        self._report_unsent()
+        self._report_unsent(self._peer_name())
         self.resume_writing()  # wake writers: their sends now fail
         self.rt.connection_lost(self)
 
@@ -186,24 +162,8 @@ class Connection(asyncio.BufferedProtocol):
         this connection is closed, and what was queued on it is reported."""
         self.state = CLOSED
         self.close_reason = exc
-        self._report_unsent()
+        self._report_unsent(self._peer_name())
         self.rt.connection_lost(self)
-
-    def _report_unsent(self) -> None:
-        """Messages queued while connecting die with the connection: say so, never
-        silently (calls among them fail through ``pending``; this covers the rest)."""
-        hooks, self._undelivered = self._undelivered, []
-        if self._backlog_msgs > len(hooks):
-            log.error(
-                "%d message(s) queued for %s while connecting were never delivered: %s",
-                self._backlog_msgs - len(hooks),
-                self._peer_name(),
-                self.close_reason,
-            )
-        self._backlog = []
-        self._backlog_msgs = 0
-        for hook in hooks:
-            hook(self.close_reason)
 
     def _peer_name(self) -> str:
         if self.peer:
@@ -279,26 +239,7 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
-    # ------------------------------------------------------------ flow control
-
-    def pause_writing(self) -> None:
-        """The transport's buffer passed its high-water mark: the peer is not keeping up."""
-        self.write_paused = True
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        waiters, self._writable_waiters = self._writable_waiters, []
-        for w in waiters:
-            if not w.done():
-                w.set_result(None)
-
-    async def writable(self) -> None:
-        """Wait while this connection's outgoing buffer is over its high-water mark."""
-        self.flush()
-        while self.write_paused and self.state is not CLOSED:
-            w = self.loop.create_future()
-            self._writable_waiters.append(w)
-            await w
+    # ------------------------------------------------------------ holding reads
 
     def hold_reading(self, holder: object) -> None:
         """Stop reading from the peer until every holder lets go (a full mailbox)."""
@@ -327,119 +268,7 @@ class Connection(asyncio.BufferedProtocol):
         """Take over frames and pending replies queued on a placeholder for this peer."""
         self.pending.update(placeholder.pending)
         placeholder.pending.clear()
-        if placeholder._backlog:
-            for header, parts in placeholder._backlog:
-                self._enqueue(header, parts)
-            placeholder._backlog = []
-            placeholder._backlog_msgs = 0
-            self._schedule_flush()
-        placeholder._undelivered = []  # their messages go out here
-
-    # ------------------------------------------------------------ writing
-
-    def send(self, msg: Message, parts: Sequence[Buffer] = ()) -> bool:
-        """Queue one message; False when the connection is closed."""
-        return self.send_encoded(self._encoder.encode(msg), parts)
-
-    def send_reported(
-        self,
-        msg: Message,
-        parts: Sequence[Buffer],
-        undelivered: Callable[[BaseException | None], None],
-    ) -> bool:
-        """:meth:`send` for a message that nobody answers (a port value): if it is queued
-        now, while connecting, and the connection then fails, ``undelivered(reason)``
-        is called instead of the message vanishing."""
-        if not self.send(msg, parts):
-            return False
-        if self.state is HANDSHAKE:
-            self._undelivered.append(undelivered)
-        return True
-
-    def send_encoded(self, header: bytes, parts: Sequence[Buffer] = ()) -> bool:
-        """Queue one already-encoded header (shared by sends of one cast)."""
-        state = self.state
-        if state is OPEN:
-            if (
-                self._mac_out is not None
-                and not parts
-                and not self._wq
-                and not self.pending
-                and not self._reading
-            ):
-                self._enqueue(header, parts)  # a lone message: out now, as below
-                self.flush()
-                return True
-            if parts or self._mac_out is not None:
-                self._enqueue(header, parts)
-            else:
-                data = PREFIX.pack(MAGIC, len(header), 0) + header
-                if not self._wq and not self.pending and not self._reading:
-                    # A lone message (nothing queued, nothing in flight): send it now
-                    # rather than a loop turn later. Bursts still go out batched.
-                    self.transport.write(data)  # type: ignore[union-attr]
-                    self.bytes_out += len(data)
-                    return True
-                self._wq.append(data)
-                self._wbytes += len(data)
-            if self._wbytes >= config.flush_bytes:
-                self.flush()
-            elif self._flush_handle is None and not self._reading:
-                self._flush_handle = self.loop.call_soon(self.flush)
-            return True
-        if state is HANDSHAKE:
-            self._backlog.append((header, parts))
-            self._backlog_msgs += 1
-            return True
-        return False
-
-    def _enqueue(self, header: bytes, parts: Sequence[Buffer]) -> None:
-        """Queue one frame (tagged, where frames are bound to the session)."""
-        bufs = frame(header, parts)
-        size = sum(memoryview(b).nbytes for b in bufs)
-        if self._mac_out is not None:
-            bufs.append(frame_tag(self._mac_out, self._seq_out, size, bufs))
-            self._seq_out += 1
-            size += TAG_BYTES
-        self._wq.extend(bufs)
-        self._wbytes += size
-
-    def batch_begin(self) -> bool:
-        """Queue what is sent from now on until :meth:`batch_end`, which writes it at once
-        (a burst of replies, one syscall). False when a burst is already open here (a
-        read being handled, or another batch): its end writes, so skip ``batch_end``."""
-        if self._reading:
-            return False
-        self._reading = True
-        return True
-
-    def batch_end(self) -> None:
-        self._reading = False
-        if self._wq:
-            if self._flush_handle is not None:
-                self._flush_handle.cancel()
-            self.flush()
-
-    def _schedule_flush(self) -> None:
-        if self._flush_handle is None:
-            self._flush_handle = self.loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        """Write what is queued now."""
-        self._flush_handle = None
-        wq = self._wq
-        if wq and self.transport is not None and self.state is not CLOSED:
-            self.bytes_out += self._wbytes
-            if len(wq) == 1:
-                self.transport.write(wq[0])  # one buffer: write() is cheaper than writelines()
-            else:
-                self.transport.writelines(wq)
-        self._wq = []
-        self._wbytes = 0
-
-    def _write_now(self, bufs: list[Buffer]) -> None:
-        assert self.transport is not None
-        self.transport.writelines(bufs)
+        self._adopt_backlog(placeholder)
 
     def _open(self) -> None:
         self.state = OPEN
@@ -449,17 +278,11 @@ class Connection(asyncio.BufferedProtocol):
             self._hs_timer = None
         if self._tag_frames:
             out_key, in_key = self._hs.frame_keys()
-            self._mac_out = frame_macs(out_key)
+            self._start_tagging(frame_macs(out_key))
             self._reader.open(frame_macs(in_key))
         else:
             self._reader.open()
-        if self._backlog:
-            for header, parts in self._backlog:
-                self._enqueue(header, parts)
-            self._backlog = []
-            self._backlog_msgs = 0
-            self.flush()
-        self._undelivered = []
+        self._send_backlog()
         self.rt.connection_open(self)
 
     # ------------------------------------------------------------ reading
@@ -478,11 +301,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         finally:
             self._reading = False
-        # Replies made while handling what just arrived go out now, in one write.
-        if self._wq:
-            if self._flush_handle is not None:
-                self._flush_handle.cancel()
-            self.flush()
+        self._flush_burst()
 
     def eof_received(self) -> bool | None:
         if self._reader.mid_frame:

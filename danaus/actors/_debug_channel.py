@@ -23,7 +23,8 @@ import msgspec
 
 from ..config import config
 from ._address import parse_addr, tls_context
-from ._frames import FrameMacs, FrameReader, frame_macs, frame_tag
+from ._frame_tags import FrameMacs, frame_macs, frame_tag
+from ._frames import FrameReader
 from ._handshake import HandshakeMachine
 from ._wire import Buffer, DebugDetach, DebugInput, DebugOpen, Message, Ping, Pong, frame
 

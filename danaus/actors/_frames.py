@@ -13,33 +13,20 @@ for a frame that fails its session tag) naming the limit.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import struct
-import sys
-import time
 from collections.abc import Callable, Sequence
-from typing import TypeAlias
 
 import msgspec
 
 from ..config import config
 from ..errors import AuthenticationError, ProtocolError
+from ._frame_tags import LARGE_FRAME, TAG_BYTES, FrameMacs, frame_tag
+from ._part_pool import part_pool
 from ._wire import MAGIC, MAX_HANDSHAKE_HEADER, MAX_PARTS, PART_LEN, PREFIX, Buffer, Message
 
-__all__ = [
-    "TAG_BYTES",
-    "FrameMacs",
-    "FrameReader",
-    "frame_macs",
-    "frame_tag",
-    "trim_part_pool",
-]
+__all__ = ["FrameReader"]
 
-#: Length of the tag after each frame on TCP without TLS, and the frame size from which
-#: it is an HMAC-SHA256 (below: keyed BLAKE2b).
-TAG_BYTES = 32
-LARGE_FRAME = 256 << 10
 #: Receive buffer of an authenticated connection.
 RECV_BUFFER = 256 << 10
 #: Until a peer has authenticated, its receive buffer holds one handshake frame, no more.
@@ -54,85 +41,6 @@ GROW_FROM = 1 << 20
 #: calloc'd zeros: extending a buffer from it reads pages that cost no memory
 _ZEROS = memoryview(bytes(64 << 20))
 _NO_PARTS: list[bytearray] = []  # shared, never mutated: the parts of a part-less frame
-
-#: (keyed BLAKE2b, HMAC-SHA256) holding one direction's session key, copied per frame.
-FrameMacs: TypeAlias = "tuple[hashlib.blake2b, hmac.HMAC]"
-
-
-def frame_macs(key: bytes) -> FrameMacs:
-    """The tag makers of one direction of a session. Keyed BLAKE2b for small frames (1 µs
-    each), HMAC-SHA256 for large ones (faster per byte here); both sides pick by the
-    frame's length."""
-    return (
-        hashlib.blake2b(key=key, digest_size=TAG_BYTES),
-        hmac.new(key, digestmod=hashlib.sha256),
-    )
-
-
-def frame_tag(macs: FrameMacs, seq: int, size: int, pieces: Sequence[Buffer]) -> bytes:
-    """The tag of the frame made of ``pieces`` (``size`` bytes), number ``seq`` in its
-    direction: keyed BLAKE2b for small frames, HMAC-SHA256 for large ones (both sides pick
-    by the frame's length); ``macs`` hold the keys, copied per frame."""
-    h = macs[size >= LARGE_FRAME].copy()
-    h.update(seq.to_bytes(8, "little"))
-    for p in pieces:
-        h.update(p)
-    digest: bytes = h.digest()
-    return digest
-
-
-class _PartPool:
-    """Keeps large receive buffers for reuse once nothing but the pool refers to them.
-
-    Fresh memory costs a page fault per 4 KiB on first touch (0.5-0.7 GB/s here), so a
-    64 MiB part received into reused memory arrives several times faster. Buffers not
-    reused for ``idle`` seconds go back to the system (:meth:`trim`, on each heartbeat).
-    """
-
-    def __init__(self, max_bytes: int = 512 << 20, idle: float = 10.0) -> None:
-        self._bufs: list[bytearray] = []
-        self._used: list[float] = []  # when each buffer was last handed out
-        self._max = max_bytes
-        self._idle = idle
-
-    def reuse(self, n: int) -> bytearray | None:
-        """A free pooled buffer of exactly ``n`` bytes, if there is one."""
-        bufs = self._bufs
-        for i in range(len(bufs)):  # (enumerate's cached tuple would hold a reference)
-            b = bufs[i]
-            # 3 = this list, the local ``b``, getrefcount's argument.
-            if len(b) == n and sys.getrefcount(b) <= 3:
-                self._used[i] = time.monotonic()
-                return b
-        return None
-
-    def keep(self, b: bytearray) -> None:
-        """Pool ``b`` (a large buffer just filled) for later parts of its size."""
-        if any(x is b for x in self._bufs):
-            return
-        total = sum(len(x) for x in self._bufs)
-        while self._bufs and total + len(b) > self._max:
-            total -= len(self._bufs.pop(0))
-            self._used.pop(0)
-        self._bufs.append(b)
-        self._used.append(time.monotonic())
-
-    def trim(self) -> None:
-        """Let go of buffers that nobody used lately."""
-        if not self._bufs:
-            return
-        cutoff = time.monotonic() - self._idle
-        keep = [i for i, t in enumerate(self._used) if t >= cutoff]
-        self._bufs = [self._bufs[i] for i in keep]
-        self._used = [self._used[i] for i in keep]
-
-
-_pool = _PartPool()
-
-
-def trim_part_pool() -> None:
-    """Give idle pooled receive buffers back to the system (called every heartbeat)."""
-    _pool.trim()
 
 
 def _part_lens(mv: memoryview, offset: int, n: int) -> tuple[int, ...]:
@@ -235,7 +143,7 @@ class FrameReader:
                 return False  # (get_buffer grows the buffer when it is full)
             assert self._direct_buf is not None
             if self._direct_need >= POOLED_PART:
-                _pool.keep(self._direct_buf)
+                part_pool.keep(self._direct_buf)
             self._parts.append(self._direct_buf)
             self._direct = None
             self._direct_buf = None
@@ -393,7 +301,7 @@ class FrameReader:
                 n = self._lens[i]
                 if n >= DIRECT_PART:
                     have = min(avail, n)
-                    buf = _pool.reuse(n) if n >= POOLED_PART else None
+                    buf = part_pool.reuse(n) if n >= POOLED_PART else None
                     if buf is None:
                         buf = bytearray(max(have, min(n, GROW_FROM)))
                     buf[:have] = mv[self._start : self._start + have]

@@ -195,11 +195,11 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) 
             )
         rt.actors[msg.actor] = _FailedActor(rt, actor_id, msg.rank, info)  # type: ignore[assignment]
         conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
-        rt.release_actor(msg.actor)
+        rt.arrivals.release_actor(msg.actor)
         return
     rt.actors[msg.actor] = inst
     conn.send(Result(msg.reply, CLOSE, NIL, False, msg.rank))
-    rt.release_actor(msg.actor)
+    rt.arrivals.release_actor(msg.actor)
 
 
 # ---------------------------------------------------------------- message handlers
@@ -208,8 +208,8 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) 
 def _on_call(rt: Runtime, conn: Connection, msg: Call, parts: list[Buffer]) -> None:
     actor = rt.actors.get(msg.actor)
     if actor is None:
-        if not rt.await_actor(msg.actor, lambda: rt.dispatch(conn, msg, parts)):
-            rt.reply_error(conn, msg.reply, -1, rt.no_actor(msg.actor))
+        if not rt.arrivals.await_actor(msg.actor, lambda: rt.dispatch(conn, msg, parts)):
+            rt.reply_error(conn, msg.reply, -1, rt.arrivals.no_actor(msg.actor))
     else:
         actor.deliver(conn, msg, parts)
 
@@ -240,7 +240,7 @@ def _on_seq_skip(rt: Runtime, conn: Connection, msg: SeqSkip, parts: list[object
 
 async def _stop_actor(rt: Runtime, conn: Connection, msg: StopActor) -> None:
     actor = rt.actors.pop(msg.actor, None)
-    rt.gone_actors.add(msg.actor)
+    rt.arrivals.gone_actors.add(msg.actor)
     if actor is not None:
         await actor.stop()
     if msg.reply:

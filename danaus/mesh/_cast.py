@@ -260,7 +260,7 @@ _NOTHING = object()
 
 def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Part]) -> None:
     """In a proc: handle our own target of ``msg`` and forward the rest down the tree."""
-    if msg.actor not in rt.actors and rt.await_actor(
+    if msg.actor not in rt.actors and rt.arrivals.await_actor(
         msg.actor, lambda: handle_cast(rt, conn, msg, parts)
     ):
         return  # the cast overtook the actor's Spawn: handle it once the actor exists
@@ -298,7 +298,7 @@ def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Part]) -> 
     )
     if actor is None:
         if node is not None:
-            node.add(rank, ERROR, encode_error(rt.no_actor(msg.actor)), False, [])
+            node.add(rank, ERROR, encode_error(rt.arrivals.no_actor(msg.actor)), False, [])
         return
     # The actor layer types the reply sink as a Connection; it only calls send() on it.
     actor.deliver(cast(Connection, reply_to), call, parts, msg.sender)

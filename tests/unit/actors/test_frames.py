@@ -16,13 +16,8 @@ import msgspec
 import pytest
 
 from danaus.actors import _auth
-from danaus.actors._frames import (
-    TAG_BYTES,
-    FrameMacs,
-    FrameReader,
-    frame_macs,
-    frame_tag,
-)
+from danaus.actors._frame_tags import TAG_BYTES, FrameMacs, frame_macs, frame_tag
+from danaus.actors._frames import FrameReader
 from danaus.actors._handshake import HandshakeMachine, HandshakeState
 from danaus.actors._serialize import encode_plain
 from danaus.actors._wire import (

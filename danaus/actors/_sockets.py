@@ -1,0 +1,163 @@
+"""The sockets of a runtime: its listening address, and dialing a peer.
+
+A runtime binds its address as it is made (so peers can dial before its server task
+first runs), serves it with one :class:`~danaus.actors._connection.Connection` per
+accepted socket, and dials each peer once. This module owns the :class:`Listener` (the
+listening socket, its server, and the bound on connections waiting to authenticate)
+and the dial (TLS, ``TCP_NODELAY``, the retry for a socket file not there yet); the
+runtime owns the connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+
+from ..config import config
+from ._address import parse_addr, tls_context
+from ._connection import Connection
+from ._peers import proc_ready
+
+__all__ = ["Listener", "bind", "dial"]
+
+log = logging.getLogger("danaus.runtime")
+
+
+def bind(addr: str) -> socket.socket:
+    """Bind now, so peers can dial before the server task first runs."""
+    family, where = parse_addr(addr)
+    if family == "unix":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    else:
+        sock = socket.socket(socket.AF_INET6 if ":" in where[0] else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(where)
+        sock.listen(512)
+    except BaseException:
+        sock.close()  # e.g. the address is taken: no socket left for the GC to warn about
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+class Listener:
+    """The listening socket of one runtime (bound now, or handed over bound), its server,
+    and the bound on strangers: past ``config.max_unauthenticated`` connections waiting
+    to authenticate, new ones are refused."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, addr: str, sock: socket.socket | None
+    ) -> None:
+        self.loop = loop
+        self._server: asyncio.AbstractServer | None = None
+        self._sock = sock if sock is not None else bind(addr)
+        self._sock.setblocking(False)
+        if addr.startswith("tcp://") and addr.endswith(":0"):
+            host, port = self._sock.getsockname()[:2]  # port 0: the kernel picked one
+            addr = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        #: the address peers dial
+        self.addr = addr
+        self._refused = 0  # strangers refused since the last log line about them
+        self._refused_logged = -1e9
+
+    def __repr__(self) -> str:
+        return f"<Listener {self.addr} serving={self._server is not None}>"
+
+    async def serve(self, accept: Callable[[], Connection]) -> None:
+        """Serve the socket: ``accept()`` makes the connection of each peer that dials."""
+        sock = self._sock
+        if sock.family == socket.AF_UNIX:
+            self._server = await self.loop.create_unix_server(accept, sock=sock)
+        else:
+            self._server = await self.loop.create_server(
+                accept, sock=sock, ssl=tls_context(server=True)
+            )
+
+    def admit(self, waiting: int) -> bool:
+        """May one more stranger stay, ``waiting`` others being there already?"""
+        if waiting < config.max_unauthenticated:
+            return True
+        self._refused += 1
+        now = self.loop.time()
+        if now - self._refused_logged >= 1.0:  # a flood logs a line a second, not a line each
+            self._refused_logged = now
+            log.error(
+                "refused %d connection(s): %d are already waiting to authenticate "
+                "(config.max_unauthenticated)",
+                self._refused,
+                config.max_unauthenticated,
+            )
+            self._refused = 0
+        return False
+
+    def close(self) -> None:
+        """Stop listening."""
+        if self._server is not None:
+            self._server.close()
+        else:
+            self._sock.close()
+
+    def abandon(self) -> None:
+        """Release the socket of a runtime whose event loop has closed."""
+        self._sock.close()
+
+
+async def dial(loop: asyncio.AbstractEventLoop, conn: Connection) -> None:
+    """Connect ``conn`` to its peer (once the peer is ready, if we spawned it); a peer
+    that cannot be reached closes ``conn`` (:meth:`Connection.never_opened`)."""
+    assert conn.peer is not None
+    try:
+        ready = proc_ready.get(conn.peer)
+        if ready is not None and not ready.done():
+            await asyncio.wrap_future(ready)
+        _, where = parse_addr(conn.peer)
+        # Every address is listening before anyone learns it (runtimes bind as they
+        # are made; a proc's socket is bound by its spawner and handed to it), so a
+        # refused connection means its owner is gone: fail now, not after retries.
+        # Only a socket file that does not exist yet may still be on its way.
+        deadline = loop.time() + config.connect_timeout
+        delay = 0.002
+        while True:
+            try:
+                await _connect(loop, conn, where)
+                break
+            except ConnectionRefusedError as e:
+                raise ConnectionRefusedError(
+                    f"nothing listens at {conn.peer} any more (its proc exited)"
+                ) from e
+            except FileNotFoundError:
+                if loop.time() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.1)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        conn.never_opened(e)
+
+
+async def _connect(
+    loop: asyncio.AbstractEventLoop, conn: Connection, where: str | tuple[str, int]
+) -> None:
+    if isinstance(where, str):  # unix
+        # Connect the socket ourselves: uvloop cannot take abstract (NUL) names.
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, where)
+        except BaseException:
+            sock.close()
+            raise
+        await loop.create_unix_connection(lambda: conn, sock=sock)
+    else:
+        host, port = where
+        ctx = tls_context(server=False)
+        transport, _ = await loop.create_connection(
+            lambda: conn, host, port, ssl=ctx, server_hostname=host if ctx else None
+        )
+        tsock = transport.get_extra_info("socket")
+        if tsock is not None:
+            tsock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
