@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Generic, NoReturn, TypeAlias, TypeVar, cast
 
 import msgspec
 
@@ -40,27 +40,34 @@ if TYPE_CHECKING:
 
 __all__ = ["Accumulator", "ActorEndpoint", "NotAnEndpoint", "as_endpoint", "send"]
 
-A = TypeVar("A", bound=Actor)
-A_co = TypeVar("A_co", bound=Actor, covariant=True)
+#: an endpoint's result (what its method returns, awaited)
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 T = TypeVar("T")
+#: an accumulator's running value
+V = TypeVar("V")
 
 #: a call's arguments, encoded: (header value, pickled?, out-of-band parts)
 Encoded: TypeAlias = tuple[msgspec.Raw, bool, list[Part]]
 
-# The adverbs' results are the user's endpoint's return values, which an ``ActorEndpoint``
-# (one per attribute name, from ``ActorMesh.__getattr__``) cannot know: they stay ``Any``
-# so that typed user code keeps using them as before. Arguments are ``object``.
 
+class ActorEndpoint(Generic[R_co]):
+    """An endpoint of every actor in a mesh, with Monarch's adverbs; ``R`` is what it
+    returns.
 
-class ActorEndpoint(Generic[A_co]):
-    """An endpoint of every actor in a mesh, with Monarch's adverbs."""
+    Where the mesh is typed as its actor class (what ``spawn`` returns), type checkers
+    see its endpoints as ``BoundEndpoint`` (``_actor_face``): this class with the
+    arguments checked against the method's and ``R`` its result. An
+    ``ActorMesh[Foo]``'s endpoints, found by name at run time, are
+    ``ActorEndpoint[object]``.
+    """
 
-    def __init__(self, mesh: ActorMesh[A_co], name: str) -> None:
+    def __init__(self, mesh: ActorMesh[Actor], name: str) -> None:
         self._mesh = mesh
         self._name = name
 
     @property
-    def mesh(self) -> ActorMesh[A_co]:
+    def mesh(self) -> ActorMesh[Actor]:
         """The actors this endpoint calls."""
         return self._mesh
 
@@ -163,7 +170,7 @@ class ActorEndpoint(Generic[A_co]):
         else:
             gate.add_done_callback(lambda _: run_on(rt, go))
 
-    def rref(self, *args: object, **kwargs: object) -> Any:
+    def rref(self, *args: object, **kwargs: object) -> object:
         """Call the endpoint on every actor with DTensor arguments (each actor gets its
         proc's shard) and make what each returns a shard of a new DTensor, without
         waiting (Monarch's ``rref``). The endpoint needs ``@endpoint(propagate=fn)``:
@@ -174,7 +181,7 @@ class ActorEndpoint(Generic[A_co]):
         assert rref_hook is not None
         return rref_hook(self, args, kwargs)
 
-    def call_one(self, *args: object, **kwargs: object) -> Future[Any]:
+    def call_one(self, *args: object, **kwargs: object) -> Future[R_co]:
         """Call the one actor of this mesh; ``ValueError`` if it holds more or fewer."""
         ranks = self._mesh.global_ranks()
         if len(ranks) != 1:
@@ -186,10 +193,10 @@ class ActorEndpoint(Generic[A_co]):
 
     def _call_single(
         self, ranks: list[int], args: tuple[object, ...], kwargs: dict[str, object]
-    ) -> Future[object]:
+    ) -> Future[R_co]:
         enc = self.encode_args(args, kwargs)
         rt, here = runtime_here()
-        fut: Future[object] = Future(loop=rt.loop)
+        fut: Future[R_co] = Future(loop=rt.loop)
         port = rt.open_future_port(fut)
         self._arm(fut, rt, port, ranks)
         self.send_encoded(rt, ranks, port, enc, here=here)
@@ -212,7 +219,7 @@ class ActorEndpoint(Generic[A_co]):
                 ),
             )
 
-    def choose(self, *args: object, **kwargs: object) -> Future[Any]:
+    def choose(self, *args: object, **kwargs: object) -> Future[R_co]:
         """Call one actor of the mesh and return its result.
 
         The actor with the fewest calls from this caller still in flight through
@@ -230,7 +237,7 @@ class ActorEndpoint(Generic[A_co]):
         fut.add_done_callback(lambda _: mesh.chosen_done(rank))
         return fut
 
-    def call(self, *args: object, **kwargs: object) -> Future[ValueMesh[Any]]:
+    def call(self, *args: object, **kwargs: object) -> Future[ValueMesh[R_co]]:
         """Call every actor; the result is a :class:`ValueMesh` of their return values.
 
         Raises (when awaited) the first ``ActorError`` or ``SupervisionError`` that comes
@@ -238,11 +245,11 @@ class ActorEndpoint(Generic[A_co]):
         """
         enc = self.encode_args(args, kwargs)
         rt = current_runtime()
-        fut: Future[ValueMesh[object]] = Future(loop=rt.loop)
+        fut: Future[ValueMesh[R_co]] = Future(loop=rt.loop)
         shape = self._mesh.shape
         ranks = self._mesh.global_ranks()
         index = {g: i for i, g in enumerate(ranks)}
-        values: list[object] = [None] * len(ranks)
+        values: list[R_co | None] = [None] * len(ranks)
         left = [len(ranks)]
         error: list[BaseException] = []
 
@@ -252,12 +259,12 @@ class ActorEndpoint(Generic[A_co]):
                 if not error:
                     error.append(_as_error(value))
             else:
-                values[index[rank]] = value
+                values[index[rank]] = cast("R_co", value)  # the endpoint's result, decoded
             if left[0] == 0 and not fut.done():
                 if error:
                     fut.set_exception(error[0])
-                else:
-                    fut.set_result(ValueMesh(shape, values))
+                else:  # every rank answered: no None is left
+                    fut.set_result(ValueMesh(shape, cast("list[R_co]", values)))
             return left[0] == 0
 
         port = rt.open_port(on_reply)
@@ -288,14 +295,14 @@ class ActorEndpoint(Generic[A_co]):
             if conn is not None and conn.write_paused:
                 await conn.writable()
 
-    def stream(self, *args: object, **kwargs: object) -> _Stream:
+    def stream(self, *args: object, **kwargs: object) -> Stream[R_co]:
         """Call every actor; their results in arrival order. As in Monarch, iterating gives
         futures (``[await f for f in ep.stream()]``, or ``f.get()``); ``async for`` gives
         the values themselves."""
         enc = self.encode_args(args, kwargs)
         rt = current_runtime()
         ranks = self._mesh.global_ranks()
-        s = _Stream(rt, len(ranks))
+        s: Stream[R_co] = Stream(rt, len(ranks))
         self.send_encoded(rt, ranks, s.port_id, enc)
         return s
 
@@ -321,25 +328,26 @@ def _cancel_calls(rt: Runtime, mesh: ActorMesh[Actor], port: int, ranks: list[in
     run_on(rt, go)
 
 
-class Accumulator(Generic[A]):
+class Accumulator(Generic[R, V]):
     """Reduce an endpoint's results over a mesh: ``Accumulator(mesh.value, 0, operator.add)``.
 
     Results are combined on the way up the casting tree (so ``combine`` must be
-    associative), and the caller gets ``combine(identity, reduced)``.
+    associative, and take its own results as well as the endpoint's), and the caller
+    gets ``combine(identity, reduced)``.
     """
 
     def __init__(
-        self, endpoint: ActorEndpoint[A], identity: object, combine: Callable[[Any, Any], Any]
+        self, endpoint: ActorEndpoint[R], identity: V, combine: Callable[[V, R], V]
     ) -> None:
         self._endpoint = endpoint
         self._identity = identity
         self._combine = combine
 
-    def accumulate(self, *args: object, **kwargs: object) -> Future[Any]:
+    def accumulate(self, *args: object, **kwargs: object) -> Future[V]:
         ep = self._endpoint
         enc = ep.encode_args(args, kwargs)
         rt = current_runtime()
-        fut: Future[object] = Future(loop=rt.loop)
+        fut: Future[V] = Future(loop=rt.loop)
         ranks = ep.mesh.global_ranks()
         acc = [self._identity]
         left = [len(ranks)]
@@ -352,8 +360,8 @@ class Accumulator(Generic[A]):
             if status == ERROR:
                 fut.set_exception(_as_error(value))
             else:
-                try:
-                    acc[0] = combine(acc[0], value)
+                try:  # a rank's result, or (through a casting tree) a subtree's reduced one
+                    acc[0] = combine(acc[0], cast("R", value))
                 except Exception as e:
                     fut.set_exception(e)
             if left[0] <= 0 and not fut.done():
@@ -369,26 +377,26 @@ class Accumulator(Generic[A]):
         return fut
 
 
-class _Stream:
+class Stream(Generic[T]):
     """Results of a call in arrival order: ``for f in s`` gives futures (Monarch's way),
     ``async for v in s`` the values."""
 
     def __init__(self, rt: Runtime, n: int) -> None:
         self._n = n
-        self._receiver: PortReceiver[object] = PortReceiver(rt, once=False)
+        self._receiver: PortReceiver[T] = PortReceiver(rt, once=False)
         self.port_id = self._receiver.port_id
 
-    def __aiter__(self) -> AsyncIterator[Any]:
+    def __aiter__(self) -> AsyncIterator[T]:
         return self._aiter()
 
-    async def _aiter(self) -> AsyncIterator[object]:
+    async def _aiter(self) -> AsyncIterator[T]:
         try:
             for _ in range(self._n):
                 yield await self._receiver.recv()
         finally:
             self._receiver.close()
 
-    def __iter__(self) -> Iterator[Future[Any]]:
+    def __iter__(self) -> Iterator[Future[T]]:
         """One future per actor, resolving in arrival order (Monarch's ``stream()``):
         ``[await f for f in ep.stream()]`` in async code, ``f.get()`` in sync code.
         (The port closes when this stream is dropped.)"""
@@ -430,7 +438,7 @@ class NotAnEndpoint:
 
 def as_endpoint(
     not_an_endpoint: object, *, propagate: object = None, explicit_response_port: bool = False
-) -> ActorEndpoint[Actor]:
+) -> ActorEndpoint[object]:
     """Call a plain method of a spawned actor (not an ``@endpoint``) with the adverbs:
     ``as_endpoint(mesh.method).call(...)``, as in Monarch.
 
@@ -454,7 +462,7 @@ def as_endpoint(
 
 
 def send(
-    endpoint: ActorEndpoint[Actor],
+    endpoint: ActorEndpoint[object],
     args: tuple[object, ...],
     kwargs: dict[str, object],
     port: Port[T] | None = None,
@@ -508,7 +516,7 @@ def send(
 
 
 #: set by danaus.tensor_engine when imported (the mesh layer does not import it): gives
-#: a DTensor (a type of the tensor engine's, hence ``Any`` here)
-rref_hook: Callable[[ActorEndpoint[Actor], tuple[object, ...], dict[str, object]], Any] | None = (
-    None
-)
+#: a DTensor (a type of the tensor engine's, hence ``object`` here)
+rref_hook: (
+    Callable[[ActorEndpoint[object], tuple[object, ...], dict[str, object]], object] | None
+) = None

@@ -63,7 +63,7 @@ class _unless_endpoint(Generic[R]):
     def __get__(self, mesh: ActorMesh[A], owner: type | None = None) -> Callable[[], R]: ...
     def __get__(
         self, mesh: ActorMesh[A] | None, owner: type | None = None
-    ) -> _unless_endpoint[R] | Callable[[], R] | ActorEndpoint[A]:
+    ) -> _unless_endpoint[R] | Callable[[], R] | ActorEndpoint[object]:
         if mesh is None:
             return self
         if self.name in endpoints_of(mesh.actor_class):
@@ -304,7 +304,7 @@ class ActorMesh(Shaped, Generic[A_co]):
     def __repr__(self) -> str:
         return f"ActorMesh({self._name}: {self._cls.__name__}, {self._shape.sizes})"
 
-    def __getattr__(self, name: str) -> ActorEndpoint[A_co]:
+    def __getattr__(self, name: str) -> ActorEndpoint[object]:
         if name.startswith("__"):
             raise AttributeError(name)
         if name not in endpoints_of(self._cls):
@@ -484,11 +484,13 @@ def mesh_ref(name: str, cls: type[A], shape: Shape, addrs: dict[int, str]) -> Ac
     return ActorMesh(name, name, cls, shape, addrs, resolved(), None, None)
 
 
-def mesh_stats(mesh: ActorMesh[A]) -> Future[ValueMesh[ActorStats | GoneActorStats]]:
-    """``mesh.stats()``, also where the actor class has an endpoint named ``stats``."""
+def mesh_stats(mesh: ActorMesh[Actor] | Actor) -> Future[ValueMesh[ActorStats | GoneActorStats]]:
+    """``mesh.stats()``, also where the actor class has an endpoint named ``stats``
+    (``mesh``: what ``spawn`` returns, typed as its actor class, or an ``ActorMesh``)."""
     return ActorMesh.__dict__["stats"].fn(mesh)  # type: ignore[no-any-return]
 
 
-def mesh_stacks(mesh: ActorMesh[A]) -> Future[ValueMesh[list[StackEntry]]]:
-    """``mesh.stacks()``, also where the actor class has an endpoint named ``stacks``."""
+def mesh_stacks(mesh: ActorMesh[Actor] | Actor) -> Future[ValueMesh[list[StackEntry]]]:
+    """``mesh.stacks()``, also where the actor class has an endpoint named ``stacks``
+    (``mesh``: what ``spawn`` returns, typed as its actor class, or an ``ActorMesh``)."""
     return ActorMesh.__dict__["stacks"].fn(mesh)  # type: ignore[no-any-return]

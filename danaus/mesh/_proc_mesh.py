@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 from contextlib import AbstractContextManager
 from types import EllipsisType
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 
 from ..actors._api import (
     Actor,
@@ -235,13 +235,23 @@ class ProcMesh(Shaped):
         return [h.pid for h in self._handles()]
 
     # actors
-    def spawn(self, name: str, cls: type[A], *args: object, **kwargs: object) -> ActorMesh[A]:
+    def spawn(self, name: str, cls: type[A], *args: object, **kwargs: object) -> A:
         """Create one ``cls(*args, **kwargs)`` actor in every proc of this mesh.
 
-        Returns at once. Messages sent to the mesh are handled after ``__init__`` ran.
-        ``await mesh.initialized`` (or ``mesh.initialized.get()``) raises ``ActorError``
-        naming the rank if an ``__init__`` raised.
+        Returns at once an :class:`ActorMesh`, typed (as in Monarch) as the actor class
+        itself, so that type checkers check calls of its endpoints against their methods
+        (``mesh.incr.call_one(3)``) and see the mesh's members (``_actor_face``); where
+        the mesh's internals are needed, :meth:`spawn_mesh` gives it as an ``ActorMesh``.
+        Messages sent to the mesh are handled after ``__init__`` ran. ``await
+        mesh.initialized`` (or ``mesh.initialized.get()``) raises ``ActorError`` naming
+        the rank if an ``__init__`` raised.
         """
+        # The one place the lie is told: an ActorMesh[A] stands for its actor class.
+        return cast(A, self.spawn_mesh(name, cls, *args, **kwargs))
+
+    def spawn_mesh(self, name: str, cls: type[A], *args: object, **kwargs: object) -> ActorMesh[A]:
+        """:meth:`spawn`, typed as what it returns: an ``ActorMesh`` (for code that uses
+        the mesh's internal API, or stores meshes of several actor classes)."""
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise TypeError(f"spawn needs a subclass of danaus.Actor, got {cls!r}")
         note_actor_module(cls.__module__)  # procs forked later have it imported already
