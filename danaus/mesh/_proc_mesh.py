@@ -26,9 +26,11 @@ from ..actors._api import (
 )
 from ..actors._api import context_state as _context_module
 from ..errors import ClosedError
-from ._actor_mesh import ActorMesh, _unless_endpoint
+from ._actor_mesh import ActorMesh
+from ._actor_spawn import spawn_actor_mesh
 from ._admin import maybe_start_admin
 from ._forkserver import note_actor_module
+from ._inspect import unless_endpoint
 from ._logs import LogOptions
 from ._proc_group import ProcGroup, live_groups
 from ._proc_handles import Proc, RefProcHandle, SelfProcHandle
@@ -260,7 +262,7 @@ class ProcMesh(Shaped):
         shadowed = sorted(
             n
             for n in endpoints_of(cls)
-            if hasattr(ActorMesh, n) and not isinstance(ActorMesh.__dict__.get(n), _unless_endpoint)
+            if hasattr(ActorMesh, n) and not isinstance(ActorMesh.__dict__.get(n), unless_endpoint)
         )
         if shadowed:  # mesh.stop would be the mesh's, never the endpoint: refuse, as Monarch
             raise ValueError(
@@ -269,7 +271,7 @@ class ProcMesh(Shaped):
             )
         if self._group.stopped:
             raise ClosedError(f"{self!r} was stopped")
-        return ActorMesh.spawn_on(self._group, self._shape, name, cls, args, kwargs)
+        return spawn_actor_mesh(self._group, self._shape, name, cls, args, kwargs)
 
     # lifecycle
     def stop(self, reason: str = "stopped by its owner") -> Future[None]:
