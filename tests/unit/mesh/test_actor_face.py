@@ -16,7 +16,7 @@ from danaus.mesh._actor_face import ActorFace
 mypy_api = pytest.importorskip("mypy.api")
 
 _ACTOR = """
-from danaus import Actor, endpoint
+from danaus import Actor, Port, concurrent_endpoint, endpoint
 
 
 class Counter(Actor):
@@ -39,12 +39,36 @@ class Counter(Actor):
     @endpoint
     async def both(self) -> str:
         return await self.label("x") + str(self.incr(1))
+
+    @endpoint(explicit_response_port=True)
+    def ported(self, port: Port[int], n: int) -> None:
+        port.send(n)
+
+    @concurrent_endpoint
+    async def waits(self, n: int) -> float:
+        return n / 2
+
+    @endpoint(instrument=True)
+    def with_options(self, xs: list[int]) -> int:
+        return sum(xs)
 """
 
 _GOOD = """
 from typing import assert_type
 
-from danaus import Future, ValueMesh, get_or_spawn_controller, this_host, this_proc
+import operator
+
+from danaus import (
+    Accumulator,
+    Channel,
+    Future,
+    ValueMesh,
+    get_or_spawn_controller,
+    mesh_stats,
+    send,
+    this_host,
+    this_proc,
+)
 
 from counter import Counter
 
@@ -59,6 +83,9 @@ async def main() -> None:
     assert_type(await mesh.incr.call(1), ValueMesh[int])
     assert_type(mesh.incr.call(1), Future[ValueMesh[int]])
     assert_type(await mesh.label.choose("p", upper=True), str)
+    assert_type(await one.ported.call_one(2), int)
+    assert_type(await one.waits.call_one(2), float)
+    assert_type(await mesh.with_options.call([1, 2]), ValueMesh[int])
     mesh.incr.broadcast(2)
     await mesh.incr.post(2)
     for f in mesh.incr.stream(1):
@@ -72,6 +99,11 @@ async def main() -> None:
     await mesh.initialized
     await mesh.stats()
     await mesh.stacks()
+    await mesh_stats(mesh)
+    total = Accumulator(mesh.incr, 0, operator.add)
+    assert_type(await total.accumulate(1), int)
+    port, receiver = Channel[int].open()
+    send(mesh.incr, (1,), {}, port=port)
     await mesh.stop()
     ctrl = await get_or_spawn_controller("ctrl", Counter, 1)
     assert_type(await ctrl.incr.call_one(1), int)
@@ -96,6 +128,9 @@ async def main() -> None:
     await mesh.label.choose("p", loud=True)  # E: Unexpected keyword argument "loud"
     s: str = await mesh.incr.call_one(1)  # E: Incompatible types in assignment
     mesh.nothing.call_one()  # E: has no attribute "nothing"
+    await mesh.ported.call_one("x")  # E: incompatible type "str"; expected "int"
+    await mesh.waits.call_one()  # E: Missing positional argument "n"
+    mesh.with_options.broadcast([None])  # E: List item 0 has incompatible type "None"
 """
 
 
