@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 __all__ = ["ActorEndpoint", "Encoded", "Stream", "as_error"]
 
 #: an endpoint's result (what its method returns, awaited)
-R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 T = TypeVar("T")
 
