@@ -6,13 +6,32 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import (
+    TYPE_CHECKING,
+    Concatenate,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    Self,
+    TypeAlias,
+    TypeVar,
+    cast,
+    overload,
+)
 
 import msgspec
 
 if TYPE_CHECKING:
-    pass
+    # What type checkers see of an actor class: ``spawn`` returns the class's type, so
+    # an actor statically carries the actor mesh's members and its endpoints' adverbs
+    # (``danaus.mesh._actor_face``); at run time an ``Actor`` is a plain object.
+    from ..mesh._actor_face import ActorFace as _ActorBase
+    from ..mesh._actor_face import TypedEndpoint
+    from ._port import Port
+else:
+    _ActorBase = object
 
 __all__ = ["Actor", "Endpoint", "concurrent_endpoint", "endpoint"]
 
@@ -23,13 +42,20 @@ log = logging.getLogger("danaus.actor")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+#: the ``self`` of an endpoint's method
+S = TypeVar("S")
+
+#: what an ``async def`` returns when called
+Coro = Coroutine[object, object, R]
 
 
-class Endpoint(Generic[P, R]):
+class Endpoint(Generic[P, R_co]):
     """A method of an :class:`Actor` that other actors and the controller may call.
 
     On an actor instance the attribute is the plain bound method; on an actor mesh it
-    is an endpoint reference with ``call``, ``call_one``, ``broadcast``, ...
+    is an endpoint reference with ``call``, ``call_one``, ``broadcast``, ... (type
+    checkers see both on the instance: see ``danaus.mesh._actor_face``).
 
     Attributes:
         is_async: an ``async def`` (runs on the proc's event loop); a plain ``def`` runs
@@ -42,14 +68,16 @@ class Endpoint(Generic[P, R]):
 
     def __init__(
         self,
-        fn: Callable[Concatenate[Any, P], R] | Callable[Concatenate[Any, P], Awaitable[R]],
+        fn: Callable[Concatenate[S, P], R_co] | Callable[Concatenate[S, P], Awaitable[R_co]],
         *,
-        propagate: Any = None,
+        propagate: object = None,
         explicit_response_port: bool = False,
         instrument: bool = False,
         concurrent: bool = False,
     ) -> None:
-        self.fn = fn
+        # The method's own signature lives on in ``P`` and ``R``; the runtime calls it
+        # with decoded values, so it keeps the function as a ``Method``.
+        self.fn = cast(Method, fn)
         self.name: str = fn.__name__
         self.is_async = inspect.iscoroutinefunction(fn)
         self.propagate = propagate
@@ -67,10 +95,10 @@ class Endpoint(Generic[P, R]):
         self.name = name
 
     @overload
-    def __get__(self, obj: None, owner: type) -> Endpoint[P, R]: ...
+    def __get__(self, obj: None, owner: type) -> Self: ...
     @overload
-    def __get__(self, obj: object, owner: type) -> Callable[P, Any]: ...
-    def __get__(self, obj: object | None, owner: type) -> Any:
+    def __get__(self, obj: object, owner: type) -> Callable[P, object]: ...
+    def __get__(self, obj: object | None, owner: type) -> Self | Callable[P, object]:
         if obj is None:
             return self
         return self.fn.__get__(obj, owner)
@@ -80,25 +108,70 @@ class Endpoint(Generic[P, R]):
         return f"<{kind} {self.name}>"
 
 
+#: An endpoint whatever its signature, as an actor class's table holds it. Nothing that
+#: reads a table calls through ``P`` (the runtime calls ``fn`` with the caller's values),
+#: so an empty ``P`` stands in for "any", which mypy would spell ``...``: an explicit Any.
+SomeEndpoint: TypeAlias = "Endpoint[[], object]"
+
+
+class Method(Protocol):
+    """An endpoint's function as the runtime sees it: called with the actor and the
+    caller's values, which only the call itself checks."""
+
+    def __call__(self, *args: object, **kwargs: object) -> object: ...
+    def __get__(self, obj: object, owner: type | None = None, /) -> Method: ...
+
+
+class _Decorator(Protocol):
+    """What ``@endpoint(...)`` (options, no port) returns."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[Concatenate[S, P], Coro[R]], /
+    ) -> TypedEndpoint[P, R, Coro[R]]: ...
+    @overload
+    def __call__(self, fn: Callable[Concatenate[S, P], R], /) -> TypedEndpoint[P, R, R]: ...
+
+
+class _PortDecorator(Protocol):
+    """What ``@endpoint(explicit_response_port=True)`` returns: the method's first
+    argument, a ``Port[R]``, is the caller's, not an argument of the adverbs."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[Concatenate[S, Port[R], P], Coro[None]], /
+    ) -> TypedEndpoint[P, R, Coro[None]]: ...
+    @overload
+    def __call__(
+        self, fn: Callable[Concatenate[S, Port[R], P], None], /
+    ) -> TypedEndpoint[P, R, None]: ...
+
+
 @overload
-def endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]]) -> Endpoint[P, R]: ...
+def endpoint(fn: Callable[Concatenate[S, P], Coro[R]], /) -> TypedEndpoint[P, R, Coro[R]]: ...
 @overload
-def endpoint(fn: Callable[Concatenate[Any, P], R]) -> Endpoint[P, R]: ...
+def endpoint(fn: Callable[Concatenate[S, P], R], /) -> TypedEndpoint[P, R, R]: ...
 @overload
 def endpoint(
-    fn: None = None,
     *,
-    propagate: Any = None,
-    explicit_response_port: bool = False,
+    propagate: object = None,
+    explicit_response_port: Literal[False] = False,
     instrument: bool = False,
-) -> Callable[[Callable[..., Any]], Endpoint[..., Any]]: ...
+) -> _Decorator: ...
+@overload
 def endpoint(
-    fn: Any = None,
     *,
-    propagate: Any = None,
+    propagate: object = None,
+    explicit_response_port: Literal[True],
+    instrument: bool = False,
+) -> _PortDecorator: ...
+def endpoint(
+    fn: Callable[Concatenate[S, P], object] | None = None,
+    *,
+    propagate: object = None,
     explicit_response_port: bool = False,
     instrument: bool = False,
-) -> Any:
+) -> object:  # the overloads say what
     """Mark an actor method (sync or ``async def``) as callable from other processes.
 
     Usable bare (``@endpoint``) or called (``@endpoint(explicit_response_port=True)``).
@@ -115,12 +188,12 @@ def endpoint(
     """
     if fn is None:
         return functools.partial(
-            endpoint,
+            _make_endpoint,
             propagate=propagate,
             explicit_response_port=explicit_response_port,
             instrument=instrument,
         )
-    return Endpoint(
+    return _make_endpoint(
         fn,
         propagate=propagate,
         explicit_response_port=explicit_response_port,
@@ -128,13 +201,48 @@ def endpoint(
     )
 
 
-def concurrent_endpoint(
-    fn: Any = None,
+def _make_endpoint(
+    fn: Callable[Concatenate[S, P], object],
     *,
-    propagate: Any = None,
+    propagate: object,
+    explicit_response_port: bool,
+    instrument: bool,
+    concurrent: bool = False,
+) -> Endpoint[P, object]:
+    return Endpoint(
+        fn,
+        propagate=propagate,
+        explicit_response_port=explicit_response_port,
+        instrument=instrument,
+        concurrent=concurrent,
+    )
+
+
+@overload
+def concurrent_endpoint(
+    fn: Callable[Concatenate[S, P], Coro[R]], /
+) -> TypedEndpoint[P, R, Coro[R]]: ...
+@overload
+def concurrent_endpoint(
+    *,
+    propagate: object = None,
+    explicit_response_port: Literal[False] = False,
+    instrument: bool = False,
+) -> _Decorator: ...
+@overload
+def concurrent_endpoint(
+    *,
+    propagate: object = None,
+    explicit_response_port: Literal[True],
+    instrument: bool = False,
+) -> _PortDecorator: ...
+def concurrent_endpoint(
+    fn: Callable[Concatenate[S, P], object] | None = None,
+    *,
+    propagate: object = None,
     explicit_response_port: bool = False,
     instrument: bool = False,
-) -> Any:
+) -> object:  # the overloads say what
     """An async endpoint that does not hold the actor's mailbox while it awaits.
 
     It starts in arrival order like any message, but the next message starts as soon as
@@ -158,7 +266,7 @@ def concurrent_endpoint(
             "concurrent_endpoint does not wrap @endpoint; pass the endpoint "
             "options to @concurrent_endpoint itself"
         )
-    return Endpoint(
+    return _make_endpoint(
         fn,
         propagate=propagate,
         explicit_response_port=explicit_response_port,
@@ -167,7 +275,7 @@ def concurrent_endpoint(
     )
 
 
-class Actor:
+class Actor(_ActorBase):
     """Base class of actors. Subclass it and mark methods with :func:`endpoint`.
 
     ``__init__(*args, **kwargs)`` runs in the actor's proc when the mesh is spawned,
@@ -175,7 +283,7 @@ class Actor:
     arrival order; messages from one sender arrive in the order sent.
     """
 
-    __endpoints__: dict[str, Endpoint[..., Any]] = {}
+    __endpoints__: dict[str, SomeEndpoint] = {}
 
     @functools.cached_property
     def logger(self) -> logging.Logger:
@@ -185,9 +293,9 @@ class Actor:
         lgr.setLevel(logging.DEBUG)
         return lgr
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        eps: dict[str, Endpoint[..., Any]] = {}
+        eps: dict[str, SomeEndpoint] = {}
         for klass in reversed(cls.__mro__):
             for name, value in vars(klass).items():
                 if isinstance(value, Endpoint):
@@ -202,8 +310,8 @@ class Actor:
 AS_ENDPOINT = "\x00as:"
 
 
-def endpoints_of(cls: type) -> dict[str, Endpoint[..., Any]]:
-    eps: dict[str, Endpoint[..., Any]] = getattr(cls, "__endpoints__", {})
+def endpoints_of(cls: type) -> dict[str, SomeEndpoint]:
+    eps: dict[str, SomeEndpoint] = getattr(cls, "__endpoints__", {})
     return eps
 
 

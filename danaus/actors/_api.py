@@ -12,6 +12,7 @@ from . import _context as context_state
 from ._actor import (
     AS_ENDPOINT,
     Actor,
+    Endpoint,
     concurrent_endpoint,
     describe_endpoints,
     endpoint,
@@ -136,6 +137,7 @@ __all__ = [
     "DebugInput",
     "DebugOpen",
     "DebugOutput",
+    "Endpoint",
     "ErrorInfo",
     "Extent",
     "Failure",

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._point import Point, point_in_region
 from ._wire import Region
 
 if TYPE_CHECKING:
+    from ..mesh._proc_mesh import ProcMesh
+    from ._actor import Actor
     from ._instance import ActorInstance
 
 __all__ = [
@@ -39,7 +42,7 @@ class ActorContext:
     name: str
     rank: Point
     proc_addr: str
-    instance: Any = field(repr=False, default=None)
+    instance: Actor | None = field(repr=False, default=None)
     #: the ActorInstance (runtime side): owner of the meshes spawned in its endpoints
     runtime_actor: ActorInstance | None = field(repr=False, default=None, compare=False)
     #: the proc mesh it was spawned on: its name and its procs' addresses, by rank
@@ -52,7 +55,7 @@ class ActorContext:
         return self.actor_id.rpartition(".")[0] or self.proc_addr
 
     @property
-    def proc(self) -> Any:
+    def proc(self) -> ProcMesh:
         """The proc this actor lives in, as a proc mesh of one (Monarch's
         ``actor_instance.proc``): ``proc.spawn(...)`` puts actors next to this one. Only
         from code running in this actor's proc."""
@@ -61,7 +64,7 @@ class ActorContext:
         return proc_of_actor(self)
 
     @property
-    def proc_mesh(self) -> Any:
+    def proc_mesh(self) -> ProcMesh:
         """The proc mesh this actor was spawned on (Monarch's ``actor_instance.proc_mesh``),
         as a reference: ``proc_mesh.spawn(...)`` puts actors on every one of its procs,
         owned by the current actor; its ``stop()`` stops those actors, never the procs
@@ -116,9 +119,9 @@ class Context:
 #: True in a proc (a process a spawner started), False in a controller
 in_proc = False
 #: set by danaus.mesh: the proc mesh of one of an actor's own proc
-proc_of_actor: Any = None
+proc_of_actor: Callable[[ActorContext], ProcMesh] | None = None
 #: set by the mesh layer: ``actor_instance.proc_mesh``
-proc_mesh_of_actor: Any = None
+proc_mesh_of_actor: Callable[[ActorContext], ProcMesh] | None = None
 
 _CONTROLLER_POINT = Point({}, {})
 _CONTROLLER = Context(None)

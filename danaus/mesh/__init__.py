@@ -1,8 +1,8 @@
 """Meshes: hosts, procs and actors laid out as named multi-dimensional meshes."""
 
 from ..actors._api import Cast, Failure, Gathered, Stuck, on_every_heartbeat, register_handlers
-from ._actor_endpoint import Accumulator, ActorEndpoint, as_endpoint, send
-from ._actor_mesh import ActorMesh, mesh_stacks, mesh_stats
+from ._actor_endpoint import ActorEndpoint
+from ._actor_mesh import ActorMesh
 from ._admin import AdminClient, AdminError, AdminServer, serve_admin
 from ._bootstrap_cmd import BootstrapCommand, default_bootstrap_cmd
 from ._cast import handle_cast, handle_gathered
@@ -10,8 +10,10 @@ from ._controllers import get_or_spawn_controller
 from ._debug import debug_sessions
 from ._debug_relay import HANDLERS as _DEBUG_HANDLERS
 from ._debug_relay import sweep as _debug_sweep
+from ._endpoint_ops import Accumulator, as_endpoint, send
 from ._host_agent import run_worker_loop_forever
 from ._host_mesh import HostMesh, attach_to_hosts, attach_to_workers, hosts_from_config, this_host
+from ._inspect import mesh_stacks, mesh_stats
 from ._metrics import MetricsServer, serve_metrics
 from ._proc_group import handle_failure
 from ._proc_mesh import ProcMesh, shutdown_context, this_proc

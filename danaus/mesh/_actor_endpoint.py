@@ -1,66 +1,68 @@
 """``ActorEndpoint``: one endpoint of every actor in a mesh, with Monarch's adverbs
-(``call``, ``call_one``, ``choose``, ``stream``, ``broadcast``, ``post``, ``rref``);
-``Accumulator``, ``send`` and ``as_endpoint`` over them."""
+(``call``, ``call_one``, ``choose``, ``stream``, ``broadcast``, ``post``, ``rref``): how a
+call's arguments are encoded and sent to the actors (one by one, or down a casting tree
+for wide meshes), how their replies are gathered into a future, a ``ValueMesh`` or a
+``Stream``, and how cancelling a future cancels its calls. What is built on endpoints
+(``Accumulator``, ``send``, ``as_endpoint``) is in ``_endpoint_ops``."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar, cast
 
 import msgspec
 
 from ..actors._api import (
-    AS_ENDPOINT,
     CAST_GATHER,
     CAST_NONE,
-    CAST_REDUCE,
     ERROR,
     Actor,
     Cancel,
     Future,
-    Port,
     PortReceiver,
     Runtime,
     current_runtime,
-    dumps,
     dumps_args,
-    forward,
     run_on,
     runtime_here,
     waiting_actor,
 )
 from ..config import config
-from ..errors import EndpointNotFoundError, SupervisionError
+from ..errors import SupervisionError
 from ._cast import Part, send_cast
 from ._value_mesh import ValueMesh
 
 if TYPE_CHECKING:
     from ._actor_mesh import ActorMesh
 
-__all__ = ["Accumulator", "ActorEndpoint", "NotAnEndpoint", "as_endpoint", "send"]
+__all__ = ["ActorEndpoint", "Encoded", "Stream", "as_error"]
 
-A = TypeVar("A", bound=Actor)
-A_co = TypeVar("A_co", bound=Actor, covariant=True)
+#: an endpoint's result (what its method returns, awaited)
+R_co = TypeVar("R_co", covariant=True)
 T = TypeVar("T")
 
 #: a call's arguments, encoded: (header value, pickled?, out-of-band parts)
 Encoded: TypeAlias = tuple[msgspec.Raw, bool, list[Part]]
 
-# The adverbs' results are the user's endpoint's return values, which an ``ActorEndpoint``
-# (one per attribute name, from ``ActorMesh.__getattr__``) cannot know: they stay ``Any``
-# so that typed user code keeps using them as before. Arguments are ``object``.
 
+class ActorEndpoint(Generic[R_co]):
+    """An endpoint of every actor in a mesh, with Monarch's adverbs; ``R`` is what it
+    returns.
 
-class ActorEndpoint(Generic[A_co]):
-    """An endpoint of every actor in a mesh, with Monarch's adverbs."""
+    Where the mesh is typed as its actor class (what ``spawn`` returns), type checkers
+    see its endpoints as ``BoundEndpoint`` (``_actor_face``): this class with the
+    arguments checked against the method's and ``R`` its result. An
+    ``ActorMesh[Foo]``'s endpoints, found by name at run time, are
+    ``ActorEndpoint[object]``.
+    """
 
-    def __init__(self, mesh: ActorMesh[A_co], name: str) -> None:
+    def __init__(self, mesh: ActorMesh[Actor], name: str) -> None:
         self._mesh = mesh
         self._name = name
 
     @property
-    def mesh(self) -> ActorMesh[A_co]:
+    def mesh(self) -> ActorMesh[Actor]:
         """The actors this endpoint calls."""
         return self._mesh
 
@@ -163,7 +165,7 @@ class ActorEndpoint(Generic[A_co]):
         else:
             gate.add_done_callback(lambda _: run_on(rt, go))
 
-    def rref(self, *args: object, **kwargs: object) -> Any:
+    def rref(self, *args: object, **kwargs: object) -> object:
         """Call the endpoint on every actor with DTensor arguments (each actor gets its
         proc's shard) and make what each returns a shard of a new DTensor, without
         waiting (Monarch's ``rref``). The endpoint needs ``@endpoint(propagate=fn)``:
@@ -174,7 +176,7 @@ class ActorEndpoint(Generic[A_co]):
         assert rref_hook is not None
         return rref_hook(self, args, kwargs)
 
-    def call_one(self, *args: object, **kwargs: object) -> Future[Any]:
+    def call_one(self, *args: object, **kwargs: object) -> Future[R_co]:
         """Call the one actor of this mesh; ``ValueError`` if it holds more or fewer."""
         ranks = self._mesh.global_ranks()
         if len(ranks) != 1:
@@ -186,10 +188,10 @@ class ActorEndpoint(Generic[A_co]):
 
     def _call_single(
         self, ranks: list[int], args: tuple[object, ...], kwargs: dict[str, object]
-    ) -> Future[object]:
+    ) -> Future[R_co]:
         enc = self.encode_args(args, kwargs)
         rt, here = runtime_here()
-        fut: Future[object] = Future(loop=rt.loop)
+        fut: Future[R_co] = Future(loop=rt.loop)
         port = rt.open_future_port(fut)
         self._arm(fut, rt, port, ranks)
         self.send_encoded(rt, ranks, port, enc, here=here)
@@ -212,7 +214,7 @@ class ActorEndpoint(Generic[A_co]):
                 ),
             )
 
-    def choose(self, *args: object, **kwargs: object) -> Future[Any]:
+    def choose(self, *args: object, **kwargs: object) -> Future[R_co]:
         """Call one actor of the mesh and return its result.
 
         The actor with the fewest calls from this caller still in flight through
@@ -230,7 +232,7 @@ class ActorEndpoint(Generic[A_co]):
         fut.add_done_callback(lambda _: mesh.chosen_done(rank))
         return fut
 
-    def call(self, *args: object, **kwargs: object) -> Future[ValueMesh[Any]]:
+    def call(self, *args: object, **kwargs: object) -> Future[ValueMesh[R_co]]:
         """Call every actor; the result is a :class:`ValueMesh` of their return values.
 
         Raises (when awaited) the first ``ActorError`` or ``SupervisionError`` that comes
@@ -238,11 +240,11 @@ class ActorEndpoint(Generic[A_co]):
         """
         enc = self.encode_args(args, kwargs)
         rt = current_runtime()
-        fut: Future[ValueMesh[object]] = Future(loop=rt.loop)
+        fut: Future[ValueMesh[R_co]] = Future(loop=rt.loop)
         shape = self._mesh.shape
         ranks = self._mesh.global_ranks()
         index = {g: i for i, g in enumerate(ranks)}
-        values: list[object] = [None] * len(ranks)
+        values: list[R_co | None] = [None] * len(ranks)
         left = [len(ranks)]
         error: list[BaseException] = []
 
@@ -250,14 +252,14 @@ class ActorEndpoint(Generic[A_co]):
             left[0] -= 1
             if status == ERROR:
                 if not error:
-                    error.append(_as_error(value))
+                    error.append(as_error(value))
             else:
-                values[index[rank]] = value
+                values[index[rank]] = cast("R_co", value)  # the endpoint's result, decoded
             if left[0] == 0 and not fut.done():
                 if error:
                     fut.set_exception(error[0])
-                else:
-                    fut.set_result(ValueMesh(shape, values))
+                else:  # every rank answered: no None is left
+                    fut.set_result(ValueMesh(shape, cast("list[R_co]", values)))
             return left[0] == 0
 
         port = rt.open_port(on_reply)
@@ -288,19 +290,19 @@ class ActorEndpoint(Generic[A_co]):
             if conn is not None and conn.write_paused:
                 await conn.writable()
 
-    def stream(self, *args: object, **kwargs: object) -> _Stream:
+    def stream(self, *args: object, **kwargs: object) -> Stream[R_co]:
         """Call every actor; their results in arrival order. As in Monarch, iterating gives
         futures (``[await f for f in ep.stream()]``, or ``f.get()``); ``async for`` gives
         the values themselves."""
         enc = self.encode_args(args, kwargs)
         rt = current_runtime()
         ranks = self._mesh.global_ranks()
-        s = _Stream(rt, len(ranks))
+        s: Stream[R_co] = Stream(rt, len(ranks))
         self.send_encoded(rt, ranks, s.port_id, enc)
         return s
 
 
-def _as_error(value: object) -> BaseException:
+def as_error(value: object) -> BaseException:
     """What a port got with status ``ERROR``: always an exception."""
     return value if isinstance(value, BaseException) else SupervisionError(str(value))
 
@@ -321,74 +323,26 @@ def _cancel_calls(rt: Runtime, mesh: ActorMesh[Actor], port: int, ranks: list[in
     run_on(rt, go)
 
 
-class Accumulator(Generic[A]):
-    """Reduce an endpoint's results over a mesh: ``Accumulator(mesh.value, 0, operator.add)``.
-
-    Results are combined on the way up the casting tree (so ``combine`` must be
-    associative), and the caller gets ``combine(identity, reduced)``.
-    """
-
-    def __init__(
-        self, endpoint: ActorEndpoint[A], identity: object, combine: Callable[[Any, Any], Any]
-    ) -> None:
-        self._endpoint = endpoint
-        self._identity = identity
-        self._combine = combine
-
-    def accumulate(self, *args: object, **kwargs: object) -> Future[Any]:
-        ep = self._endpoint
-        enc = ep.encode_args(args, kwargs)
-        rt = current_runtime()
-        fut: Future[object] = Future(loop=rt.loop)
-        ranks = ep.mesh.global_ranks()
-        acc = [self._identity]
-        left = [len(ranks)]
-        combine = self._combine
-
-        def on_reply(rank: int, status: int, value: object) -> bool:
-            left[0] -= 1
-            if fut.done():
-                return left[0] <= 0
-            if status == ERROR:
-                fut.set_exception(_as_error(value))
-            else:
-                try:
-                    acc[0] = combine(acc[0], value)
-                except Exception as e:
-                    fut.set_exception(e)
-            if left[0] <= 0 and not fut.done():
-                fut.set_result(acc[0])
-            return left[0] <= 0
-
-        reducer = dumps((self._identity, combine), lambda: "the accumulator's combine function")
-        port = rt.open_port(on_reply)
-        if config.cast_fanout and len(ranks) > config.cast_fanout:
-            # Each top-level subtree answers once, with its reduced value.
-            left[0] = min(config.cast_fanout, len(ranks))
-        ep.send_encoded(rt, ranks, port, enc, CAST_REDUCE, (reducer[0], reducer[1]))
-        return fut
-
-
-class _Stream:
+class Stream(Generic[T]):
     """Results of a call in arrival order: ``for f in s`` gives futures (Monarch's way),
     ``async for v in s`` the values."""
 
     def __init__(self, rt: Runtime, n: int) -> None:
         self._n = n
-        self._receiver: PortReceiver[object] = PortReceiver(rt, once=False)
+        self._receiver: PortReceiver[T] = PortReceiver(rt, once=False)
         self.port_id = self._receiver.port_id
 
-    def __aiter__(self) -> AsyncIterator[Any]:
+    def __aiter__(self) -> AsyncIterator[T]:
         return self._aiter()
 
-    async def _aiter(self) -> AsyncIterator[object]:
+    async def _aiter(self) -> AsyncIterator[T]:
         try:
             for _ in range(self._n):
                 yield await self._receiver.recv()
         finally:
             self._receiver.close()
 
-    def __iter__(self) -> Iterator[Future[Any]]:
+    def __iter__(self) -> Iterator[Future[T]]:
         """One future per actor, resolving in arrival order (Monarch's ``stream()``):
         ``[await f for f in ep.stream()]`` in async code, ``f.get()`` in sync code.
         (The port closes when this stream is dropped.)"""
@@ -398,117 +352,8 @@ class _Stream:
         yield from futures
 
 
-class NotAnEndpoint:
-    """``mesh.method`` for a plain method (not an ``@endpoint``) of the actor class: not
-    callable as is; ``as_endpoint(mesh.method)`` makes an endpoint of it, as in Monarch."""
-
-    def __init__(self, mesh: ActorMesh[Actor], name: str) -> None:
-        self._mesh = mesh
-        self._name = name
-
-    @property
-    def mesh(self) -> ActorMesh[Actor]:
-        """The actors whose plain method this is."""
-        return self._mesh
-
-    @property
-    def name(self) -> str:
-        """The method's name."""
-        return self._name
-
-    def __repr__(self) -> str:
-        return f"<plain method {self._mesh.actor_class.__name__}.{self._name} of {self._mesh!r}>"
-
-    def __getattr__(self, adverb: str) -> NoReturn:
-        if adverb.startswith("__"):
-            raise AttributeError(adverb)
-        raise EndpointNotFoundError(
-            f"{self._mesh.actor_class.__name__}.{self._name} is a plain method, not an @endpoint: "
-            f"mark it @endpoint, or call it through as_endpoint(mesh.{self._name}).{adverb}(...)"
-        )
-
-
-def as_endpoint(
-    not_an_endpoint: object, *, propagate: object = None, explicit_response_port: bool = False
-) -> ActorEndpoint[Actor]:
-    """Call a plain method of a spawned actor (not an ``@endpoint``) with the adverbs:
-    ``as_endpoint(mesh.method).call(...)``, as in Monarch.
-
-    Args:
-        not_an_endpoint: ``mesh.method`` for a plain method of the actor class.
-        propagate: accepted for Monarch compatibility.
-        explicit_response_port: the method gets the caller's reply port as its first
-            argument and answers through it (see ``endpoint``).
-
-    Raises:
-        ValueError: ``not_an_endpoint`` is not a plain method of an actor mesh.
-    """
-    del propagate
-    if not isinstance(not_an_endpoint, NotAnEndpoint):
-        raise ValueError(
-            f"as_endpoint expects a plain method of an actor mesh (mesh.method), got "
-            f"{not_an_endpoint!r}"
-        )
-    kind = "port" if explicit_response_port else "call"
-    return ActorEndpoint(not_an_endpoint.mesh, f"{AS_ENDPOINT}{kind}:{not_an_endpoint.name}")
-
-
-def send(
-    endpoint: ActorEndpoint[Actor],
-    args: tuple[object, ...],
-    kwargs: dict[str, object],
-    port: Port[T] | None = None,
-    selection: str = "all",
-) -> None:
-    """Send a call without waiting for it, as Monarch's ``send``.
-
-    Args:
-        endpoint: ``mesh.method`` (or a slice's).
-        args: positional arguments.
-        kwargs: keyword arguments.
-        port: where each actor's result (or error) goes; a receiver from
-            ``Channel.open_ranked()`` gets ``(rank, value)`` pairs, ``rank`` being the
-            actor's place in the mesh called. ``None``: results are dropped (an endpoint
-            that raises then fails its actor, as with ``broadcast``).
-        selection: ``"all"`` (every actor) or ``"choose"`` (one of them).
-
-    Raises:
-        ValueError: ``selection`` is neither ``"all"`` nor ``"choose"``.
-    """
-    if selection not in ("all", "choose"):
-        raise ValueError(f"send(selection=...) takes 'all' or 'choose', not {selection!r}")
-    if not isinstance(endpoint, ActorEndpoint):
-        raise TypeError(
-            f"send() takes an endpoint of an actor mesh (mesh.method), got {endpoint!r}"
-        )
-    if port is None:
-        if selection == "all":
-            endpoint.broadcast(*args, **kwargs)
-        else:
-            endpoint.choose(*args, **kwargs)  # its result is dropped
-        return
-    enc = endpoint.encode_args(args, kwargs)
-    rt = current_runtime()
-    mesh = endpoint.mesh
-    ranks = mesh.global_ranks()
-    if selection == "choose":
-        i = mesh.next_turn(len(ranks))
-        ranks = [ranks[i]]
-        index = {ranks[0]: i}
-    else:
-        index = {g: i for i, g in enumerate(ranks)}
-    left = [len(ranks)]
-
-    def on_reply(rank: int, status: int, value: object) -> bool:
-        left[0] -= 1
-        forward(rt, port, index.get(rank, -1), status, value)
-        return left[0] == 0
-
-    endpoint.send_encoded(rt, ranks, rt.open_port(on_reply), enc)
-
-
 #: set by danaus.tensor_engine when imported (the mesh layer does not import it): gives
-#: a DTensor (a type of the tensor engine's, hence ``Any`` here)
-rref_hook: Callable[[ActorEndpoint[Actor], tuple[object, ...], dict[str, object]], Any] | None = (
-    None
-)
+#: a DTensor (a type of the tensor engine's, hence ``object`` here)
+rref_hook: (
+    Callable[[ActorEndpoint[object], tuple[object, ...], dict[str, object]], object] | None
+) = None

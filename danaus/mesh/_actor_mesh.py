@@ -1,74 +1,48 @@
-"""``ActorMesh``: one actor per proc of a mesh: spawning, references, slices and stopping
-(its endpoints and their adverbs: ``_actor_endpoint``)."""
+"""``ActorMesh``: one actor per proc of a mesh, as a reference that can be passed on: the
+internal API its endpoints use (wire name, addresses, the gate calls wait behind, the
+slice a call names), its slices, its pickling, ``initialized``, ``stop`` and the choice of
+rank behind ``choose``. Spawning it is in ``_actor_spawn``, its endpoints and their
+adverbs in ``_actor_endpoint``, ``stats`` and ``stacks`` in ``_inspect``; type checkers'
+view of it (the actor class) in ``_actor_face``."""
 
 from __future__ import annotations
 
-import functools
 import inspect
-import itertools
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from concurrent.futures import Future as ThreadFuture
-from typing import Generic, TypeVar, overload
+from typing import Generic, TypeVar
 
 from ..actors._api import (
     ERROR,
-    JOB_ID,
     Actor,
     Future,
     Region,
     Runtime,
-    Spawn,
     StopActor,
     current_runtime,
     describe_endpoints,
-    dumps,
     endpoints_of,
     run_on,
-    run_task,
 )
 from ..config import config
-from ..errors import ActorError, EndpointNotFoundError, SerializationError, SupervisionError
-from ._actor_endpoint import ActorEndpoint, NotAnEndpoint
+from ..errors import EndpointNotFoundError, SerializationError
+from ._actor_endpoint import ActorEndpoint
+from ._endpoint_ops import NotAnEndpoint
+from ._inspect import mesh_stacks, mesh_stats, unless_endpoint
 from ._proc_group import ProcGroup, remove_actor_mesh
 from ._records import ActorStats, GoneActorStats, StackEntry
 from ._shape import Shape
 from ._shaped import Shaped
-from ._supervision import MeshState, current_owner, resolved
+from ._supervision import MeshState, resolved
 from ._value_mesh import ValueMesh
 
-__all__ = ["ActorMesh", "mesh_ref", "mesh_stacks", "mesh_stats"]
+__all__ = ["ActorMesh", "mesh_ref"]
 
 A = TypeVar("A", bound=Actor)
 #: a mesh of ``Foo`` actors is a mesh of actors: ``ActorMesh[Foo]`` is an ``ActorMesh[Actor]``
 A_co = TypeVar("A_co", bound=Actor, covariant=True)
-R = TypeVar("R")
-_spawn_ids = itertools.count()
 _choose_lock = threading.Lock()
-
-
-class _unless_endpoint(Generic[R]):
-    """An ``ActorMesh`` method whose name an actor class may also give an endpoint (e.g.
-    ``stats``): where it does, ``mesh.stats`` is that endpoint, as without the method
-    (reach the method as ``danaus.mesh_stats(mesh)`` then; type checkers see the method)."""
-
-    def __init__(self, fn: Callable[[ActorMesh[Actor]], R]) -> None:
-        self.fn = fn
-        self.name = fn.__name__
-        self.__doc__ = fn.__doc__
-
-    @overload
-    def __get__(self, mesh: None, owner: type | None = None) -> _unless_endpoint[R]: ...
-    @overload
-    def __get__(self, mesh: ActorMesh[A], owner: type | None = None) -> Callable[[], R]: ...
-    def __get__(
-        self, mesh: ActorMesh[A] | None, owner: type | None = None
-    ) -> _unless_endpoint[R] | Callable[[], R] | ActorEndpoint[A]:
-        if mesh is None:
-            return self
-        if self.name in endpoints_of(mesh.actor_class):
-            return ActorEndpoint(mesh, self.name)
-        return functools.partial(self.fn, mesh)
 
 
 class ActorMesh(Shaped, Generic[A_co]):
@@ -200,71 +174,6 @@ class ActorMesh(Shaped, Generic[A_co]):
             self._known[rank] = addr
         return addr
 
-    @classmethod
-    def spawn_on(
-        cls,
-        group: ProcGroup,
-        shape: Shape,
-        name: str,
-        actor_cls: type[A],
-        args: tuple[object, ...],
-        kwargs: dict[str, object],
-    ) -> ActorMesh[A]:
-        """One ``actor_cls`` actor in each proc of ``group`` that ``shape`` (the whole
-        group's, or a slice's) selects."""
-        raw, pickled, parts = dumps(
-            (actor_cls, args, kwargs), lambda: f"actor class {actor_cls.__name__} and its arguments"
-        )
-        rt = current_runtime()
-        init: ThreadFuture[None] = ThreadFuture()
-        sent: ThreadFuture[None] = ThreadFuture()
-        ranks = shape.global_ranks()
-        wire = f"{name}.{JOB_ID}.{next(_spawn_ids)}"
-        errors: list[BaseException] = []
-        left = [len(ranks)]
-        state = MeshState(name, group.shape, current_owner(), frozenset(ranks))
-        group.add(wire, state)
-
-        def on_reply(rank: int, status: int, value: object) -> bool:
-            if status == ERROR:
-                err = value if isinstance(value, BaseException) else SupervisionError(str(value))
-                errors.append(err)
-                kind = "init" if isinstance(err, ActorError) else "proc"
-                state.fail([rank], str(err), kind)
-            left[0] -= 1
-            if left[0] == 0:
-                if errors:
-                    init.set_exception(errors[0])
-                else:
-                    init.set_result(None)
-                return True
-            return False
-
-        def send() -> None:
-            from ._controllers import ensure_controllers
-
-            ensure_controllers(rt)  # the actors' get_or_spawn_controller requests come here
-            port = rt.open_port(on_reply)
-            sizes = group.shape.sizes
-            all_addrs = group.addrs()
-            for r in ranks:
-                addr = all_addrs[r]
-                if not addr:  # the proc never started
-                    err = SupervisionError(f"proc {group.handles[r]} did not start")
-                    rt.deliver(port, r, ERROR, err)
-                    continue
-                conn = rt.connection(addr)
-                msg = Spawn(wire, port, group.name, r, sizes, raw, pickled, rt.addr, all_addrs)
-                if conn.send(msg, parts):
-                    conn.pending[port] = r
-                else:
-                    rt.deliver(port, r, ERROR, rt.peer_lost_error(addr, conn.close_reason))
-            sent.set_result(None)
-
-        # Remote procs learn their addresses from their host agent: spawn once they have.
-        group.started.add_done_callback(lambda _: run_on(rt, send))
-        return ActorMesh(name, wire, actor_cls, shape, None, init, rt, group, sent, state)
-
     def __reduce__(self) -> tuple[object, ...]:
         if self._sent.done():
             addrs = dict(self._targets_list)
@@ -304,7 +213,7 @@ class ActorMesh(Shaped, Generic[A_co]):
     def __repr__(self) -> str:
         return f"ActorMesh({self._name}: {self._cls.__name__}, {self._shape.sizes})"
 
-    def __getattr__(self, name: str) -> ActorEndpoint[A_co]:
+    def __getattr__(self, name: str) -> ActorEndpoint[object]:
         if name.startswith("__"):
             raise AttributeError(name)
         if name not in endpoints_of(self._cls):
@@ -367,23 +276,19 @@ class ActorMesh(Shaped, Generic[A_co]):
         st = self._state
         return {str(st.point(r)): why for r, why in list(st.failed.items()) if r in mine}
 
-    @_unless_endpoint
+    @unless_endpoint
     def stats(self: ActorMesh[Actor]) -> Future[ValueMesh[ActorStats | GoneActorStats]]:
         """What each actor is doing: messages handled and failed per endpoint, its last
         failure, its mailbox depth, the endpoints running now and for how long, and its
         proc's record (pid, host, CPU %, RSS, connections, bytes in and out)."""
-        from ._inspect import actor_mesh_stats
+        return mesh_stats(self)
 
-        return run_task(current_runtime(), lambda: actor_mesh_stats(self))
-
-    @_unless_endpoint
+    @unless_endpoint
     def stacks(self: ActorMesh[Actor]) -> Future[ValueMesh[list[StackEntry]]]:
         """The Python stack of every thread (and running async endpoint) of each actor's
         proc; a thread or task running an endpoint names the actor, the endpoint and for
         how long (``seconds``)."""
-        from ._inspect import actor_mesh_stacks
-
-        return run_task(current_runtime(), lambda: actor_mesh_stacks(self))
+        return mesh_stacks(self)
 
     def stop(self, reason: str = "stopped by its owner") -> Future[None]:
         """Stop these actors (``__cleanup__`` runs); later calls raise ``SupervisionError``
@@ -482,13 +387,3 @@ def _rebuild(
 def mesh_ref(name: str, cls: type[A], shape: Shape, addrs: dict[int, str]) -> ActorMesh[A]:
     """A reference to actors that exist already under the wire name ``name`` (host agents)."""
     return ActorMesh(name, name, cls, shape, addrs, resolved(), None, None)
-
-
-def mesh_stats(mesh: ActorMesh[A]) -> Future[ValueMesh[ActorStats | GoneActorStats]]:
-    """``mesh.stats()``, also where the actor class has an endpoint named ``stats``."""
-    return ActorMesh.__dict__["stats"].fn(mesh)  # type: ignore[no-any-return]
-
-
-def mesh_stacks(mesh: ActorMesh[A]) -> Future[ValueMesh[list[StackEntry]]]:
-    """``mesh.stacks()``, also where the actor class has an endpoint named ``stacks``."""
-    return ActorMesh.__dict__["stacks"].fn(mesh)  # type: ignore[no-any-return]

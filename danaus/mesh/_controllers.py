@@ -55,8 +55,8 @@ def get_or_spawn_controller(
     parent = _parent_of(rt)
     if parent is not None:  # inside a proc: ask whoever spawned us, up to the controller
         ref = mesh_ref(CONTROLLERS, _Controllers, Shape.from_sizes({}), {0: parent})
-        fut: Future[A] = ref.get_or_spawn.call_one(name, Class, args, kwargs)
-        return fut
+        # The reply is the singleton's ActorMesh, which stands for ``A`` (as spawn types it).
+        return cast("Future[A]", ref.get_or_spawn.call_one(name, Class, args, kwargs))
     mesh = _get_or_spawn_here(name, Class, args, kwargs)
 
     async def ready() -> A:
@@ -78,7 +78,7 @@ def _get_or_spawn_here(
         if found is not None and found.spawn_loop_closed():
             found = None  # its loop ended (an earlier asyncio.run): spawn it anew
         if found is None:
-            found = this_proc().spawn(name, cls, *args, **kwargs)
+            found = this_proc().spawn_mesh(name, cls, *args, **kwargs)
             _singletons[name] = found
         return found
 
@@ -116,8 +116,9 @@ class _Controllers(Actor):
         parent = _parent_of(rt)
         if parent is not None:  # a proc that spawned actors itself: pass it on up
             ref = mesh_ref(CONTROLLERS, _Controllers, Shape.from_sizes({}), {0: parent})
-            mesh: ActorMesh[Actor] = await ref.get_or_spawn.call_one(name, cls, args, kwargs)
-            return mesh
+            # the controller's reply: the singleton's mesh
+            found = await ref.get_or_spawn.call_one(name, cls, args, kwargs)
+            return cast(ActorMesh[Actor], found)
         mesh = _get_or_spawn_here(name, cls, tuple(args), dict(kwargs))
         await mesh.initialized
         return mesh

@@ -159,7 +159,7 @@ class HostMesh(Shaped):
         self._spawned[:] = [g for g in self._spawned if not g.stopped]
         self._spawned.append(group)
         if bootstrap is not None:
-            group.bootstrap = mesh.spawn("bootstrap", _Bootstrap, bootstrap)
+            group.bootstrap = mesh.spawn_mesh("bootstrap", _Bootstrap, bootstrap)
         return mesh
 
     def _spawn_procs(

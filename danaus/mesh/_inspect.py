@@ -1,12 +1,17 @@
 """What a mesh is doing: ``mesh.stats()`` and ``mesh.stacks()``, asked of every proc's
-control actor (which answers from the proc's loop, also while an actor's thread is busy)."""
+control actor (which answers from the proc's loop, also while an actor's thread is busy);
+``mesh_stats`` / ``mesh_stacks`` reach them also where the actor class has an endpoint of
+that name (``unless_endpoint``)."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Literal, TypeVar
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar, cast, overload
 
-from ..actors._api import Actor, ProcControl
+from ..actors._api import Actor, Future, ProcControl, current_runtime, endpoints_of, run_task
+from ._actor_endpoint import ActorEndpoint
 from ._records import (
     ActorStats,
     GoneActorStats,
@@ -23,9 +28,18 @@ if TYPE_CHECKING:
     from ._actor_mesh import ActorMesh
     from ._proc_group import ProcGroup
 
-__all__ = ["actor_mesh_stacks", "actor_mesh_stats", "proc_mesh_stacks", "proc_mesh_stats"]
+__all__ = [
+    "actor_mesh_stacks",
+    "actor_mesh_stats",
+    "mesh_stacks",
+    "mesh_stats",
+    "proc_mesh_stacks",
+    "proc_mesh_stats",
+    "unless_endpoint",
+]
 
 A = TypeVar("A", bound=Actor)
+R = TypeVar("R")
 
 
 async def _ask(
@@ -89,3 +103,41 @@ async def proc_mesh_stacks(group: ProcGroup, shape: Shape) -> ValueMesh[list[Sta
     """Per proc of ``group`` that ``shape`` selects: the stack of every thread and
     running async endpoint."""
     return ValueMesh(shape, await _stacks(await group.started_addrs(shape.global_ranks())))
+
+
+class unless_endpoint(Generic[R]):
+    """An ``ActorMesh`` method whose name an actor class may also give an endpoint (e.g.
+    ``stats``): where it does, ``mesh.stats`` is that endpoint, as without the method
+    (reach the method as ``danaus.mesh_stats(mesh)`` then; type checkers see the method)."""
+
+    def __init__(self, fn: Callable[[ActorMesh[Actor]], R]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    @overload
+    def __get__(self, mesh: None, owner: type | None = None) -> unless_endpoint[R]: ...
+    @overload
+    def __get__(self, mesh: ActorMesh[A], owner: type | None = None) -> Callable[[], R]: ...
+    def __get__(
+        self, mesh: ActorMesh[A] | None, owner: type | None = None
+    ) -> unless_endpoint[R] | Callable[[], R] | ActorEndpoint[object]:
+        if mesh is None:
+            return self
+        if self.name in endpoints_of(mesh.actor_class):
+            return ActorEndpoint(mesh, self.name)
+        return functools.partial(self.fn, mesh)
+
+
+def mesh_stats(mesh: ActorMesh[Actor] | Actor) -> Future[ValueMesh[ActorStats | GoneActorStats]]:
+    """``mesh.stats()``, also where the actor class has an endpoint named ``stats``
+    (``mesh``: what ``spawn`` returns, typed as its actor class, or an ``ActorMesh``)."""
+    m = cast("ActorMesh[Actor]", mesh)  # what spawn returns: an ActorMesh, typed as its class
+    return run_task(current_runtime(), lambda: actor_mesh_stats(m))
+
+
+def mesh_stacks(mesh: ActorMesh[Actor] | Actor) -> Future[ValueMesh[list[StackEntry]]]:
+    """``mesh.stacks()``, also where the actor class has an endpoint named ``stacks``
+    (``mesh``: what ``spawn`` returns, typed as its actor class, or an ``ActorMesh``)."""
+    m = cast("ActorMesh[Actor]", mesh)  # what spawn returns: an ActorMesh, typed as its class
+    return run_task(current_runtime(), lambda: actor_mesh_stacks(m))

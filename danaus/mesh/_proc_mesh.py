@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 from contextlib import AbstractContextManager
 from types import EllipsisType
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 
 from ..actors._api import (
     Actor,
@@ -26,9 +26,11 @@ from ..actors._api import (
 )
 from ..actors._api import context_state as _context_module
 from ..errors import ClosedError
-from ._actor_mesh import ActorMesh, _unless_endpoint
+from ._actor_mesh import ActorMesh
+from ._actor_spawn import spawn_actor_mesh
 from ._admin import maybe_start_admin
 from ._forkserver import note_actor_module
+from ._inspect import unless_endpoint
 from ._logs import LogOptions
 from ._proc_group import ProcGroup, live_groups
 from ._proc_handles import Proc, RefProcHandle, SelfProcHandle
@@ -235,13 +237,23 @@ class ProcMesh(Shaped):
         return [h.pid for h in self._handles()]
 
     # actors
-    def spawn(self, name: str, cls: type[A], *args: object, **kwargs: object) -> ActorMesh[A]:
+    def spawn(self, name: str, cls: type[A], *args: object, **kwargs: object) -> A:
         """Create one ``cls(*args, **kwargs)`` actor in every proc of this mesh.
 
-        Returns at once. Messages sent to the mesh are handled after ``__init__`` ran.
-        ``await mesh.initialized`` (or ``mesh.initialized.get()``) raises ``ActorError``
-        naming the rank if an ``__init__`` raised.
+        Returns at once an :class:`ActorMesh`, typed (as in Monarch) as the actor class
+        itself, so that type checkers check calls of its endpoints against their methods
+        (``mesh.incr.call_one(3)``) and see the mesh's members (``_actor_face``); where
+        the mesh's internals are needed, :meth:`spawn_mesh` gives it as an ``ActorMesh``.
+        Messages sent to the mesh are handled after ``__init__`` ran. ``await
+        mesh.initialized`` (or ``mesh.initialized.get()``) raises ``ActorError`` naming
+        the rank if an ``__init__`` raised.
         """
+        # The one place the lie is told: an ActorMesh[A] stands for its actor class.
+        return cast(A, self.spawn_mesh(name, cls, *args, **kwargs))
+
+    def spawn_mesh(self, name: str, cls: type[A], *args: object, **kwargs: object) -> ActorMesh[A]:
+        """:meth:`spawn`, typed as what it returns: an ``ActorMesh`` (for code that uses
+        the mesh's internal API, or stores meshes of several actor classes)."""
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
             raise TypeError(f"spawn needs a subclass of danaus.Actor, got {cls!r}")
         note_actor_module(cls.__module__)  # procs forked later have it imported already
@@ -250,7 +262,7 @@ class ProcMesh(Shaped):
         shadowed = sorted(
             n
             for n in endpoints_of(cls)
-            if hasattr(ActorMesh, n) and not isinstance(ActorMesh.__dict__.get(n), _unless_endpoint)
+            if hasattr(ActorMesh, n) and not isinstance(ActorMesh.__dict__.get(n), unless_endpoint)
         )
         if shadowed:  # mesh.stop would be the mesh's, never the endpoint: refuse, as Monarch
             raise ValueError(
@@ -259,7 +271,7 @@ class ProcMesh(Shaped):
             )
         if self._group.stopped:
             raise ClosedError(f"{self!r} was stopped")
-        return ActorMesh.spawn_on(self._group, self._shape, name, cls, args, kwargs)
+        return spawn_actor_mesh(self._group, self._shape, name, cls, args, kwargs)
 
     # lifecycle
     def stop(self, reason: str = "stopped by its owner") -> Future[None]:

@@ -111,7 +111,7 @@ class TensorWorker(Actor):
         root_rank = current_rank().rank
         self.rank = global_ranks.index(root_rank) if global_ranks else root_rank
         self.world = world
-        self.sizes = sizes
+        self.mesh_sizes = sizes
         self.rendezvous = rendezvous
         self.table: dict[int, Any] = {}
         self.groups: dict[tuple[str, ...], Any] = {}
@@ -326,7 +326,7 @@ class TensorWorker(Actor):
 
         import torch.distributed as dist
 
-        names = list(self.sizes)
+        names = list(self.mesh_sizes)
         key = tuple(sorted(dims, key=names.index))
         if key in self.groups:
             return self.groups[key]  # type: ignore[no-any-return]
@@ -337,14 +337,14 @@ class TensorWorker(Actor):
         coords = []
         r = self.rank
         for d in reversed(names):
-            coords.append(r % self.sizes[d])
-            r //= self.sizes[d]
+            coords.append(r % self.mesh_sizes[d])
+            r //= self.mesh_sizes[d]
         mine = dict(zip(reversed(names), coords, strict=True))
         others = tuple((d, mine[d]) for d in names if d not in key)
         n, index = 1, 0
         for d in key:
-            n *= self.sizes[d]
-            index = index * self.sizes[d] + mine[d]
+            n *= self.mesh_sizes[d]
+            index = index * self.mesh_sizes[d] + mine[d]
         store = dist.PrefixStore(f"group/{key}/{others}", self.store)  # type: ignore[attr-defined]
         if self.device.type == "cuda":
             group: Any = dist.ProcessGroupNCCL(store, index, n, dist.ProcessGroupNCCL.Options())
@@ -398,4 +398,4 @@ def _flatten(obj: Any, into: list[Any]) -> None:
 def current_rank_text(worker: TensorWorker) -> str:
     from ..actors._api import Point
 
-    return str(Point.from_rank(worker.rank, worker.sizes))
+    return str(Point.from_rank(worker.rank, worker.mesh_sizes))

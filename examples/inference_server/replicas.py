@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from danaus import (
-    ActorMesh,
     Channel,
     DanausError,
     MeshFailure,
@@ -59,10 +58,10 @@ class Generation:
         self.name = f"replica{next(_mesh_ids)}"
         self.size = size
         self.procs: ProcMesh = this_host().spawn_procs(per_host={"replicas": size}, name=self.name)
-        self.replicas: ActorMesh[Replica] = self.procs.spawn(self.name, Replica, seed)
+        self.replicas: Replica = self.procs.spawn(self.name, Replica, seed)
         self.failed: dict[int, str] = {}
         #: what requests choose() over: all replicas, or the longest healthy run of them
-        self.route: ActorMesh[Replica] | None = self.replicas
+        self.route: Replica | None = self.replicas
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -134,7 +133,7 @@ class InferenceServer:
         self._gen: Generation | None = None
         self._gens: dict[str, Generation] = {}  # every generation not yet stopped
         self._trainer_procs: ProcMesh | None = None
-        self._trainer: ActorMesh[Trainer] | None = None
+        self._trainer: Trainer | None = None
         self._trainer_failed: str | None = None
         self._weights: tuple[int, RDMABuffer] | None = None  # what every replica should hold
         self._reload_lock = asyncio.Lock()

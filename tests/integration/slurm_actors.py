@@ -6,7 +6,7 @@ import os
 import socket
 from typing import Any
 
-from danaus import Actor, ActorMesh, context, endpoint
+from danaus import Actor, context, endpoint
 
 
 class Node(Actor):
@@ -23,9 +23,9 @@ class Node(Actor):
         }
 
     @endpoint
-    async def ask(self, peer: ActorMesh[Node]) -> dict[str, Any]:
+    async def ask(self, peer: Node) -> dict[str, Any]:
         """``where()`` of ``peer`` (a mesh of one actor), asked from here."""
-        return await peer.where.call_one()  # type: ignore[no-any-return]
+        return await peer.where.call_one()
 
 
 class Gloo(Actor):

@@ -43,10 +43,24 @@ def test_monarch_names_are_exported() -> None:
         assert name in danaus.__all__
 
 
-def _imports(path: pathlib.Path) -> set[str]:
-    tree = ast.parse(path.read_text())
+def _type_checking_blocks(tree: ast.Module) -> set[int]:
+    """The ids of the nodes under ``if TYPE_CHECKING:``: imports for type checkers only
+    (the actor base class names the mesh's types: what ``spawn`` returns is typed as
+    the actor class), which add no dependency at run time."""
     out = set()
     for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    typing_only = _type_checking_blocks(tree)
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom) and node.level:
             parts = path.relative_to(ROOT).parts
             base = list(parts[: len(parts) - node.level])

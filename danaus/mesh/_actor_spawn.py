@@ -1,0 +1,94 @@
+"""Spawning an actor mesh: the ``Spawn`` message to each proc of a group (once the procs
+have started and their addresses are known), and the replies that settle the mesh's
+``initialized`` future or mark the ranks whose ``__init__`` (or proc) failed. What
+``ProcMesh.spawn`` does once it has checked the class and the name."""
+
+from __future__ import annotations
+
+import itertools
+from concurrent.futures import Future as ThreadFuture
+from typing import TypeVar
+
+from ..actors._api import (
+    ERROR,
+    JOB_ID,
+    Actor,
+    Spawn,
+    current_runtime,
+    dumps,
+    run_on,
+)
+from ..errors import ActorError, SupervisionError
+from ._actor_mesh import ActorMesh
+from ._proc_group import ProcGroup
+from ._shape import Shape
+from ._supervision import MeshState, current_owner
+
+__all__ = ["spawn_actor_mesh"]
+
+A = TypeVar("A", bound=Actor)
+_spawn_ids = itertools.count()
+
+
+def spawn_actor_mesh(
+    group: ProcGroup,
+    shape: Shape,
+    name: str,
+    actor_cls: type[A],
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
+) -> ActorMesh[A]:
+    """One ``actor_cls`` actor in each proc of ``group`` that ``shape`` (the whole
+    group's, or a slice's) selects."""
+    raw, pickled, parts = dumps(
+        (actor_cls, args, kwargs), lambda: f"actor class {actor_cls.__name__} and its arguments"
+    )
+    rt = current_runtime()
+    init: ThreadFuture[None] = ThreadFuture()
+    sent: ThreadFuture[None] = ThreadFuture()
+    ranks = shape.global_ranks()
+    wire = f"{name}.{JOB_ID}.{next(_spawn_ids)}"
+    errors: list[BaseException] = []
+    left = [len(ranks)]
+    state = MeshState(name, group.shape, current_owner(), frozenset(ranks))
+    group.add(wire, state)
+
+    def on_reply(rank: int, status: int, value: object) -> bool:
+        if status == ERROR:
+            err = value if isinstance(value, BaseException) else SupervisionError(str(value))
+            errors.append(err)
+            kind = "init" if isinstance(err, ActorError) else "proc"
+            state.fail([rank], str(err), kind)
+        left[0] -= 1
+        if left[0] == 0:
+            if errors:
+                init.set_exception(errors[0])
+            else:
+                init.set_result(None)
+            return True
+        return False
+
+    def send() -> None:
+        from ._controllers import ensure_controllers
+
+        ensure_controllers(rt)  # the actors' get_or_spawn_controller requests come here
+        port = rt.open_port(on_reply)
+        sizes = group.shape.sizes
+        all_addrs = group.addrs()
+        for r in ranks:
+            addr = all_addrs[r]
+            if not addr:  # the proc never started
+                err = SupervisionError(f"proc {group.handles[r]} did not start")
+                rt.deliver(port, r, ERROR, err)
+                continue
+            conn = rt.connection(addr)
+            msg = Spawn(wire, port, group.name, r, sizes, raw, pickled, rt.addr, all_addrs)
+            if conn.send(msg, parts):
+                conn.pending[port] = r
+            else:
+                rt.deliver(port, r, ERROR, rt.peer_lost_error(addr, conn.close_reason))
+        sent.set_result(None)
+
+    # Remote procs learn their addresses from their host agent: spawn once they have.
+    group.started.add_done_callback(lambda _: run_on(rt, send))
+    return ActorMesh(name, wire, actor_cls, shape, None, init, rt, group, sent, state)
