@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from typing import NamedTuple, Protocol
 
 from ..config import config
 from ._connection import Connection
 from ._wire import Buffer, Call
 
-__all__ = ["Event", "Letter", "Mailbox", "MailboxOwner"]
+__all__ = ["Event", "Letter", "Mailbox", "MailboxOwner", "Running"]
 
 log = logging.getLogger("danaus.actor")
 
@@ -34,8 +34,27 @@ class Letter(NamedTuple):
 Event = Callable[[], None]
 
 
+class Running(Protocol):
+    """What runs now, as far as the mailbox's fast path needs to know."""
+
+    @property
+    def task(self) -> object | None:
+        """The task holding the mailbox, if one does."""
+
+    @property
+    def jobs(self) -> Sized:
+        """Sync messages handed to the actor's thread and not reported back: they count
+        towards the mailbox limit."""
+
+
 class MailboxOwner(Protocol):
     """What the mailbox asks of the actor it belongs to."""
+
+    @property
+    def in_flight(self) -> Running:
+        """What runs now (read once, at the mailbox's creation): while a task holds the
+        mailbox nothing starts, and with no task and no jobs the next message starts at
+        once; only the remaining case asks :meth:`may_start`."""
 
     @property
     def stopped(self) -> bool: ...
@@ -43,11 +62,6 @@ class MailboxOwner(Protocol):
     @property
     def busy(self) -> bool:
         """A message runs and holds the mailbox (an event waits until it is done)."""
-
-    @property
-    def handed_over(self) -> int:
-        """Messages given to the actor's thread and not reported back: they count
-        towards the mailbox limit."""
 
     def may_start(self, msg: Call) -> bool:
         """May ``msg`` start now, with nothing queued before it?"""
@@ -61,6 +75,7 @@ class Mailbox:
 
     def __init__(self, owner: MailboxOwner, loop: asyncio.AbstractEventLoop, name: str) -> None:
         self._owner = owner
+        self._running = owner.in_flight
         self._loop = loop
         self._name = name  # (the actor's id, for the log)
         self.queue: collections.deque[Letter | Event] = collections.deque()
@@ -143,11 +158,13 @@ class Mailbox:
     def accept(self, conn: Connection, msg: Call, parts: Sequence[Buffer]) -> None:
         """A message whose turn among its sender's has come: start it, or queue it."""
         owner = self._owner
-        if not self.queue and owner.may_start(msg):
-            owner.start(conn, msg, parts)
-            return
+        if not self.queue:
+            running = self._running
+            if running.task is None and (not running.jobs or owner.may_start(msg)):
+                owner.start(conn, msg, parts)
+                return
         self.queue.append(Letter(conn, msg, parts))
-        if len(self.queue) + owner.handed_over >= config.mailbox_limit and isinstance(
+        if len(self.queue) + len(self._running.jobs) >= config.mailbox_limit and isinstance(
             conn, Connection
         ):
             # Backpressure: stop reading from this sender until the mailbox drains;
@@ -169,7 +186,8 @@ class Mailbox:
         while queue and not owner.stopped:
             item = queue[0]
             if isinstance(item, Letter):
-                if not owner.may_start(item.msg):
+                running = self._running
+                if running.task is not None or (running.jobs and not owner.may_start(item.msg)):
                     break
                 queue.popleft()
                 owner.start(*item)
@@ -179,7 +197,7 @@ class Mailbox:
                 queue.popleft()
                 item()
         if self.holding and (
-            len(queue) + owner.handed_over <= config.mailbox_limit // 2 or owner.stopped
+            len(queue) + len(self._running.jobs) <= config.mailbox_limit // 2 or owner.stopped
         ):
             for c in self.holding:
                 c.release_reading(self)

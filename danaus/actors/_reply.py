@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -29,31 +28,11 @@ from ._wire import ERROR, NIL, OK, Buffer, Call, ErrorInfo, Result
 if TYPE_CHECKING:
     from ._instance import ActorInstance, RunnableEndpoint
 
-__all__ = ["Describe", "Replier", "ResponsePort", "encode_result", "error_info"]
+__all__ = ["Describe", "Replier", "ResponsePort", "error_info"]
 
 log = logging.getLogger("danaus.actor")
 
 _plain_encode = msgspec.msgpack.Encoder().encode
-
-
-def encode_result(
-    result: object, actor: ActorInstance, msg: Call
-) -> tuple[msgspec.Raw, bool, Sequence[Buffer]]:
-    """``result`` of ``msg`` as ``(raw, pickled, parts)`` for a :class:`Result`.
-
-    Raises:
-        SerializationError: it cannot be pickled.
-    """
-    t = type(result)
-    if t in _ATOMS or (t is bytes and isinstance(result, bytes) and len(result) < 4096):
-        try:  # no pickle, no checks
-            raw = msgspec.Raw(_plain_encode(result))
-        except (OverflowError, UnicodeEncodeError):
-            pass  # an int too large for msgpack, a str with lone surrogates: pickle it
-        else:
-            if len(raw) <= config.oob_threshold:
-                return raw, False, ()
-    return dumps(result, Describe(actor, msg, "return value"))
 
 
 def error_info(e: BaseException, actor: ActorInstance, include_tb: bool = True) -> ErrorInfo:
@@ -88,9 +67,21 @@ class Replier:
             self.value(conn, msg, result)
 
     def value(self, conn: Connection, msg: Call, result: object) -> None:
+        """Answer ``msg`` with ``result``: plain msgpack when it is a small atom, else a
+        pickle with out-of-band parts (a ``SerializationError`` if it cannot be)."""
         a = self._actor
+        t = type(result)
+        if t in _ATOMS or (t is bytes and isinstance(result, bytes) and len(result) < 4096):
+            try:  # no pickle, no checks
+                raw = msgspec.Raw(_plain_encode(result))
+            except (OverflowError, UnicodeEncodeError):
+                pass  # an int too large for msgpack, a str with lone surrogates: pickle it
+            else:
+                if len(raw) <= config.oob_threshold:
+                    conn.send(Result(msg.reply, OK, raw, False, a.rank))
+                    return
         try:
-            raw, pickled, parts = encode_result(result, a, msg)
+            raw, pickled, parts = dumps(result, Describe(a, msg, "return value"))
         except SerializationError as e:
             self.error(conn, msg, error_info(e, a, include_tb=False))
             return
@@ -207,8 +198,8 @@ class Replier:
                 if _debug.wants_post_mortem(exc):
                     _debug.post_mortem(exc, a)  # (on the loop: its peers are told)
             self.raised(conn, msg, ep, exc)
-        else:
-            self.returned(conn, msg, ep, task.result())
+        elif msg.reply and not ep.explicit_response_port:
+            self.value(conn, msg, task.result())
 
 
 class Describe:

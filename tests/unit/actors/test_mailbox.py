@@ -28,16 +28,31 @@ class FakeConn(Connection):
         self.holders.discard(holder)
 
 
+class Running:
+    """What runs now: ``task`` set while the owner is busy."""
+
+    def __init__(self) -> None:
+        self.task: object | None = None
+        self.jobs: tuple[object, ...] = ()
+
+
 class Owner:
     """A MailboxOwner that records what it started; ``busy`` holds the mailbox."""
 
     def __init__(self) -> None:
         self.stopped = False
-        self.busy = False
-        self.handed_over = 0
+        self.in_flight = Running()
         self.started: list[str] = []
         #: resolved at the next start
         self.next_start: asyncio.Future[None] | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.in_flight.task is not None
+
+    @busy.setter
+    def busy(self, value: bool) -> None:
+        self.in_flight.task = object() if value else None
 
     def may_start(self, msg: Call) -> bool:
         return not self.busy
