@@ -73,7 +73,7 @@ def _run(args: list[str]) -> None:
 def _batch_floor(log_dir: str, i: int) -> float:
     """sbatch a job whose ``srun -N2`` tasks each write a file; the time until both are
     there, polled as SlurmJob polls for its agents' addresses."""
-    from danaus.job._slurm import POLL_INTERVAL
+    from danaus.job._job_dir import POLL_INTERVAL
 
     folder = os.path.join(log_dir, f"floor-{i}")
     os.makedirs(folder)
@@ -99,7 +99,7 @@ def _batch_floor(log_dir: str, i: int) -> float:
 
 def _wait_ended(job_id: str | None) -> None:
     """Until the job has left its nodes, so the next run starts on idle ones (bounded)."""
-    from danaus.job._slurm import TERMINAL, job_status
+    from danaus.job._squeue import TERMINAL, job_status
 
     deadline = time.monotonic() + 30
     while job_id is not None and time.monotonic() < deadline:
