@@ -194,7 +194,7 @@ class Trainer(Actor):
                 logits.reshape(-1, len(VOCAB)), batch[:, 1:].reshape(-1)
             )
             opt.zero_grad()
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
         return float(loss.detach())
 

@@ -11,7 +11,7 @@ import enum
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from danaus import (
@@ -309,7 +309,7 @@ class InferenceServer:
 
     # -- requests ----------------------------------------------------------------
 
-    async def tokens(self, prompt: str, max_tokens: int) -> AsyncIterator[list[str]]:
+    async def tokens(self, prompt: str, max_tokens: int) -> AsyncGenerator[list[str], None]:
         """The tokens of one request, as its replica produces them.
 
         Yields lists: each holds the tokens that arrived since the last one was taken
@@ -325,7 +325,7 @@ class InferenceServer:
         route = gen.route
         if route is None:
             raise Unavailable(f"no healthy replica ({len(gen.failed)} failed; respawning)")
-        port, receiver = Channel.open()
+        port, receiver = Channel[str].open()
         gen.begin()
         call = route.generate.choose(prompt, max_tokens, port)
         nxt = receiver.recv()

@@ -150,9 +150,10 @@ async def reload(request: web.Request) -> web.Response:
             body = await request.json()
         except ValueError:
             raise web.HTTPBadRequest(text="the body must be JSON") from None
-        steps = body.get("train_steps", 0) if isinstance(body, dict) else None
-        if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps <= 1000:
+        asked = body.get("train_steps", 0) if isinstance(body, dict) else None
+        if not isinstance(asked, int) or isinstance(asked, bool) or not 0 <= asked <= 1000:
             raise web.HTTPBadRequest(text="train_steps must be an int in 0..1000")
+        steps = asked
     try:
         return web.json_response(await request.app[SERVER].reload(steps))
     except Unavailable as e:
