@@ -1,7 +1,8 @@
 """Tests of the frame layout (danaus.actors._wire) and of danaus.actors._connection (the
 frame reader and handshake at work in a connection), against a real Runtime over real
-unix sockets. The reader and the handshake alone, without sockets: test_frames.py; a
-connection fed bytes directly, and the runtime as dialer: test_connection.py.
+unix sockets. The reader alone, without sockets: test_frames.py; the handshake alone:
+test_handshake.py; a connection fed bytes directly, and the runtime as dialer:
+test_connection.py.
 
 The peer side is written by hand here (raw asyncio streams, frames built from
 ``PREFIX``/``PART_LEN``), so these tests check the wire protocol itself, not danaus

@@ -1,26 +1,22 @@
-"""Unit tests of the ibverbs backend against a FAKE device (no RDMA NIC on this machine).
+"""Unit tests of the ibverbs backend against a FAKE device (no RDMA NIC on this machine):
+moving bytes, queue-pair setup, and errors. The work requests themselves, resources and
+states, and the real adapter: test_ibverbs_verbs.py; the fake both use: ibverbs_kit.py.
 
 Two backends, an owner and a reader, live in this process, each on its own FAKE device of
 one fake fabric (danaus.rdma._fake_verbs), wired with an in-process ``exchange`` that calls
 the owner's ``serve``. The fake executes RDMA READ/WRITE work requests as memcpy with an
-HCA's checks. The last test runs the real adapter where a device exists.
+HCA's checks.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pytest
 
-from danaus.config import config
 from danaus.errors import (
-    ClosedError,
     RDMABackendUnavailableError,
     RDMABufferError,
     RDMAOwnerError,
@@ -28,112 +24,12 @@ from danaus.errors import (
     SupervisionError,
 )
 from danaus.rdma import _verbs
-from danaus.rdma._backend import LocalBuffer
-from danaus.rdma._fake_verbs import FakeFabric, FakeVerbs
+from danaus.rdma._fake_verbs import FakeFabric
 from danaus.rdma._handle import BufferHandle
-from danaus.rdma._ibverbs import IbverbsBackend, State
-from danaus.rdma._verbs import Completion, QPInfo, WorkRequest
+from danaus.rdma._ibverbs import IbverbsBackend
+from danaus.rdma._verbs import QPInfo
 
-OWNER = "tcp://127.0.0.1:7001"
-OWNER2 = "tcp://127.0.0.1:7002"
-KiB = 1 << 10
-MiB = 1 << 20
-
-
-def _have_device() -> bool:
-    try:
-        return bool(_verbs.device_names())
-    except Exception:
-        return False
-
-
-def _posted(dev: FakeVerbs, n: int) -> asyncio.Event:
-    """Set once ``n`` more work requests were posted on ``dev``."""
-    event = asyncio.Event()
-    count = 0
-
-    def on_post(wr: WorkRequest) -> None:
-        nonlocal count
-        count += 1
-        if count >= n:
-            event.set()
-
-    dev.on_post = on_post
-    return event
-
-
-def _random(n: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, size=n, dtype=np.uint8)
-
-
-@dataclass
-class Procs:
-    """An owner and a reader backend on one FAKE fabric, and the setup requests sent."""
-
-    fabric: FakeFabric
-    reader_dev: FakeVerbs
-    reader: IbverbsBackend
-    owners: dict[str, IbverbsBackend] = field(default_factory=dict)
-    exchanges: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    _ids: int = 0
-
-    @property
-    def owner(self) -> IbverbsBackend:
-        return self.owners[OWNER]
-
-    def add_owner(self, addr: str) -> IbverbsBackend:
-        self.owners[addr] = IbverbsBackend(self.fabric.device(f"owner-{addr[-4:]}"), _unused)
-        return self.owners[addr]
-
-    def share(self, arr: Any, owner: str = OWNER) -> tuple[LocalBuffer, BufferHandle]:
-        """Register ``arr`` (its own memory) with the owner; the handle a reader gets."""
-        self._ids += 1
-        view = memoryview(arr).cast("B")
-        addr = int(np.frombuffer(view, np.uint8).ctypes.data)
-        buf = LocalBuffer(self._ids, view, addr, arr)
-        keys = self.owners[owner].register(buf)
-        handle = BufferHandle(
-            owner,
-            os.getpid(),
-            "host",
-            buf.buf_id,
-            addr,
-            buf.size,
-            0,
-            "",
-            {"ibverbs": keys} if keys else {},
-        )
-        return buf, handle
-
-
-async def _unused(owner: str, backend: str, payload: dict[str, Any]) -> dict[str, Any]:
-    raise AssertionError("an owner never sets up connections")
-
-
-def _procs(**reader_kw: Any) -> Procs:
-    fabric = FakeFabric()
-    reader_dev = fabric.device("reader")
-    procs: Procs
-
-    async def exchange(owner: str, backend: str, payload: dict[str, Any]) -> dict[str, Any]:
-        assert backend == "ibverbs"
-        procs.exchanges.append((owner, payload))
-        return await procs.owners[owner].serve(payload)
-
-    kw: dict[str, Any] = {"chunk_bytes": 64 * KiB, **reader_kw}
-    procs = Procs(fabric, reader_dev, IbverbsBackend(reader_dev, exchange, **kw))
-    procs.add_owner(OWNER)
-    return procs
-
-
-@pytest.fixture
-async def procs() -> AsyncIterator[Procs]:
-    p = _procs()
-    yield p
-    await p.reader.aclose()
-    for owner in p.owners.values():
-        await owner.aclose()
-
+from .ibverbs_kit import OWNER, OWNER2, KiB, MiB, Procs, _posted, _procs, _random
 
 # ------------------------------------------------------------------ moving bytes
 
@@ -411,205 +307,3 @@ async def test_cancelled_transfer_keeps_its_memory_until_posted_requests_finish(
     await procs.reader.read(handle, 0, memoryview(dst[:10]))  # completes after the held ones
     assert entry.inuse == 0 and not procs.reader._poster.inflight
     assert len(procs.exchanges) == 1  # cancelling does not reset the queue pair
-
-
-# ------------------------------------------------------------------ the work requests
-
-
-async def test_work_requests_are_real_pyverbs_objects(procs: Procs) -> None:
-    from pyverbs import enums
-    from pyverbs.wr import SGE, SendWR
-
-    src = _random(200 * KiB)
-    _, handle = procs.share(src)
-    dst = np.zeros(200 * KiB, np.uint8)
-    await procs.reader.read(handle, 0, memoryview(dst))
-    await procs.reader.write(handle, 0, memoryview(dst[:100]))
-    reads, writes = list(procs.reader_dev.posted)[:4], list(procs.reader_dev.posted)[4:]
-    for wr in [*reads, *writes]:
-        assert isinstance(wr, WorkRequest)
-        assert isinstance(wr.wr, SendWR) and isinstance(wr.sge, SGE)
-        assert wr.wr.num_sge == 1 and wr.wr.send_flags & enums.IBV_SEND_SIGNALED
-        assert wr.rkey == handle.keys["ibverbs"]["rkey"]
-    assert {wr.wr.opcode for wr in reads} == {enums.IBV_WR_RDMA_READ}
-    assert {wr.wr.opcode for wr in writes} == {enums.IBV_WR_RDMA_WRITE}
-    assert [wr.sge.length for wr in reads] == [64 * KiB] * 3 + [8 * KiB]
-    assert reads[0].sge.addr == dst.ctypes.data and reads[1].sge.addr == dst.ctypes.data + 64 * KiB
-    assert len({wr.wr_id for wr in [*reads, *writes]}) == 5
-
-
-async def test_completions_are_polled_off_the_event_loop(procs: Procs) -> None:
-    threads: set[int] = set()
-    poll = procs.reader_dev.poll_cq
-
-    def spy(n: int) -> list[Completion]:
-        threads.add(threading.get_ident())
-        return poll(n)
-
-    procs.reader_dev.poll_cq = spy  # type: ignore[method-assign]
-    _, handle = procs.share(_random(MiB))
-    await procs.reader.read(handle, 0, memoryview(bytearray(MiB)))
-    assert threads and threading.get_ident() not in threads
-
-
-def test_abi_constants_match_pyverbs() -> None:
-    from pyverbs import enums
-
-    assert _verbs.ACCESS_LOCAL_WRITE == enums.IBV_ACCESS_LOCAL_WRITE
-    assert _verbs.ACCESS_REMOTE_READ == enums.IBV_ACCESS_REMOTE_READ
-    assert _verbs.ACCESS_REMOTE_WRITE == enums.IBV_ACCESS_REMOTE_WRITE
-    assert _verbs.WR_RDMA_READ == enums.IBV_WR_RDMA_READ
-    assert _verbs.WR_RDMA_WRITE == enums.IBV_WR_RDMA_WRITE
-    assert _verbs.WC_RDMA_READ == enums.IBV_WC_RDMA_READ
-    assert _verbs.WC_RDMA_WRITE == enums.IBV_WC_RDMA_WRITE
-    assert _verbs.SEND_SIGNALED == enums.IBV_SEND_SIGNALED
-    assert _verbs.QPS_ERR == enums.IBV_QPS_ERR and _verbs.QPS_RTS == enums.IBV_QPS_RTS
-    assert _verbs.QP_STATE == enums.IBV_QP_STATE and _verbs.QPT_RC == enums.IBV_QPT_RC
-    for value, name in _verbs.WC_STATUS_NAMES.items():
-        assert getattr(enums, name) == value
-    assert _verbs.status_text(10) == "IBV_WC_REM_ACCESS_ERR (remote access error)"
-
-
-def test_queue_pair_attributes_build_without_a_device() -> None:
-    from pyverbs.qp import QPAttr, QPInitAttr
-
-    local = QPInfo(
-        qpn=0x11,
-        psn=123,
-        lid=0,
-        gid="fe80:0000:0000:0000:0000:0000:0000:0001",
-        mtu=5,
-        port=1,
-        rd_atomic=16,
-    )
-    roce = QPInfo(
-        qpn=0x22,
-        psn=456,
-        lid=0,
-        gid="fe80:0000:0000:0000:0002:c903:0000:0002",
-        mtu=3,
-        port=1,
-        rd_atomic=4,
-    )
-    attr = _verbs.rts_attr(local, roce, gid_index=3)
-    assert isinstance(attr, QPAttr)
-    assert (attr.dest_qp_num, attr.rq_psn, attr.sq_psn) == (0x22, 456, 123)
-    assert attr.path_mtu == 3 and attr.max_rd_atomic == 4 and attr.max_dest_rd_atomic == 16
-    assert attr.qp_access_flags == (
-        _verbs.ACCESS_LOCAL_WRITE | _verbs.ACCESS_REMOTE_READ | _verbs.ACCESS_REMOTE_WRITE
-    )
-    assert attr.ah_attr.is_global == 1 and attr.ah_attr.dgid == roce.gid
-    assert attr.ah_attr.sgid_index == 3
-    ib = QPInfo(qpn=0x33, psn=7, lid=42, gid=roce.gid, mtu=5, port=1)
-    attr = _verbs.rts_attr(local, ib, gid_index=0)
-    assert attr.ah_attr.is_global == 0 and attr.ah_attr.dlid == 42
-    init = _verbs.qp_init_attr(None, 128)
-    assert isinstance(init, QPInitAttr)
-    assert init.qp_type == _verbs.QPT_RC and init.cap.max_send_wr == 128
-    assert QPInfo.from_dict(ib.to_dict()) == ib
-
-
-# ------------------------------------------------------------------ resources and states
-
-
-async def test_local_registrations_are_cached_and_bounded() -> None:
-    p = _procs(mr_cache=2)
-    try:
-        src = _random(4096)
-        _, handle = p.share(src)
-        dsts = [np.zeros(4096, np.uint8) for _ in range(5)]
-        for d in dsts:
-            await p.reader.read(handle, 0, memoryview(d))
-        assert len(p.reader._local.entries) == 2
-        before = dict(p.reader._local.entries)
-        await p.reader.read(handle, 0, memoryview(dsts[-1]))
-        await p.reader.read(handle, 100, memoryview(dsts[-1])[100:200])  # inside a cached one
-        assert p.reader._local.entries == before
-        assert all(np.array_equal(d, src) for d in dsts)
-    finally:
-        await p.reader.aclose()
-        await p.owner.aclose()
-
-
-async def test_repr_states_and_close(procs: Procs) -> None:
-    _, handle = procs.share(_random(100))
-    await procs.reader.read(handle, 0, memoryview(bytearray(100)))
-    assert repr(procs.reader) == (
-        "<IbverbsBackend open device=reader peers=1 served=0 local_mrs=1 in_flight=0>"
-    )
-    assert "served=1" in repr(procs.owner)
-    assert procs.reader.reaches(handle)
-    await procs.reader.aclose()
-    assert procs.reader.state is State.CLOSED and "closed" in repr(procs.reader)
-    assert not procs.reader.reaches(handle)
-    assert procs.reader_dev.closed
-    with pytest.raises(ClosedError):
-        await procs.reader.read(handle, 0, memoryview(bytearray(100)))
-    await procs.reader.aclose()  # twice is fine
-
-
-async def test_close_fails_a_pending_transfer(procs: Procs) -> None:
-    _, handle = procs.share(_random(MiB))
-    await procs.reader.read(handle, 0, memoryview(bytearray(10)))
-    procs.reader_dev.hold()
-    posted = _posted(procs.reader_dev, 1)
-    task = asyncio.ensure_future(procs.reader.read(handle, 0, memoryview(bytearray(MiB))))
-    await posted.wait()
-    await procs.reader.aclose()
-    with pytest.raises(RDMATransferError, match="backend was closed"):
-        await task
-
-
-async def test_owner_close_deregisters_and_destroys(procs: Procs) -> None:
-    _, handle = procs.share(_random(100))
-    await procs.reader.read(handle, 0, memoryview(bytearray(100)))
-    owner_dev = procs.owner.device
-    assert isinstance(owner_dev, FakeVerbs) and owner_dev.qp_states()
-    await procs.owner.aclose()
-    assert owner_dev.closed and not owner_dev.qp_states()
-    assert not procs.fabric.regions.keys() - {r.lkey for r in procs.reader_dev._regions.values()}
-    assert procs.owner.register(LocalBuffer(7, memoryview(b"x"), 1, None)) == {}
-
-
-def test_probe_names_why_not(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(config, "rdma_disable_ibverbs", True)
-    assert IbverbsBackend.probe() == "disabled by DANAUS_RDMA_DISABLE_IBVERBS"
-    monkeypatch.setattr(config, "rdma_disable_ibverbs", False)
-    why = IbverbsBackend.probe()
-    if _have_device():
-        assert why is None
-    else:
-        assert why is not None and why.startswith("no RDMA device (")
-
-
-# ------------------------------------------------------------------ real hardware
-
-
-@pytest.mark.skipif(
-    not _have_device(), reason="needs an RDMA NIC (ibverbs device); none on this machine"
-)
-async def test_real_device_loopback_read_and_write() -> None:
-    owner: IbverbsBackend
-
-    async def exchange(addr: str, backend: str, payload: dict[str, Any]) -> dict[str, Any]:
-        return await owner.serve(payload)
-
-    owner = IbverbsBackend(_verbs.Verbs(), _unused)
-    reader = IbverbsBackend(_verbs.Verbs(), exchange, chunk_bytes=256 * KiB)
-    try:
-        src = _random(4 * MiB, seed=7)
-        view = memoryview(src).cast("B")
-        buf = LocalBuffer(1, view, src.ctypes.data, src)
-        keys = owner.register(buf)
-        handle = BufferHandle(
-            OWNER, os.getpid(), "host", 1, src.ctypes.data, src.nbytes, 0, "", {"ibverbs": keys}
-        )
-        dst = np.zeros(4 * MiB, np.uint8)
-        await reader.read(handle, 0, memoryview(dst))
-        assert np.array_equal(dst, src)
-        new = _random(MiB, seed=8)
-        await reader.write(handle, MiB, memoryview(new))
-        assert np.array_equal(src[MiB : 2 * MiB], new)
-    finally:
-        await reader.aclose()
-        await owner.aclose()
