@@ -29,7 +29,9 @@ class Sink(Actor):
 
     @endpoint
     async def take(self, sender: str, i: int) -> None:
-        inst = context().actor_instance.runtime_actor  # type: ignore[union-attr]
+        me = context().actor_instance
+        inst = me.runtime_actor if me is not None else None
+        assert inst is not None  # (an actor's own context always has both)
         self.max_depth = max(self.max_depth, len(inst.mailbox))
         self.count += 1
         if i % 64 == 0:

@@ -230,6 +230,13 @@ def require_no_running_loop(name: str) -> None:
 CHILD_CPUS: set[int] | None = None
 
 
+def pin_children(cpus: set[int] | None) -> None:
+    """Pin the child process of every floor measured from now on to ``cpus`` (None: no
+    pinning)."""
+    global CHILD_CPUS
+    CHILD_CPUS = cpus
+
+
 def abstract_name() -> str:
     """A fresh abstract-namespace socket name, without its leading NUL (argv can't hold one)."""
     return f"danaus-bench-{os.getpid()}-{os.urandom(6).hex()}"

@@ -38,8 +38,8 @@ async def _spawn_8() -> float:
         return time.perf_counter() - t
 
 
-async def _run() -> list[dict[str, Any]]:
-    rows = []
+async def _run() -> tuple[list[dict[str, object]], dict[str, Stats]]:
+    rows: list[dict[str, object]] = []
     spawn = [await _spawn_8() for _ in range(3)]
     spawn.sort()
     rows.append(
@@ -71,7 +71,7 @@ async def _run() -> list[dict[str, Any]]:
             results["call() on 8 actors, tree fan-out 2"] = await _call_latency(meshes[8], 400)
         finally:
             config.cast_fanout = old
-    return rows, results  # type: ignore[return-value]
+    return rows, results
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ import uvloop
 from danaus import Actor, endpoint, this_host
 
 from . import _floors
+from ._floor_io import pin_children
 from ._stats import format_table, summarize
 
 
@@ -38,7 +39,7 @@ class Echo(Actor):
 
 def _pin(me: set[int] | None, child: set[int] | None) -> None:
     os.sched_setaffinity(0, me if me else set(range(os.cpu_count() or 1)))
-    _floors.CHILD_CPUS = child
+    pin_children(child)
 
 
 async def _latency(ep: Any, n: int) -> Any:

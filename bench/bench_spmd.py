@@ -40,15 +40,15 @@ def main() -> None:
             _, wall = _run(launcher, 20)
             rows.append((name, step, wall))
     best = {n: min(r[1] for r in rows if r[0] == n) for n in ("torchrun", "danaus run")}
-    wall = {n: min(r[2] for r in rows if r[0] == n) for n in ("torchrun", "danaus run")}
+    whole = {n: min(r[2] for r in rows if r[0] == n) for n in ("torchrun", "danaus run")}
     print(
         f"DDP step, 2 procs (gloo, CPU, OMP_NUM_THREADS=1): danaus run {best['danaus run']:.0f} us"
         f" vs torchrun {best['torchrun']:.0f} us: {best['danaus run'] / best['torchrun']:.2f}x"
     )
     print(
         f"whole 20-step job (start, rendezvous, train, exit): danaus run "
-        f"{wall['danaus run']:.2f} s vs torchrun {wall['torchrun']:.2f} s: "
-        f"{wall['danaus run'] / wall['torchrun']:.2f}x"
+        f"{whole['danaus run']:.2f} s vs torchrun {whole['torchrun']:.2f} s: "
+        f"{whole['danaus run'] / whole['torchrun']:.2f}x"
     )
 
 

@@ -57,7 +57,11 @@ async def _pair(listen: str) -> dict[str, Any]:
     install_actor(acceptor, "__proc__", ProcControl())
     dialer = Runtime(loop, addr=f"unix:@danaus-bench-{secrets.token_hex(8)}", key=KEY)
     try:
-        small = (msgspec.Raw(msgspec.msgpack.encode([[], {}])), False, [])
+        small: tuple[msgspec.Raw, bool, list[Any]] = (
+            msgspec.Raw(msgspec.msgpack.encode([[], {}])),
+            False,
+            [],
+        )
         big = dumps_args((bytes(64 << 20),), {}, lambda: "a 64 MiB argument")
         times = await _timed(dialer, acceptor.addr, big, 2, 5)
         return {

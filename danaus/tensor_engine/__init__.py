@@ -52,8 +52,10 @@ __all__ = [
 ]
 
 
-def fetch_shard(t: DTensor, **coords: int) -> Future[torch.Tensor]:
-    """A local copy of the shard at ``coords`` (every mesh dim; none for a 1-proc mesh).
+def fetch_shard(t: torch.Tensor, **coords: int) -> Future[torch.Tensor]:
+    """A local copy of the shard at ``coords`` (every mesh dim; none for a 1-proc mesh)
+    of ``t``, a tensor made on a mesh (a ``DTensor``, typed ``torch.Tensor`` as torch's
+    operations return it).
 
     Raises (when awaited) ``RemoteException`` if the operation that made ``t`` failed on
     the worker: it carries the worker's traceback and the controller line that issued it.
@@ -63,13 +65,13 @@ def fetch_shard(t: DTensor, **coords: int) -> Future[torch.Tensor]:
     return t.client.fetch(t, coords)
 
 
-def inspect(t: DTensor, **coords: int) -> torch.Tensor:
+def inspect(t: torch.Tensor, **coords: int) -> torch.Tensor:
     """The value of one shard, synchronously (scripts, sync endpoints, notebook cells;
     ``await fetch_shard`` in async code, where this raises ``DeadlockError``)."""
     return fetch_shard(t, **coords).get()
 
 
-def show(t: DTensor, **coords: int) -> None:
+def show(t: torch.Tensor, **coords: int) -> None:
     """Print the value of one shard (:func:`inspect`)."""
     print(inspect(t, **coords))
 
