@@ -301,7 +301,10 @@ class Connection(FrameWriter, asyncio.BufferedProtocol):
             return
         finally:
             self._reading = False
-        self._flush_burst()
+        if self._wq:  # replies made while handling it go out now, in one write
+            if self._flush_handle is not None:
+                self._flush_handle.cancel()
+            self.flush()
 
     def eof_received(self) -> bool | None:
         if self._reader.mid_frame:

@@ -237,10 +237,3 @@ class FrameWriter:
         self._backlog_msgs = 0
         for hook in hooks:
             hook(self.close_reason)
-
-    def _flush_burst(self) -> None:
-        """Replies made while handling what just arrived go out now, in one write."""
-        if self._wq:
-            if self._flush_handle is not None:
-                self._flush_handle.cancel()
-            self.flush()

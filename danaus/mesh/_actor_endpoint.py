@@ -244,7 +244,7 @@ class ActorEndpoint(Generic[R_co]):
         shape = self._mesh.shape
         ranks = self._mesh.global_ranks()
         index = {g: i for i, g in enumerate(ranks)}
-        values: list[R_co | None] = [None] * len(ranks)
+        values: list[object] = [None] * len(ranks)
         left = [len(ranks)]
         error: list[BaseException] = []
 
@@ -254,11 +254,11 @@ class ActorEndpoint(Generic[R_co]):
                 if not error:
                     error.append(as_error(value))
             else:
-                values[index[rank]] = cast("R_co", value)  # the endpoint's result, decoded
+                values[index[rank]] = value  # the endpoint's result, decoded
             if left[0] == 0 and not fut.done():
                 if error:
                     fut.set_exception(error[0])
-                else:  # every rank answered: no None is left
+                else:  # every rank answered (no None is left), each an R
                     fut.set_result(ValueMesh(shape, cast("list[R_co]", values)))
             return left[0] == 0
 
