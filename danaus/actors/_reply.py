@@ -153,7 +153,8 @@ class Replier:
                         f"actor {a.ctx.actor_id} was stopped before handling {msg.method}",
                     )
             elif job.error is None:
-                self.returned(conn, msg, ep, job.value)
+                if msg.reply and not ep.explicit_response_port:
+                    self.value(conn, msg, job.value)
             else:
                 self.raised(conn, msg, ep, job.error)
         for c in batched:
