@@ -97,7 +97,7 @@ class IbverbsBackend(Backend):
         self._served: dict[str, QueuePair] = {}  # reader token -> our queue pair
         self._owned: dict[int, Region] = {}  # buf_id -> region
         self._local = LocalRegions(device, mr_cache, self._deregister)
-        self._poster = Poster(device, chunk_bytes, self._local)
+        self._poster = Poster(device, chunk_bytes, self._local, self._destroy_qp)
 
     def __repr__(self) -> str:
         return (

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import RDMAError, RDMATransferError
@@ -67,10 +68,19 @@ class Poster:
         chunk_bytes: bytes per work request.
         local: the reader's cache of local memory regions (a finished transfer releases
             its region there).
+        destroy_qp: destroys a queue pair once its flushes are in (the backend's, which
+            logs a failure).
     """
 
-    def __init__(self, device: Device, chunk_bytes: int, local: LocalRegions) -> None:
+    def __init__(
+        self,
+        device: Device,
+        chunk_bytes: int,
+        local: LocalRegions,
+        destroy_qp: Callable[[QueuePair], None],
+    ) -> None:
         self.device = device
+        self._destroy_qp = destroy_qp
         self.chunk_bytes = chunk_bytes
         self.conns: dict[str, Conn] = {}  # owner -> its live connection
         self.draining: set[Conn] = set()  # broken, waiting for their flushes
@@ -242,7 +252,4 @@ class Poster:
     def _drop_if_drained(self, conn: Conn) -> None:
         if conn in self.draining and conn.outstanding == 0:
             self.draining.discard(conn)
-            try:
-                self.device.destroy_qp(conn.qp)
-            except Exception as e:
-                log.warning("ibverbs: destroying queue pair %#x failed: %s", conn.qp.qpn, e)
+            self._destroy_qp(conn.qp)
