@@ -106,8 +106,9 @@ class ActorInstance:
         self._count = config.actor_stats
         self.in_flight = InFlight(rt, self, self._count, self._thread_done)
         self.mailbox = Mailbox(self, rt.loop, ctx.actor_id)
-        # Every message comes through here: the mailbox's own method, not a forwarder.
-        self.deliver = self.mailbox.deliver  # type: ignore[method-assign]
+        #: take a message; ``sender`` (default: the connection's peer) orders it by
+        #: ``msg.seq``. The mailbox's own method: every message comes through here.
+        self.deliver = self.mailbox.deliver
         self.replier = Replier(self)
         self.stats = ActorStats()
         object.__setattr__(ctx, "runtime_actor", self)  # frozen dataclass: set once, here
@@ -148,13 +149,6 @@ class ActorInstance:
             else "idle"
         )
         return f"<ActorInstance {self.ctx.actor_id} {state} queued={len(self.mailbox)}>"
-
-    def deliver(
-        self, conn: Connection, msg: Call, parts: Sequence[Buffer], sender: str | None = None
-    ) -> None:
-        """Take a message; ``sender`` (default: the connection's peer) orders it by ``msg.seq``.
-        (Replaced in ``__init__`` by the mailbox's ``deliver`` itself, for speed.)"""
-        self.mailbox.deliver(conn, msg, parts, sender)
 
     def skip(self, sender: str, seq: int) -> None:
         """``seq`` from ``sender`` will never come: stop waiting for it."""
