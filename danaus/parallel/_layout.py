@@ -1,0 +1,42 @@
+"""Where each proc of a mesh sits in a dp x pp x tp grid, and what it runs there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The grid a plan runs on: ``dp`` replicas of a ``pp``-stage pipeline whose blocks are
+    split ``tp`` ways. Rank ``r`` of the mesh is ``(dp_i * pp + pp_i) * tp + tp_i``: the
+    ``tp`` procs of one stage are neighbours (the fastest links), replicas are farthest.
+
+    Attributes:
+        dp, pp, tp: the grid's sizes.
+        microbatches: microbatches per replica per step.
+        stages: per stage, its (first, last) block index, inclusive.
+        schedule: ``"1f1b"`` or ``"gpipe"`` (pipelines only).
+        sharded: replicas shard weights, grads and optimizer state (FSDP) instead of
+            each holding all of them (DDP).
+    """
+
+    dp: int
+    pp: int
+    tp: int
+    microbatches: int
+    stages: tuple[tuple[int, int], ...]
+    schedule: str = "1f1b"
+    sharded: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(dp_i, pp_i, tp_i) of ``rank``."""
+        tp_i = rank % self.tp
+        pp_i = (rank // self.tp) % self.pp
+        return rank // (self.tp * self.pp), pp_i, tp_i
+
+    def rank(self, dp_i: int, pp_i: int, tp_i: int) -> int:
+        return (dp_i * self.pp + pp_i) * self.tp + tp_i

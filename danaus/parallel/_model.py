@@ -1,0 +1,313 @@
+"""What danaus knows of a model: where its repeated blocks are, what runs before and after
+them, its loss, and how to cut it into pipeline stages.
+
+A model is an *embed* part (run on the first stage), a list of *blocks* (split into
+contiguous stages), and a *head* part (run on the last stage). ``ModelParts`` finds them:
+
+- ``nn.Sequential``: every child is a block; no embed, no head.
+- Hugging Face GPT-2 (``transformer.h``: ``wte`` + ``wpe`` first, ``ln_f`` + ``lm_head`` last).
+- Hugging Face Llama and models built like it (``model.layers``: ``embed_tokens`` first,
+  ``norm`` + ``lm_head`` last; Mistral and Qwen2 share the layout).
+- Any other module with exactly one ``nn.ModuleList`` (or the one ``layers=`` names):
+  its blocks are found and profiled, and it trains data parallel; its forward around the
+  blocks is its own code, so danaus cannot cut it into pipeline stages.
+
+Running the parts one after the other gives exactly what the model's own ``forward``
+gives (the tests hold it to that), so a pipeline computes what one process computes.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._errors import PlanError
+
+Batch = Any  # a dict of tensors (Hugging Face style) or an (inputs, target) tuple
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+#: Families whose forward around the blocks danaus runs itself (so it can pipeline them).
+PIPELINE_FAMILIES = ("sequential", "gpt2", "llama")
+#: Families with a known tensor-parallel plan.
+TP_FAMILIES = ("llama",)
+
+
+def _get(model: nn.Module, path: str) -> nn.Module:
+    return model.get_submodule(path)
+
+
+def _module_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
+    found = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) > 0:
+            # a ModuleList inside a found block (a block's heads) is not another list of blocks
+            if not any(name.startswith(f + ".") for f, _ in found):
+                found.append((name, mod))
+    return found
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """Where a model's blocks are and how its parts run. Picklable; holds no module.
+
+    Attributes:
+        family: ``"sequential"``, ``"gpt2"``, ``"llama"`` or ``"modulelist"``.
+        blocks_path: the dotted name of the blocks' container (``""`` for a Sequential).
+        n_blocks: how many blocks.
+        embed_paths: submodules run before the blocks (on the first stage).
+        head_paths: submodules run after them (on the last stage).
+    """
+
+    family: str
+    blocks_path: str
+    n_blocks: int
+    embed_paths: tuple[str, ...] = ()
+    head_paths: tuple[str, ...] = ()
+
+    @property
+    def can_pipeline(self) -> bool:
+        return self.family in PIPELINE_FAMILIES
+
+    @property
+    def can_tensor_parallel(self) -> bool:
+        return self.family in TP_FAMILIES
+
+    def block_path(self, i: int) -> str:
+        return f"{self.blocks_path}.{i}" if self.blocks_path else str(i)
+
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        container = _get(model, self.blocks_path) if self.blocks_path else model
+        return list(container.children()) if self.family == "sequential" else list(container)
+
+    # --- the model's forward, part by part -------------------------------------------
+
+    def embed(self, model: nn.Module, inputs: Any) -> torch.Tensor:
+        """The first stage's work before its blocks: token ids to hidden states."""
+        if self.family == "gpt2":
+            t = _get(model, "transformer")
+            pos = torch.arange(inputs.shape[-1], device=inputs.device).unsqueeze(0)
+            h = t.get_submodule("wte")(inputs) + t.get_submodule("wpe")(pos)
+            out: torch.Tensor = t.get_submodule("drop")(h)
+            return out
+        if self.family == "llama":
+            emb: torch.Tensor = _get(model, "model.embed_tokens")(inputs)
+            return emb
+        return inputs  # type: ignore[no-any-return]
+
+    def run_blocks(self, model: nn.Module, first: int, last: int, h: Any) -> Any:
+        """Blocks ``first``..``last`` (inclusive) on hidden states ``h``."""
+        blocks = self.blocks(model)
+        if self.family in ("gpt2", "llama"):
+            return self._run_hf_blocks(model, blocks, first, last, h)
+        for i in range(first, last + 1):
+            h = blocks[i](h)
+        return h
+
+    def _run_hf_blocks(
+        self, model: nn.Module, blocks: list[nn.Module], first: int, last: int, h: torch.Tensor
+    ) -> torch.Tensor:
+        from transformers.masking_utils import create_causal_mask
+
+        config = model.config
+        pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+        mask = create_causal_mask(
+            config=config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=pos
+        )
+        if self.family == "gpt2":
+            for i in range(first, last + 1):
+                h = blocks[i](h, None, mask, None, position_ids=pos)
+            return h
+        rotary = _get(model, "model.rotary_emb")
+        pe = rotary(h, position_ids=pos)
+        for i in range(first, last + 1):
+            h = blocks[i](h, attention_mask=mask, position_embeddings=pe, position_ids=pos)
+        return h
+
+    def head(self, model: nn.Module, h: Any) -> Any:
+        """The last stage's work after its blocks: hidden states to the output (logits)."""
+        if self.family == "gpt2":
+            return _get(model, "lm_head")(_get(model, "transformer.ln_f")(h))
+        if self.family == "llama":
+            return _get(model, "lm_head")(_get(model, "model.norm")(h))
+        return h
+
+    def forward(self, model: nn.Module, inputs: Any) -> Any:
+        """The whole model, part by part (what one pipeline computes)."""
+        if not self.can_pipeline:
+            return model(inputs)
+        h = self.embed(model, inputs)
+        h = self.run_blocks(model, 0, self.n_blocks - 1, h)
+        return self.head(model, h)
+
+    def default_loss(self, model: nn.Module) -> LossFn | None:
+        """The model's own loss on (output, target), where it has one (Hugging Face)."""
+        if self.family not in ("gpt2", "llama"):
+            return None
+        vocab = int(model.config.vocab_size)
+        hf_loss = model.loss_function
+
+        def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = hf_loss(logits=logits, labels=labels, vocab_size=vocab)
+            return out
+
+        return loss
+
+    # --- stages -------------------------------------------------------------------------
+
+    def stage_module(self, model: nn.Module, first: int, last: int) -> StageModule:
+        """A copy of ``model`` holding only what blocks ``first``..``last`` need: the
+        embed part if ``first == 0``, the head part if ``last`` is the last block."""
+        if not self.can_pipeline:
+            raise PlanError(
+                f"this model ({type(model).__name__}) cannot be cut into pipeline stages: "
+                "danaus runs the forward around the blocks only for nn.Sequential, Hugging "
+                "Face GPT-2 and Llama-style models; give pp=1, or express it as nn.Sequential"
+            )
+        m = copy.deepcopy(model)
+        container = _get(m, self.blocks_path) if self.blocks_path else m
+        for i in range(self.n_blocks):
+            if not first <= i <= last:
+                _replace(container, str(i), nn.Identity())
+        is_first, is_last = first == 0, last == self.n_blocks - 1
+        if not is_first:
+            for p in self.embed_paths:
+                _replace_path(m, p, nn.Identity())
+        if not is_last:
+            for p in self.head_paths:
+                _replace_path(m, p, nn.Identity())
+        return StageModule(m, self, first, last)
+
+
+def _replace(parent: nn.Module, name: str, new: nn.Module) -> None:
+    if isinstance(parent, nn.ModuleList):
+        parent[int(name)] = new
+    else:
+        setattr(parent, name, new)
+
+
+def _replace_path(model: nn.Module, path: str, new: nn.Module) -> None:
+    parent, _, name = path.rpartition(".")
+    _replace(model.get_submodule(parent) if parent else model, name, new)
+
+
+class StageModule(nn.Module):
+    """One pipeline stage: the model's copy with only this stage's parts left in it.
+
+    Its parameter names are the model's (under ``model.``), so a stage's state dict is a
+    piece of the model's.
+    """
+
+    def __init__(self, model: nn.Module, parts: ModelParts, first: int, last: int) -> None:
+        super().__init__()
+        self.model = model
+        self.parts = parts
+        self.first = first
+        self.last = last
+
+    def forward(self, x: Any) -> Any:
+        p = self.parts
+        h = p.embed(self.model, x) if self.first == 0 else x
+        h = p.run_blocks(self.model, self.first, self.last, h)
+        return p.head(self.model, h) if self.last == p.n_blocks - 1 else h
+
+    def extra_repr(self) -> str:
+        return f"blocks {self.first}..{self.last} of {self.parts.n_blocks}"
+
+
+def find_parts(model: nn.Module, layers: str | None = None) -> ModelParts:
+    """Find ``model``'s blocks. ``layers`` names the container (``"transformer.h"``)
+    where the model's layout is not one danaus knows."""
+    if layers is not None:
+        try:
+            container = model.get_submodule(layers) if layers else model
+        except AttributeError as e:
+            raise PlanError(f"layers={layers!r}: the model has no submodule of that name") from e
+        if not isinstance(container, (nn.ModuleList, nn.Sequential)) or len(container) == 0:
+            raise PlanError(
+                f"layers={layers!r} is a {type(container).__name__}; it must name a "
+                "non-empty nn.ModuleList or nn.Sequential of blocks"
+            )
+    if isinstance(model, nn.Sequential) and not layers:
+        if len(model) == 0:
+            raise PlanError("the nn.Sequential has no layers")
+        return ModelParts("sequential", "", len(model))
+    family = _hf_family(model)
+    if family == "gpt2" and layers in (None, "transformer.h"):
+        n = len(_get(model, "transformer.h"))
+        return ModelParts(
+            "gpt2",
+            "transformer.h",
+            n,
+            ("transformer.wte", "transformer.wpe"),
+            ("transformer.ln_f", "lm_head"),
+        )
+    if family == "llama" and layers in (None, "model.layers"):
+        n = len(_get(model, "model.layers"))
+        return ModelParts(
+            "llama", "model.layers", n, ("model.embed_tokens",), ("model.norm", "lm_head")
+        )
+    if layers is not None:
+        return ModelParts("modulelist", layers, len(model.get_submodule(layers)))
+    lists = _module_lists(model)
+    if len(lists) != 1:
+        what = "no nn.ModuleList" if not lists else f"{len(lists)} ({[n for n, _ in lists]})"
+        raise PlanError(
+            f"cannot find the repeated blocks of {type(model).__name__}: it has {what}; "
+            "give layers='dotted.name' of the nn.ModuleList that holds them"
+        )
+    name, mods = lists[0]
+    return ModelParts("modulelist", name, len(mods))
+
+
+def _hf_family(model: nn.Module) -> str | None:
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(model, "loss_function"):
+        return None
+    try:
+        if isinstance(model.get_submodule("transformer.h"), nn.ModuleList) and hasattr(
+            model, "lm_head"
+        ):
+            if getattr(config, "model_type", "") == "gpt2":
+                return "gpt2"
+    except AttributeError:
+        pass
+    try:
+        layers = model.get_submodule("model.layers")
+        model.get_submodule("model.embed_tokens")
+        model.get_submodule("model.norm")
+        model.get_submodule("model.rotary_emb")
+        if isinstance(layers, nn.ModuleList) and hasattr(model, "lm_head"):
+            return "llama"
+    except AttributeError:
+        pass
+    return None
+
+
+def split_batch(batch: Batch) -> tuple[Any, Any]:
+    """A batch as (inputs, target): ``{"input_ids", "labels"}`` or ``(inputs, target)``."""
+    if isinstance(batch, dict):
+        extra = set(batch) - {"input_ids", "labels"}
+        if "input_ids" not in batch or "labels" not in batch or extra:
+            raise ValueError(
+                "a dict batch must have exactly the keys 'input_ids' and 'labels' "
+                f"(got {sorted(batch)}); padding masks are not supported yet"
+            )
+        return batch["input_ids"], batch["labels"]
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise ValueError(
+        f"a batch is a dict with 'input_ids' and 'labels' or an (inputs, target) tuple, "
+        f"not {type(batch).__name__}"
+    )
+
+
+def batch_size(batch: Batch) -> int:
+    inputs, _ = split_batch(batch)
+    if not isinstance(inputs, torch.Tensor) or inputs.dim() == 0:
+        raise ValueError("a batch's inputs must be a tensor whose first dim is the batch")
+    return int(inputs.shape[0])

@@ -1,0 +1,106 @@
+"""``Plan``: how a model is laid out on a mesh, what the planner expects of it, and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._layout import Layout
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One pipeline stage: blocks ``first``..``last`` (inclusive).
+
+    Attributes:
+        first, last: block indices, inclusive.
+        param_bytes: bytes of the stage's weights (all of them, before tensor parallel).
+        estimated_s: estimated forward + backward time of one microbatch on this stage.
+        peak_bytes: estimated peak bytes per proc of this stage (weights, grads,
+            optimizer state and the activations of the microbatches in flight).
+    """
+
+    first: int
+    last: int
+    param_bytes: int
+    estimated_s: float
+    peak_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A layout of a model on a mesh: ``dp`` replicas of a ``pp``-stage pipeline whose
+    blocks are split ``tp`` ways, with ``microbatches`` per replica per step.
+
+    Made by :func:`danaus.parallel.plan` (measured and chosen) or by hand
+    (``Plan.manual``). ``print(plan)`` shows it as a table, with why it was chosen and
+    what came second.
+    """
+
+    dp: int
+    pp: int
+    tp: int
+    microbatches: int
+    stages: tuple[StagePlan, ...]
+    estimated_step_s: float = 0.0
+    peak_bytes_per_proc: int = 0
+    schedule: str = "1f1b"
+    sharded: bool = False
+    layers: str | None = None
+    memory_per_proc: int = 0
+    why: str = ""
+    runner_up: str = ""
+    candidates: int = 0
+    loss_fn: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def strategy(self) -> str:
+        """``"dp=2 x pp=2"`` style: the dims above 1 (``"single"`` when none)."""
+        dims = [f"{k}={v}" for k, v in (("dp", self.dp), ("pp", self.pp), ("tp", self.tp)) if v > 1]
+        if self.sharded:
+            dims[0] = dims[0].replace("dp=", "fsdp=")
+        return " x ".join(dims) or "single"
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(
+            self.dp,
+            self.pp,
+            self.tp,
+            self.microbatches,
+            tuple((s.first, s.last) for s in self.stages),
+            self.schedule,
+            self.sharded,
+        )
+
+    def __str__(self) -> str:
+        lines = [
+            f"Plan: {self.strategy}, {self.microbatches} microbatch"
+            f"{'es' if self.microbatches != 1 else ''} per replica"
+            + (f", {self.schedule} schedule" if self.pp > 1 else ""),
+        ]
+        if self.estimated_step_s:
+            lines.append(
+                f"estimated step {_ms(self.estimated_step_s)}, peak "
+                f"{_mib(self.peak_bytes_per_proc)} per proc"
+                + (f" (cap {_mib(self.memory_per_proc)})" if self.memory_per_proc else "")
+            )
+        lines.append(f"{'stage':>5}  {'blocks':>9}  {'weights':>11}  {'fwd+bwd/mb':>11}  {'peak/proc':>11}")
+        for i, s in enumerate(self.stages):
+            lines.append(
+                f"{i:>5}  {f'{s.first}..{s.last}':>9}  {_mib(s.param_bytes):>11}  "
+                f"{_ms(s.estimated_s):>11}  {_mib(s.peak_bytes):>11}"
+            )
+        if self.why:
+            lines.append(f"why: {self.why}")
+        if self.runner_up:
+            lines.append(f"runner-up: {self.runner_up}")
+        return "\n".join(lines)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.2f} ms"
