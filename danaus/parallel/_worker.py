@@ -231,13 +231,22 @@ class ParallelWorker(Actor):
         m = self.layout.microbatches
         total = 0.0
         for k, (x, y) in enumerate(zip(inputs.chunk(m), target.chunk(m), strict=True)):
-            sync = k == m - 1 or self.layout.dp == 1
-            ctx = nullcontext() if sync else self.module.no_sync()  # type: ignore[operator]
-            with ctx:
+            with self._grad_sync(k == m - 1):
                 loss = self.loss_fn(self.module(x), y) / m
                 loss.backward()
             total += float(loss.detach())
         return total
+
+    def _grad_sync(self, sync: bool) -> Any:
+        """Replicas reduce gradients on the last microbatch only."""
+        from torch.distributed.fsdp import FSDPModule
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(self.module, FSDPModule):
+            self.module.set_requires_gradient_sync(sync)
+        elif isinstance(self.module, DistributedDataParallel) and not sync:
+            return self.module.no_sync()
+        return nullcontext()
 
     def _sum_tied_grads(self) -> None:
         if self.tied_group is None:

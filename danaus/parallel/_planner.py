@@ -1,0 +1,346 @@
+"""The planner: from what was measured, the layout with the least estimated step time that
+fits every proc's memory.
+
+For each grid (dp x pp x tp = the mesh's size), microbatch count and kind of replica
+(DDP, or FSDP sharding), the stage boundaries come from dynamic programming over the
+blocks: the split into ``pp`` contiguous stages whose slowest stage is fastest, with each
+stage under the memory cap. The step is then estimated as
+
+- pipeline: ``(microbatches + pp - 1)`` x the slowest stage's microbatch time (the
+  schedule's bubble), each stage's time being its blocks' measured forward + backward
+  (divided by ``tp``), its part of embed / head, the sends to the next stage and the
+  tensor-parallel all-reduces (four per block) at the measured bandwidth;
+- replicas: an all-reduce of the stage's gradients (DDP), or an all-gather of the weights
+  twice and a reduce-scatter of the gradients (FSDP);
+- the optimizer step, measured per byte of weights;
+- all compute scaled by the procs per core where a host has fewer cores than procs.
+
+Memory per proc: weights + gradients + optimizer state (each divided by ``tp`` for the
+blocks, by ``dp`` when sharded) + the activations of the microbatches in flight on that
+stage (1F1B keeps ``pp - stage`` of them, GPipe all).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ._errors import PlanError
+from ._plan import Plan, StagePlan
+from ._profile import MeshFacts, ModelCost
+
+#: more microbatches than this per replica buy little and cost a profile size each
+MAX_MICROBATCHES = 16
+
+
+@dataclass(frozen=True)
+class Candidate:
+    dp: int
+    pp: int
+    tp: int
+    microbatches: int
+    sharded: bool
+
+    @property
+    def schedule(self) -> str:
+        return "1f1b" if self.microbatches >= self.pp else "gpipe"
+
+    def describe(self) -> str:
+        dims = [
+            f"{'fsdp' if self.sharded else 'dp'}={self.dp}" if self.dp > 1 else "",
+            f"pp={self.pp}" if self.pp > 1 else "",
+            f"tp={self.tp}" if self.tp > 1 else "",
+        ]
+        return " x ".join(d for d in dims if d) or "single"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    cand: Candidate
+    step_s: float
+    peak: int
+    stages: tuple[StagePlan, ...]
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(
+    n: int,
+    batch: int,
+    n_blocks: int,
+    *,
+    can_pipeline: bool,
+    tp_ok: list[int],
+    dp: int | None = None,
+    pp: int | None = None,
+    tp: int | None = None,
+    microbatches: int | None = None,
+) -> Iterator[Candidate]:
+    """Every layout allowed by the model, the mesh, the batch and the forced dims."""
+    for d in divisors(n):
+        for p in divisors(n // d):
+            t = n // (d * p)
+            if (dp and d != dp) or (pp and p != pp) or (tp and t != tp):
+                continue
+            if p > n_blocks or (p > 1 and not can_pipeline) or t not in tp_ok:
+                continue
+            if batch % d:
+                continue
+            ms = [microbatches] if microbatches else divisors(batch // d)
+            for m in ms:
+                if m > MAX_MICROBATCHES and not microbatches:
+                    continue
+                if (batch // d) % m:
+                    continue
+                for sharded in (False, True) if d > 1 else (False,):
+                    yield Candidate(d, p, t, m, sharded)
+
+
+def check_forced(
+    n: int,
+    batch: int,
+    n_blocks: int,
+    *,
+    can_pipeline: bool,
+    tp_ok: list[int],
+    dp: int | None,
+    pp: int | None,
+    tp: int | None,
+    microbatches: int | None,
+    why_no_tp: str,
+) -> None:
+    """A clear error for forced dims that cannot be met, naming the argument."""
+    forced = {k: v for k, v in (("dp", dp), ("pp", pp), ("tp", tp)) if v is not None}
+    for k, v in forced.items():
+        if not isinstance(v, int) or v < 1:
+            raise PlanError(f"{k}={v!r}: each forced dim is a positive int")
+    prod = math.prod(forced.values())
+    if n % prod or (len(forced) == 3 and prod != n):
+        raise PlanError(
+            f"{' x '.join(f'{k}={v}' for k, v in forced.items())} = {prod} does not "
+            f"{'equal' if len(forced) == 3 else 'divide'} the mesh's {n} procs"
+        )
+    if pp and pp > 1 and not can_pipeline:
+        raise PlanError(
+            f"pp={pp}: this model cannot be cut into pipeline stages (danaus runs the "
+            "forward around the blocks only for nn.Sequential, Hugging Face GPT-2 and "
+            "Llama-style models); give pp=1"
+        )
+    if pp and pp > n_blocks:
+        raise PlanError(f"pp={pp}: the model has only {n_blocks} blocks to split into stages")
+    if tp and tp not in tp_ok:
+        raise PlanError(f"tp={tp}: {why_no_tp}")
+    if dp and batch % dp:
+        raise PlanError(f"dp={dp} does not divide the batch of {batch} samples")
+    if microbatches is not None:
+        if not isinstance(microbatches, int) or microbatches < 1:
+            raise PlanError(f"microbatches={microbatches!r}: give a positive int")
+        per = (dp or 1) * microbatches
+        if batch % per:
+            raise PlanError(
+                f"microbatches={microbatches}"
+                + (f" x dp={dp}" if dp else "")
+                + f" does not divide the batch of {batch} samples"
+            )
+
+
+def profile_sizes(cands: list[Candidate], batch: int) -> list[int]:
+    """The microbatch sizes the candidates run (each is measured)."""
+    return sorted({batch // (c.dp * c.microbatches) for c in cands}, reverse=True)
+
+
+class _Costs:
+    """Prefix sums of one microbatch size's block costs, for the stage DP."""
+
+    def __init__(self, cost: ModelCost, s: int, tp: int) -> None:
+        self.cost = cost
+        self.s = s
+        b = cost.blocks
+        self.t = _prefix([x.time_s[s] / tp for x in b])
+        self.a = _prefix([x.act_bytes[s] for x in b])
+        self.w = _prefix([x.param_bytes / tp for x in b])
+        self.out = [x.out_bytes[s] for x in b]
+
+
+def _prefix(xs: list[float] | list[int]) -> list[float]:
+    out = [0.0]
+    for x in xs:
+        out.append(out[-1] + x)
+    return out
+
+
+def estimate(cand: Candidate, cost: ModelCost, mesh: MeshFacts, batch: int, cap: int) -> Estimate:
+    """The best stage split of ``cand`` and its step time and peak memory per proc
+    (``peak`` > ``cap`` when nothing fits: then the split is the least memory one)."""
+    c = cand
+    s = batch // (c.dp * c.microbatches)
+    L = len(cost.blocks)
+    k_costs = _Costs(cost, s, c.tp)
+    contention = max(1.0, mesh.procs_per_host / max(1, mesh.cores_per_host))
+    bw, lat = mesh.collective_bw, mesh.collective_latency_s
+    state = 2.0 + cost.opt_ratio  # weights, grads, optimizer state per byte of weights
+
+    def stage(k: int, i: int, j: int) -> tuple[float, int, float]:
+        """Stage k over blocks i..j-1: (microbatch seconds, peak bytes, weight bytes)."""
+        first, last = k == 0, k == c.pp - 1
+        t = k_costs.t[j] - k_costs.t[i]
+        w = k_costs.w[j] - k_costs.w[i]
+        act = k_costs.a[j] - k_costs.a[i]
+        if first:
+            t += cost.embed.time_s[s]
+            w += cost.embed.param_bytes
+            act += cost.embed.act_bytes[s]
+        if last:
+            t += cost.head.time_s[s]
+            w += cost.head.param_bytes
+            act += cost.head.act_bytes[s]
+        t *= contention
+        if c.tp > 1:  # two all-reduces of a block's output forward, two backward
+            ring = 2 * (c.tp - 1) / c.tp
+            t += 4 * sum(k_costs.out[i:j]) * ring / bw + 4 * (j - i) * lat
+        if not last:  # activations to the next stage, gradients back
+            t += 2 * (k_costs.out[j - 1] / bw + lat)
+        inflight = 1 if c.pp == 1 else (c.microbatches if c.schedule == "gpipe" else min(c.microbatches, c.pp - k))
+        held = w * state / (c.dp if c.sharded else 1)
+        working = max((x.param_bytes for x in cost.blocks[i:j]), default=0) if c.sharded else 0
+        return t, int(held + working + inflight * act), w
+
+    best = _split(c.pp, L, stage, cap)
+    stages = []
+    worst_t, peak, worst_w = 0.0, 0, 0.0
+    for k, (i, j) in enumerate(best):
+        t, mem, w = stage(k, i, j)
+        stages.append(StagePlan(i, j - 1, int(w * (c.tp if c.tp > 1 else 1)), t, mem))
+        worst_t, peak, worst_w = max(worst_t, t), max(peak, mem), max(worst_w, w)
+    step = (c.microbatches + c.pp - 1) * worst_t
+    if c.dp > 1 and (c.sharded or c.pp > 1 or c.tp > 1):
+        # FSDP2: weights gathered for forward (and again for backward where sharded
+        # between them), gradients reduce-scattered; measured over the whole mesh, scaled
+        # to the dp group's ring
+        gathers = 2 if c.sharded else 1
+        scale = ((c.dp - 1) / c.dp) / max((mesh.procs - 1) / mesh.procs, 1e-9)
+        per_byte = gathers * mesh.gather_s_per_byte + mesh.scatter_s_per_byte
+        step += worst_w * scale * per_byte + (gathers + 1) * lat
+    elif c.dp > 1:  # DDP: one all-reduce of the gradients
+        step += 2 * (c.dp - 1) / c.dp * worst_w / bw + lat
+    opt_bytes = worst_w / (c.dp if c.sharded else 1)
+    step += cost.opt_s_per_byte * opt_bytes * contention
+    return Estimate(c, step, peak, tuple(stages))
+
+
+def _split(
+    pp: int, L: int, stage: object, cap: int
+) -> list[tuple[int, int]]:
+    """Contiguous split of ``L`` blocks into ``pp`` stages minimising the slowest stage
+    with every stage under ``cap`` (or, where none fits, minimising the largest peak)."""
+    fn = stage  # (k, i, j) -> (seconds, peak, weights)
+    inf = (math.inf, math.inf)
+    # best[k][j]: (slowest, largest peak) of the first j blocks in k+1 stages, and the cut
+    best: list[list[tuple[tuple[float, float], int]]] = [[(inf, -1)] * (L + 1) for _ in range(pp)]
+    for j in range(1, L - pp + 2):
+        t, mem, _ = fn(0, 0, j)  # type: ignore[operator]
+        best[0][j] = (_key(t, mem, cap), 0)
+    for k in range(1, pp):
+        for j in range(k + 1, L - (pp - k - 1) + 1):
+            for i in range(k, j):
+                prev = best[k - 1][i][0]
+                if prev == inf:
+                    continue
+                t, mem, _ = fn(k, i, j)  # type: ignore[operator]
+                here = _key(t, mem, cap)
+                cand = _worse(prev, here)
+                if cand < best[k][j][0]:
+                    best[k][j] = (cand, i)
+    cuts = []
+    j = L
+    for k in reversed(range(pp)):
+        i = best[k][j][1] if k else 0
+        cuts.append((i, j))
+        j = i
+    return list(reversed(cuts))
+
+
+def _key(t: float, mem: int, cap: int) -> tuple[float, float]:
+    """Stages that fit compare by time; one that does not is worse than any that fits,
+    and compares by how far over the cap it is."""
+    return (t, 0.0) if mem <= cap else (math.inf, float(mem))
+
+
+def _worse(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    return (max(a[0], b[0]), max(a[1], b[1]))
+
+
+def choose(
+    cost: ModelCost,
+    mesh: MeshFacts,
+    *,
+    batch: int,
+    cands: list[Candidate],
+    layers: str | None,
+) -> Plan:
+    """The fastest candidate that fits ``mesh.memory_per_proc``; ``PlanError`` naming the
+    memory the smallest one needs where none fits."""
+    cap = mesh.memory_per_proc
+    ests = [estimate(c, cost, mesh, batch, cap) for c in cands]
+    if not ests:
+        raise PlanError("no layout of this mesh suits the model and batch")
+    fits = sorted((e for e in ests if e.peak <= cap), key=_rank)
+    if not fits:
+        smallest = min(ests, key=lambda e: e.peak)
+        raise PlanError(
+            f"no plan fits in {cap / 2**20:.1f} MiB per proc: the smallest, "
+            f"{smallest.cand.describe()} with {smallest.cand.microbatches} microbatches, "
+            f"needs {smallest.peak / 2**20:.1f} MiB per proc (give more procs or "
+            "memory_per_proc)"
+        )
+    best = fits[0]
+    runner = next((e for e in fits[1:] if _shape(e) != _shape(best)), None)
+    why = (
+        f"fastest of {len(ests)} layouts estimated ({len(fits)} fit in "
+        f"{cap / 2**20:.1f} MiB per proc); measured on {mesh.procs} procs, "
+        f"{mesh.procs_per_host} per host on {mesh.cores_per_host} cores; data plane "
+        f"{mesh.bandwidth / 1e9:.2f} GB/s between procs, all-reduce "
+        f"{mesh.collective_bw / 1e9:.2f} GB/s (bus), {mesh.collective_latency_s * 1e6:.0f} µs"
+    )
+    if len(fits) < len(ests):
+        over = min((e for e in ests if e.peak > cap), key=_rank)
+        why += (
+            f"; {len(ests) - len(fits)} need more memory, e.g. {over.cand.describe()} "
+            f"({over.peak / 2**20:.1f} MiB)"
+        )
+    runner_up = (
+        f"{runner.cand.describe()}, {runner.cand.microbatches} microbatches: "
+        f"{runner.step_s * 1e3:.2f} ms, {runner.peak / 2**20:.2f} MiB per proc"
+        if runner
+        else ""
+    )
+    c = best.cand
+    return Plan(
+        dp=c.dp,
+        pp=c.pp,
+        tp=c.tp,
+        microbatches=c.microbatches,
+        stages=best.stages,
+        estimated_step_s=best.step_s,
+        peak_bytes_per_proc=best.peak,
+        schedule=c.schedule,
+        sharded=c.sharded,
+        layers=layers,
+        memory_per_proc=cap,
+        why=why,
+        runner_up=runner_up,
+        candidates=len(ests),
+    )
+
+
+def _shape(e: Estimate) -> tuple[int, int, int, bool]:
+    return (e.cand.dp, e.cand.pp, e.cand.tp, e.cand.sharded)
+
+
+def _rank(e: Estimate) -> tuple[float, int, int]:
+    # fastest first; a tie goes to fewer dims in use, then to fewer microbatches
+    dims = (e.cand.dp > 1) + (e.cand.pp > 1) + (e.cand.tp > 1) + e.cand.sharded
+    return (round(e.step_s, 9), dims, e.cand.microbatches)

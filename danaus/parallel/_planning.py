@@ -1,0 +1,187 @@
+"""``plan()``: measure a model and a mesh on the mesh's own procs, then choose a layout."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..actors._api import Future, current_runtime, run_task
+from ..spmd import setup_torch_elastic_env_async
+from ._errors import PlanError
+from ._model import ModelParts, batch_size, find_parts
+from ._plan import Plan
+from ._planner import candidates, check_forced, choose, profile_sizes
+from ._profile import MeshFacts, ProcFacts
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from ..mesh import ProcMesh
+
+_names = itertools.count()
+
+#: bytes read between procs to measure the data plane's bandwidth
+PROBE_BYTES = 8 << 20
+
+
+def _default_optimizer(ps: Iterator[Any]) -> Any:
+    import torch
+
+    return torch.optim.AdamW(ps)
+
+
+def tp_sizes(model: nn.Module, parts: ModelParts, n: int) -> tuple[list[int], str]:
+    """The tensor-parallel degrees the model allows on ``n`` procs, and why not others."""
+    if not parts.can_tensor_parallel:
+        return [1], (
+            f"tensor parallel has a known plan only for Llama-style models, not "
+            f"{type(model).__name__} (GPT-2's fused attention projection is not split)"
+        )
+    cfg = model.config
+    dims = [
+        int(cfg.num_attention_heads),
+        int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads),
+        int(cfg.intermediate_size),
+    ]
+    ok = [t for t in range(1, n + 1) if n % t == 0 and all(d % t == 0 for d in dims)]
+    return ok, (
+        f"attention heads ({dims[0]}), key/value heads ({dims[1]}) and the MLP width "
+        f"({dims[2]}) must all divide by it"
+    )
+
+
+def _local_procs(procs: ProcMesh) -> int:
+    sizes = list(dict(procs.sizes).values())
+    return sizes[-1] if sizes else 1
+
+
+async def _measure_mesh(
+    procs: ProcMesh, profilers: Any, memory_per_proc: int | None
+) -> MeshFacts:
+    local = _local_procs(procs)
+    facts: list[ProcFacts] = list((await profilers.facts.call(memory_per_proc, local)).values())
+    n = len(facts)
+    per_host: dict[str, int] = {}
+    for f in facts:
+        per_host[f.host] = per_host.get(f.host, 0) + 1
+    bw, lat = float("inf"), 0.0
+    if n > 1:
+        sizes = dict(procs.sizes)
+        from ..actors._api import Point
+
+        def one(rank: int) -> Any:
+            return profilers.slice(**dict(Point.from_rank(rank, sizes)))
+
+        # rank 0 to its neighbour, and to the farthest rank (another host, if any)
+        for reader in sorted({1, n - 1}):
+            buf = await one(0).offer.call_one(PROBE_BYTES)
+            b, lt = await one(reader).read.call_one(buf, PROBE_BYTES)
+            bw, lat = min(bw, b), max(lat, lt)
+        await setup_torch_elastic_env_async(procs)
+        probes = (await profilers.collective.call(PROBE_BYTES)).values()
+        cbw = min(p[0] for p in probes)
+        clat, gather, scatter = (max(p[i] for p in probes) for i in (1, 2, 3))
+    else:
+        bw, lat, cbw, clat, gather, scatter = 1e12, 0.0, 1e12, 0.0, 0.0, 0.0
+    return MeshFacts(
+        procs=n,
+        procs_per_host=max(per_host.values()),
+        cores_per_host=min(f.cores for f in facts),
+        memory_per_proc=min(f.memory for f in facts),
+        bandwidth=bw,
+        latency_s=lat,
+        device=facts[0].device,
+        collective_bw=cbw,
+        collective_latency_s=clat,
+        gather_s_per_byte=gather,
+        scatter_s_per_byte=scatter,
+    )
+
+
+async def _plan(
+    model: nn.Module,
+    procs: ProcMesh,
+    sample: Any,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+    layers: str | None,
+    forced: dict[str, int | None],
+    memory_per_proc: int | None,
+    optimizer: Callable[[Iterator[Any]], Any],
+) -> Plan:
+    from ._profile import Profiler
+
+    parts = find_parts(model, layers)
+    n = len(procs)
+    batch = batch_size(sample)
+    tp_ok, why_no_tp = tp_sizes(model, parts, n)
+    kw = {"can_pipeline": parts.can_pipeline, "tp_ok": tp_ok}
+    check_forced(n, batch, parts.n_blocks, **kw, **forced, why_no_tp=why_no_tp)  # type: ignore[arg-type]
+    cands = list(candidates(n, batch, parts.n_blocks, **kw, **forced))  # type: ignore[arg-type]
+    if not cands:
+        raise PlanError(
+            f"no layout of {n} procs suits a batch of {batch} samples and "
+            f"{parts.n_blocks} blocks with {forced}: give a batch that the replicas divide"
+        )
+    loss = loss_fn if loss_fn is not None else parts.default_loss(model)
+    if loss is None:
+        raise PlanError(f"{type(model).__name__} has no loss of its own: give loss_fn=")
+    profilers = procs.spawn(f"_planner{next(_names)}", Profiler)
+    try:
+        mesh = await _measure_mesh(procs, profilers, memory_per_proc)
+        threads = max(1, mesh.cores_per_host // max(1, mesh.procs_per_host))
+        first = profilers.slice(**dict.fromkeys(procs.sizes, 0))
+        sizes = profile_sizes(cands, batch)
+        cost = await first.model.call_one(model, parts, sample, loss, optimizer, sizes, threads)
+    finally:
+        await profilers.stop()
+    chosen = choose(cost, mesh, batch=batch, cands=cands, layers=layers)
+    return replace(chosen, loss_fn=loss_fn)
+
+
+def plan(
+    model: nn.Module,
+    procs: ProcMesh,
+    *,
+    sample: Any,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    layers: str | None = None,
+    dp: int | None = None,
+    pp: int | None = None,
+    tp: int | None = None,
+    microbatches: int | None = None,
+    memory_per_proc: int | None = None,
+    optimizer: Callable[[Iterator[Any]], Any] | None = None,
+) -> Future[Plan]:
+    """Measure ``model`` and ``procs`` on the procs, and choose how to lay the model out.
+
+    ``await`` the result, or ``.get()`` it from sync code.
+
+    Args:
+        model: the model to train (an ``nn.Module``: ``nn.Sequential``, a Hugging Face
+            causal LM, or a module with one ``nn.ModuleList`` of blocks).
+        procs: the mesh; its size is factored into dp x pp x tp.
+        sample: one global batch (``{"input_ids", "labels"}`` or ``(inputs, target)``);
+            its blocks are timed on it, and its size is the batch the plan is for.
+        loss_fn: ``loss_fn(output, target)``; the model's own loss by default (Hugging
+            Face).
+        layers: dotted name of the blocks' ``nn.ModuleList`` where it cannot be found.
+        dp, pp, tp, microbatches: force any of these; the rest are chosen.
+        memory_per_proc: bytes each proc may hold (the model's training footprint:
+            weights, gradients, optimizer state, activations); by default CUDA's free
+            memory, or on CPU the host's available RAM over its procs.
+        optimizer: makes an optimizer from parameters, to measure its state and step
+            (AdamW by default; pass the one you will train with).
+
+    Raises (from the future):
+        PlanError: no plan fits the memory (the message gives what the smallest needs),
+            forced dims that the mesh or batch cannot meet, blocks that cannot be found.
+    """
+    forced = {"dp": dp, "pp": pp, "tp": tp, "microbatches": microbatches}
+    opt = optimizer if optimizer is not None else _default_optimizer
+    return run_task(
+        current_runtime(),
+        lambda: _plan(model, procs, sample, loss_fn, layers, forced, memory_per_proc, opt),
+    )

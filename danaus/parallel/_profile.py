@@ -1,0 +1,368 @@
+"""What the planner measures on the procs, never assumes: each block's forward + backward
+time and the activation memory it keeps for backward at each microbatch size, the bytes of
+weights and optimizer state, each proc's usable memory and cores, and the bandwidth
+between procs through the data plane."""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..actors import Actor, endpoint
+from ._model import LossFn, ModelParts, split_batch
+from ._worker import OptimizerFactory, device, timed
+
+
+@dataclass
+class PartCost:
+    """One block (or the embed / head part) as measured.
+
+    Attributes:
+        time_s: forward + backward seconds, by microbatch size.
+        act_bytes: bytes its forward keeps for backward, by microbatch size.
+        out_bytes: bytes of its output (what a pipeline sends on), by microbatch size.
+        param_bytes: bytes of its weights.
+    """
+
+    time_s: dict[int, float] = field(default_factory=dict)
+    act_bytes: dict[int, int] = field(default_factory=dict)
+    out_bytes: dict[int, int] = field(default_factory=dict)
+    param_bytes: int = 0
+
+
+@dataclass
+class ModelCost:
+    """A model as measured on one proc."""
+
+    blocks: list[PartCost]
+    embed: PartCost
+    head: PartCost
+    #: optimizer state bytes per byte of weights (AdamW: 2)
+    opt_ratio: float
+    #: optimizer step seconds per byte of weights
+    opt_s_per_byte: float
+    threads: int
+
+
+@dataclass
+class ProcFacts:
+    """What one proc reports of itself."""
+
+    host: str
+    cores: int
+    memory: int  # usable bytes for this proc
+    device: str
+
+
+@dataclass
+class MeshFacts:
+    """The mesh as measured: usable memory per proc (the smallest), procs and cores per
+    host, and the data plane's bandwidth and latency between procs (the slowest pair)."""
+
+    procs: int
+    procs_per_host: int
+    cores_per_host: int
+    memory_per_proc: int
+    bandwidth: float  # bytes/s, through the data plane
+    latency_s: float
+    device: str = "cpu"
+    #: bus bandwidth (bytes/s) and latency of an all-reduce over every proc, through the
+    #: backend the trainer uses (gloo on CPU, NCCL on GPUs): what collectives and the
+    #: pipeline's sends cost
+    collective_bw: float = 0.0
+    collective_latency_s: float = 0.0
+    #: seconds per byte (of the whole tensor) of an all-gather and of a reduce-scatter
+    #: over every proc: what FSDP's replicas pay
+    gather_s_per_byte: float = 0.0
+    scatter_s_per_byte: float = 0.0
+
+
+def _available_ram() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+def _param_bytes(mods: list[nn.Module]) -> int:
+    seen: set[int] = set()
+    n = 0
+    for m in mods:
+        for p in m.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                n += p.numel() * p.element_size()
+    return n
+
+
+class _SavedBytes:
+    """Counts the bytes autograd keeps for backward (parameters excluded) while active."""
+
+    def __init__(self, params: set[int]) -> None:
+        self.params = params
+        self.storages: dict[int, int] = {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        if t.data_ptr() not in self.params:
+            st = t.untyped_storage()
+            self.storages[st.data_ptr()] = st.nbytes()
+        return t
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+
+def _nbytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return int(x.numel() * x.element_size())
+    if isinstance(x, (tuple, list)):
+        return sum(_nbytes(v) for v in x)
+    return 0
+
+
+def _as_leaf(x: Any) -> Any:
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        return x.detach().requires_grad_(True)
+    return x
+
+
+def measure_model(
+    model: nn.Module,
+    parts: ModelParts,
+    sample: Any,
+    loss_fn: LossFn,
+    optimizer: OptimizerFactory,
+    sizes: list[int],
+    repeats: int = 3,
+) -> ModelCost:
+    """Time and size each part of ``model`` on microbatches of each of ``sizes`` samples
+    cut from ``sample``. Blocks run one at a time on detached inputs, so each one's
+    backward is timed apart from the others'."""
+    dev = device()
+    model = model.to(dev).train()
+    inputs, target = split_batch(sample)
+    inputs, target = inputs.to(dev), target.to(dev)
+    blocks = parts.blocks(model)
+    embed_mods = [model.get_submodule(p) for p in parts.embed_paths]
+    head_mods = [model.get_submodule(p) for p in parts.head_paths]
+    cost = ModelCost(
+        blocks=[PartCost(param_bytes=_param_bytes([b])) for b in blocks],
+        embed=PartCost(param_bytes=_param_bytes(embed_mods)),
+        head=PartCost(param_bytes=_param_bytes(head_mods)),
+        opt_ratio=0.0,
+        opt_s_per_byte=0.0,
+        threads=torch.get_num_threads(),
+    )
+    params = {p.data_ptr() for p in model.parameters()}
+    for s in sizes:
+        x, y = inputs[:s], target[:s]
+        runs: list[list[float]] = []
+        for r in range(repeats + 1):  # the first run warms up
+            times, acts, outs = _one_pass(model, parts, blocks, x, y, loss_fn, params)
+            if r:
+                runs.append(times)
+        n = len(blocks)
+        med = [statistics.median(run[i] for run in runs) for i in range(n + 2)]
+        cost.embed.time_s[s], cost.head.time_s[s] = med[0], med[n + 1]
+        cost.embed.act_bytes[s], cost.head.act_bytes[s] = acts[0], acts[n + 1]
+        cost.embed.out_bytes[s], cost.head.out_bytes[s] = outs[0], outs[n + 1]
+        for i, b in enumerate(cost.blocks):
+            b.time_s[s], b.act_bytes[s], b.out_bytes[s] = med[i + 1], acts[i + 1], outs[i + 1]
+    _measure_optimizer(model, optimizer, cost)
+    return cost
+
+
+def _one_pass(
+    model: nn.Module,
+    parts: ModelParts,
+    blocks: list[nn.Module],
+    x: Any,
+    y: Any,
+    loss_fn: LossFn,
+    params: set[int],
+) -> tuple[list[float], list[int], list[int]]:
+    """One forward and backward, part by part: (seconds, kept bytes, output bytes) of
+    embed, each block, head + loss."""
+    model.zero_grad(set_to_none=True)
+    n = len(blocks)
+    fwd = [0.0] * (n + 2)
+    acts = [0] * (n + 2)
+    outs = [0] * (n + 2)
+    leaves: list[Any] = []
+    results: list[Any] = []
+
+    def run(k: int, fn: Any, arg: Any) -> Any:
+        saved = _SavedBytes(params)
+        box: list[Any] = []
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+            fwd[k] = timed(lambda: box.append(fn(arg)))
+        acts[k] = saved.total
+        outs[k] = _nbytes(box[0])
+        return box[0]
+
+    h = run(0, lambda a: parts.embed(model, a), x) if parts.can_pipeline else x
+    for i in range(n):
+        leaf = _as_leaf(h)
+        leaves.append(leaf)
+        h = run(i + 1, lambda a, i=i: parts.run_blocks(model, i, i, a), leaf)
+        results.append(h)
+    last = _as_leaf(h)
+    loss = run(
+        n + 1,
+        lambda a: loss_fn(parts.head(model, a) if parts.can_pipeline else a, y),
+        last,
+    )
+    bwd = [0.0] * (n + 2)
+    bwd[n + 1] = timed(lambda: loss.backward())
+    grad = last.grad
+    for i in reversed(range(n)):
+        out = results[i]
+        if grad is None or not isinstance(out, torch.Tensor) or not out.requires_grad:
+            break
+        bwd[i + 1] = timed(lambda out=out, grad=grad: out.backward(grad))
+        grad = leaves[i].grad if isinstance(leaves[i], torch.Tensor) else None
+    if parts.can_pipeline and grad is not None and leaves:
+        emb = parts.embed(model, x)
+        bwd[0] = timed(lambda: emb.backward(grad))
+    return [f + b for f, b in zip(fwd, bwd, strict=True)], acts, outs
+
+
+def _measure_optimizer(model: nn.Module, optimizer: OptimizerFactory, cost: ModelCost) -> None:
+    params = [p for p in model.parameters() if p.grad is not None]
+    weight_bytes = sum(p.numel() * p.element_size() for p in params) or 1
+    opt = optimizer(iter(params))
+    opt.step()  # the first step makes the state
+    cost.opt_ratio = (
+        sum(
+            v.numel() * v.element_size()
+            for st in opt.state.values()
+            for v in st.values()
+            if isinstance(v, torch.Tensor) and v.dim() > 0
+        )
+        / weight_bytes
+    )
+    cost.opt_s_per_byte = statistics.median(timed(opt.step) for _ in range(3)) / weight_bytes
+
+
+class Profiler(Actor):
+    """Measures on its proc for the planner: the model, the proc, and data-plane links."""
+
+    def __init__(self) -> None:
+        self._held: Any = None
+
+    @endpoint
+    def facts(self, memory_per_proc: int | None, local_procs: int) -> ProcFacts:
+        """This proc's host, cores and usable memory: CUDA's free memory on a GPU, else
+        ``memory_per_proc`` where given, else the host's available RAM over its procs."""
+        me = self._instance_addr()
+        host = me or socket.gethostname()
+        cores = len(os.sched_getaffinity(0))
+        if torch.cuda.is_available():
+            dev = device()
+            free, _ = torch.cuda.mem_get_info(dev)
+            mem = min(free, memory_per_proc) if memory_per_proc else free
+            return ProcFacts(host, cores, int(mem), str(dev))
+        mem = memory_per_proc or _available_ram() // max(1, local_procs)
+        return ProcFacts(host, cores, int(mem), "cpu")
+
+    def _instance_addr(self) -> str:
+        from ..actors import context
+
+        inst = context().actor_instance
+        addr = inst.proc_addr if inst is not None else ""
+        if addr.startswith("tcp://"):
+            return addr[len("tcp://") :].rpartition(":")[0].strip("[]")
+        return ""
+
+    @endpoint
+    def model(
+        self,
+        model: nn.Module,
+        parts: ModelParts,
+        sample: Any,
+        loss_fn: LossFn,
+        optimizer: OptimizerFactory,
+        sizes: list[int],
+        threads: int,
+    ) -> ModelCost:
+        """Measure ``model`` here (see :func:`measure_model`) with ``threads`` torch
+        threads, as a worker of the plan will have."""
+        old = torch.get_num_threads()
+        if not torch.cuda.is_available():
+            torch.set_num_threads(threads)
+        try:
+            return measure_model(model, parts, sample, loss_fn, optimizer, sizes)
+        finally:
+            torch.set_num_threads(old)
+
+    @endpoint
+    def offer(self, nbytes: int) -> Any:
+        """A buffer of ``nbytes`` held here, for another proc to read."""
+        from ..rdma import RDMABuffer
+
+        self._held = torch.zeros(nbytes, dtype=torch.uint8)
+        return RDMABuffer(self._held)
+
+    @endpoint
+    def read(self, buf: Any, nbytes: int, small: int = 4096, repeats: int = 5) -> tuple[float, float]:
+        """Read ``buf`` (``nbytes``) from its owner through the data plane: (bytes/s of
+        the best large read, seconds of the best small read)."""
+        big = torch.empty(nbytes, dtype=torch.uint8)
+        little = torch.empty(small, dtype=torch.uint8)
+        buf.read_into(big).get()  # warm the path and the pages
+        bw = max(nbytes / _time(lambda: buf.read_into(big).get()) for _ in range(repeats))
+        lat = min(
+            _time(lambda: buf.read_into(little, offset=nbytes - small).get()) for _ in range(repeats)
+        )
+        return bw, lat
+
+
+    @endpoint
+    def collective(self, nbytes: int, repeats: int = 3) -> tuple[float, float, float, float]:
+        """All-reduce, all-gather and reduce-scatter ``nbytes`` over every proc of the
+        mesh through the backend the trainer will use (the environment set by
+        ``danaus.spmd``): (all-reduce bus bytes/s, seconds of a small all-reduce, seconds
+        per byte of an all-gather, of a reduce-scatter). Call every proc of the mesh."""
+        import torch.distributed as dist
+
+        dev = device()
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+        try:
+            n = dist.get_world_size()
+            big = torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)
+            little = torch.zeros(1, dtype=torch.float32, device=dev)
+            dist.all_reduce(big)  # warm up: connections, pages
+            t = min(timed(lambda: dist.all_reduce(big)) for _ in range(repeats))
+            lat = min(timed(lambda: dist.all_reduce(little)) for _ in range(repeats))
+            shard = torch.zeros(big.numel() // n, dtype=big.dtype, device=dev)
+            whole = shard.new_zeros(shard.numel() * n)
+            dist.all_gather_into_tensor(whole, shard)
+            gather = min(
+                timed(lambda: dist.all_gather_into_tensor(whole, shard)) for _ in range(repeats)
+            )
+            dist.reduce_scatter_tensor(shard, whole)
+            scatter = min(
+                timed(lambda: dist.reduce_scatter_tensor(shard, whole)) for _ in range(repeats)
+            )
+            size = whole.numel() * whole.element_size()
+            return nbytes * 2 * (n - 1) / n / t, lat, gather / size, scatter / size
+        finally:
+            dist.destroy_process_group()
+
+
+def _time(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return max(time.perf_counter() - t, 1e-9)
