@@ -233,7 +233,7 @@ def _one_pass(
             break
         bwd[i + 1] = timed(lambda out=out, grad=grad: out.backward(grad))
         grad = leaves[i].grad if isinstance(leaves[i], torch.Tensor) else None
-    if parts.can_pipeline and grad is not None and leaves:
+    if parts.embed_paths and grad is not None and leaves:
         emb = parts.embed(model, x)
         bwd[0] = timed(lambda: emb.backward(grad))
     return [f + b for f, b in zip(fwd, bwd, strict=True)], acts, outs

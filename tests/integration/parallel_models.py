@@ -1,0 +1,122 @@
+"""Tiny models for the whole-model parallelism tests: Hugging Face GPT-2 and Llama built
+from their configs (no weights are downloaded), and plain torch models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+VOCAB = 256
+
+
+def gpt2(layers: int = 4) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        n_layer=layers,
+        n_embd=64,
+        n_head=4,
+        n_positions=64,
+        vocab_size=VOCAB,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        loss_type="ForCausalLM",
+    )
+    return GPT2LMHeadModel(cfg)
+
+
+def llama(layers: int = 4) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        num_hidden_layers=layers,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        vocab_size=VOCAB,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        loss_type="ForCausalLM",
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def lm_batch(n: int = 8, seq: int = 16, seed: int = 1) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (n, seq), generator=g)
+    return {"input_ids": ids, "labels": ids}
+
+
+def adamw(ps: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(ps, lr=1e-3)
+
+
+def train_locally(model: nn.Module, batch: Any, steps: int, loss_fn: Any = None) -> list[float]:
+    """The reference: the same model trained in this process on the same global batch."""
+    opt = adamw(model.parameters())
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        if isinstance(batch, dict):
+            loss = model(**batch).loss
+        else:
+            loss = loss_fn(model(batch[0]), batch[1])
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+class Block(nn.Module):
+    """An MLP block whose matmul work is proportional to ``width``."""
+
+    def __init__(self, dim: int, width: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim, width)
+        self.down = nn.Linear(width, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def mlp(widths: list[int], dim: int) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*(Block(dim, w) for w in widths))
+
+
+class Tower(nn.Module):
+    """A model danaus does not know: an input layer, one ModuleList of blocks, an output."""
+
+    def __init__(self, dim: int = 32, n: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(dim, dim)
+        self.blocks = nn.ModuleList(Block(dim, 2 * dim) for _ in range(n))
+        self.out = nn.Linear(dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for b in self.blocks:
+            x = b(x)
+        return self.out(x)
+
+
+def mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.mse_loss(out, target)
+
+
+def mse_refusing_negative_targets(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """A loss that raises on the replica whose targets are negative (to fail one rank)."""
+    if (target < 0).any():
+        raise ValueError("negative target: this replica refuses its batch")
+    return nn.functional.mse_loss(out, target)

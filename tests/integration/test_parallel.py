@@ -1,0 +1,205 @@
+"""Whole-model parallelism on real procs: the same numbers as one process for every
+strategy, a planner that plans by measured cost and memory, and clear errors."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from danaus import this_host  # noqa: E402
+from danaus.errors import ActorError  # noqa: E402
+from danaus.parallel import Plan, PlanError, parallelize, plan  # noqa: E402
+
+from . import parallel_models as pm  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+STEPS = 5
+RTOL = 1e-4
+
+STRATEGIES = [
+    ("gpt2", {"dp": 4}),
+    ("gpt2", {"pp": 4}),
+    ("gpt2", {"dp": 2, "pp": 2}),
+    ("gpt2", {}),  # the planner's own choice
+    ("llama", {"dp": 4}),
+    ("llama", {"pp": 4}),
+    ("llama", {"dp": 2, "pp": 2}),
+    ("llama", {"tp": 2, "dp": 2}),
+    ("llama", {}),
+]
+
+
+def _close(a: list[float], b: list[float]) -> bool:
+    return all(math.isclose(x, y, rel_tol=RTOL) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("family", "dims"), STRATEGIES, ids=[f"{f}-{d or 'planner'}" for f, d in STRATEGIES]
+)
+async def test_four_procs_train_to_the_same_losses_and_weights_as_one_process(
+    family: str, dims: dict[str, int]
+) -> None:
+    make = pm.gpt2 if family == "gpt2" else pm.llama
+    batch = pm.lm_batch()
+    reference = make()
+    expected = pm.train_locally(reference, batch, STEPS)
+    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        p = await plan(make(), procs, sample=batch, **dims)
+        for k, v in dims.items():
+            assert getattr(p, k) == v
+        assert p.dp * p.pp * p.tp == 4
+        trainer = parallelize(make(), procs, p, optimizer=pm.adamw)
+        losses = [await trainer.step(batch) for _ in range(STEPS)]
+        state = await trainer.state_dict()
+        evaluated = await trainer.evaluate(batch)
+        await trainer.stop()
+    assert _close(losses, expected), (str(p), losses, expected)
+    want = reference.state_dict()
+    assert set(state) == set(want)
+    for k, v in want.items():
+        assert torch.allclose(state[k], v, rtol=RTOL, atol=1e-5), k
+    plain = make()
+    plain.load_state_dict(state)  # strict: every key of the model, nothing else
+    with torch.no_grad():
+        assert math.isclose(evaluated, float(plain(**batch).loss), rel_tol=RTOL)
+
+
+def test_sync_code_plans_and_trains_with_get() -> None:
+    batch = pm.lm_batch()
+    expected = pm.train_locally(pm.gpt2(), batch, 2)
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    try:
+        p = plan(pm.gpt2(), procs, sample=batch, dp=1, pp=2).get(timeout=120)
+        assert isinstance(p, Plan) and (p.dp, p.pp, p.tp) == (1, 2, 1)
+        trainer = parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw)
+        losses = [trainer.step(batch).get(timeout=60) for _ in range(2)]
+        held = trainer.held_bytes().get(timeout=60)
+        trainer.stop().get(timeout=60)
+    finally:
+        procs.stop().get(timeout=60)
+    assert _close(losses, expected)
+    # two stages, each holding only its own blocks' weights (the head ties to the embedding)
+    whole = sum(t.numel() * 4 for t in pm.gpt2().parameters())
+    assert all(0 < h["weights"] < whole for h in held)
+    assert all(h["optimizer"] == 2 * h["weights"] for h in held)  # AdamW: two moments
+
+
+def _worst_stage(costs: list[int], bounds: list[tuple[int, int]]) -> int:
+    return max(sum(costs[a : b + 1]) for a, b in bounds)
+
+
+def _best_split(costs: list[int], stages: int) -> int:
+    n = len(costs)
+    best = math.inf
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        edges = [0, *cuts, n]
+        bounds = [(edges[i], edges[i + 1] - 1) for i in range(stages)]
+        best = min(best, _worst_stage(costs, bounds))
+    return int(best)
+
+
+async def test_stages_follow_measured_block_costs() -> None:
+    # matmul work per block differs up to 4x; an even split by count would be far off
+    units = [4, 1, 1, 4, 2, 1, 3, 4]
+    model = pm.mlp([256 * u for u in units], dim=256)
+    x = torch.randn(256, 256)
+    batch = (x, torch.randn(256, 256))
+    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        p = await plan(model, procs, sample=batch, loss_fn=pm.mse, pp=4, microbatches=4)
+    bounds = [(s.first, s.last) for s in p.stages]
+    assert bounds[0][0] == 0 and bounds[-1][1] == len(units) - 1
+    assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(bounds)), bounds
+    worst, best = _worst_stage(units, bounds), _best_split(units, 4)
+    assert worst <= 1.15 * best, (str(p), worst, best)
+    even = _worst_stage(units, [(0, 1), (2, 3), (4, 5), (6, 7)])
+    assert best < even  # the test means something: counting blocks would lose
+
+
+async def test_a_memory_cap_moves_the_planner_off_pure_data_parallel() -> None:
+    model = pm.gpt2(layers=8)
+    batch = pm.lm_batch()
+    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        free = await plan(model, procs, sample=batch)
+        assert (free.dp, free.pp, free.tp, free.sharded) == (4, 1, 1, False), str(free)
+        cap = int(free.peak_bytes_per_proc * 0.6)
+        tight = await plan(model, procs, sample=batch, memory_per_proc=cap)
+        assert tight.pp > 1 or tight.sharded, str(tight)
+        assert tight.peak_bytes_per_proc <= cap
+        assert f"{cap / 2**20:.2f} MiB" in str(tight)  # the plan says what it fitted under
+        trainer = parallelize(model, procs, tight, optimizer=pm.adamw)
+        await trainer.step(batch)
+        held = await trainer.held_bytes()
+        await trainer.stop()
+        assert all(h["total"] <= cap for h in held), (held, cap)
+        with pytest.raises(PlanError, match=r"no plan fits in 0\.5 MiB per proc.*needs"):
+            await plan(model, procs, sample=batch, memory_per_proc=2**19)
+
+
+async def test_a_model_with_one_module_list_trains_data_parallel() -> None:
+    model = pm.Tower()
+    x = torch.randn(16, 32)
+    batch = (x, torch.randn(16, 1))
+    expected = pm.train_locally(pm.Tower(), batch, 3, pm.mse)
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        p = await plan(model, procs, sample=batch, loss_fn=pm.mse)
+        assert (p.dp, p.pp) == (2, 1) and p.stages[0].last == 3
+        trainer = parallelize(model, procs, p, optimizer=pm.adamw, loss_fn=pm.mse)
+        losses = [await trainer.step(batch) for _ in range(3)]
+        await trainer.stop()
+        with pytest.raises(PlanError, match="cannot be cut into pipeline stages"):
+            await plan(model, procs, sample=batch, loss_fn=pm.mse, pp=2)
+    assert _close(losses, expected)
+
+
+async def test_a_failing_rank_raises_its_traceback_and_a_new_mesh_trains_again() -> None:
+    model = pm.mlp([32, 32], dim=16)
+    target = torch.rand(8, 16)
+    target[4:] = -1.0  # the second replica's half
+    bad = (torch.randn(8, 16), target)
+    good = (bad[0], target.abs())
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        p = await plan(model, procs, sample=good, loss_fn=pm.mse, dp=2)
+        trainer = parallelize(model, procs, p, optimizer=pm.adamw, loss_fn=pm.mse_refusing_negative_targets)
+        await trainer.step(good)
+        with pytest.raises(ActorError, match="negative target") as info:
+            await trainer.step(bad)  # rank 0 waits in DDP's all-reduce: it must not hang
+        assert "mse_refusing_negative_targets" in info.value.remote_traceback
+        assert "{'procs': 1/2}" in str(info.value)
+        with pytest.raises(ActorError, match="negative target"):
+            await trainer.step(good)  # the trainer is broken, and says why
+        await trainer.stop()
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        trainer = parallelize(model, procs, p, optimizer=pm.adamw, loss_fn=pm.mse)
+        assert math.isfinite(await trainer.step(good))
+        await trainer.stop()
+
+
+async def test_arguments_that_cannot_be_met_are_named() -> None:
+    batch = pm.lm_batch(n=6)
+    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        cases: list[tuple[dict[str, Any], str]] = [
+            ({"dp": 3}, r"dp=3 = 3 does not divide the mesh's 4 procs"),
+            ({"dp": 2, "pp": 2, "tp": 2}, r"= 8 does not equal the mesh's 4 procs"),
+            ({"dp": 4}, r"dp=4 does not divide the batch of 6 samples"),
+            ({"tp": 2}, r"tp=2: tensor parallel has a known plan only for Llama"),
+            ({"pp": 8, "dp": 1}, r"does not divide the mesh|only 4 blocks"),
+            ({"dp": 2, "microbatches": 2}, r"microbatches=2 x dp=2 does not divide the batch of 6"),
+            ({"layers": "transformer.nope"}, r"layers='transformer.nope': the model has no submodule"),
+        ]
+        for kwargs, message in cases:
+            with pytest.raises(PlanError, match=message):
+                await plan(pm.gpt2(), procs, sample=batch, **kwargs)
+        p = await plan(pm.gpt2(), procs, sample=pm.lm_batch(n=8), dp=4)
+        trainer = parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw)
+        with pytest.raises(PlanError, match="the batch has 6 samples; dp=4 x microbatches=1"):
+            trainer.step(batch)
+        await trainer.stop()
+        with pytest.raises(PlanError, match="the plan is for 4 procs"):
+            parallelize(pm.gpt2(), procs.slice(procs=slice(0, 2)), p, optimizer=pm.adamw)
