@@ -37,12 +37,13 @@ PIPELINE_FAMILIES = ("sequential", "gpt2", "llama")
 TP_FAMILIES = ("llama",)
 
 
-def _get(model: nn.Module, path: str) -> nn.Module:
+def _get(model: nn.Module, path: str) -> Any:
+    """A submodule (typed loosely: a container's length and a block's call are used)."""
     return model.get_submodule(path)
 
 
 def _module_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
-    found = []
+    found: list[tuple[str, nn.ModuleList]] = []
     for name, mod in model.named_modules():
         if isinstance(mod, nn.ModuleList) and len(mod) > 0:
             # a ModuleList inside a found block (a block's heads) is not another list of blocks
@@ -82,7 +83,7 @@ class ModelParts:
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         container = _get(model, self.blocks_path) if self.blocks_path else model
-        return list(container.children()) if self.family == "sequential" else list(container)
+        return list(container.children())
 
     # --- the model's forward, part by part -------------------------------------------
 
@@ -113,7 +114,7 @@ class ModelParts:
     ) -> torch.Tensor:
         from transformers.masking_utils import create_causal_mask
 
-        config = model.config
+        config: Any = getattr(model, "config")  # noqa: B009
         pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
         mask = create_causal_mask(
             config=config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=pos
@@ -148,8 +149,9 @@ class ModelParts:
         """The model's own loss on (output, target), where it has one (Hugging Face)."""
         if self.family not in ("gpt2", "llama"):
             return None
-        vocab = int(model.config.vocab_size)
-        hf_loss = model.loss_function
+        config: Any = getattr(model, "config")  # noqa: B009 (an nn.Module attribute)
+        vocab = int(config.vocab_size)
+        hf_loss: Any = getattr(model, "loss_function")  # noqa: B009
 
         def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             out: torch.Tensor = hf_loss(logits=logits, labels=labels, vocab_size=vocab)
@@ -224,7 +226,7 @@ def find_parts(model: nn.Module, layers: str | None = None) -> ModelParts:
     where the model's layout is not one danaus knows."""
     if layers is not None:
         try:
-            container = model.get_submodule(layers) if layers else model
+            container: Any = model.get_submodule(layers) if layers else model
         except AttributeError as e:
             raise PlanError(f"layers={layers!r}: the model has no submodule of that name") from e
         if not isinstance(container, (nn.ModuleList, nn.Sequential)) or len(container) == 0:
@@ -252,7 +254,7 @@ def find_parts(model: nn.Module, layers: str | None = None) -> ModelParts:
             "llama", "model.layers", n, ("model.embed_tokens",), ("model.norm", "lm_head")
         )
     if layers is not None:
-        return ModelParts("modulelist", layers, len(model.get_submodule(layers)))
+        return ModelParts("modulelist", layers, len(_get(model, layers)))
     lists = _module_lists(model)
     if len(lists) != 1:
         what = "no nn.ModuleList" if not lists else f"{len(lists)} ({[n for n, _ in lists]})"

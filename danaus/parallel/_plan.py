@@ -85,7 +85,9 @@ class Plan:
                 f"{_mib(self.peak_bytes_per_proc)} per proc"
                 + (f" (cap {_mib(self.memory_per_proc)})" if self.memory_per_proc else "")
             )
-        lines.append(f"{'stage':>5}  {'blocks':>9}  {'weights':>11}  {'fwd+bwd/mb':>11}  {'peak/proc':>11}")
+        lines.append(
+            f"{'stage':>5}  {'blocks':>9}  {'weights':>11}  {'fwd+bwd/mb':>11}  {'peak/proc':>11}"
+        )
         for i, s in enumerate(self.stages):
             lines.append(
                 f"{i:>5}  {f'{s.first}..{s.last}':>9}  {_mib(s.param_bytes):>11}  "

@@ -203,7 +203,11 @@ def estimate(cand: Candidate, cost: ModelCost, mesh: MeshFacts, batch: int, cap:
             t += 4 * sum(k_costs.out[i:j]) * ring / bw + 4 * (j - i) * lat
         if not last:  # activations to the next stage, gradients back
             t += 2 * (k_costs.out[j - 1] / bw + lat)
-        inflight = 1 if c.pp == 1 else (c.microbatches if c.schedule == "gpipe" else min(c.microbatches, c.pp - k))
+        inflight = (
+            1
+            if c.pp == 1
+            else (c.microbatches if c.schedule == "gpipe" else min(c.microbatches, c.pp - k))
+        )
         held = w * state / (c.dp if c.sharded else 1)
         working = max((x.param_bytes for x in cost.blocks[i:j]), default=0) if c.sharded else 0
         return t, int(held + working + inflight * act), w
@@ -231,9 +235,7 @@ def estimate(cand: Candidate, cost: ModelCost, mesh: MeshFacts, batch: int, cap:
     return Estimate(c, step, peak, tuple(stages))
 
 
-def _split(
-    pp: int, L: int, stage: object, cap: int
-) -> list[tuple[int, int]]:
+def _split(pp: int, L: int, stage: object, cap: int) -> list[tuple[int, int]]:
     """Contiguous split of ``L`` blocks into ``pp`` stages minimising the slowest stage
     with every stage under ``cap`` (or, where none fits, minimising the largest peak)."""
     fn = stage  # (k, i, j) -> (seconds, peak, weights)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..actors._api import Future, current_runtime, run_task
@@ -40,7 +40,7 @@ def tp_sizes(model: nn.Module, parts: ModelParts, n: int) -> tuple[list[int], st
             f"tensor parallel has a known plan only for Llama-style models, not "
             f"{type(model).__name__} (GPT-2's fused attention projection is not split)"
         )
-    cfg = model.config
+    cfg: Any = getattr(model, "config")  # noqa: B009 (an nn.Module attribute)
     dims = [
         int(cfg.num_attention_heads),
         int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads),
@@ -58,9 +58,7 @@ def _local_procs(procs: ProcMesh) -> int:
     return sizes[-1] if sizes else 1
 
 
-async def _measure_mesh(
-    procs: ProcMesh, profilers: Any, memory_per_proc: int | None
-) -> MeshFacts:
+async def _measure_mesh(procs: ProcMesh, profilers: Any, memory_per_proc: int | None) -> MeshFacts:
     local = _local_procs(procs)
     facts: list[ProcFacts] = list((await profilers.facts.call(memory_per_proc, local)).values())
     n = len(facts)

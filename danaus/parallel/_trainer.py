@@ -145,7 +145,10 @@ class Trainer:
 
         async def go(w: Any) -> list[dict[str, int]]:
             held = await _each(w.held_bytes)
-            return [{k: v for k, v in h.items() if k != "rank"} for h in sorted(held, key=lambda h: h["rank"])]
+            return [
+                {k: v for k, v in h.items() if k != "rank"}
+                for h in sorted(held, key=lambda h: h["rank"])
+            ]
 
         return self._run(go)
 

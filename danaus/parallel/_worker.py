@@ -34,7 +34,9 @@ COLLECTIVE_TIMEOUT = 120.0
 def device() -> torch.device:
     """This proc's device: its local GPU where there is one, else the CPU."""
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        return torch.device(
+            "cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        )
     return torch.device("cpu")
 
 
@@ -233,7 +235,7 @@ class ParallelWorker(Actor):
         for k, (x, y) in enumerate(zip(inputs.chunk(m), target.chunk(m), strict=True)):
             with self._grad_sync(k == m - 1):
                 loss = self.loss_fn(self.module(x), y) / m
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
             total += float(loss.detach())
         return total
 
@@ -273,10 +275,13 @@ class ParallelWorker(Actor):
                 loss = float(torch.stack(losses).detach().mean()) if last else None
             else:
                 m = self.layout.microbatches
-                loss = sum(
-                    float(self.loss_fn(self.module(x), y))
-                    for x, y in zip(inputs.chunk(m), target.chunk(m), strict=True)
-                ) / m
+                loss = (
+                    sum(
+                        float(self.loss_fn(self.module(x), y))
+                        for x, y in zip(inputs.chunk(m), target.chunk(m), strict=True)
+                    )
+                    / m
+                )
         return loss if self._reports_loss() else None
 
     @endpoint
@@ -286,9 +291,7 @@ class ParallelWorker(Actor):
         assert self.layout is not None
         out: dict[str, torch.Tensor] = {}
         prefix = "model." if isinstance(self.inner, StageModule) else ""
-        ident = {
-            n for n, m in self.inner.named_modules() if isinstance(m, nn.Identity) and n
-        }
+        ident = {n for n, m in self.inner.named_modules() if isinstance(m, nn.Identity) and n}
         for name, t in self.inner.state_dict().items():
             if any(name.startswith(i + ".") for i in ident):
                 continue
@@ -311,7 +314,13 @@ class ParallelWorker(Actor):
             if isinstance(v, torch.Tensor) and v.dim() > 0
         )
         total = weights + grads + opt
-        return {"rank": self.rank, "weights": weights, "grads": grads, "optimizer": opt, "total": total}
+        return {
+            "rank": self.rank,
+            "weights": weights,
+            "grads": grads,
+            "optimizer": opt,
+            "total": total,
+        }
 
     @endpoint
     def close(self) -> None:
@@ -324,9 +333,11 @@ class ParallelWorker(Actor):
 
 def timed(fn: Callable[[], Any]) -> float:
     """Seconds ``fn`` takes, with the device synchronized around it."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    sync()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
     t = time.perf_counter()
     fn()
-    sync()
+    if cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - t

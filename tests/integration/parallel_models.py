@@ -26,7 +26,6 @@ def gpt2(layers: int = 4) -> nn.Module:
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
-        loss_type="ForCausalLM",
     )
     return GPT2LMHeadModel(cfg)
 
@@ -46,7 +45,6 @@ def llama(layers: int = 4) -> nn.Module:
         bos_token_id=0,
         eos_token_id=0,
         pad_token_id=0,
-        loss_type="ForCausalLM",
     )
     return LlamaForCausalLM(cfg)
 

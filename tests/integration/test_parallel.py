@@ -166,7 +166,9 @@ async def test_a_failing_rank_raises_its_traceback_and_a_new_mesh_trains_again()
     good = (bad[0], target.abs())
     async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
         p = await plan(model, procs, sample=good, loss_fn=pm.mse, dp=2)
-        trainer = parallelize(model, procs, p, optimizer=pm.adamw, loss_fn=pm.mse_refusing_negative_targets)
+        trainer = parallelize(
+            model, procs, p, optimizer=pm.adamw, loss_fn=pm.mse_refusing_negative_targets
+        )
         await trainer.step(good)
         with pytest.raises(ActorError, match="negative target") as info:
             await trainer.step(bad)  # rank 0 waits in DDP's all-reduce: it must not hang
@@ -191,7 +193,10 @@ async def test_arguments_that_cannot_be_met_are_named() -> None:
             ({"tp": 2}, r"tp=2: tensor parallel has a known plan only for Llama"),
             ({"pp": 8, "dp": 1}, r"does not divide the mesh|only 4 blocks"),
             ({"dp": 2, "microbatches": 2}, r"microbatches=2 x dp=2 does not divide the batch of 6"),
-            ({"layers": "transformer.nope"}, r"layers='transformer.nope': the model has no submodule"),
+            (
+                {"layers": "transformer.nope"},
+                r"layers='transformer.nope': the model has no submodule",
+            ),
         ]
         for kwargs, message in cases:
             with pytest.raises(PlanError, match=message):

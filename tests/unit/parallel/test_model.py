@@ -1,0 +1,127 @@
+"""Finding a model's blocks, running it part by part, cutting it into stages."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from torch import nn  # noqa: E402
+
+from danaus.parallel import Plan, PlanError, StagePlan  # noqa: E402
+from danaus.parallel._model import find_parts, split_batch  # noqa: E402
+from tests.integration import parallel_models as pm  # noqa: E402
+
+
+@pytest.mark.parametrize("make", [pm.gpt2, pm.llama], ids=["gpt2", "llama"])
+def test_part_by_part_is_the_models_own_forward_and_loss(make: object) -> None:
+    model = make().eval()  # type: ignore[operator]
+    parts = find_parts(model)
+    batch = pm.lm_batch()
+    with torch.no_grad():
+        ref = model(**batch)
+        logits = parts.forward(model, batch["input_ids"])
+        loss = parts.default_loss(model)(logits, batch["labels"])
+    assert torch.equal(logits, ref.logits)
+    assert torch.equal(loss, ref.loss)
+
+
+@pytest.mark.parametrize("make", [pm.gpt2, pm.llama], ids=["gpt2", "llama"])
+def test_stages_chained_are_the_whole_model_and_hold_only_their_blocks(make: object) -> None:
+    model = make().eval()  # type: ignore[operator]
+    parts = find_parts(model)
+    ids = pm.lm_batch()["input_ids"]
+    stages = [
+        parts.stage_module(model, 0, 0),
+        parts.stage_module(model, 1, 2),
+        parts.stage_module(model, 3, 3),
+    ]
+    with torch.no_grad():
+        h = ids
+        for s in stages:
+            h = s(h)
+        assert torch.equal(h, model(input_ids=ids).logits)
+    names = [set(dict(s.named_parameters())) for s in stages]
+    prefix = f"model.{parts.blocks_path}."
+    assert {n.split(".")[len(prefix.split(".")) - 1] for n in names[1] if n.startswith(prefix)} == {
+        "1",
+        "2",
+    }
+    assert not any(
+        n.startswith(f"model.{p}") for n in names[1] for p in parts.embed_paths + parts.head_paths
+    )
+    whole = sum(p.numel() for p in model.parameters())
+    assert sum(p.numel() for s in stages[1:2] for p in s.parameters()) < whole / 2
+
+
+def test_layouts_known_and_unknown() -> None:
+    assert find_parts(pm.gpt2()).family == "gpt2"
+    assert find_parts(pm.llama()).family == "llama"
+    seq = find_parts(pm.mlp([8, 8, 8], dim=4))
+    assert (seq.family, seq.n_blocks, seq.can_pipeline) == ("sequential", 3, True)
+    tower = find_parts(pm.Tower(n=5))
+    assert (tower.family, tower.blocks_path, tower.n_blocks, tower.can_pipeline) == (
+        "modulelist",
+        "blocks",
+        5,
+        False,
+    )
+    with pytest.raises(PlanError, match="cannot be cut into pipeline stages"):
+        tower.stage_module(pm.Tower(n=5), 0, 1)
+
+
+def test_blocks_that_cannot_be_found_name_the_argument_to_give() -> None:
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.ModuleList([nn.Linear(2, 2)])
+            self.b = nn.ModuleList([nn.Linear(2, 2)])
+
+    with pytest.raises(PlanError, match=r"it has 2 \(\['a', 'b'\]\); give layers="):
+        find_parts(Two())
+    with pytest.raises(PlanError, match="it has no nn.ModuleList; give layers="):
+        find_parts(nn.Linear(2, 2))
+    assert find_parts(Two(), layers="b").blocks_path == "b"
+    with pytest.raises(PlanError, match="layers='a.0' is a Linear; it must name"):
+        find_parts(Two(), layers="a.0")
+    with pytest.raises(PlanError, match="the nn.Sequential has no layers"):
+        find_parts(nn.Sequential())
+
+
+def test_batches_are_dicts_of_ids_and_labels_or_pairs() -> None:
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    assert split_batch({"input_ids": ids, "labels": ids})[0] is ids
+    assert split_batch((ids, ids))[1] is ids
+    with pytest.raises(
+        ValueError,
+        match=r"exactly the keys 'input_ids' and 'labels' \(got \['attention_mask', 'input_ids', 'labels'\]\)",
+    ):
+        split_batch({"input_ids": ids, "labels": ids, "attention_mask": ids})
+    with pytest.raises(ValueError, match="not list"):
+        split_batch([ids])
+
+
+def test_a_plan_prints_as_a_table_with_its_reasons() -> None:
+    p = Plan(
+        dp=2,
+        pp=2,
+        tp=1,
+        microbatches=4,
+        stages=(
+            StagePlan(0, 3, 2**20, 0.0125, 3 * 2**20),
+            StagePlan(4, 7, 2**21, 0.0130, 5 * 2**20),
+        ),
+        estimated_step_s=0.071,
+        peak_bytes_per_proc=5 * 2**20,
+        memory_per_proc=2**30,
+        why="fastest of 12",
+        runner_up="dp=4: 80 ms",
+    )
+    text = str(p)
+    assert p.strategy == "dp=2 x pp=2"
+    assert "Plan: dp=2 x pp=2, 4 microbatches per replica, 1f1b schedule" in text
+    assert "estimated step 71.00 ms, peak 5.00 MiB per proc (cap 1024.00 MiB)" in text
+    assert "    1       4..7     2.00 MiB     13.00 ms     5.00 MiB" in text
+    assert "why: fastest of 12" in text and "runner-up: dp=4: 80 ms" in text
+    assert p.layout.coords(3) == (1, 1, 0) and p.layout.rank(1, 1, 0) == 3

@@ -1,0 +1,142 @@
+"""The planner on costs given by hand: stage splits, memory, forced dims, what it prints."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+
+from danaus.parallel import PlanError  # noqa: E402
+from danaus.parallel._planner import candidates, check_forced, choose, estimate  # noqa: E402
+from danaus.parallel._profile import MeshFacts, ModelCost, PartCost  # noqa: E402
+
+MiB = 2**20
+
+
+def _cost(times: list[float], params: list[int], batch: int = 8, act: int = MiB) -> ModelCost:
+    sizes = [s for s in range(1, batch + 1) if batch % s == 0]
+
+    def part(t: float, p: int) -> PartCost:
+        return PartCost(
+            time_s={s: t * s / batch for s in sizes},
+            act_bytes={s: act * s // batch for s in sizes},
+            out_bytes={s: 1024 * s for s in sizes},
+            param_bytes=p,
+        )
+
+    return ModelCost(
+        blocks=[part(t, p) for t, p in zip(times, params, strict=True)],
+        embed=part(0.0, 0),
+        head=part(0.0, 0),
+        opt_ratio=2.0,
+        opt_s_per_byte=0.0,
+        threads=1,
+    )
+
+
+def _mesh(procs: int = 4, memory: int = 1 << 40) -> MeshFacts:
+    return MeshFacts(
+        procs=procs,
+        procs_per_host=procs,
+        cores_per_host=procs,
+        memory_per_proc=memory,
+        bandwidth=1e10,
+        latency_s=1e-6,
+        collective_bw=1e10,
+        collective_latency_s=1e-6,
+        gather_s_per_byte=1e-10,
+        scatter_s_per_byte=1e-10,
+    )
+
+
+def _all(n: int = 4, batch: int = 8, blocks: int = 8, **forced: int) -> list:
+    return list(candidates(n, batch, blocks, can_pipeline=True, tp_ok=[1], **forced))
+
+
+def _best_contiguous(times: list[float], stages: int) -> float:
+    n = len(times)
+    best = math.inf
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        e = [0, *cuts, n]
+        best = min(best, max(sum(times[e[i] : e[i + 1]]) for i in range(stages)))
+    return best
+
+
+@pytest.mark.parametrize(
+    "times", [[4, 1, 1, 4, 2, 1, 3, 4], [1, 1, 1, 1, 1, 1, 1, 8], [8, 1, 2, 2, 1, 1, 1, 1]]
+)
+def test_stage_boundaries_are_the_best_contiguous_split(times: list[float]) -> None:
+    cost = _cost([float(t) for t in times], [MiB] * 8)
+    cands = _all(pp=4, microbatches=8)
+    p = choose(cost, _mesh(), batch=8, cands=cands, layers=None)
+    got = max(sum(times[s.first : s.last + 1]) for s in p.stages)
+    assert got == _best_contiguous(times, 4)
+    assert [s.first for s in p.stages][0] == 0 and p.stages[-1].last == 7
+
+
+def test_with_memory_to_spare_cheap_replicas_win() -> None:
+    p = choose(_cost([1.0] * 8, [MiB] * 8), _mesh(), batch=8, cands=_all(), layers=None)
+    assert (p.dp, p.pp, p.tp, p.sharded) == (4, 1, 1, False)
+    # weights + grads + AdamW's two moments, and the activations of a quarter of the batch
+    # kept by the 8 blocks, the embed part and the head
+    assert p.peak_bytes_per_proc == 8 * MiB * 4 + 10 * MiB // 4
+    assert "fastest of" in p.why and p.runner_up
+
+
+def test_a_cap_under_a_whole_replica_picks_stages_or_shards_that_fit() -> None:
+    cost = _cost([1.0] * 8, [4 * MiB] * 8)
+    whole = 8 * 4 * MiB * 4  # a replica's weights, grads and AdamW state
+    p = choose(cost, _mesh(memory=whole // 2), batch=8, cands=_all(), layers=None)
+    assert p.pp > 1 or p.sharded
+    assert p.peak_bytes_per_proc <= whole // 2
+    assert all(s.peak_bytes <= whole // 2 for s in p.stages)
+
+
+def test_a_cap_nothing_fits_under_says_what_the_smallest_needs() -> None:
+    cost = _cost([1.0] * 8, [4 * MiB] * 8)
+    with pytest.raises(
+        PlanError, match=r"no plan fits in 1\.0 MiB per proc: the smallest, .* needs [\d.]+ MiB"
+    ):
+        choose(cost, _mesh(memory=MiB), batch=8, cands=_all(), layers=None)
+
+
+def test_estimated_step_counts_the_pipeline_bubble() -> None:
+    cost = _cost([1.0] * 4, [MiB] * 4, batch=8)
+    (c1,) = [c for c in _all(blocks=4, pp=4, microbatches=1)]
+    (c8,) = [c for c in _all(blocks=4, pp=4, microbatches=8)]
+    one, eight = estimate(c1, cost, _mesh(), 8, 1 << 40), estimate(c8, cost, _mesh(), 8, 1 << 40)
+    # 1 microbatch: 4 stages one after another; 8: (8 + 3) slots of 1/8 the work
+    assert one.step_s == pytest.approx(4 * 1.0, rel=0.05)
+    assert eight.step_s == pytest.approx(11 * 1.0 / 8, rel=0.05)
+    assert c1.schedule == "gpipe" and c8.schedule == "1f1b"
+
+
+def test_candidates_respect_forced_dims_the_batch_and_the_model() -> None:
+    assert {(c.dp, c.pp, c.tp) for c in _all(dp=2)} == {(2, 2, 1)}
+    assert all(8 % (c.dp * c.microbatches) == 0 for c in _all())
+    assert {c.pp for c in candidates(4, 8, 8, can_pipeline=False, tp_ok=[1])} == {1}
+    assert {c.tp for c in candidates(4, 8, 8, can_pipeline=True, tp_ok=[1, 2])} == {1, 2}
+    assert {c.pp for c in _all(blocks=2)} == {1, 2}  # no more stages than blocks
+
+
+@pytest.mark.parametrize(
+    ("forced", "message"),
+    [
+        ({"dp": 3}, "dp=3 = 3 does not divide the mesh's 4 procs"),
+        ({"dp": 2, "pp": 2, "tp": 2}, "dp=2 x pp=2 x tp=2 = 8 does not equal the mesh's 4 procs"),
+        ({"dp": 0}, "dp=0: each forced dim is a positive int"),
+        ({"pp": 4}, "pp=4: the model has only 2 blocks"),
+        ({"tp": 2}, "tp=2: no plan for this model"),
+        ({"dp": 4}, "dp=4 does not divide the batch of 6 samples"),
+        ({"microbatches": 4}, "microbatches=4 does not divide the batch of 6 samples"),
+    ],
+)
+def test_forced_dims_that_cannot_be_met_are_named(forced: dict[str, int], message: str) -> None:
+    args = {"dp": None, "pp": None, "tp": None, "microbatches": None, **forced}
+    with pytest.raises(PlanError, match=message):
+        check_forced(
+            4, 6, 2, can_pipeline=True, tp_ok=[1], why_no_tp="no plan for this model", **args
+        )
