@@ -80,12 +80,12 @@ def test_blocks_that_cannot_be_found_name_the_argument_to_give() -> None:
 
     with pytest.raises(PlanError, match=r"it has 2 \(\['a', 'b'\]\); give layers="):
         find_parts(Two())
-    with pytest.raises(PlanError, match="it has no nn.ModuleList; give layers="):
+    with pytest.raises(PlanError, match=r"it has no nn\.ModuleList; give layers="):
         find_parts(nn.Linear(2, 2))
     assert find_parts(Two(), layers="b").blocks_path == "b"
-    with pytest.raises(PlanError, match="layers='a.0' is a Linear; it must name"):
+    with pytest.raises(PlanError, match=r"layers=.a\.0. is a Linear; it must name"):
         find_parts(Two(), layers="a.0")
-    with pytest.raises(PlanError, match="the nn.Sequential has no layers"):
+    with pytest.raises(PlanError, match=r"the nn\.Sequential has no layers"):
         find_parts(nn.Sequential())
 
 

@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from danaus.parallel import PlanError  # noqa: E402
-from danaus.parallel._planner import candidates, check_forced, choose, estimate  # noqa: E402
-from danaus.parallel._profile import MeshFacts, ModelCost, PartCost  # noqa: E402
+from danaus.parallel import PlanError
+from danaus.parallel._planner import candidates, check_forced, choose, estimate
+from danaus.parallel._profile import MeshFacts, ModelCost, PartCost
 
 MiB = 2**20
 
@@ -74,7 +74,7 @@ def test_stage_boundaries_are_the_best_contiguous_split(times: list[float]) -> N
     p = choose(cost, _mesh(), batch=8, cands=cands, layers=None)
     got = max(sum(times[s.first : s.last + 1]) for s in p.stages)
     assert got == _best_contiguous(times, 4)
-    assert [s.first for s in p.stages][0] == 0 and p.stages[-1].last == 7
+    assert p.stages[0].first == 0 and p.stages[-1].last == 7
 
 
 def test_with_memory_to_spare_cheap_replicas_win() -> None:
