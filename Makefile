@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	# The CPU wheel, pinned: a bare `torch` would pull a multi-GB CUDA build.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,torch]'
+	$(PY) -m pip install -q -e '.[dev,torch,hf]'
 	bash scripts/install_pyverbs.sh $(PY)
 	touch $(STAMP)
 
@@ -28,10 +28,11 @@ $(STAMP): pyproject.toml Makefile
 # (make test COV= to skip it: it makes the CPU-bound unit tests about 1.5x slower).
 # The second leaves out what does not depend on how procs start: the people's tools
 # (they read the controller), SLURM (srun starts its agents), the rdma-bench CLI and the
-# model-sized tensor-engine tests (test_tensor_engine covers fresh interpreters there).
+# model-sized tensor-engine tests (test_tensor_engine covers fresh interpreters there) and
+# whole-model parallelism (torch.distributed in actors; test_spmd covers exec there).
 COV ?= --cov=danaus --cov-report=term:skip-covered
 EXEC_SKIP := test_top test_dashboard test_slurm test_spmd_slurm test_rdma_bench \
-	test_tensor_engine_models
+	test_tensor_engine_models test_parallel
 test: compile
 	$(PY) -m pytest -q $(COV) tests
 	DANAUS_SPAWN_METHOD=exec $(PY) -m pytest -q tests/integration tests/conformance \

@@ -5,6 +5,7 @@ from __future__ import annotations
 from . import (
     bench_inference,
     bench_mesh,
+    bench_parallel,
     bench_runtime,
     bench_slurm,
     bench_spawn,
@@ -39,6 +40,8 @@ def main() -> None:
     rdma_bench(["--sizes", "4096,1048576,67108864"])
     print("\n== tensor engine ==")
     bench_tensor_engine.main()
+    print("\n== whole-model parallelism: strategies against one process ==")
+    bench_parallel.main()
     print("\n== inference server example ==")
     bench_inference.main()
 

@@ -121,12 +121,12 @@ class ModelParts:
         )
         if self.family == "gpt2":
             for i in range(first, last + 1):
-                h = blocks[i](h, None, mask, None, position_ids=pos)
+                h = _hidden(blocks[i](h, attention_mask=mask, position_ids=pos))
             return h
         rotary = _get(model, "model.rotary_emb")
         pe = rotary(h, position_ids=pos)
         for i in range(first, last + 1):
-            h = blocks[i](h, attention_mask=mask, position_embeddings=pe, position_ids=pos)
+            h = _hidden(blocks[i](h, attention_mask=mask, position_embeddings=pe, position_ids=pos))
         return h
 
     def head(self, model: nn.Module, h: Any) -> Any:
@@ -183,6 +183,12 @@ class ModelParts:
             for p in self.head_paths:
                 _replace_path(m, p, nn.Identity())
         return StageModule(m, self, first, last)
+
+
+def _hidden(out: Any) -> torch.Tensor:
+    """A Hugging Face block's hidden states (older releases return them in a tuple)."""
+    h: torch.Tensor = out[0] if isinstance(out, tuple) else out
+    return h
 
 
 def _replace(parent: nn.Module, name: str, new: nn.Module) -> None:

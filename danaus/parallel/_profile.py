@@ -351,14 +351,13 @@ class Profiler(Actor):
             lat = min(timed(lambda: dist.all_reduce(little)) for _ in range(repeats))
             shard = torch.zeros(big.numel() // n, dtype=big.dtype, device=dev)
             whole = shard.new_zeros(shard.numel() * n)
-            dist.all_gather_into_tensor(whole, shard)
-            gather = min(
-                timed(lambda: dist.all_gather_into_tensor(whole, shard)) for _ in range(repeats)
-            )
-            dist.reduce_scatter_tensor(shard, whole)
-            scatter = min(
-                timed(lambda: dist.reduce_scatter_tensor(shard, whole)) for _ in range(repeats)
-            )
+            # torch 2.13 renamed them (the old names warn); older releases have only those
+            all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            scatter_ = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            all_gather(whole, shard)
+            gather = min(timed(lambda: all_gather(whole, shard)) for _ in range(repeats))
+            scatter_(shard, whole)
+            scatter = min(timed(lambda: scatter_(shard, whole)) for _ in range(repeats))
             size = whole.numel() * whole.element_size()
             return nbytes * 2 * (n - 1) / n / t, lat, gather / size, scatter / size
         finally:

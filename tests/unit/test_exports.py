@@ -15,7 +15,8 @@ LAYERS = ["actors", "mesh", "rdma", "tensor_engine"]  # a layer may import only 
 
 
 @pytest.mark.parametrize(
-    "module", ["danaus", "danaus.actors", "danaus.mesh", "danaus.job", "danaus.spmd"]
+    "module",
+    ["danaus", "danaus.actors", "danaus.mesh", "danaus.job", "danaus.spmd", "danaus.parallel"],
 )
 def test_all_names_exist_once(module: str) -> None:
     mod = importlib.import_module(module)
@@ -77,3 +78,16 @@ def test_layers_import_downwards_only(layer: str) -> None:
         for target in _imports(path):
             top = target.split(".")[0]
             assert top not in forbidden, f"{path.relative_to(ROOT)} imports {target}"
+
+
+def test_whole_model_parallelism_sits_on_top_and_nothing_imports_it() -> None:
+    # danaus.parallel builds on actors, mesh, rdma and spmd; nothing of danaus needs it,
+    # and it does not reach into the tensor engine, the runner, jobs or the tools
+    for path in ROOT.rglob("*.py"):
+        inside = path.relative_to(ROOT).parts[0] == "parallel"
+        for target in _imports(path):
+            top = target.split(".")[0]
+            if inside:
+                assert top not in ("tensor_engine", "monarch", "job", "tools"), f"{path} imports {target}"
+            else:
+                assert top != "parallel", f"{path.relative_to(ROOT)} imports {target}"

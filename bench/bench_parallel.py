@@ -1,0 +1,112 @@
+"""Whole-model parallelism: tokens/s of each strategy on 4 procs against the same model
+trained in one process on the same global batch (the floor, measured in the same run),
+and the planner's estimated step against the measured one."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from danaus import this_host
+from danaus.parallel import parallelize, plan
+
+PROCS = 4
+BATCH, SEQ = 16, 64
+STEPS = 8
+STRATEGIES: list[tuple[str, dict[str, int]]] = [
+    ("dp=4", {"dp": 4}),
+    ("pp=4", {"pp": 4}),
+    ("dp=2 x pp=2", {"dp": 2, "pp": 2}),
+    ("tp=2 x dp=2", {"tp": 2, "dp": 2}),
+    ("tp=4", {"tp": 4}),
+    ("planner's choice", {}),
+]
+
+
+def _model() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        num_hidden_layers=8,
+        hidden_size=256,
+        intermediate_size=512,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=2048,
+        max_position_embeddings=SEQ,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def _adamw(ps: Iterator[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(ps, lr=1e-4)
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, 2048, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    return {"input_ids": ids, "labels": ids}
+
+
+def one_process(batch: dict[str, Any]) -> float:
+    """Median seconds of a step of the same model in this process, on every core."""
+    model = _model()
+    opt = _adamw(model.parameters())
+    times = []
+    for i in range(STEPS + 2):
+        t = time.perf_counter()
+        opt.zero_grad()
+        model(**batch).loss.backward()
+        opt.step()
+        if i >= 2:
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+async def strategies(batch: dict[str, Any]) -> list[tuple[str, float, float, str]]:
+    rows = []
+    async with this_host().spawn_procs(per_host={"procs": PROCS}) as procs:
+        for name, dims in STRATEGIES:
+            p = await plan(_model(), procs, sample=batch, optimizer=_adamw, **dims)
+            trainer = parallelize(_model(), procs, p, optimizer=_adamw)
+            for _ in range(2):  # set up, warm up
+                await trainer.step(batch)
+            times = []
+            for _ in range(STEPS):
+                t = time.perf_counter()
+                await trainer.step(batch)
+                times.append(time.perf_counter() - t)
+            await trainer.stop()
+            rows.append((name, statistics.median(times), p.estimated_step_s, p.strategy))
+    return rows
+
+
+def main() -> None:
+    batch = _batch()
+    tokens = BATCH * SEQ
+    rows = asyncio.run(strategies(batch))
+    floor = one_process(batch)  # after the procs are gone: it has the cores to itself
+    print(
+        f"Llama, 8 layers, hidden 256, batch {BATCH}x{SEQ}, AdamW, fp32, CPU (gloo), "
+        f"{PROCS} procs on {len(__import__('os').sched_getaffinity(0))} cores"
+    )
+    print(f"one process: {tokens / floor:,.0f} tokens/s ({floor * 1e3:.0f} ms/step)")
+    for name, step, est, strategy in rows:
+        print(
+            f"{name:>17}: {tokens / step:>8,.0f} tokens/s ({step * 1e3:4.0f} ms/step), "
+            f"{floor / step:.2f}x one process; planner estimated {est * 1e3:.0f} ms "
+            f"(measured / estimated {step / est:.2f})"
+            + (f" [chose {strategy}]" if name == "planner's choice" else "")
+        )
+
+
+if __name__ == "__main__":
+    main()
