@@ -153,13 +153,27 @@ def profile_sizes(cands: list[Candidate], batch: int) -> list[int]:
 
 
 class _Costs:
-    """Prefix sums of one microbatch size's block costs, for the stage DP."""
+    """Prefix sums of one microbatch size's block costs, for the stage DP. A block's time
+    is where it runs on a busy mesh: split ``tp`` ways as measured (block 0 timed split,
+    the others scaled alike), or, unsplit, its own time times the procs per core."""
 
-    def __init__(self, cost: ModelCost, s: int, tp: int) -> None:
+    def __init__(self, cost: ModelCost, mesh: MeshFacts, s: int, tp: int) -> None:
         self.cost = cost
         self.s = s
         b = cost.blocks
-        self.t = _prefix([x.time_s[s] / tp for x in b])
+        contention = max(1.0, mesh.procs_per_host / max(1, mesh.cores_per_host))
+        measured = cost.tp_block_s.get(tp, {}).get(s) if tp > 1 else None
+        if measured is not None:
+            scale = measured / max(b[0].time_s[s], 1e-12)
+            self.t = _prefix([x.time_s[s] * scale for x in b])
+        else:
+            ring = 2 * (tp - 1) / tp
+            bw, lat = mesh.collective_bw, mesh.collective_latency_s
+            # two all-reduces of a block's output forward, two backward
+            comm = [4 * (x.out_bytes[s] * ring / bw + lat) if tp > 1 else 0.0 for x in b]
+            self.t = _prefix(
+                [x.time_s[s] / tp * contention + c for x, c in zip(b, comm, strict=True)]
+            )
         self.a = _prefix([x.act_bytes[s] for x in b])
         self.w = _prefix([x.param_bytes / tp for x in b])
         self.out = [x.out_bytes[s] for x in b]
@@ -178,7 +192,7 @@ def estimate(cand: Candidate, cost: ModelCost, mesh: MeshFacts, batch: int, cap:
     c = cand
     s = batch // (c.dp * c.microbatches)
     L = len(cost.blocks)
-    k_costs = _Costs(cost, s, c.tp)
+    k_costs = _Costs(cost, mesh, s, c.tp)
     contention = max(1.0, mesh.procs_per_host / max(1, mesh.cores_per_host))
     bw, lat = mesh.collective_bw, mesh.collective_latency_s
     state = 2.0 + cost.opt_ratio  # weights, grads, optimizer state per byte of weights
@@ -186,7 +200,7 @@ def estimate(cand: Candidate, cost: ModelCost, mesh: MeshFacts, batch: int, cap:
     def stage(k: int, i: int, j: int) -> tuple[float, int, float]:
         """Stage k over blocks i..j-1: (microbatch seconds, peak bytes, weight bytes)."""
         first, last = k == 0, k == c.pp - 1
-        t = k_costs.t[j] - k_costs.t[i]
+        t = 0.0
         w = k_costs.w[j] - k_costs.w[i]
         act = k_costs.a[j] - k_costs.a[i]
         if first:
@@ -197,10 +211,7 @@ def estimate(cand: Candidate, cost: ModelCost, mesh: MeshFacts, batch: int, cap:
             t += cost.head.time_s[s]
             w += cost.head.param_bytes
             act += cost.head.act_bytes[s]
-        t *= contention
-        if c.tp > 1:  # two all-reduces of a block's output forward, two backward
-            ring = 2 * (c.tp - 1) / c.tp
-            t += 4 * sum(k_costs.out[i:j]) * ring / bw + 4 * (j - i) * lat
+        t = t * contention + k_costs.t[j] - k_costs.t[i]
         if not last:  # activations to the next stage, gradients back
             t += 2 * (k_costs.out[j - 1] / bw + lat)
         inflight = (

@@ -13,7 +13,7 @@ from ._errors import PlanError
 from ._model import ModelParts, batch_size, find_parts
 from ._plan import Plan
 from ._planner import candidates, check_forced, choose, profile_sizes
-from ._profile import MeshFacts, ProcFacts
+from ._profile import MeshFacts, ProcFacts, TPProbe
 
 if TYPE_CHECKING:
     import torch
@@ -58,9 +58,11 @@ def _local_procs(procs: ProcMesh) -> int:
     return sizes[-1] if sizes else 1
 
 
-async def _measure_mesh(procs: ProcMesh, profilers: Any, memory_per_proc: int | None) -> MeshFacts:
-    local = _local_procs(procs)
-    facts: list[ProcFacts] = list((await profilers.facts.call(memory_per_proc, local)).values())
+async def _measure_mesh(
+    procs: ProcMesh, profilers: Any, facts: list[ProcFacts], tp: TPProbe | None
+) -> tuple[MeshFacts, dict[int, dict[int, float]]]:
+    """The mesh as measured: memory, cores, the data plane between procs, collectives
+    (and the tensor-parallel block ``tp`` asks for, timed on every proc at once)."""
     n = len(facts)
     per_host: dict[str, int] = {}
     for f in facts:
@@ -79,12 +81,16 @@ async def _measure_mesh(procs: ProcMesh, profilers: Any, memory_per_proc: int | 
             b, lt = await one(reader).read.call_one(buf, PROBE_BYTES)
             bw, lat = min(bw, b), max(lat, lt)
         await setup_torch_elastic_env_async(procs)
-        probes = (await profilers.collective.call(PROBE_BYTES)).values()
+        probes = (await profilers.collective.call(PROBE_BYTES, tp)).values()
         cbw = min(p[0] for p in probes)
         clat, gather, scatter = (max(p[i] for p in probes) for i in (1, 2, 3))
+        tp_s = {  # the slowest rank's time, at each degree and size
+            d: {s: max(p[4][d][s] for p in probes) for s in sizes}
+            for d, sizes in probes_sizes(tp).items()
+        }
     else:
-        bw, lat, cbw, clat, gather, scatter = 1e12, 0.0, 1e12, 0.0, 0.0, 0.0
-    return MeshFacts(
+        bw, lat, cbw, clat, gather, scatter, tp_s = 1e12, 0.0, 1e12, 0.0, 0.0, 0.0, {}
+    facts_ = MeshFacts(
         procs=n,
         procs_per_host=max(per_host.values()),
         cores_per_host=min(f.cores for f in facts),
@@ -97,6 +103,11 @@ async def _measure_mesh(procs: ProcMesh, profilers: Any, memory_per_proc: int | 
         gather_s_per_byte=gather,
         scatter_s_per_byte=scatter,
     )
+    return facts_, tp_s
+
+
+def probes_sizes(tp: TPProbe | None) -> dict[int, list[int]]:
+    return {d: tp.sizes for d in tp.degrees} if tp is not None else {}
 
 
 async def _plan(
@@ -127,12 +138,21 @@ async def _plan(
     if loss is None:
         raise PlanError(f"{type(model).__name__} has no loss of its own: give loss_fn=")
     profilers = procs.spawn(f"_planner{next(_names)}", Profiler)
+    local = _local_procs(procs)
     try:
-        mesh = await _measure_mesh(procs, profilers, memory_per_proc)
-        threads = max(1, mesh.cores_per_host // max(1, mesh.procs_per_host))
+        facts = list((await profilers.facts.call(memory_per_proc, local)).values())
+        threads = max(1, min(f.cores for f in facts) // max(1, local))
+        tp_cands = [c for c in cands if c.tp > 1]
+        probe = None
+        if tp_cands:
+            degrees = sorted({c.tp for c in tp_cands})
+            tp_sizes_ = profile_sizes(tp_cands, batch)
+            probe = TPProbe(model, parts, sample, degrees, tp_sizes_, threads)
+        mesh, tp_s = await _measure_mesh(procs, profilers, facts, probe)
         first = profilers.slice(**dict.fromkeys(procs.sizes, 0))
         sizes = profile_sizes(cands, batch)
         cost = await first.model.call_one(model, parts, sample, loss, optimizer, sizes, threads)
+        cost.tp_block_s = tp_s
     finally:
         await profilers.stop()
     chosen = choose(cost, mesh, batch=batch, cands=cands, layers=layers)

@@ -5,6 +5,7 @@ between procs through the data plane."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import socket
@@ -50,6 +51,10 @@ class ModelCost:
     #: optimizer step seconds per byte of weights
     opt_s_per_byte: float
     threads: int
+    #: by tensor-parallel degree and microbatch size: seconds of block 0's forward +
+    #: backward split that many ways, run on every proc at once (its all-reduces, the
+    #: DTensor work and the procs' contention for the cores all included)
+    tp_block_s: dict[int, dict[int, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -333,16 +338,20 @@ class Profiler(Actor):
         return bw, lat
 
     @endpoint
-    def collective(self, nbytes: int, repeats: int = 3) -> tuple[float, float, float, float]:
+    def collective(
+        self, nbytes: int, tp: TPProbe | None = None, repeats: int = 3
+    ) -> tuple[float, float, float, float, dict[int, dict[int, float]]]:
         """All-reduce, all-gather and reduce-scatter ``nbytes`` over every proc of the
         mesh through the backend the trainer will use (the environment set by
-        ``danaus.spmd``): (all-reduce bus bytes/s, seconds of a small all-reduce, seconds
-        per byte of an all-gather, of a reduce-scatter). Call every proc of the mesh."""
+        ``danaus.spmd``), and time a tensor-parallel block where ``tp`` asks: (all-reduce
+        bus bytes/s, seconds of a small all-reduce, seconds per byte of an all-gather, of
+        a reduce-scatter, :attr:`ModelCost.tp_block_s`). Call every proc of the mesh."""
         import torch.distributed as dist
 
         dev = device()
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
         try:
+            tp_s = _tp_block_times(tp, repeats) if tp is not None else {}
             n = dist.get_world_size()
             big = torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)
             little = torch.zeros(1, dtype=torch.float32, device=dev)
@@ -359,9 +368,58 @@ class Profiler(Actor):
             scatter_(shard, whole)
             scatter = min(timed(lambda: scatter_(shard, whole)) for _ in range(repeats))
             size = whole.numel() * whole.element_size()
-            return nbytes * 2 * (n - 1) / n / t, lat, gather / size, scatter / size
+            return nbytes * 2 * (n - 1) / n / t, lat, gather / size, scatter / size, tp_s
         finally:
             dist.destroy_process_group()
+
+
+@dataclass
+class TPProbe:
+    """What to time split tensor-parallel: the model's first block, at each degree and
+    microbatch size, with ``threads`` torch threads per proc."""
+
+    model: nn.Module
+    parts: ModelParts
+    sample: Any
+    degrees: list[int]
+    sizes: list[int]
+    threads: int
+
+
+def _tp_block_times(probe: TPProbe, repeats: int) -> dict[int, dict[int, float]]:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from ._model import _replace_path
+    from ._worker import tp_plan
+
+    dev = device()
+    n = dist.get_world_size()
+    model, parts = probe.model.to(dev), probe.parts
+    if not torch.cuda.is_available():
+        torch.set_num_threads(probe.threads)
+    original = parts.blocks(model)[0]
+    with torch.no_grad():
+        hidden = parts.embed(model, split_batch(probe.sample)[0].to(dev))
+    out: dict[int, dict[int, float]] = {}
+    for tp in probe.degrees:
+        mesh = init_device_mesh(dev.type, (n // tp, tp), mesh_dim_names=("rest", "tp"))
+        block = copy.deepcopy(original)
+        parallelize_module(block, mesh["tp"], tp_plan(model, parts))
+        _replace_path(model, parts.block_path(0), block)
+        out[tp] = {}
+        for s in probe.sizes:
+            x = hidden[:s].detach().requires_grad_(True)
+
+            def run(x: torch.Tensor = x) -> None:
+                y = parts.run_blocks(model, 0, 0, x)
+                y.backward(torch.ones_like(y))
+
+            run()  # warm up
+            out[tp][s] = statistics.median(timed(run) for _ in range(repeats))
+    _replace_path(model, parts.block_path(0), original)
+    return out
 
 
 def _time(fn: Any) -> float:
