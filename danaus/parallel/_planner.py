@@ -30,6 +30,10 @@ from ._errors import PlanError
 from ._plan import Plan, StagePlan
 from ._profile import MeshFacts, ModelCost
 
+#: estimates this close to the fastest (a fraction) count as a tie, which the simplest
+#: layout wins: fewer dims in use, no sharding, fewer microbatches
+TIE = 0.05
+
 #: more microbatches than this per replica buy little and cost a profile size each
 MAX_MICROBATCHES = 16
 
@@ -300,7 +304,13 @@ def choose(
     ests = [estimate(c, cost, mesh, batch, cap) for c in cands]
     if not ests:
         raise PlanError("no layout of this mesh suits the model and batch")
-    fits = sorted((e for e in ests if e.peak <= cap), key=_rank)
+    fits = sorted((e for e in ests if e.peak <= cap), key=lambda e: e.step_s)
+    if fits:
+        # within TIE of the fastest, the simplest layout: estimates are not that exact
+        near = [e for e in fits if e.step_s <= fits[0].step_s * (1 + TIE)]
+        simplest = min(near, key=_rank)
+        fits.remove(simplest)
+        fits.insert(0, simplest)
     if not fits:
         smallest = min(ests, key=lambda e: e.peak)
         raise PlanError(
@@ -312,7 +322,7 @@ def choose(
     best = fits[0]
     runner = next((e for e in fits[1:] if _shape(e) != _shape(best)), None)
     why = (
-        f"fastest of {len(ests)} layouts estimated ({len(fits)} fit in "
+        f"fastest (or simplest within {TIE:.0%} of it) of {len(ests)} layouts estimated ({len(fits)} fit in "
         f"{cap / 2**20:.1f} MiB per proc); measured on {mesh.procs} procs, "
         f"{mesh.procs_per_host} per host on {mesh.cores_per_host} cores; data plane "
         f"{mesh.bandwidth / 1e9:.2f} GB/s between procs, all-reduce "
@@ -353,7 +363,7 @@ def _shape(e: Estimate) -> tuple[int, int, int, bool]:
     return (e.cand.dp, e.cand.pp, e.cand.tp, e.cand.sharded)
 
 
-def _rank(e: Estimate) -> tuple[float, int, int]:
-    # fastest first; a tie goes to fewer dims in use, then to fewer microbatches
+def _rank(e: Estimate) -> tuple[int, int, float]:
+    # fewer dims in use (and no sharding), then fewer microbatches, then faster
     dims = (e.cand.dp > 1) + (e.cand.pp > 1) + (e.cand.tp > 1) + e.cand.sharded
-    return (round(e.step_s, 9), dims, e.cand.microbatches)
+    return (dims, e.cand.microbatches, e.step_s)
