@@ -75,7 +75,15 @@ async def strategies(batch: dict[str, Any]) -> list[tuple[str, float, float, str
     rows = []
     async with this_host().spawn_procs(per_host={"procs": PROCS}) as procs:
         for name, dims in STRATEGIES:
-            p = await plan(_model(), procs, sample=batch, optimizer=_adamw, **dims)
+            p = await plan(
+                _model(),
+                procs,
+                sample=batch,
+                optimizer=_adamw,
+                dp=dims.get("dp"),
+                pp=dims.get("pp"),
+                tp=dims.get("tp"),
+            )
             trainer = parallelize(_model(), procs, p, optimizer=_adamw)
             for _ in range(2):  # set up, warm up
                 await trainer.step(batch)

@@ -38,9 +38,7 @@ async def main(args: argparse.Namespace) -> None:
     async with this_host().spawn_procs(per_host={"procs": args.procs}) as procs:
         t = time.perf_counter()
         memory = args.memory_mib * 2**20 if args.memory_mib else None
-        p = await plan(
-            model, procs, sample=batch, dp=args.dp, pp=args.pp, memory_per_proc=memory
-        )
+        p = await plan(model, procs, sample=batch, dp=args.dp, pp=args.pp, memory_per_proc=memory)
         print(f"planned in {time.perf_counter() - t:.1f} s\n{p}\n")
         trainer = parallelize(model, procs, p, optimizer=adamw)
         for step in range(args.steps):

@@ -88,6 +88,8 @@ def test_whole_model_parallelism_sits_on_top_and_nothing_imports_it() -> None:
         for target in _imports(path):
             top = target.split(".")[0]
             if inside:
-                assert top not in ("tensor_engine", "monarch", "job", "tools"), f"{path} imports {target}"
+                assert top not in ("tensor_engine", "monarch", "job", "tools"), (
+                    f"{path} imports {target}"
+                )
             else:
                 assert top != "parallel", f"{path.relative_to(ROOT)} imports {target}"
