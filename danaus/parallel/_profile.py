@@ -171,12 +171,15 @@ def measure_model(
         opt_s_per_byte=0.0,
         threads=torch.get_num_threads(),
     )
+    if not parts.can_pipeline:  # what is not a block runs in the model's own forward
+        cost.head.param_bytes = _param_bytes([model]) - _param_bytes(blocks)
     params = {p.data_ptr() for p in model.parameters()}
+    one_pass = _one_pass if parts.can_pipeline else _one_pass_whole
     for s in sizes:
         x, y = inputs[:s], target[:s]
         runs: list[list[float]] = []
         for r in range(repeats + 1):  # the first run warms up
-            times, acts, outs = _one_pass(model, parts, blocks, x, y, loss_fn, params)
+            times, acts, outs = one_pass(model, parts, blocks, x, y, loss_fn, params)
             if r:
                 runs.append(times)
         n = len(blocks)
@@ -243,6 +246,64 @@ def _one_pass(
         emb = parts.embed(model, x)
         bwd[0] = timed(lambda: emb.backward(grad))  # type: ignore[no-untyped-call]
     return [f + b for f, b in zip(fwd, bwd, strict=True)], acts, outs
+
+
+def _one_pass_whole(
+    model: nn.Module,
+    parts: ModelParts,
+    blocks: list[nn.Module],
+    x: Any,
+    y: Any,
+    loss_fn: LossFn,
+    params: set[int],
+) -> tuple[list[float], list[int], list[int]]:
+    """:func:`_one_pass` for a model whose forward around its blocks is its own: the whole
+    model is timed, each block again on the input it got there, and the rest (all but
+    the blocks) is put down to the head. A block whose input is not one tensor gets an
+    equal share of the blocks' time."""
+    n = len(blocks)
+    captured: list[Any] = [None] * n
+
+    def keep(i: int) -> Any:
+        def hook(_m: nn.Module, args: tuple[Any, ...]) -> None:
+            captured[i] = (
+                args[0].detach() if len(args) == 1 and isinstance(args[0], torch.Tensor) else None
+            )
+
+        return hook
+
+    handles = [b.register_forward_pre_hook(keep(i)) for i, b in enumerate(blocks)]
+    try:
+        model.zero_grad(set_to_none=True)
+        saved = _SavedBytes(params)
+        box: list[Any] = []
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+            whole = timed(lambda: box.append(loss_fn(model(x), y)))
+        whole += timed(box[0].backward)
+    finally:
+        for h in handles:
+            h.remove()
+    times, acts, outs = [0.0] * (n + 2), [0] * (n + 2), [0] * (n + 2)
+    if any(c is None for c in captured):
+        for i in range(n):
+            times[i + 1], acts[i + 1] = whole / (n + 1), saved.total // (n + 1)
+    else:
+        for i, inp in enumerate(captured):
+            leaf = _as_leaf(inp)
+            block_saved = _SavedBytes(params)
+            out: list[Any] = []
+            with torch.autograd.graph.saved_tensors_hooks(block_saved.pack, lambda t: t):
+                t = timed(functools.partial(_call_into, out, blocks[i], leaf))
+            if isinstance(out[0], torch.Tensor) and out[0].requires_grad:
+                t += timed(functools.partial(out[0].backward, torch.ones_like(out[0])))
+            times[i + 1], acts[i + 1], outs[i + 1] = t, block_saved.total, _nbytes(out[0])
+    times[n + 1] = max(0.0, whole - sum(times))
+    acts[n + 1] = max(0, saved.total - sum(acts))
+    return times, acts, outs
+
+
+def _call_into(out: list[Any], fn: Any, arg: Any) -> None:
+    out.append(fn(arg))
 
 
 def _measure_optimizer(model: nn.Module, optimizer: OptimizerFactory, cost: ModelCost) -> None:

@@ -208,3 +208,22 @@ async def test_arguments_that_cannot_be_met_are_named() -> None:
         await trainer.stop()
         with pytest.raises(PlanError, match="the plan is for 4 procs"):
             parallelize(pm.gpt2(), procs.slice(procs=slice(0, 2)), p, optimizer=pm.adamw)
+
+
+def test_the_example_plans_and_trains_gpt2_on_four_procs() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).parents[2] / "examples" / "parallel_gpt2.py"
+    out = subprocess.run(
+        [sys.executable, str(example), "--steps", "4", "--batch", "8"],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=True,
+    ).stdout
+    assert "Plan: " in out and "why: " in out and "runner-up: " in out
+    losses = [float(line.split()[3]) for line in out.splitlines() if line.startswith("step ")]
+    assert len(losses) == 4 and losses[-1] < losses[0]
+    assert "held per proc (MiB): [" in out
