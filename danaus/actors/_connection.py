@@ -74,7 +74,11 @@ class Connection(FrameWriter, asyncio.BufferedProtocol):
             runtime.key, dialer=dialer, addr=runtime.addr, peer_name=self._peer_name
         )
         self._hs_timer: asyncio.TimerHandle | None = None
-        self._hs_started = 0.0
+        #: a dialer's first try, and how many times it dialed again after a reset
+        self.dial_started = 0.0
+        self.redials = 0
+        #: when the transport came up (the oldest stranger is dropped first)
+        self.handshake_started = 0.0
         self._read_holders: set[object] = set()
         #: TCP without TLS: every frame after the handshake carries a tag under a session
         #: key, over a per-direction sequence number and the frame
@@ -96,11 +100,8 @@ class Connection(FrameWriter, asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
-        if not self.dialer and not self.rt.admit(self):  # (admit logs it)
-            self.state = CLOSED
-            self.close_reason = AuthenticationError("too many connections waiting to authenticate")
-            self.transport.abort()  # type: ignore[union-attr]
-            return
+        if not self.dialer:
+            self.rt.admit(self)  # (past the bound, the oldest stranger makes room)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             n = config.socket_buffer_bytes
@@ -118,14 +119,14 @@ class Connection(FrameWriter, asyncio.BufferedProtocol):
         if self.dialer:
             self._write_now(self._hs.start())
         # Both sides: a peer that accepts (or dials) and then says nothing is dropped.
-        self._hs_started = self.loop.time()
+        self.handshake_started = self.loop.time()
         self._hs_timer = self.loop.call_later(self._hs.deadline, self._handshake_expired)
 
     def _handshake_expired(self) -> None:
         self._hs_timer = None
         if self.state is not HANDSHAKE:
             return
-        waited = self.loop.time() - self._hs_started
+        waited = self.loop.time() - self.handshake_started
         again = self._hs.look_again_in(waited, unread=self._unread_bytes_waiting())
         if again is not None:
             self._hs_timer = self.loop.call_later(again, self._handshake_expired)
@@ -153,9 +154,22 @@ class Connection(FrameWriter, asyncio.BufferedProtocol):
             if self.close_reason is None:
                 self.close_reason = exc or ConnectionResetError(f"connection to {self.peer} closed")
         self._reader.close()
+        if self._reset_before_a_word() and self.rt.redial(self):
+            return  # a new dial took over its frames and awaited replies
         self._report_unsent(self._peer_name())
         self.resume_writing()  # wake writers: their sends now fail
         self.rt.connection_lost(self)
+
+    def _reset_before_a_word(self) -> bool:
+        """Did the peer we dialed close on us before sending a byte? (A listener shedding
+        strangers does that; a peer that refuses our key answers the handshake first,
+        and our own handshake deadline or a bad frame closes with a reason of its own.)"""
+        return (
+            self.dialer
+            and not self.was_open
+            and self.bytes_in == 0
+            and not isinstance(self.close_reason, (AuthenticationError, ProtocolError, SupervisionError))
+        )
 
     def never_opened(self, exc: BaseException) -> None:
         """The peer could not be reached (a refused dial, a proc that never came up):
@@ -189,6 +203,17 @@ class Connection(FrameWriter, asyncio.BufferedProtocol):
             self.transport.abort()
         else:
             self.never_opened(exc)
+
+    def drop(self, exc: BaseException) -> None:
+        """Close a stranger that has not authenticated, quietly (the listener counts
+        these in one line a second)."""
+        if self.state is CLOSED:
+            return
+        self.state = CLOSED
+        self._reader.paused = True
+        self.close_reason = exc
+        if self.transport is not None:
+            self.transport.abort()
 
     def heartbeat(self, now: float) -> None:
         """One liveness check (the runtime's heartbeat, every ``heartbeat_interval``): ping

@@ -213,7 +213,15 @@ class FrameWriter:
         self._undelivered = []
 
     def _adopt_backlog(self, placeholder: FrameWriter) -> None:
-        """Send, here, what was queued on a placeholder for the same peer."""
+        """Send, here, what was queued on a placeholder for the same peer (or, while this
+        one is connecting too, queue it here, in order, behind its handshake)."""
+        if self.state is HANDSHAKE:
+            self._backlog.extend(placeholder._backlog)
+            self._backlog_msgs += placeholder._backlog_msgs
+            self._undelivered.extend(placeholder._undelivered)
+            placeholder._backlog, placeholder._backlog_msgs = [], 0
+            placeholder._undelivered = []
+            return
         if placeholder._backlog:
             for header, parts in placeholder._backlog:
                 self._enqueue(header, parts)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Never, Protocol, TypeAlias, TypeVar, cast
 import msgspec
 
 from ..config import config
-from ..errors import ClosedError, ProtocolError, SupervisionError
+from ..errors import AuthenticationError, ClosedError, ProtocolError, SupervisionError
 from . import _auth
 from ._arrivals import ActorArrivals
 from ._connection import Connection
@@ -176,13 +176,22 @@ class Runtime:
         self._all_conns.add(conn)
         return conn
 
-    def admit(self, conn: Connection) -> bool:
-        """May this accepted, not yet authenticated connection stay? Strangers are
-        bounded: past ``config.max_unauthenticated`` of them, new ones are closed."""
-        waiting = sum(
-            1 for c in self._all_conns if c.state is HANDSHAKE and not c.dialer and c is not conn
-        )
-        return self._listener.admit(waiting)
+    def admit(self, conn: Connection) -> None:
+        """Make room for this accepted, not yet authenticated connection. Strangers are
+        bounded: past ``config.max_unauthenticated`` of them, the one that has waited
+        longest is dropped, never the newcomer, which may be a peer of the job dialing
+        for the first time (a stranger is cheap to drop, a peer is not; one that
+        authenticates does so within moments)."""
+        waiting = [
+            c
+            for c in self._all_conns
+            if c.state is HANDSHAKE and not c.dialer and c is not conn and c.transport is not None
+        ]
+        if len(waiting) < config.max_unauthenticated:
+            return
+        oldest = min(waiting, key=lambda c: c.handshake_started)
+        self._listener.note_dropped(len(waiting))
+        oldest.drop(AuthenticationError("dropped: too many connections waiting to authenticate"))
 
     def spawn_task(
         self, coro: Coroutine[object, object, T], *, log_failure: bool = True
@@ -218,10 +227,38 @@ class Runtime:
         if addr in self.lost:
             return Connection.lost(self, addr, self.lost[addr])
         conn = self._dialer(addr)
+        conn.dial_started = self.loop.time()
         self.conns[addr] = conn
         self._all_conns.add(conn)
         self.spawn_task(dial(self.loop, conn))
         return conn
+
+    def redial(self, conn: Connection) -> bool:
+        """``conn``, dialed by us, was reset before the peer said a word (a listener
+        shedding strangers, a backlog overflowing): dial again, within the connect
+        timeout of the first try, on a new connection that takes over what was queued
+        and the replies awaited. False where it is too late, or ``conn`` is not the
+        connection to its peer any more; then it closes as lost."""
+        peer = conn.peer
+        if self.closed or peer is None or self.conns.get(peer) is not conn:
+            return False
+        started = conn.dial_started or self.loop.time()
+        delay = min(0.002 * 2**conn.redials, 0.1)
+        if self.loop.time() + delay - started > config.connect_timeout:
+            return False
+        again = self._dialer(peer)
+        again.dial_started, again.redials = started, conn.redials + 1
+        again.adopt(conn)
+        self.conns[peer] = again
+        self._all_conns.discard(conn)
+        self._all_conns.add(again)
+
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            await dial(self.loop, again)
+
+        self.spawn_task(later())
+        return True
 
     def key_for(self, peer: str) -> bytes:
         """The key connections with ``peer`` authenticate with: this runtime's, unless the

@@ -45,8 +45,8 @@ def bind(addr: str) -> socket.socket:
 
 class Listener:
     """The listening socket of one runtime (bound now, or handed over bound), its server,
-    and the bound on strangers: past ``config.max_unauthenticated`` connections waiting
-    to authenticate, new ones are refused."""
+    and the log of strangers dropped past ``config.max_unauthenticated`` (the runtime
+    picks which: the one that waited longest)."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, addr: str, sock: socket.socket | None
@@ -60,7 +60,7 @@ class Listener:
             addr = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         #: the address peers dial
         self.addr = addr
-        self._refused = 0  # strangers refused since the last log line about them
+        self._refused = 0  # strangers dropped since the last log line about them
         self._refused_logged = -1e9
 
     def __repr__(self) -> str:
@@ -76,22 +76,20 @@ class Listener:
                 accept, sock=sock, ssl=tls_context(server=True)
             )
 
-    def admit(self, waiting: int) -> bool:
-        """May one more stranger stay, ``waiting`` others being there already?"""
-        if waiting < config.max_unauthenticated:
-            return True
+    def note_dropped(self, waiting: int) -> None:
+        """A stranger was dropped to make room (``waiting`` were there): a flood logs a
+        line a second, with a count, not a line each."""
         self._refused += 1
         now = self.loop.time()
-        if now - self._refused_logged >= 1.0:  # a flood logs a line a second, not a line each
+        if now - self._refused_logged >= 1.0:
             self._refused_logged = now
-            log.error(
-                "refused %d connection(s): %d are already waiting to authenticate "
-                "(config.max_unauthenticated)",
+            log.warning(
+                "someone local is probing: dropped %d connection(s) that waited longest to "
+                "authenticate, %d waiting (config.max_unauthenticated)",
                 self._refused,
-                config.max_unauthenticated,
+                waiting,
             )
             self._refused = 0
-        return False
 
     def close(self) -> None:
         """Stop listening."""
