@@ -168,7 +168,9 @@ class Connection(FrameWriter, asyncio.BufferedProtocol):
             self.dialer
             and not self.was_open
             and self.bytes_in == 0
-            and not isinstance(self.close_reason, (AuthenticationError, ProtocolError, SupervisionError))
+            and not isinstance(
+                self.close_reason, (AuthenticationError, ProtocolError, SupervisionError)
+            )
         )
 
     def never_opened(self, exc: BaseException) -> None:
@@ -192,7 +194,9 @@ class Connection(FrameWriter, asyncio.BufferedProtocol):
         """Close this connection because of ``exc`` (logged); the proc keeps serving."""
         if self.state is CLOSED:
             return
-        if isinstance(exc, AuthenticationError):
+        if not self.dialer and not self.was_open and self.transport is not None:
+            self.rt.stranger_closed(exc)  # a stranger: counted, a line a second
+        elif isinstance(exc, AuthenticationError):
             log.error("refused connection: %s", exc)
         elif isinstance(exc, ProtocolError):
             log.error("closing connection from %s: %s", self._peer_name(), exc)
@@ -203,17 +207,6 @@ class Connection(FrameWriter, asyncio.BufferedProtocol):
             self.transport.abort()
         else:
             self.never_opened(exc)
-
-    def drop(self, exc: BaseException) -> None:
-        """Close a stranger that has not authenticated, quietly (the listener counts
-        these in one line a second)."""
-        if self.state is CLOSED:
-            return
-        self.state = CLOSED
-        self._reader.paused = True
-        self.close_reason = exc
-        if self.transport is not None:
-            self.transport.abort()
 
     def heartbeat(self, now: float) -> None:
         """One liveness check (the runtime's heartbeat, every ``heartbeat_interval``): ping

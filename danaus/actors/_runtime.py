@@ -190,8 +190,17 @@ class Runtime:
         if len(waiting) < config.max_unauthenticated:
             return
         oldest = min(waiting, key=lambda c: c.handshake_started)
-        self._listener.note_dropped(len(waiting))
-        oldest.drop(AuthenticationError("dropped: too many connections waiting to authenticate"))
+        oldest.fail(
+            AuthenticationError(
+                f"dropped: {len(waiting)} connections waiting to authenticate "
+                "(config.max_unauthenticated); this one waited longest"
+            )
+        )
+
+    def stranger_closed(self, why: BaseException) -> None:
+        """A connection that never authenticated was closed for ``why`` (counted and
+        logged a line a second by the listener)."""
+        self._listener.note_stranger(why)
 
     def spawn_task(
         self, coro: Coroutine[object, object, T], *, log_failure: bool = True

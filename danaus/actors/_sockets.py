@@ -23,6 +23,8 @@ from ._peers import proc_ready
 __all__ = ["Listener", "bind", "dial"]
 
 log = logging.getLogger("danaus.runtime")
+#: where connections' troubles are logged (strangers included)
+conn_log = logging.getLogger("danaus.connection")
 
 
 def bind(addr: str) -> socket.socket:
@@ -45,8 +47,9 @@ def bind(addr: str) -> socket.socket:
 
 class Listener:
     """The listening socket of one runtime (bound now, or handed over bound), its server,
-    and the log of strangers dropped past ``config.max_unauthenticated`` (the runtime
-    picks which: the one that waited longest)."""
+    and the log of strangers: connections closed before they authenticated (for bad
+    bytes, silence, or past ``config.max_unauthenticated`` waiting), counted, one line
+    a second."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, addr: str, sock: socket.socket | None
@@ -60,8 +63,10 @@ class Listener:
             addr = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         #: the address peers dial
         self.addr = addr
-        self._refused = 0  # strangers dropped since the last log line about them
+        self._refused = 0  # strangers closed since the last log line about them
         self._refused_logged = -1e9
+        self._refused_why: BaseException | None = None
+        self._refused_flush: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
         return f"<Listener {self.addr} serving={self._server is not None}>"
@@ -76,23 +81,38 @@ class Listener:
                 accept, sock=sock, ssl=tls_context(server=True)
             )
 
-    def note_dropped(self, waiting: int) -> None:
-        """A stranger was dropped to make room (``waiting`` were there): a flood logs a
-        line a second, with a count, not a line each."""
+    def note_stranger(self, why: BaseException) -> None:
+        """A connection that never authenticated was closed: it sent garbage, closed
+        mid-frame, stayed silent past the handshake deadline, failed the key, or waited
+        longest when too many waited. At most one line a second says so, with a count
+        (those of the rest of the second come in the next line), however many come: a
+        stranger must not flood the logs."""
         self._refused += 1
-        now = self.loop.time()
-        if now - self._refused_logged >= 1.0:
-            self._refused_logged = now
-            log.warning(
-                "someone local is probing: dropped %d connection(s) that waited longest to "
-                "authenticate, %d waiting (config.max_unauthenticated)",
-                self._refused,
-                waiting,
-            )
-            self._refused = 0
+        self._refused_why = why
+        wait = self._refused_logged + 1.0 - self.loop.time()
+        if wait <= 0:
+            self._log_strangers()
+        elif self._refused_flush is None:
+            self._refused_flush = self.loop.call_later(wait, self._log_strangers)
+
+    def _log_strangers(self) -> None:
+        self._refused_flush = None
+        if not self._refused:
+            return
+        self._refused_logged = self.loop.time()
+        conn_log.error(
+            "refused connection(s) before they authenticated: %d since the last such "
+            "line (someone local is probing?); the last: %s",
+            self._refused,
+            self._refused_why,
+        )
+        self._refused = 0
 
     def close(self) -> None:
         """Stop listening."""
+        if self._refused_flush is not None:
+            self._refused_flush.cancel()
+            self._log_strangers()
         if self._server is not None:
             self._server.close()
         else:

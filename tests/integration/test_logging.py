@@ -11,46 +11,7 @@ from danaus import SupervisionError, this_host
 from danaus.mesh import set_unhandled_fault_hook
 
 from .actors_lib import Talker
-
-
-class Console:
-    """Stands in for the controller's stdout and stderr: records what the procs' output
-    forwarding prints, and wakes whoever waits for a line."""
-
-    def __init__(self) -> None:
-        self.text = ""
-        self.changed = asyncio.Event()
-
-    def write(self, s: str) -> int:
-        self.text += s
-        self.changed.set()
-        return len(s)
-
-    def flush(self) -> None:
-        pass
-
-    async def wait_for(self, needle: str) -> str:
-        try:
-            async with asyncio.timeout(10):
-                while needle not in self.text:
-                    self.changed.clear()
-                    await self.changed.wait()
-        except TimeoutError:
-            raise AssertionError(f"{needle!r} not printed; got {self.text!r}") from None
-        return self.text
-
-
-@pytest.fixture
-def console(monkeypatch: pytest.MonkeyPatch) -> Console:
-    """The controller's console as the forwarding sees it (pytest swaps sys.stdout itself
-    around each test phase, so the forwarding module's view of ``sys`` is replaced)."""
-    import types
-
-    import danaus.mesh._logs as logs
-
-    c = Console()
-    monkeypatch.setattr(logs, "sys", types.SimpleNamespace(stdout=c, stderr=c))
-    return c
+from .console_kit import Console
 
 
 async def test_stdout_stderr_and_logging_are_prefixed_with_mesh_and_rank(console: Console) -> None:

@@ -116,6 +116,59 @@ async def test_runtime_as_dialer_authenticates_then_sends_queued_calls(
     assert await asyncio.wait_for(reply, TIMEOUT) == (3, OK, 42)
 
 
+async def test_a_dial_reset_before_a_word_dials_again_and_keeps_the_queued_call(
+    runtime: Runtime, raw_acceptor: tuple[str, asyncio.Queue[Any]]
+) -> None:
+    # A listener shedding strangers resets the newest connection before saying anything:
+    # the peer is not lost; the dial is tried again with what was queued on it.
+    addr, accepted = raw_acceptor
+    port, reply = reply_port(runtime)
+    runtime.send_call(addr, "counter", "value", port, 3, encode_plain([[], {}]), False, [])
+    first = runtime.conns[addr]
+    _, writer = await asyncio.wait_for(accepted.get(), TIMEOUT)
+    writer.transport.abort()  # reset, not a byte sent
+    reader, writer = await asyncio.wait_for(accepted.get(), TIMEOUT)
+    assert addr not in runtime.lost
+    again = runtime.conns[addr]
+    assert again is not first and again.redials == 1
+
+    hello = _decode_handshake((await read_frame(reader))[0])
+    assert isinstance(hello, Hello)
+    nonce = os.urandom(16)
+    writer.write(wire(Challenge(nonce, proof(KEY, b"acceptor", hello.nonce, nonce))))
+    assert isinstance(_decode_handshake((await read_frame(reader))[0]), Auth)
+    call = _decode_message((await read_frame(reader))[0])
+    assert isinstance(call, Call) and call.reply == port
+    writer.write(wire(Result(port, OK, encode_plain(42), False, 3)))
+    assert await asyncio.wait_for(reply, TIMEOUT) == (3, OK, 42)
+
+
+async def test_a_dial_reset_on_every_try_fails_once_the_connect_timeout_passed(
+    runtime: Runtime, raw_acceptor: tuple[str, asyncio.Queue[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(config, "connect_timeout", 0.3)
+    addr, accepted = raw_acceptor
+    port, reply = reply_port(runtime)
+    runtime.send_call(addr, "counter", "value", port, 3, encode_plain([[], {}]), False, [])
+    tries = 0
+
+    async def reset_all() -> None:
+        nonlocal tries
+        while True:
+            _, writer = await accepted.get()
+            tries += 1
+            writer.transport.abort()
+
+    resetter = asyncio.ensure_future(reset_all())
+    try:
+        _, status, error = await asyncio.wait_for(reply, TIMEOUT)
+    finally:
+        resetter.cancel()
+    assert status == ERROR and isinstance(error, SupervisionError), error
+    assert "connection lost" in str(error)
+    assert tries > 1 and addr in runtime.lost
+
+
 async def test_runtime_as_dialer_refuses_an_acceptor_without_the_key(
     runtime: Runtime,
     raw_acceptor: tuple[str, asyncio.Queue[Any]],
