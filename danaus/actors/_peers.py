@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING
 
-from ..errors import SupervisionError
+from ..errors import AuthenticationError, ProtocolError, SupervisionError
 from ._replies import SkipOnLoss
 from ._wire import ERROR
 
@@ -65,6 +65,9 @@ def peer_lost_error(peer: str, cause: BaseException | None, rank: int = -1) -> S
     if why is None:
         if isinstance(cause, SupervisionError):
             why = str(cause)
+        elif isinstance(cause, (ProtocolError, AuthenticationError)):
+            # we closed it: what the peer (or someone between us) sent failed a check
+            why = f"the connection was closed: {cause}"
         elif cause:
             why = f"connection lost ({type(cause).__name__}: {cause})"
         else:

@@ -134,7 +134,10 @@ class ActorEndpoint(Generic[R_co]):
                         port,
                         r,
                         ERROR,
-                        SupervisionError(f"the proc of rank {r} of {mesh!r} never started"),
+                        SupervisionError(
+                            f"the proc of rank {r} of {mesh!r} never started"
+                            + mesh.why_not_started(r)
+                        ),
                     )
             if fanout and len(targets) > fanout:
                 tree = []

@@ -174,6 +174,13 @@ class ActorMesh(Shaped, Generic[A_co]):
             self._known[rank] = addr
         return addr
 
+    def why_not_started(self, rank: int) -> str:
+        """Why the proc of the actor of global ``rank`` never started, as ``": why"`` (or
+        "" when not known)."""
+        group = self._proc_group
+        why = group.start_failure(rank) if group is not None else None
+        return f": {why}" if why is not None else ""
+
     def __reduce__(self) -> tuple[object, ...]:
         if self._sent.done():
             addrs = dict(self._targets_list)

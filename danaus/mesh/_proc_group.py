@@ -129,6 +129,13 @@ class ProcGroup:
         agent's proc before it started, or one that never did)."""
         return self.handles[rank].addr or ""
 
+    def start_failure(self, rank: int) -> BaseException | None:
+        """Why the proc of global ``rank`` never started (None if it did, or may yet)."""
+        ready = self.handles[rank].ready
+        if ready.done() and not ready.cancelled():
+            return ready.exception()
+        return None
+
     def addrs(self) -> list[str]:
         """The address of every proc, by global rank (see :meth:`addr_of`)."""
         return [h.addr or "" for h in self.handles]

@@ -390,3 +390,72 @@ async def test_async_code_is_told_to_await_a_mesh_on_host_agents_first(keyed: li
             local.spawn("callers", Caller, target)
         callers = local.spawn("callers", Caller, await target)
         assert await asyncio.wait_for(callers.relay.call_one(5), 60) == 5
+
+
+class _InjectingRelay:
+    """A man in the middle between the controller and a host agent: it forwards both
+    ways, and once the controller has sent its two handshake frames (the session is
+    open) it slips a frame of its own, with a made-up tag, to the controller."""
+
+    def __init__(self, target: str) -> None:
+        self.host, port = target.removeprefix("tcp://").rsplit(":", 1)
+        self.port = int(port)
+        self.injected = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"tcp://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        a_reader, a_writer = await asyncio.open_connection(self.host, self.port)
+
+        async def agent_to_controller() -> None:
+            while data := await a_reader.read(65536):
+                c_writer.write(data)
+
+        async def controller_to_agent() -> None:
+            from danaus.actors._wire import MAGIC, PREFIX
+
+            for _ in range(2):  # Hello, Auth: untagged frames without parts
+                prefix = await c_reader.readexactly(PREFIX.size)
+                _, hlen, _ = PREFIX.unpack(prefix)
+                a_writer.write(prefix + await c_reader.readexactly(hlen))
+            c_writer.write(PREFIX.pack(MAGIC, 3, 0) + b"\x91\x00\x00" + os.urandom(32))
+            self.injected.set()
+            while data := await c_reader.read(65536):
+                a_writer.write(data)
+
+        self.tasks = [
+            asyncio.ensure_future(agent_to_controller()),
+            asyncio.ensure_future(controller_to_agent()),
+        ]
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for w in (a_writer, c_writer):
+            w.close()
+
+    async def close(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        self.server.close()
+        await self.server.wait_closed()
+
+
+async def test_a_frame_that_fails_its_tag_on_the_agent_connection_is_named_as_such(
+    keyed: list[str],
+) -> None:
+    relay = _InjectingRelay(keyed[0])
+    through = await relay.start()
+    try:
+        procs = attach_to_hosts([through]).spawn_procs(per_host={"procs": 1})
+        counters = procs.spawn("counter", Counter)
+        await asyncio.wait_for(relay.injected.wait(), 30)
+        with pytest.raises(
+            SupervisionError,
+            match=r"never started: host agent tcp://127\.0\.0\.1:\d+ could not start procs: .*"
+            r"the connection was closed: a frame from .* failed authentication",
+        ):
+            await asyncio.wait_for(counters.incr.call_one(), 30)
+        await procs.stop()
+    finally:
+        await relay.close()
