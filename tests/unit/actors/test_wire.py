@@ -12,7 +12,6 @@ talking to danaus.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from collections.abc import Callable
 from typing import Any
