@@ -30,7 +30,7 @@ from ..actors._api import (
 )
 from ..config import config
 from ..errors import SupervisionError
-from ._local_procs import forget, start_proc, stop_procs
+from ._local_procs import forget, start_proc, stop_procs, wait_exited
 from ._logs import LineSink
 from ._proc_handles import ProcHandle, RemoteProcHandle
 
@@ -133,8 +133,36 @@ class HostAgent(Actor):
         forget(addrs)
 
     @endpoint
+    async def kill_procs(self, addrs: list[str]) -> None:
+        """SIGKILL these procs now and reap them: the controller declared them lost (a
+        frozen proc must not come back as a zombie member; it cannot be asked to stop)."""
+        handles = [self.procs.pop(a) for a in addrs if a in self.procs]
+        for h in handles:
+            h.stop_now()  # SIGKILL works on a stopped process too
+        await asyncio.gather(*(wait_exited(h, config.stop_timeout) for h in handles))
+        for owned in self.owners.values():
+            owned.difference_update(addrs)
+        forget(addrs)
+
+    @endpoint
     def info(self) -> AgentInfo:
         return {"host": self.host, "pid": os.getpid(), "procs": len(self.procs)}
+
+
+async def kill_remote_proc(h: RemoteProcHandle) -> None:
+    """Fence a remote proc the controller declared lost: its host agent kills it."""
+    from ._actor_mesh import mesh_ref
+    from ._shape import Shape
+
+    if h.addr is None:
+        return
+    one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: h.agent})
+    try:
+        await asyncio.wait_for(one.kill_procs.call_one([h.addr]), config.stop_timeout + 10)
+    except Exception as e:  # its agent is gone too: nothing left to fence it with
+        log.warning("host agent %s could not kill lost proc %s: %s", h.agent, h.addr, e)
+    if not h.exited.done():
+        h.exited.set_result(-9)
 
 
 async def stop_remote_procs(handles: Sequence[RemoteProcHandle]) -> None:

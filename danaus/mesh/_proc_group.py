@@ -274,6 +274,8 @@ def on_peer_lost(addr: str) -> None:
         h = group.handles[rank]
         if isinstance(h, ProcHandle):
             current_runtime().spawn_task(_lost_local(group, rank, h))
+        elif isinstance(h, RemoteProcHandle):
+            _lost_remote(group, rank, h, addr)
         else:
             group.proc_failed(rank, f"proc {addr} is unreachable: connection lost")
         return
@@ -285,6 +287,21 @@ def on_peer_lost(addr: str) -> None:
     for a, group, rank in via_agent:
         _by_addr.pop(a, None)
         group.proc_failed(rank, f"its host agent {addr} is gone")
+
+
+def _lost_remote(group: ProcGroup, rank: int, h: RemoteProcHandle, addr: str) -> None:
+    """A host agent's proc whose connection we lost fails now, and is fenced: its agent
+    kills it, so a frozen one never comes back as a zombie member, and readers of its
+    buffers on other hosts see their transfers end as its sockets close."""
+    why = current_runtime().lost.get(addr)
+    if isinstance(why, SupervisionError):  # our heartbeat gave up on it
+        text = f"proc {addr} stopped answering (no heartbeat for {config.heartbeat_timeout} s)"
+    else:
+        text = f"proc {addr} is unreachable: connection lost ({type(why).__name__}: {why})"
+    group.proc_failed(rank, f"{text}; fenced: its host agent {h.agent} kills it")
+    from ._host_agent import kill_remote_proc
+
+    current_runtime().spawn_task(kill_remote_proc(h))
 
 
 async def _lost_local(group: ProcGroup, rank: int, h: ProcHandle) -> None:

@@ -313,3 +313,54 @@ async def test_a_caught_transfer_error_is_not_also_logged(
     with pytest.raises(RDMAOwnerError):
         await asyncio.wait_for(RDMAAction().read_into(buf, dst).submit(timeout=10), 20)
     assert _errors(caplog) == []
+
+
+async def test_an_owner_on_another_host_declared_lost_is_fenced_and_fails_its_readers(
+    two_hosts: list[str], tcp: dict[str, str], quiet_faults: list[Any]
+) -> None:
+    # Owner on agent A, reader on agent B, tcp backend: the controller declares the
+    # SIGSTOPped owner lost after a few heartbeats; its agent kills it (a fenced proc
+    # never comes back as a zombie member), so the reader's transfer, with no timeout
+    # of its own (rdma_timeout is 60 s), fails with RDMAOwnerError within moments.
+    hosts = attach_to_hosts(two_hosts)
+    old = config.heartbeat_interval, config.heartbeat_timeout
+    async with hosts.spawn_procs(per_host={"procs": 1}, name="hosts", env=tcp) as procs:
+        owner = (await procs.spawn("owner", Owner)).slice(hosts=0)
+        reader = (await procs.spawn("reader", Reader)).slice(hosts=1)
+        buf = await asyncio.wait_for(owner.make.call_one(N), 30)
+        kind, backend, _ = await asyncio.wait_for(reader.read.call_one(buf, 10.0), 20)
+        assert (kind, backend) == ("ok", "tcp")
+        config.heartbeat_interval, config.heartbeat_timeout = 0.5, 3.0
+        pid = freeze(procs, 0)
+        try:
+            kind, msg, took = await asyncio.wait_for(reader.read.call_one(buf), 30)
+            assert kind == "RDMAOwnerError", msg
+            assert took < 15 and buf.owner in msg
+            # the owner was killed by its agent, not left to come back when thawed
+            await _exited(pid, 10)
+            failed = owner.failed_ranks
+            assert any(
+                "no heartbeat for 3.0 s" in why and "fenced: its host agent" in why
+                for why in failed.values()
+            ), failed
+        finally:
+            config.heartbeat_interval, config.heartbeat_timeout = old
+            thaw(pid)
+        # the reader's proc keeps serving
+        assert await asyncio.wait_for(reader.read.call_one(buf, 2.0), 20) is not None
+
+
+async def _exited(pid: int, timeout: float) -> None:
+    """Wait until process ``pid`` (not our child) has exited: its pidfd turns readable."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    gone = asyncio.Event()
+    loop.add_reader(fd, gone.set)
+    try:
+        await asyncio.wait_for(gone.wait(), timeout)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
