@@ -1,11 +1,12 @@
-# danaus: the two commands a newcomer needs are `make demo` and `make test`.
+# danaus: the two commands a newcomer needs are `make demo` and `make test`; CI runs
+# `make test-all`.
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install compile test test-unit test-integration demo bench lint clean
+.PHONY: install compile test test-all check test-unit test-integration demo bench lint clean
 
 install: $(STAMP)
 
@@ -23,20 +24,30 @@ $(STAMP): pyproject.toml Makefile
 	bash scripts/install_pyverbs.sh $(PY)
 	touch $(STAMP)
 
-# The process tests run twice: procs forked by the fork server (the default), then
-# started as fresh interpreters. The first run reports the controller's line coverage
-# (make test COV= to skip it: it makes the CPU-bound unit tests about 1.5x slower).
-# The second leaves out what does not depend on how procs start: the people's tools
-# (they read the controller), SLURM (srun starts its agents), the rdma-bench CLI and the
-# model-sized tensor-engine tests (test_tensor_engine covers fresh interpreters there) and
-# whole-model parallelism (torch.distributed in actors; test_spmd covers exec there).
+# make test: the newcomer's loop, about 5 minutes on 2 cores: every test except those
+# marked slow, procs forked by the fork server (the default).
+test: compile
+	$(PY) -m pytest -q -m "not slow" tests
+
+# make test-all: the full matrix, what CI runs. The process tests run twice: procs
+# forked by the fork server, then started as fresh interpreters. The first run includes
+# the slow tests and reports the controller's line coverage (make test-all COV= to skip
+# it: it makes the CPU-bound unit tests about 1.5x slower). The second leaves out what
+# does not depend on how procs start: the people's tools (they read the controller),
+# SLURM (srun starts its agents), the rdma-bench CLI, the model-sized tensor-engine tests
+# (test_tensor_engine covers fresh interpreters there) and whole-model parallelism
+# (torch.distributed in actors; test_spmd covers exec there).
 COV ?= --cov=danaus --cov-report=term:skip-covered
 EXEC_SKIP := test_top test_dashboard test_slurm test_spmd_slurm test_rdma_bench \
 	test_tensor_engine_models test_parallel
-test: compile
+test-all: compile
 	$(PY) -m pytest -q $(COV) tests
 	DANAUS_SPAWN_METHOD=exec $(PY) -m pytest -q tests/integration tests/conformance \
 		$(foreach t,$(EXEC_SKIP),--ignore=tests/integration/$(t).py)
+
+# make check: the edit loop, lint and the unit tests (a minute or two).
+check: lint
+	$(PY) -m pytest -q tests/unit
 
 test-unit: compile
 	$(PY) -m pytest -q tests/unit

@@ -193,6 +193,7 @@ def test_cast_by_ranks_and_continue_all(job: Any) -> None:
     assert j.result() == "RESULT [41, 42]"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_actors_go_on_when_their_debugger_disappears(job: Any) -> None:
     j = job("async_point")
@@ -205,6 +206,7 @@ def test_the_actors_go_on_when_their_debugger_disappears(job: Any) -> None:
     assert "stopped answering: they continue" in j.output.getvalue()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("endpoint", ["sync_point", "async_point"])
 def test_a_paused_actor_outlives_the_heartbeat_timeout(job: Any, endpoint: str) -> None:

@@ -320,6 +320,7 @@ SHORT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_short_sync_program_exits_cleanly_50_times() -> None:
     # It crashed in libpython at exit about once in six runs: the background loop's

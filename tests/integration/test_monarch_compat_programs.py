@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -128,6 +130,7 @@ def test_the_crawler_pattern_runs_through_the_runner() -> None:
     assert "never retrieved" not in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 def test_the_grpo_pattern_runs_through_the_runner() -> None:
     out = _run_program("grpo.py")
     assert out.returncode == 0, out.stderr
@@ -218,6 +221,7 @@ def test_a_program_using_monarch_spmd_runs_through_the_runner() -> None:
     assert out.stdout.splitlines()[-2:] == ["all_reduce [3.0, 3.0]", "done"]
 
 
+@pytest.mark.slow
 def test_the_distributed_tensors_pattern_runs_through_the_runner() -> None:
     program = Path(__file__).parent / "monarch_programs" / "distributed_tensors.py"
     out = subprocess.run(

@@ -248,6 +248,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 def test_mutual_tls_between_controller_agent_and_procs(tmp_path: Any) -> None:
     certs = _make_certs(str(tmp_path))
     env = dict(os.environ, DANAUS_AUTH_KEY=KEY, PYTHONPATH=os.getcwd(), **certs)

@@ -82,6 +82,7 @@ print("stopped")""",
 ]
 
 
+@pytest.mark.slow
 def test_a_notebook_drives_meshes_with_get_and_await_in_any_mix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

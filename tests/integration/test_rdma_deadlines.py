@@ -350,7 +350,7 @@ async def test_an_owner_on_another_host_declared_lost_is_fenced_and_fails_its_re
         assert await asyncio.wait_for(reader.read.call_one(buf, 2.0), 20) is not None
 
 
-async def _exited(pid: int, timeout: float) -> None:
+async def _exited(pid: int, seconds: float) -> None:
     """Wait until process ``pid`` (not our child) has exited: its pidfd turns readable."""
     try:
         fd = os.pidfd_open(pid)
@@ -360,7 +360,7 @@ async def _exited(pid: int, timeout: float) -> None:
     gone = asyncio.Event()
     loop.add_reader(fd, gone.set)
     try:
-        await asyncio.wait_for(gone.wait(), timeout)
+        await asyncio.wait_for(gone.wait(), seconds)
     finally:
         loop.remove_reader(fd)
         os.close(fd)

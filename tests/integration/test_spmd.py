@@ -117,6 +117,7 @@ def _max_diff(a: dict[str, object], b: dict[str, object]) -> float:
     return max(abs(p - q) for k in wa for p, q in zip(wa[k], wb[k], strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_ddp_under_danaus_run_equals_torchrun_and_one_process(tmp_path: Path) -> None:
     torchrun = str(Path(sys.executable).with_name("torchrun"))
@@ -145,6 +146,7 @@ def test_ddp_with_nccl_on_gpus_equals_one_process(tmp_path: Path) -> None:
     assert _max_diff(ours, one) < 1e-4  # GPU kernels round differently from the CPU's
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_fsdp2_under_danaus_run_equals_one_process(tmp_path: Path) -> None:
     one = _train(tmp_path, [sys.executable])

@@ -15,6 +15,7 @@ from .test_slurm import wait_for
 from .test_spmd import SCRIPT, _max_diff
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("slurm_cluster", ["loopback"], indirect=True)
 def test_danaus_run_on_two_slurm_nodes_equals_one_process(

@@ -219,6 +219,7 @@ def test_top_shows_the_job_sorts_shows_a_stack_and_a_killed_proc(
         term.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_frozen_controller_is_not_answering_and_a_dead_one_is_gone(tmp_path: Path) -> None:
     runtime_dir = tmp_path / "runtime"

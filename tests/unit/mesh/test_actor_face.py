@@ -152,6 +152,7 @@ def _run_mypy(tmp_path: Path) -> tuple[str, int]:
     return out + err, status
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_mypy_checks_endpoint_calls_on_what_spawn_returns(tmp_path: Path) -> None:
     out, status = _run_mypy(tmp_path)
