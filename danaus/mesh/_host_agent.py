@@ -13,7 +13,7 @@ import os
 import signal
 from collections.abc import Sequence
 from concurrent.futures import Future as ThreadFuture
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from ..actors._api import (
     Actor,
@@ -33,6 +33,9 @@ from ..errors import SupervisionError
 from ._local_procs import forget, start_proc, stop_procs, wait_exited
 from ._logs import LineSink
 from ._proc_handles import ProcHandle, RemoteProcHandle
+
+if TYPE_CHECKING:
+    from ._actor_mesh import ActorMesh
 
 log = logging.getLogger("danaus.host_agent")
 
@@ -149,16 +152,21 @@ class HostAgent(Actor):
         return {"host": self.host, "pid": os.getpid(), "procs": len(self.procs)}
 
 
-async def kill_remote_proc(h: RemoteProcHandle) -> None:
-    """Fence a remote proc the controller declared lost: its host agent kills it."""
+def agent_ref(addr: str) -> ActorMesh[HostAgent]:
+    """The host agent listening at ``addr``, as a mesh of one to call."""
     from ._actor_mesh import mesh_ref
     from ._shape import Shape
 
+    return mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: addr})
+
+
+async def kill_remote_proc(h: RemoteProcHandle) -> None:
+    """Fence a remote proc the controller declared lost: its host agent kills it."""
     if h.addr is None:
         return
-    one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: h.agent})
     try:
-        await asyncio.wait_for(one.kill_procs.call_one([h.addr]), config.stop_timeout + 10)
+        call = agent_ref(h.agent).kill_procs.call_one([h.addr])
+        await asyncio.wait_for(call, config.stop_timeout + 10)
     except Exception as e:  # its agent is gone too: nothing left to fence it with
         log.warning("host agent %s could not kill lost proc %s: %s", h.agent, h.addr, e)
     if not h.exited.done():
@@ -168,17 +176,13 @@ async def kill_remote_proc(h: RemoteProcHandle) -> None:
 async def stop_remote_procs(handles: Sequence[RemoteProcHandle]) -> None:
     """The controller's side of ``stop_procs``: ask each host agent to stop (and reap) its
     procs among ``handles``; an agent that cannot is logged, and its procs count as gone."""
-    from ._actor_mesh import mesh_ref
-    from ._shape import Shape
-
     by_agent: dict[str, list[str]] = {}
     for h in handles:
         if h.addr is not None:
             by_agent.setdefault(h.agent, []).append(h.addr)
     calls = []
     for agent_addr, addrs in by_agent.items():
-        one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: agent_addr})
-        calls.append(one.stop_procs.call_one(addrs))
+        calls.append(agent_ref(agent_addr).stop_procs.call_one(addrs))
     results = await asyncio.gather(*calls, return_exceptions=True)
     for agent_addr, r in zip(by_agent, results, strict=True):
         if isinstance(r, BaseException):

@@ -29,7 +29,7 @@ from ..config import config
 from ..errors import SupervisionError
 from ._actor_mesh import ActorMesh, mesh_ref
 from ._bootstrap_cmd import BootstrapCommand, cpu_set, resolve_commands
-from ._host_agent import AGENT, HostAgent
+from ._host_agent import AGENT, HostAgent, agent_ref
 from ._local_procs import start_proc
 from ._logs import LogOptions, printer
 from ._proc_group import ProcGroup
@@ -249,8 +249,9 @@ class HostMesh(Shaped):
 
         log_port: Port[tuple[int, str, str]] = Port(rt.addr, rt.open_port(on_line))
         for i, (agent_addr, group) in enumerate(by_host):
-            one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: agent_addr})
-            fut = one.spawn_procs.call_one(rt.addr, [g.rank for g in group], env, log_port)
+            fut = agent_ref(agent_addr).spawn_procs.call_one(
+                rt.addr, [g.rank for g in group], env, log_port
+            )
             fut.add_done_callback(functools.partial(on_host, i))
         return new_proc_mesh(shape, handles, name, started, options)
 

@@ -56,10 +56,7 @@ class Plan:
     @property
     def strategy(self) -> str:
         """``"dp=2 x pp=2"`` style: the dims above 1 (``"single"`` when none)."""
-        dims = [f"{k}={v}" for k, v in (("dp", self.dp), ("pp", self.pp), ("tp", self.tp)) if v > 1]
-        if self.sharded:
-            dims[0] = dims[0].replace("dp=", "fsdp=")
-        return " x ".join(dims) or "single"
+        return strategy_name(self.dp, self.pp, self.tp, self.sharded)
 
     @property
     def layout(self) -> Layout:
@@ -98,6 +95,16 @@ class Plan:
         if self.runner_up:
             lines.append(f"runner-up: {self.runner_up}")
         return "\n".join(lines)
+
+
+def strategy_name(dp: int, pp: int, tp: int, sharded: bool) -> str:
+    """``"fsdp=2 x pp=2"`` style: the dims above 1, sharded replicas as ``fsdp``."""
+    dims = [
+        f"{'fsdp' if sharded else 'dp'}={dp}" if dp > 1 else "",
+        f"pp={pp}" if pp > 1 else "",
+        f"tp={tp}" if tp > 1 else "",
+    ]
+    return " x ".join(d for d in dims if d) or "single"
 
 
 def _mib(n: int) -> str:

@@ -23,11 +23,11 @@ stage (1F1B keeps ``pp - stage`` of them, GPipe all).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ._errors import PlanError
-from ._plan import Plan, StagePlan
+from ._plan import Plan, StagePlan, strategy_name
 from ._profile import MeshFacts, ModelCost
 
 #: estimates this close to the fastest (a fraction) count as a tie, which the simplest
@@ -51,12 +51,7 @@ class Candidate:
         return "1f1b" if self.microbatches >= self.pp else "gpipe"
 
     def describe(self) -> str:
-        dims = [
-            f"{'fsdp' if self.sharded else 'dp'}={self.dp}" if self.dp > 1 else "",
-            f"pp={self.pp}" if self.pp > 1 else "",
-            f"tp={self.tp}" if self.tp > 1 else "",
-        ]
-        return " x ".join(d for d in dims if d) or "single"
+        return strategy_name(self.dp, self.pp, self.tp, self.sharded)
 
 
 @dataclass(frozen=True)
@@ -161,11 +156,12 @@ class _Costs:
     is where it runs on a busy mesh: split ``tp`` ways as measured (block 0 timed split,
     the others scaled alike), or, unsplit, its own time times the procs per core."""
 
-    def __init__(self, cost: ModelCost, mesh: MeshFacts, s: int, tp: int) -> None:
+    def __init__(
+        self, cost: ModelCost, mesh: MeshFacts, s: int, tp: int, contention: float
+    ) -> None:
         self.cost = cost
         self.s = s
         b = cost.blocks
-        contention = max(1.0, mesh.procs_per_host / max(1, mesh.cores_per_host))
         measured = cost.tp_block_s.get(tp, {}).get(s) if tp > 1 else None
         if measured is not None:
             scale = measured / max(b[0].time_s[s], 1e-12)
@@ -196,8 +192,8 @@ def estimate(cand: Candidate, cost: ModelCost, mesh: MeshFacts, batch: int, cap:
     c = cand
     s = batch // (c.dp * c.microbatches)
     L = len(cost.blocks)
-    k_costs = _Costs(cost, mesh, s, c.tp)
     contention = max(1.0, mesh.procs_per_host / max(1, mesh.cores_per_host))
+    k_costs = _Costs(cost, mesh, s, c.tp, contention)
     bw, lat = mesh.collective_bw, mesh.collective_latency_s
     state = 2.0 + cost.opt_ratio  # weights, grads, optimizer state per byte of weights
 
@@ -250,15 +246,17 @@ def estimate(cand: Candidate, cost: ModelCost, mesh: MeshFacts, batch: int, cap:
     return Estimate(c, step, peak, tuple(stages))
 
 
-def _split(pp: int, L: int, stage: object, cap: int) -> list[tuple[int, int]]:
+def _split(
+    pp: int, L: int, fn: Callable[[int, int, int], tuple[float, int, float]], cap: int
+) -> list[tuple[int, int]]:
     """Contiguous split of ``L`` blocks into ``pp`` stages minimising the slowest stage
-    with every stage under ``cap`` (or, where none fits, minimising the largest peak)."""
-    fn = stage  # (k, i, j) -> (seconds, peak, weights)
+    with every stage under ``cap`` (or, where none fits, minimising the largest peak);
+    ``fn(k, i, j)`` is stage ``k`` over blocks ``i..j-1``: (seconds, peak, weights)."""
     inf = (math.inf, math.inf)
     # best[k][j]: (slowest, largest peak) of the first j blocks in k+1 stages, and the cut
     best: list[list[tuple[tuple[float, float], int]]] = [[(inf, -1)] * (L + 1) for _ in range(pp)]
     for j in range(1, L - pp + 2):
-        t, mem, _ = fn(0, 0, j)  # type: ignore[operator]
+        t, mem, _ = fn(0, 0, j)
         best[0][j] = (_key(t, mem, cap), 0)
     for k in range(1, pp):
         for j in range(k + 1, L - (pp - k - 1) + 1):
@@ -266,7 +264,7 @@ def _split(pp: int, L: int, stage: object, cap: int) -> list[tuple[int, int]]:
                 prev = best[k - 1][i][0]
                 if prev == inf:
                     continue
-                t, mem, _ = fn(k, i, j)  # type: ignore[operator]
+                t, mem, _ = fn(k, i, j)
                 here = _key(t, mem, cap)
                 cand = _worse(prev, here)
                 if cand < best[k][j][0]:

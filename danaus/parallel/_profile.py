@@ -8,9 +8,8 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import socket
 import statistics
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +17,9 @@ import torch
 from torch import nn
 
 from ..actors import Actor, endpoint
+from ..spmd._actor import proc_host
 from ._model import LossFn, ModelParts, split_batch
-from ._worker import OptimizerFactory, device, timed
+from ._worker import OptimizerFactory, device, optimizer_state_bytes, timed
 
 
 @dataclass
@@ -213,13 +213,9 @@ def _one_pass(
     results: list[Any] = []
 
     def run(k: int, fn: Any, arg: Any) -> Any:
-        saved = _SavedBytes(params)
-        box: list[Any] = []
-        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-            fwd[k] = timed(lambda: box.append(fn(arg)))
-        acts[k] = saved.total
-        outs[k] = _nbytes(box[0])
-        return box[0]
+        out, fwd[k], acts[k] = _forward(fn, arg, params)
+        outs[k] = _nbytes(out)
+        return out
 
     h = run(0, lambda a: parts.embed(model, a), x) if parts.can_pipeline else x
     for i in range(n):
@@ -275,34 +271,37 @@ def _one_pass_whole(
     handles = [b.register_forward_pre_hook(keep(i)) for i, b in enumerate(blocks)]
     try:
         model.zero_grad(set_to_none=True)
-        saved = _SavedBytes(params)
-        box: list[Any] = []
-        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-            whole = timed(lambda: box.append(loss_fn(model(x), y)))
-        whole += timed(box[0].backward)
+        loss, whole, kept = _forward(lambda a: loss_fn(model(a), y), x, params)
+        whole += timed(loss.backward)
     finally:
         for h in handles:
             h.remove()
     times, acts, outs = [0.0] * (n + 2), [0] * (n + 2), [0] * (n + 2)
     if any(c is None for c in captured):
         for i in range(n):
-            times[i + 1], acts[i + 1] = whole / (n + 1), saved.total // (n + 1)
+            times[i + 1], acts[i + 1] = whole / (n + 1), kept // (n + 1)
     else:
         for i, inp in enumerate(captured):
-            leaf = _as_leaf(inp)
-            block_saved = _SavedBytes(params)
-            out: list[Any] = []
-            with torch.autograd.graph.saved_tensors_hooks(block_saved.pack, lambda t: t):
-                t = timed(functools.partial(_call_into, out, blocks[i], leaf))
-            if isinstance(out[0], torch.Tensor) and out[0].requires_grad:
-                t += timed(functools.partial(out[0].backward, torch.ones_like(out[0])))
-            times[i + 1], acts[i + 1], outs[i + 1] = t, block_saved.total, _nbytes(out[0])
+            out, t, acts[i + 1] = _forward(blocks[i], _as_leaf(inp), params)
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                t += timed(functools.partial(out.backward, torch.ones_like(out)))
+            times[i + 1], outs[i + 1] = t, _nbytes(out)
     times[n + 1] = max(0.0, whole - sum(times))
-    acts[n + 1] = max(0, saved.total - sum(acts))
+    acts[n + 1] = max(0, kept - sum(acts))
     return times, acts, outs
 
 
-def _call_into(out: list[Any], fn: Any, arg: Any) -> None:
+def _forward(fn: Callable[[Any], Any], arg: Any, params: set[int]) -> tuple[Any, float, int]:
+    """``fn(arg)``, timed, counting the bytes autograd keeps for its backward
+    (parameters excluded): (output, seconds, kept bytes)."""
+    saved = _SavedBytes(params)
+    out: list[Any] = []
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+        seconds = timed(functools.partial(_call_into, out, fn, arg))
+    return out[0], seconds, saved.total
+
+
+def _call_into(out: list[Any], fn: Callable[[Any], Any], arg: Any) -> None:
     out.append(fn(arg))
 
 
@@ -311,15 +310,7 @@ def _measure_optimizer(model: nn.Module, optimizer: OptimizerFactory, cost: Mode
     weight_bytes = sum(p.numel() * p.element_size() for p in params) or 1
     opt = optimizer(iter(params))
     opt.step()  # the first step makes the state
-    cost.opt_ratio = (
-        sum(
-            v.numel() * v.element_size()
-            for st in opt.state.values()
-            for v in st.values()
-            if isinstance(v, torch.Tensor) and v.dim() > 0
-        )
-        / weight_bytes
-    )
+    cost.opt_ratio = optimizer_state_bytes(opt) / weight_bytes
     cost.opt_s_per_byte = statistics.median(timed(opt.step) for _ in range(3)) / weight_bytes
 
 
@@ -333,8 +324,7 @@ class Profiler(Actor):
     def facts(self, memory_per_proc: int | None, local_procs: int) -> ProcFacts:
         """This proc's host, cores and usable memory: CUDA's free memory on a GPU, else
         ``memory_per_proc`` where given, else the host's available RAM over its procs."""
-        me = self._instance_addr()
-        host = me or socket.gethostname()
+        host = proc_host()
         cores = len(os.sched_getaffinity(0))
         if torch.cuda.is_available():
             dev = device()
@@ -343,15 +333,6 @@ class Profiler(Actor):
             return ProcFacts(host, cores, int(mem), str(dev))
         mem = memory_per_proc or _available_ram() // max(1, local_procs)
         return ProcFacts(host, cores, int(mem), "cpu")
-
-    def _instance_addr(self) -> str:
-        from ..actors import context
-
-        inst = context().actor_instance
-        addr = inst.proc_addr if inst is not None else ""
-        if addr.startswith("tcp://"):
-            return addr[len("tcp://") :].rpartition(":")[0].strip("[]")
-        return ""
 
     @endpoint
     def model(
@@ -391,9 +372,11 @@ class Profiler(Actor):
         big = torch.empty(nbytes, dtype=torch.uint8)
         little = torch.empty(small, dtype=torch.uint8)
         buf.read_into(big).get()  # warm the path and the pages
-        bw = max(nbytes / _time(lambda: buf.read_into(big).get()) for _ in range(repeats))
+        bw = max(
+            nbytes / max(timed(lambda: buf.read_into(big).get()), 1e-9) for _ in range(repeats)
+        )
         lat = min(
-            _time(lambda: buf.read_into(little, offset=nbytes - small).get())
+            timed(lambda: buf.read_into(little, offset=nbytes - small).get())
             for _ in range(repeats)
         )
         return bw, lat
@@ -467,7 +450,7 @@ def _tp_block_times(probe: TPProbe, repeats: int) -> dict[int, dict[int, float]]
     for tp in probe.degrees:
         mesh = init_device_mesh(dev.type, (n // tp, tp), mesh_dim_names=("rest", "tp"))
         block = copy.deepcopy(original)
-        parallelize_module(block, mesh["tp"], tp_plan(model, parts))
+        parallelize_module(block, mesh["tp"], tp_plan())
         _replace_path(model, parts.block_path(0), block)
         out[tp] = {}
         for s in probe.sizes:
@@ -481,9 +464,3 @@ def _tp_block_times(probe: TPProbe, repeats: int) -> dict[int, dict[int, float]]
             out[tp][s] = statistics.median(timed(run) for _ in range(repeats))
     _replace_path(model, parts.block_path(0), original)
     return out
-
-
-def _time(fn: Any) -> float:
-    t = time.perf_counter()
-    fn()
-    return max(time.perf_counter() - t, 1e-9)

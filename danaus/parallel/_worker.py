@@ -55,6 +55,16 @@ def tensor_bytes(t: torch.Tensor) -> int:
     return int(local.numel() * local.element_size())
 
 
+def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of an optimizer's state tensors held here (its moments; step counts aside)."""
+    return sum(
+        tensor_bytes(v)
+        for state in opt.state.values()
+        for v in state.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
+
+
 def tied_params(model: nn.Module, parts: ModelParts) -> list[tuple[str, str]]:
     """Pairs (embed-part name, head-part name) of one parameter used in both parts."""
     names: dict[int, str] = {}
@@ -69,12 +79,11 @@ def tied_params(model: nn.Module, parts: ModelParts) -> list[tuple[str, str]]:
     return pairs
 
 
-def tp_plan(model: nn.Module, parts: ModelParts) -> dict[str, Any]:
+def tp_plan() -> dict[str, Any]:
     """Megatron-style plan for a Llama block: q/k/v and gate/up column-wise,
     o and down row-wise (one all-reduce after attention, one after the MLP)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    del model, parts
     return {
         "self_attn.q_proj": ColwiseParallel(),
         "self_attn.k_proj": ColwiseParallel(),
@@ -181,7 +190,7 @@ class ParallelWorker(Actor):
 
         blocks = parts.blocks(owner)
         for i in range(first, last + 1):
-            parallelize_module(blocks[i], self.mesh["tp"], tp_plan(owner, parts))
+            parallelize_module(blocks[i], self.mesh["tp"], tp_plan())
 
     def _pipeline(self, module: nn.Module, layout: Layout) -> None:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -307,12 +316,7 @@ class ParallelWorker(Actor):
         params = list(self.module.parameters())
         weights = sum(tensor_bytes(p) for p in params)
         grads = sum(tensor_bytes(p.grad) for p in params if p.grad is not None)
-        opt = sum(
-            tensor_bytes(v)
-            for state in self.optimizer.state.values()
-            for v in state.values()
-            if isinstance(v, torch.Tensor) and v.dim() > 0
-        )
+        opt = optimizer_state_bytes(self.optimizer)
         total = weights + grads + opt
         return {
             "rank": self.rank,

@@ -50,7 +50,7 @@ def elastic_env(point: Point, master_addr: str, master_port: int, run_id: str) -
     }
 
 
-def _proc_host() -> str:
+def proc_host() -> str:
     """An address of this proc's host that the other procs of its mesh can reach: the
     host of its TCP address (a host agent's proc), else loopback (a local proc)."""
     me = context().actor_instance
@@ -83,7 +83,7 @@ class SPMDActor(Actor):
     @endpoint
     def get_host_port(self, use_ipaddr: object = None) -> tuple[str, int]:
         """An address of this proc's host and a free port on it (for ``MASTER_*``)."""
-        host = _proc_host()
+        host = proc_host()
         return host, _free_port(host)
 
     @endpoint
