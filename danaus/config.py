@@ -96,6 +96,13 @@ class Config:
     #: Never use the ibverbs backend, even where an RDMA device is present (it then
     #: reports itself unavailable, and shm or tcp move the bytes).
     rdma_disable_ibverbs: bool = False
+    #: The ibverbs device this proc uses (``mlx5_0``, ``rxe0``); empty: the first listed.
+    rdma_device: str = ""
+    #: Its port that queue pairs use.
+    rdma_port: int = 1
+    #: The GID table entry addressed on RoCE; -1: chosen from the port's table (RoCE v2
+    #: over IPv4 first, as NCCL chooses). Ignored on InfiniBand.
+    rdma_gid_index: int = -1
     #: Mutual TLS for TCP control connections (across hosts): this proc's certificate and
     #: key, and the CA that signed every peer's certificate (PEM paths). Empty: no TLS.
     tls_cert: str = ""

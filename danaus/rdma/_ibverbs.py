@@ -333,8 +333,11 @@ class IbverbsBackend(Backend):
             log.warning("ibverbs: deregistering a memory region failed: %s", e)
 
 
-def make_ibverbs_backend(
-    exchange: Exchange, *, device: str | None = None, port: int = 1, gid_index: int = 0
-) -> IbverbsBackend:
-    """The backend over the real device ``device`` (default: the first one)."""
-    return IbverbsBackend(_verbs.Verbs(device, port=port, gid_index=gid_index), exchange)
+def make_ibverbs_backend(exchange: Exchange) -> IbverbsBackend:
+    """The backend over the real device the settings name (``rdma_device``, its port
+    ``rdma_port`` and GID ``rdma_gid_index``; default: the first device, its port 1, the
+    GID :func:`~._verbs.choose_gid` picks)."""
+    verbs = _verbs.Verbs(
+        config.rdma_device or None, port=config.rdma_port, gid_index=config.rdma_gid_index
+    )
+    return IbverbsBackend(verbs, exchange)

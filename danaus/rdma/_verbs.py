@@ -27,13 +27,16 @@ __all__ = [
     "WC_STATUS_NAMES",
     "Completion",
     "Device",
+    "GidEntry",
     "QPInfo",
     "QueuePair",
     "Region",
     "Verbs",
     "WorkRequest",
+    "choose_gid",
     "cuda_dmabuf",
     "device_names",
+    "gid_table",
     "qp_init_attr",
     "rdma_work_request",
     "rts_attr",
@@ -319,12 +322,18 @@ class Verbs:
     Args:
         name: the device (e.g. ``"mlx5_0"``); default the first one.
         port: the port queue pairs use.
-        gid_index: the GID table entry addressed on RoCE (RoCE v2 is often 1 or 3).
+        gid_index: the GID table entry addressed on RoCE; negative: chosen from the
+            table by :func:`choose_gid` (RoCE v2 over IPv4 first).
         cq_depth: completion-queue entries, which bounds the work requests in flight.
     """
 
     def __init__(
-        self, name: str | None = None, *, port: int = 1, gid_index: int = 0, cq_depth: int = 4096
+        self,
+        name: str | None = None,
+        *,
+        port: int = 1,
+        gid_index: int = -1,
+        cq_depth: int = 4096,
     ) -> None:
         from pyverbs.cq import CQ
         from pyverbs.device import Context
@@ -337,7 +346,7 @@ class Verbs:
             name = names[0]
         self.name = name
         self.port = port
-        self.gid_index = gid_index
+        self.gid_index = gid_index if gid_index >= 0 else choose_gid(gid_table(name, port))
         self.cq_depth = cq_depth
         self._ctx = Context(name=name)
         try:
@@ -346,7 +355,7 @@ class Verbs:
             port_attr = self._ctx.query_port(port)
             self.lid = int(port_attr.lid)
             self.mtu = int(port_attr.active_mtu)
-            self.gid = str(self._ctx.query_gid(port, gid_index))
+            self.gid = str(self._ctx.query_gid(port, self.gid_index))
             self.rd_atomic = max(1, min(16, int(self._ctx.query_device().max_qp_rd_atom)))
         except BaseException:
             self._ctx.close()
@@ -411,6 +420,61 @@ class Verbs:
 
     def close(self) -> None:
         self._ctx.close()  # closes the CQ, PD, QPs and MRs opened on it
+
+
+@dataclass(frozen=True, slots=True)
+class GidEntry:
+    """One entry of a port's GID table, as the kernel lists it in sysfs."""
+
+    index: int
+    gid: str  # "fe80:0000:...:0001", eight groups of four hex digits
+    kind: str  # "IB/RoCE v1", "RoCE v2", or "" (InfiniBand, or an unused entry)
+
+
+_IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"
+_ZERO_GID = ":".join(["0000"] * 8)
+
+
+def gid_table(device: str, port: int, root: str = "/sys/class/infiniband") -> list[GidEntry]:
+    """The port's GID table from sysfs, unused entries left out; empty on InfiniBand
+    (addressed by LID, GID 0 is right) or where sysfs does not have it."""
+    base = os.path.join(root, device, "ports", str(port))
+    try:
+        with open(os.path.join(base, "link_layer")) as f:
+            if f.read().strip() != "Ethernet":
+                return []
+        indices = sorted(int(i) for i in os.listdir(os.path.join(base, "gids")))
+    except (OSError, ValueError):
+        return []
+    table = []
+    for i in indices:
+        try:
+            with open(os.path.join(base, "gids", str(i))) as f:
+                gid = f.read().strip()
+            with open(os.path.join(base, "gid_attrs", "types", str(i))) as f:
+                kind = f.read().strip()
+        except OSError:  # EINVAL: an unused entry
+            continue
+        if gid and gid != _ZERO_GID:
+            table.append(GidEntry(i, gid, kind))
+    return table
+
+
+def choose_gid(table: list[GidEntry]) -> int:
+    """The GID index to address on RoCE, as NCCL and the perftest tools choose it: RoCE v2
+    over IPv4 (routable, and what every RoCE fabric configures), then RoCE v2 over a
+    global IPv6 address, then any RoCE v2, then RoCE v1; 0 where the table is empty.
+    ``config.rdma_gid_index`` (``DANAUS_RDMA_GID_INDEX``) overrides it."""
+
+    def rank(e: GidEntry) -> tuple[int, int]:
+        v2 = e.kind == "RoCE v2"
+        if v2 and e.gid.startswith(_IPV4_MAPPED):
+            return (0, e.index)
+        if v2 and not e.gid.startswith("fe80:"):
+            return (1, e.index)
+        return (2 if v2 else 3, e.index)
+
+    return min(table, key=rank).index if table else 0
 
 
 def _text(name: bytes | str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -225,3 +226,62 @@ async def test_real_device_loopback_read_and_write() -> None:
     finally:
         await reader.aclose()
         await owner.aclose()
+
+
+# ------------------------------------------------------------------ choosing the GID
+
+
+def _sysfs_port(root: Path, link_layer: str, gids: dict[int, tuple[str, str | None]]) -> str:
+    """A device's port laid out as the kernel's sysfs shows it (``None``: an unused entry,
+    whose type file reads EINVAL, stood in for by a missing file)."""
+    port = root / "dev0" / "ports" / "1"
+    (port / "gids").mkdir(parents=True)
+    (port / "gid_attrs" / "types").mkdir(parents=True)
+    (port / "link_layer").write_text(link_layer + "\n")
+    for i, (gid, kind) in gids.items():
+        (port / "gids" / str(i)).write_text(gid + "\n")
+        if kind is not None:
+            (port / "gid_attrs" / "types" / str(i)).write_text(kind + "\n")
+    return str(root)
+
+
+ZERO = ":".join(["0000"] * 8)
+LINK_LOCAL = "fe80:0000:0000:0000:0200:00ff:fe00:0000"
+V4 = "0000:0000:0000:0000:0000:ffff:0a4d:0001"
+V6 = "2001:0db8:0000:0000:0000:0000:0000:0001"
+
+
+def test_roce_v2_over_ipv4_is_chosen_over_link_local_and_v1(tmp_path: Path) -> None:
+    # the table a Mellanox RoCE port (and rxe) shows: v1 and v2 of each address
+    root = _sysfs_port(
+        tmp_path,
+        "Ethernet",
+        {
+            0: (LINK_LOCAL, "IB/RoCE v1"),
+            1: (LINK_LOCAL, "RoCE v2"),
+            2: (V4, "IB/RoCE v1"),
+            3: (V4, "RoCE v2"),
+            4: (ZERO, None),
+        },
+    )
+    table = _verbs.gid_table("dev0", 1, root)
+    assert [e.index for e in table] == [0, 1, 2, 3]
+    assert _verbs.choose_gid(table) == 3
+
+
+def test_global_ipv6_then_any_v2_then_v1() -> None:
+    entries = [
+        _verbs.GidEntry(0, LINK_LOCAL, "IB/RoCE v1"),
+        _verbs.GidEntry(1, LINK_LOCAL, "RoCE v2"),
+        _verbs.GidEntry(2, V6, "RoCE v2"),
+    ]
+    assert _verbs.choose_gid(entries) == 2
+    assert _verbs.choose_gid(entries[:2]) == 1
+    assert _verbs.choose_gid(entries[:1]) == 0
+
+
+def test_infiniband_and_missing_sysfs_use_gid_zero(tmp_path: Path) -> None:
+    root = _sysfs_port(tmp_path, "InfiniBand", {0: (LINK_LOCAL, ""), 1: (V4, "")})
+    assert _verbs.gid_table("dev0", 1, root) == []
+    assert _verbs.gid_table("nosuch", 1, root) == []
+    assert _verbs.choose_gid([]) == 0
