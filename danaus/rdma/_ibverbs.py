@@ -12,7 +12,9 @@ it backs off when the queue is empty) and handed to the event loop with
 
 An error completion puts an RC queue pair in the error state, so the connection to that
 owner is dropped (its other work requests are flushed) and the next transfer sets up a
-new one.
+new one; the transfers that were only flushed run again on it. A transfer whose own
+completion says the remote access failed, or nobody answered, asks the owner why (a
+dropped buffer, a dead owner) and raises what the other backends raise for it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..config import config
 from ..errors import (
     ClosedError,
     RDMABackendUnavailableError,
+    RDMABufferDroppedError,
     RDMABufferError,
     RDMAError,
     RDMAOwnerError,
@@ -45,6 +48,19 @@ from ._verbs import Device, QPInfo, QueuePair, Region
 __all__ = ["IbverbsBackend", "State", "make_ibverbs_backend"]
 
 log = logging.getLogger("danaus.rdma")
+
+#: a transfer whose queue pair broke under it is run again, on a new one, this many times
+_ATTEMPTS = 3
+#: completion errors that the owner's state may explain: a dropped buffer (its region is
+#: gone), a dead owner (nobody answers)
+_ASK_THE_OWNER = frozenset(
+    {
+        _verbs.WC_REM_ACCESS_ERR,
+        _verbs.WC_REM_INV_REQ_ERR,
+        _verbs.WC_RETRY_EXC_ERR,
+        _verbs.WC_RNR_RETRY_EXC_ERR,
+    }
+)
 
 _OWNER_ACCESS = _verbs.ACCESS_LOCAL_WRITE | _verbs.ACCESS_REMOTE_READ | _verbs.ACCESS_REMOTE_WRITE
 
@@ -174,8 +190,15 @@ class IbverbsBackend(Backend):
             self._deregister(region)
 
     async def serve(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Owner side: a reader's queue pair info in, ours (connected to it) out."""
+        """Owner side: a reader's queue pair info in, ours (connected to it) out; or, for
+        ``check``, whether a buffer is still registered under that rkey (a reader whose
+        transfer completed with an access error asks)."""
         self._check_open()
+        if request.get("op") == "check":
+            region = self._owned.get(int(request["buf"]))
+            if region is None:
+                raise RDMABufferDroppedError(f"buffer {request['buf']} was dropped")
+            return {"registered": region.rkey == int(request["rkey"])}
         if request.get("op") != "connect":
             raise RDMATransferError(f"unknown ibverbs setup request {request.get('op')!r}")
         peer = str(request["peer"])
@@ -224,40 +247,65 @@ class IbverbsBackend(Backend):
             raise RDMABufferError("the destination of a read is read-only")
         if n == 0:
             return
-        conn = await self._connection(handle.owner)
         addr = address(view)
-        local = self._local.acquire(view, addr, _verbs.ACCESS_LOCAL_WRITE if reading else 0)
         what = (
             f"RDMA {'READ' if reading else 'WRITE'} of {n} bytes at offset {offset} "
             f"of buffer {handle.buf_id} of {handle.owner}"
         )
-        t = Transfer(
-            what,
-            opcode,
-            local,
-            addr,
-            int(keys["addr"]) + offset,
-            int(keys["rkey"]),
-            n,
-            asyncio.get_running_loop().create_future(),
-        )
-        self._poster.submit(conn, t)
-        try:
-            async with asyncio.timeout(self.transfer_timeout):
-                await t.future
-        except TimeoutError:
-            self._poster.abandon(t, conn)
-            self._poster.break_conn(
-                conn, f"a transfer on it timed out after {self.transfer_timeout} s"
+        for attempt in range(_ATTEMPTS):
+            conn = await self._connection(handle.owner)
+            local = self._local.acquire(view, addr, _verbs.ACCESS_LOCAL_WRITE if reading else 0)
+            t = Transfer(
+                what,
+                opcode,
+                local,
+                addr,
+                int(keys["addr"]) + offset,
+                int(keys["rkey"]),
+                n,
+                asyncio.get_running_loop().create_future(),
             )
-            raise RDMATransferError(
-                f"{what} timed out after {self.transfer_timeout} s; its queue pair was reset"
-            ) from None
-        except asyncio.CancelledError:
-            # work requests already posted finish in the background, into memory that
-            # stays referenced (the local region) until they complete
-            self._poster.abandon(t, conn)
-            raise
+            self._poster.submit(conn, t)
+            try:
+                async with asyncio.timeout(self.transfer_timeout):
+                    await t.future
+                return
+            except TimeoutError:
+                self._poster.abandon(t, conn)
+                self._poster.break_conn(
+                    conn, f"a transfer on it timed out after {self.transfer_timeout} s"
+                )
+                raise TimeoutError(
+                    f"{what} timed out after {self.transfer_timeout} s; its queue pair was reset"
+                ) from None
+            except asyncio.CancelledError:
+                # work requests already posted finish in the background, into memory that
+                # stays referenced (the local region) until they complete
+                self._poster.abandon(t, conn)
+                raise
+            except RDMATransferError as e:
+                if t.flushed and t.status is None and attempt + 1 < _ATTEMPTS:
+                    continue  # its queue pair broke under it: again, on a new one
+                if t.status in _ASK_THE_OWNER:
+                    await self._explain(handle, keys, e)
+                raise
+
+    async def _explain(self, handle: BufferHandle, keys: dict[str, Any], error: Exception) -> None:
+        """After a completion error that the owner's state may explain (a region it
+        deregistered, a proc that died), ask it: raise ``RDMABufferDroppedError`` or
+        ``RDMAOwnerError`` as the other backends do; return if it does not explain it."""
+        request = {"op": "check", "buf": handle.buf_id, "rkey": int(keys["rkey"])}
+        try:
+            async with asyncio.timeout(config.connect_timeout):
+                await self._exchange(handle.owner, self.name, request)
+        except RDMABufferDroppedError:
+            raise RDMABufferDroppedError(
+                f"buffer {handle.buf_id} of {handle.owner} was dropped ({error})"
+            ) from error
+        except RDMAOwnerError as e:
+            raise RDMAOwnerError(f"{e} ({error})") from error
+        except Exception as e:  # no answer in time, or an old owner without "check"
+            log.debug("ibverbs: the owner could not explain %s: %s", error, e)
 
     async def _connection(self, owner: str) -> Conn:
         conn = self._poster.conns.get(owner)

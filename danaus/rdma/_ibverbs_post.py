@@ -42,6 +42,11 @@ class Transfer:
     outstanding: int = 0  # work requests posted, not completed
     error: RDMAError | None = None
     finished: bool = False
+    #: the status of its own failed work completion (a flush is not its own)
+    status: int | None = None
+    #: failed only because its queue pair broke under it (another transfer's error, or a
+    #: timeout): nothing is wrong with it, and it may run again on a new queue pair
+    flushed: bool = False
 
     @property
     def all_posted(self) -> bool:
@@ -146,6 +151,7 @@ class Poster:
             t = conn.queue[0]
             if conn.broken is not None and t.error is None:
                 t.error = RDMATransferError(f"{t.what} failed: {conn.broken}")
+                t.flushed = True
             if t.all_posted:
                 conn.queue.popleft()
                 self._finish(t)
@@ -200,11 +206,13 @@ class Poster:
                 if t.error is None:
                     if c.status == _verbs.WC_WR_FLUSH_ERR and conn.broken is not None:
                         why = conn.broken
+                        t.flushed = True
                     else:
                         why = (
                             f"work completion {_verbs.status_text(c.status)}, "
                             f"vendor error {c.vendor_err:#x}"
                         )
+                        t.status = c.status
                     t.error = RDMATransferError(f"{t.what} failed: {why}")
                 self.break_conn(
                     conn,
