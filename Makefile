@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install compile test test-all check test-unit test-integration demo bench lint clean
+.PHONY: install compile test test-all check test-unit test-integration demo bench lint docs clean
 
 install: $(STAMP)
 
@@ -61,10 +61,15 @@ demo: compile
 bench: compile
 	$(PY) -m bench
 
+# make docs: the site from docs/ and mkdocs.yml into site/; a broken link, anchor or API
+# reference fails it (strict). NO_MKDOCS_2_WARNING: the theme's notice about MkDocs 2.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 lint: install
 	$(VENV)/bin/ruff check danaus tests bench examples
 	$(VENV)/bin/ruff format --check danaus tests bench examples
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info .coverage .coverage.*
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info .coverage .coverage.* site

@@ -56,8 +56,14 @@ class SlurmJob(JobTrait):
         job_name: the SLURM job name.
         ntasks_per_node: must be 1 (one agent per node; choose procs per host at
             ``spawn_procs``).
-        time_limit, partition, gpus_per_node, cpus_per_task, mem, account, qos:
-            ``sbatch`` options (``--time``, ...); None leaves SLURM's default.
+        time_limit: ``sbatch --time``. This and the other ``sbatch`` options below
+            (None leaves SLURM's default) become ``#SBATCH`` lines.
+        partition: ``--partition``.
+        gpus_per_node: ``--gpus-per-node``.
+        cpus_per_task: ``--cpus-per-task``.
+        mem: ``--mem``.
+        account: ``--account``.
+        qos: ``--qos``.
         log_dir: where job directories go (each holds the key, the batch script, the
             agents' addresses and the job's output); on a file system the nodes share.
             Default ``./.danaus/jobs``.

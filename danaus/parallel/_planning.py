@@ -186,7 +186,11 @@ def plan(
         loss_fn: ``loss_fn(output, target)``; the model's own loss by default (Hugging
             Face).
         layers: dotted name of the blocks' ``nn.ModuleList`` where it cannot be found.
-        dp, pp, tp, microbatches: force any of these; the rest are chosen.
+        dp: force the data-parallel degree (any of ``dp``, ``pp``, ``tp`` and
+            ``microbatches`` may be forced; the rest are chosen).
+        pp: force the number of pipeline stages.
+        tp: force the tensor-parallel degree.
+        microbatches: force the number of microbatches.
         memory_per_proc: bytes each proc may hold (the model's training footprint:
             weights, gradients, optimizer state, activations); by default CUDA's free
             memory, or on CPU the host's available RAM over its procs.
