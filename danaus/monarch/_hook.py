@@ -86,7 +86,7 @@ class _Module(types.ModuleType):
             # ImportError, not AttributeError: `from monarch.actor import X` then says why.
             raise ImportError(
                 f"danaus does not provide {self.__name__}.{name} (running a Monarch "
-                f"program on danaus); see the README's Monarch section",
+                f"program on danaus); see docs/monarch.md",
                 name=self.__name__,
             ) from None
         object.__setattr__(self, name, value)
