@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install compile test test-all check test-unit test-integration demo bench lint docs clean
+.PHONY: install compile test test-all test-rdma check test-unit test-integration demo bench lint docs clean
 
 install: $(STAMP)
 
@@ -48,6 +48,12 @@ test-all: compile
 # make check: the edit loop, lint and the unit tests (a minute or two).
 check: lint
 	$(PY) -m pytest -q tests/unit
+
+# make test-rdma: every ibverbs test on a real kernel RDMA device (SoftRoCE in a QEMU
+# guest, scripts/softroce.sh; about 15 minutes under CPU emulation). Installs what it needs
+# as root; elsewhere it says why and skips.
+test-rdma: compile
+	bash scripts/test_rdma.sh
 
 test-unit: compile
 	$(PY) -m pytest -q tests/unit

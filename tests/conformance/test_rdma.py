@@ -27,27 +27,18 @@ from danaus.errors import (
 from danaus.rdma import RDMAAction, RDMABuffer, get_rdma_backend
 
 from ..faults import freeze, thaw
+from ..hardware import need_rdma_device, rdma_device_missing
+from ..timing import within
 
 N = 1 << 20
-
-
-def _ibverbs_missing() -> str | None:
-    from danaus.rdma._manager import manager
-
-    try:
-        from danaus.rdma._ibverbs import IbverbsBackend
-    except ImportError as e:
-        return f"ibverbs backend not importable: {e}"
-    del manager
-    return IbverbsBackend.probe()
 
 
 @pytest.fixture(params=["shm", "tcp", "ibverbs"])
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Force the backend here (the controller reads) and in procs spawned meanwhile."""
     name: str = request.param
-    if name == "ibverbs" and (why := _ibverbs_missing()):
-        pytest.skip(f"needs an RDMA NIC (ibverbs device): {why}")
+    if name == "ibverbs":
+        need_rdma_device()
     monkeypatch.setattr(config, "rdma_backend", name)
     monkeypatch.setenv("DANAUS_RDMA_BACKEND", name)
     return name
@@ -91,7 +82,7 @@ class Owner(Actor):
 def owner_mesh() -> Iterator[Any]:
     with this_host().spawn_procs(per_host={"procs": 2}, name="rdma") as procs:
         mesh = procs.spawn("owner", Owner)
-        mesh.initialized.get(timeout=30)
+        mesh.initialized.get(timeout=within(30))
         yield mesh
 
 
@@ -103,7 +94,7 @@ async def test_read_into_numpy_torch_and_memoryview(backend: str, owner_mesh: An
     buf = await owner_mesh.slice(procs=0).make.call_one("r", N)
     assert buf.size() == N and get_rdma_backend(buf) == backend
     dst = np.empty(N, np.uint8)
-    await asyncio.wait_for(buf.read_into(dst), 20)
+    await asyncio.wait_for(buf.read_into(dst), within(20))
     assert dst.tobytes() == _expected(N)
     t = torch.empty(N, dtype=torch.uint8)
     await buf.read_into(t)
@@ -117,7 +108,7 @@ async def test_write_from_with_offset(backend: str, owner_mesh: Any) -> None:
     one = owner_mesh.slice(procs=1)
     buf = await one.make.call_one("w", N)
     src = np.full(N - 4096, 7, np.uint8)
-    await asyncio.wait_for(buf.write_from(src, offset=4096), 20)
+    await asyncio.wait_for(buf.write_from(src, offset=4096), within(20))
     got = await one.digest.call_one("w")
     assert got[:4096] == _expected(N)[:4096] and got[4096:] == src.tobytes()
 
@@ -126,7 +117,7 @@ async def test_large_transfer_is_exact(backend: str, owner_mesh: Any) -> None:
     n = 24 << 20
     buf = await owner_mesh.slice(procs=0).make.call_one("big", n)
     dst = np.empty(n, np.uint8)
-    await asyncio.wait_for(buf.read_into(dst), 60)
+    await asyncio.wait_for(buf.read_into(dst), within(60))
     assert dst.tobytes() == _expected(n)
 
 
@@ -163,9 +154,9 @@ async def test_dropped_buffer_raises_and_the_owner_keeps_serving(
     keep = await zero.make.call_one("k", 8192)
     await zero.drop.call_one("d")
     with pytest.raises(RDMABufferDroppedError):
-        await asyncio.wait_for(buf.read_into(np.empty(8192, np.uint8)), 20)
+        await asyncio.wait_for(buf.read_into(np.empty(8192, np.uint8)), within(20))
     with pytest.raises(RDMABufferDroppedError):
-        await asyncio.wait_for(buf.write_from(np.empty(8192, np.uint8)), 20)
+        await asyncio.wait_for(buf.write_from(np.empty(8192, np.uint8)), within(20))
     dst = np.empty(8192, np.uint8)
     await keep.read_into(dst)
     assert dst.tobytes() == _expected(8192)
@@ -192,9 +183,9 @@ async def test_a_proc_reads_a_buffer_the_controller_owns(backend: str, owner_mes
 
 
 def test_sync_code_uses_get(backend: str, owner_mesh: Any) -> None:
-    buf = owner_mesh.slice(procs=0).make.call_one("s", 4096).get(timeout=20)
+    buf = owner_mesh.slice(procs=0).make.call_one("s", 4096).get(timeout=within(20))
     dst = np.empty(4096, np.uint8)
-    buf.read_into(dst).get(timeout=20)
+    buf.read_into(dst).get(timeout=within(20))
     assert dst.tobytes() == _expected(4096)
 
 
@@ -208,7 +199,7 @@ async def test_owner_death_mid_transfer_reports_failure(backend: str) -> None:
             buf = await owner.make.call_one("x", 64 << 20)
             os.kill(procs.pids[0], 9)
             with pytest.raises(RDMAOwnerError):
-                await asyncio.wait_for(buf.read_into(np.empty(64 << 20, np.uint8)), 20)
+                await asyncio.wait_for(buf.read_into(np.empty(64 << 20, np.uint8)), within(20))
     finally:
         set_unhandled_fault_hook(old)
 
@@ -224,27 +215,31 @@ async def test_a_frozen_owner_never_hangs_a_transfer(backend: str) -> None:
         owner = await procs.spawn("owner", Owner)
         buf = await owner.make.call_one("z", N)
         dst = np.empty(N, np.uint8)
-        await asyncio.wait_for(buf.read_into(dst, timeout=10), 20)  # connections warm
+        await asyncio.wait_for(
+            buf.read_into(dst, timeout=within(10)), within(20)
+        )  # connections warm
         pid = freeze(procs, 0)
         try:
             for write in (False, True):
                 start = time.monotonic()
                 move = (
-                    buf.write_from(np.full(N, 3, np.uint8), timeout=2)
+                    buf.write_from(np.full(N, 3, np.uint8), timeout=within(2))
                     if write
-                    else buf.read_into(dst, timeout=2)
+                    else buf.read_into(dst, timeout=within(2))
                 )
                 if backend in ONE_SIDED:
-                    await asyncio.wait_for(move, 20)
+                    await asyncio.wait_for(move, within(20))
                 else:
                     with pytest.raises(TimeoutError, match=f"buffer {buf.handle.buf_id} .* of "):
-                        await asyncio.wait_for(move, 20)
+                        await asyncio.wait_for(move, within(20))
                 assert time.monotonic() - start < 10
             if backend in ONE_SIDED:
                 assert dst.tobytes() == _expected(N)
         finally:
             thaw(pid)
-        await asyncio.wait_for(buf.read_into(dst, timeout=10), 20)  # thawed: it serves again
+        await asyncio.wait_for(
+            buf.read_into(dst, timeout=within(10)), within(20)
+        )  # thawed: it serves again
         if backend in ONE_SIDED:
             assert (dst == 3).all()
 
@@ -252,12 +247,12 @@ async def test_a_frozen_owner_never_hangs_a_transfer(backend: str) -> None:
 def test_forcing_an_unavailable_backend_is_a_clear_error(
     owner_mesh: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if _ibverbs_missing() is None:
+    if rdma_device_missing() is None:
         pytest.skip("this machine has an RDMA NIC, so ibverbs is available")
-    buf = owner_mesh.slice(procs=0).make.call_one("f", 4096).get(timeout=20)
+    buf = owner_mesh.slice(procs=0).make.call_one("f", 4096).get(timeout=within(20))
     monkeypatch.setattr(config, "rdma_backend", "ibverbs")
     with pytest.raises(RDMABackendUnavailableError, match="ibverbs cannot run here"):
-        buf.read_into(np.empty(4096, np.uint8)).get(timeout=20)
+        buf.read_into(np.empty(4096, np.uint8)).get(timeout=within(20))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none on this machine")

@@ -15,11 +15,15 @@ from danaus.errors import RDMABufferError
 from danaus.rdma import RDMAAction
 
 from ..conformance.test_rdma import Owner, _expected
+from ..hardware import need_rdma_device
+from ..timing import within
 
 
-@pytest.fixture(params=["shm", "tcp"])
+@pytest.fixture(params=["shm", "tcp", "ibverbs"])
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     name: str = request.param
+    if name == "ibverbs":
+        need_rdma_device()
     monkeypatch.setattr(config, "rdma_backend", name)  # this process: the reader's side
     return name
 
@@ -28,7 +32,7 @@ def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 def owner_mesh() -> Iterator[Any]:
     with this_host().spawn_procs(per_host={"procs": 2}, name="rdma_owners") as procs:
         mesh = procs.spawn("owner", Owner)
-        mesh.initialized.get(timeout=30)
+        mesh.initialized.get(timeout=within(30))
         yield mesh
 
 
@@ -67,7 +71,7 @@ async def test_read_remote_write_remote_and_the_backend(backend: str, owner_mesh
     b = await one.make.call_one("b", 4096)
     dst = np.empty(4096, np.uint8)
     src = np.full(4096, 3, np.uint8)
-    await RDMAAction().read_remote(dst, a).write_remote(b, src).submit(timeout=30)
+    await RDMAAction().read_remote(dst, a).write_remote(b, src).submit(timeout=within(30))
     assert dst.tobytes() == _expected(4096)
     assert await one.digest.call_one("b") == src.tobytes()
     assert a.backend == backend == rdma.get_rdma_backend(a)

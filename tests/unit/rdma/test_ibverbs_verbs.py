@@ -24,6 +24,7 @@ from danaus.rdma._handle import BufferHandle
 from danaus.rdma._ibverbs import IbverbsBackend, State
 from danaus.rdma._verbs import Completion, QPInfo, WorkRequest
 
+from ...hardware import need_rdma_device
 from .ibverbs_kit import OWNER, KiB, MiB, Procs, _have_device, _posted, _procs, _random, _unused
 
 # ------------------------------------------------------------------ the work requests
@@ -198,10 +199,8 @@ def test_probe_names_why_not(monkeypatch: pytest.MonkeyPatch) -> None:
 # ------------------------------------------------------------------ real hardware
 
 
-@pytest.mark.skipif(
-    not _have_device(), reason="needs an RDMA NIC (ibverbs device); none on this machine"
-)
 async def test_real_device_loopback_read_and_write() -> None:
+    need_rdma_device()
     owner: IbverbsBackend
 
     async def exchange(addr: str, backend: str, payload: dict[str, Any]) -> dict[str, Any]:
