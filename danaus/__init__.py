@@ -56,8 +56,18 @@ from .mesh import (
     this_host,
     this_proc,
 )
-from .mesh._supervision import _default_hook as unhandled_fault_hook
+from .mesh._api import default_fault_hook as unhandled_fault_hook
+from .mesh._api import set_tensor_engine_loader as _set_tensor_engine_loader
 from .tools.dashboard import dashboard
+
+
+def _import_tensor_engine() -> None:
+    from . import tensor_engine  # noqa: F401 - it registers itself with the mesh layer
+
+
+# procs.activate() imports the tensor engine on first use: the mesh layer sits below it
+# and does not import it, the package root (above every layer) says how.
+_set_tensor_engine_loader(_import_tensor_engine)
 
 __all__ = [
     "Accumulator",

@@ -11,7 +11,7 @@ import sys
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["run"]:  # torchrun's flags, parsed by the runner
-        from .spmd._run import main_run
+        from .spmd._api import main_run
 
         sys.exit(main_run(args[1:]))
     if args[:1] == ["rdma-bench"]:  # its own options, parsed by the benchmark
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("debug", help="drive the actors paused in pdb (danaus debug --help)")
     ns = parser.parse_args(args)
     if ns.cmd == "host-agent":
-        from .mesh._host_agent import main_host_agent
+        from .mesh._api import main_host_agent
 
         main_host_agent(ns.listen, ns.key_file)
     elif ns.cmd == "new-key":

@@ -11,7 +11,7 @@ from ._point import Point, point_in_region
 from ._wire import Region
 
 if TYPE_CHECKING:
-    from ..mesh._proc_mesh import ProcMesh
+    from ..mesh import ProcMesh
     from ._actor import Actor
     from ._instance import ActorInstance
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..actors._api import all_runtimes, install_actor, new_event_loop
 from ..config import config
-from ..mesh._host_agent import read_key_file, serve
+from ..mesh._api import read_key_file, serve
 from ._lease import AGENTS_DIR, LEASE, JobLease
 
 log = logging.getLogger("danaus.job.agent")

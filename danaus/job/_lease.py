@@ -80,7 +80,7 @@ def hold_job(addrs: list[str], linger: float | None) -> None:
         # whose connections live as long as this process (not an application loop's).
         from ..actors._api import current_runtime
         from ..mesh import Shape
-        from ..mesh._actor_mesh import mesh_ref
+        from ..mesh._api import mesh_ref
 
         shape = Shape.from_sizes({"hosts": len(addrs)})
         lease = mesh_ref(LEASE, JobLease, shape, dict(enumerate(addrs)))

@@ -8,7 +8,7 @@ for wide meshes), how their replies are gathered into a future, a ``ValueMesh`` 
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar, cast
 
 import msgspec
@@ -31,6 +31,7 @@ from ..actors._api import (
 from ..config import config
 from ..errors import SupervisionError
 from ._cast import Part, send_cast
+from ._tensor_engine_hook import tensor_engine
 from ._value_mesh import ValueMesh
 
 if TYPE_CHECKING:
@@ -174,10 +175,7 @@ class ActorEndpoint(Generic[R_co]):
         waiting (Monarch's ``rref``). The endpoint needs ``@endpoint(propagate=fn)``:
         ``fn`` gives the output's shape from the arguments', as ``@remote``'s does.
         Imports the tensor engine (and torch) on first use."""
-        if rref_hook is None:
-            import danaus.tensor_engine  # noqa: F401 - sets rref_hook
-        assert rref_hook is not None
-        return rref_hook(self, args, kwargs)
+        return tensor_engine().rref(self, args, kwargs)
 
     def call_one(self, *args: object, **kwargs: object) -> Future[R_co]:
         """Call the one actor of this mesh; ``ValueError`` if it holds more or fewer."""
@@ -353,10 +351,3 @@ class Stream(Generic[T]):
         for f in futures:
             f.keep_alive(self._receiver)  # the port lives while a future waits
         yield from futures
-
-
-#: set by danaus.tensor_engine when imported (the mesh layer does not import it): gives
-#: a DTensor (a type of the tensor engine's, hence ``object`` here)
-rref_hook: (
-    Callable[[ActorEndpoint[object], tuple[object, ...], dict[str, object]], object] | None
-) = None

@@ -8,7 +8,7 @@ over a group.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future as ThreadFuture
 from contextlib import AbstractContextManager
 from types import EllipsisType
@@ -38,6 +38,7 @@ from ._records import ProcStats, StackEntry
 from ._shape import Shape
 from ._shaped import Shaped
 from ._supervision import resolved
+from ._tensor_engine_hook import tensor_engine
 from ._value_mesh import ValueMesh
 
 __all__ = [
@@ -90,15 +91,13 @@ class ProcMesh(Shaped):
 
         Imports the tensor engine (and torch) on first use.
         """
-        if activate_hook is None:
-            try:
-                import danaus.tensor_engine  # noqa: F401 - sets activate_hook
-            except ImportError as e:
-                raise RuntimeError(
-                    f"procs.activate() needs the tensor engine, which needs torch: {e}"
-                ) from e
-        assert activate_hook is not None
-        return activate_hook(self)
+        try:
+            engine = tensor_engine()
+        except ImportError as e:
+            raise RuntimeError(
+                f"procs.activate() needs the tensor engine, which needs torch: {e}"
+            ) from e
+        return engine.activate(self)
 
     def logging_option(
         self,
@@ -294,10 +293,6 @@ class ProcMesh(Shaped):
 
     def __exit__(self, *exc: object) -> None:
         self.stop().get()
-
-
-#: set by danaus.tensor_engine when imported (the mesh layer does not import it)
-activate_hook: Callable[[ProcMesh], AbstractContextManager[object]] | None = None
 
 
 def shutdown_context() -> Future[None]:

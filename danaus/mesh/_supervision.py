@@ -118,11 +118,13 @@ class _Report(str):
         return str(self)
 
 
-def _default_hook(failure: MeshFailure) -> None:
+def default_fault_hook(failure: MeshFailure) -> None:
+    """What the controller does with a failure no actor handled, by default: log it at
+    ERROR and keep running (Monarch's default exits)."""
     log.error("unhandled failure: %s", failure)
 
 
-_hook: Callable[[MeshFailure], object] = _default_hook
+_hook: Callable[[MeshFailure], object] = default_fault_hook
 _hook_lock = threading.Lock()
 
 #: Set at interpreter exit, when danaus kills every proc itself: what follows from those
@@ -146,7 +148,7 @@ def set_unhandled_fault_hook(
     """
     global _hook
     with _hook_lock:
-        old, _hook = _hook, _default_hook if fn is None else fn
+        old, _hook = _hook, default_fault_hook if fn is None else fn
     return old
 
 
@@ -156,7 +158,7 @@ def _current_hook() -> Callable[[MeshFailure], object]:
     :func:`set_unhandled_fault_hook`."""
     top = sys.modules.get("danaus")
     assigned = getattr(top, "unhandled_fault_hook", None) if top is not None else None
-    if assigned is not None and assigned is not _default_hook:
+    if assigned is not None and assigned is not default_fault_hook:
         return assigned  # type: ignore[no-any-return]
     return _hook
 

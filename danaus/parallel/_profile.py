@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..actors import Actor, endpoint
-from ..spmd._actor import proc_host
+from ..spmd._api import proc_host
 from ._model import LossFn, ModelParts, split_batch
 from ._worker import OptimizerFactory, device, optimizer_state_bytes, timed
 

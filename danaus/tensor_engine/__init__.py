@@ -26,7 +26,8 @@ except ImportError as e:  # torch is an extra: the actor, mesh and RDMA layers r
 
 from ..actors._api import Future
 from ..errors import DataDependentError
-from ..mesh import ProcMesh, _actor_endpoint, _proc_mesh
+from ..mesh import ProcMesh
+from ..mesh._api import TensorEngine, set_tensor_engine
 from . import _client, _dispatch
 from ._client import activate, active, active_stream
 from ._dtensor import Borrow, DTensor, MeshSlice, Stream, slice_mesh
@@ -159,13 +160,6 @@ def remote(
     return wrap(fn) if fn is not None else wrap
 
 
-def _activate(procs: ProcMesh) -> contextlib.AbstractContextManager[Any]:
-    return activate(procs)
-
-
-_proc_mesh.activate_hook = _activate
-
-
 class _ActorCall:
     """Runs on a worker, for ``endpoint.rref``: calls the endpoint of the actor of this
     proc with its local shards, through the actor's mailbox, and gives its result."""
@@ -176,7 +170,7 @@ class _ActorCall:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from ..actors._api import current_runtime
         from ..mesh import Shape
-        from ..mesh._actor_mesh import mesh_ref
+        from ..mesh._api import mesh_ref
 
         rt = current_runtime()  # (the worker's thread is an actor's: its proc's runtime)
         here: Any = mesh_ref(self.wire, self.cls, Shape.from_sizes({}), {0: rt.addr})
@@ -208,4 +202,8 @@ def _rref(endpoint: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return _dispatch.call_function(client, fn, ep.propagate, args, kwargs)
 
 
-_actor_endpoint.rref_hook = _rref
+def _activate(procs: ProcMesh) -> contextlib.AbstractContextManager[Any]:
+    return activate(procs)
+
+
+set_tensor_engine(TensorEngine(activate=_activate, rref=_rref))

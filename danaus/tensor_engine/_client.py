@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from ..actors._api import Future
 from ..config import config
 from ..mesh import ProcMesh
-from ..mesh._proc_mesh import group_of
+from ..mesh._api import group_of
 from . import _dispatch
 from ._worker import FREE, TensorWorker
 

@@ -64,12 +64,12 @@ class LocalSource:
             raise
 
     def snapshot(self) -> dict[str, Any]:
-        from ..mesh._snapshot import snapshot
+        from ..mesh._api import snapshot
 
         return dict(self._run(snapshot))
 
     def stacks(self, procs: str, rank: int) -> list[dict[str, Any]]:
-        from ..mesh._snapshot import proc_stacks
+        from ..mesh._api import proc_stacks
 
         return list(self._run(lambda: proc_stacks(procs, rank)))
 

@@ -1,0 +1,36 @@
+"""The mesh layer's internal API: what the layers above it (the tensor engine, jobs, the
+people's tools, the ``danaus`` command, the package root) may use of it beyond
+``danaus.mesh``. Everything else under ``danaus.mesh._*`` is private to the mesh layer;
+``lint-imports`` (``make lint``) checks it.
+"""
+
+from __future__ import annotations
+
+from ._actor_face import ActorFace, TypedEndpoint
+from ._actor_mesh import mesh_ref
+from ._admin_wire import find_controllers, runtime_dir
+from ._host_agent import main_host_agent, read_key_file, serve
+from ._proc_mesh import group_of
+from ._slurm import expand_hostlist
+from ._snapshot import proc_stacks, snapshot
+from ._supervision import default_fault_hook
+from ._tensor_engine_hook import TensorEngine, set_tensor_engine, set_tensor_engine_loader
+
+__all__ = [
+    "ActorFace",
+    "TensorEngine",
+    "TypedEndpoint",
+    "default_fault_hook",
+    "expand_hostlist",
+    "find_controllers",
+    "group_of",
+    "main_host_agent",
+    "mesh_ref",
+    "proc_stacks",
+    "read_key_file",
+    "runtime_dir",
+    "serve",
+    "set_tensor_engine",
+    "set_tensor_engine_loader",
+    "snapshot",
+]

@@ -1,0 +1,58 @@
+"""Where the tensor engine plugs into the mesh layer: ``procs.activate()`` and
+``endpoint.rref`` are the tensor engine's work, but the mesh layer sits below it and never
+imports it (nor torch). The tensor engine registers itself here when it is imported
+(:func:`set_tensor_engine`); the package root registers how to import it
+(:func:`set_tensor_engine_loader`), so a program that never imported it can still call
+``procs.activate()``, which imports it on first use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from ._actor_endpoint import ActorEndpoint
+    from ._proc_mesh import ProcMesh
+
+__all__ = ["TensorEngine", "set_tensor_engine", "set_tensor_engine_loader", "tensor_engine"]
+
+
+class TensorEngine(NamedTuple):
+    """What the tensor engine does for the mesh layer."""
+
+    #: ``procs.activate()``: torch calls in the ``with`` block make distributed tensors
+    activate: Callable[[ProcMesh], AbstractContextManager[object]]
+    #: ``endpoint.rref(*args, **kwargs)``: a DTensor (a type of the tensor engine's, hence
+    #: ``object`` here) of what every actor's endpoint returns
+    rref: Callable[[ActorEndpoint[object], tuple[object, ...], dict[str, object]], object]
+
+
+_engine: TensorEngine | None = None
+_load: Callable[[], None] | None = None
+
+
+def set_tensor_engine(engine: TensorEngine) -> None:
+    """Called by ``danaus.tensor_engine`` when it is imported."""
+    global _engine
+    _engine = engine
+
+
+def set_tensor_engine_loader(load: Callable[[], None]) -> None:
+    """How to import the tensor engine on first use (``load`` calls
+    :func:`set_tensor_engine` by importing it); set by the package root."""
+    global _load
+    _load = load
+
+
+def tensor_engine() -> TensorEngine:
+    """The tensor engine, imported first if nothing imported it yet.
+
+    Raises:
+        ImportError: it cannot be imported (it needs torch).
+    """
+    if _engine is None and _load is not None:
+        _load()
+    if _engine is None:
+        raise ImportError("the tensor engine is not loaded: import danaus.tensor_engine")
+    return _engine
