@@ -72,10 +72,13 @@ bench: compile
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
+# make lint: ruff, mypy --strict, and the import contracts in pyproject.toml (lint-imports:
+# imports point down the layers, and cross into a package only through its seams).
 lint: install
 	$(VENV)/bin/ruff check danaus tests bench examples
 	$(VENV)/bin/ruff format --check danaus tests bench examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info .coverage .coverage.* site
