@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from danaus import Actor, endpoint
+from danaus.actors import Actor, endpoint
 from danaus.config import config
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -146,7 +146,7 @@ def tcp_floor(size: int, iters: int = 5) -> float:
 async def run(
     sizes: list[int], backends: list[str] | None, ops: list[str], hosts: list[str] | None
 ) -> list[dict[str, Any]]:
-    from danaus import attach_to_hosts, this_host
+    from danaus.mesh import attach_to_hosts, this_host
     from danaus.rdma._manager import PREFERENCE, manager
 
     biggest = max(sizes)
