@@ -21,8 +21,14 @@ if [ "${1:-}" != --in-guest ]; then
         echo "test-rdma: skipped: $why"
         exit 0
     fi
+    # The guest runs a snapshot of the work tree, so that edits made meanwhile (the run
+    # takes minutes) do not change the code under test halfway through.
+    tree=.cache/softroce/tree
+    rm -rf "$tree" && mkdir -p "$tree"
+    git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xf - -C "$tree"
     start=$(date +%s)
-    bash scripts/softroce.sh run bash scripts/test_rdma.sh --in-guest "$@"
+    bash scripts/softroce.sh run env DANAUS_TEST_VENV="$PWD/.venv" DANAUS_TEST_OUT="$PWD/.cache/softroce" \
+        bash -c 'cd .cache/softroce/tree && exec bash scripts/test_rdma.sh --in-guest "$@"' - "$@"
     rc=$?
     echo "test-rdma: exit status $rc after $(( $(date +%s) - start )) s (guest boot included)"
     exit $rc
@@ -35,12 +41,15 @@ export DANAUS_TEST_TIME_SCALE=${DANAUS_TEST_TIME_SCALE:-10}
 export DANAUS_PROC_START_TIMEOUT=600 DANAUS_CONNECT_TIMEOUT=300 DANAUS_HANDSHAKE_TIMEOUT=60
 export DANAUS_HEARTBEAT_TIMEOUT=300 DANAUS_SPAWN_WAIT=300 DANAUS_RDMA_TIMEOUT=600
 export DANAUS_STOP_TIMEOUT=60 PYTHONDONTWRITEBYTECODE=1
-py=.venv/bin/python
+py=${DANAUS_TEST_VENV:-.venv}/bin/python
+out=${DANAUS_TEST_OUT:-.cache/softroce}
+export PYTHONPATH=$PWD  # the snapshot's danaus, in the procs too
 echo "devices: $(rdma link show | awk '{print $2, $NF}' | tr '\n' ' ')"
 # the unit tests (the backend's logic on the fake device, the adapter on the real one),
 # the conformance suite's ibverbs half, the Monarch-compatibility RDMA tests on ibverbs,
 # the bench CLI and the two-host tests
-$py -m pytest -q -p no:cacheprovider -rs \
+$py -m pytest -q -p no:cacheprovider -rfEs --color=no --junitxml="$out/test-rdma.xml" \
+    --timeout=$(( 60 * DANAUS_TEST_TIME_SCALE )) \
     tests/unit/rdma tests/conformance/test_rdma.py tests/integration/test_rdma_monarch.py \
     tests/integration/test_rdma_bench.py tests/integration/test_rdma_two_hosts.py \
     -k "not shm and not tcp and not test_rdma_bench_json_reports_each_backend" "$@"

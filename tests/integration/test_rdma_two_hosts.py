@@ -92,13 +92,11 @@ class Reader(Actor):
         return get_rdma_backend(buf), view.tobytes()
 
     @endpoint
-    async def read_many(self, buf: RDMABuffer, count: int, each: int) -> list[bytes]:
-        """``count`` reads of ``each`` bytes at different offsets, all in flight at once."""
-        dsts = [np.zeros(each, np.uint8) for _ in range(count)]
-        await asyncio.gather(
-            *(buf.read_into(d, offset=i * each, timeout=within(120)) for i, d in enumerate(dsts))
-        )
-        return [d.tobytes() for d in dsts]
+    async def read_many(self, bufs: list[RDMABuffer], times: int) -> list[bytes]:
+        """Read each buffer ``times`` times, into as many destinations, all at once."""
+        dsts = [(b, np.zeros(b.size(), np.uint8)) for b in bufs for _ in range(times)]
+        await asyncio.gather(*(b.read_into(d, timeout=within(120)) for b, d in dsts))
+        return [d.tobytes() for _, d in dsts]
 
     @endpoint
     async def write(self, buf: RDMABuffer, data: bytes, offset: int) -> None:
@@ -222,11 +220,10 @@ async def test_read_and_write_across_hosts_larger_than_a_work_request(pair: Any)
 
 async def test_many_transfers_in_flight(pair: Any) -> None:
     owner, reader, _ = pair
-    count, each = 64, 64 * 1024 + 3
-    buf = await owner.make.call_one("many", count * each, 3)
-    got = await reader.read_many.call_one(buf, count, each)
-    want = _pattern(count * each, 3).tobytes()
-    assert got == [want[i * each : (i + 1) * each] for i in range(count)]
+    each, count, times = 256 * 1024 + 3, 8, 8  # 64 transfers, 8 buffers
+    bufs = [await owner.make.call_one(f"many{i}", each, 10 + i) for i in range(count)]
+    got = await reader.read_many.call_one(bufs, times)
+    assert got == [_pattern(each, 10 + i).tobytes() for i in range(count) for _ in range(times)]
 
 
 async def test_an_owner_killed_mid_transfer_fails_it_and_leaks_nothing(pair: Any) -> None:
