@@ -12,7 +12,11 @@ A proc mesh and every slice of it share one group. The group alone holds and cha
   process-wide index by actor wire name, where :func:`handle_failure` finds the mesh a
   ``Failure`` message names (one dict lookup);
 - the index of this process's procs by address, through which a lost connection
-  becomes a proc failure (:func:`on_peer_lost`).
+  becomes a proc failure (:func:`on_peer_lost`);
+- what a proc mesh pickles to (:meth:`ProcGroup.reference`, a :class:`GroupRef`: the
+  procs' addresses and what is known of them), and the group it is unpickled as
+  (:meth:`ProcGroup.from_reference`): this process's own group of those procs, or a
+  reference group (``RefProcHandle`` procs, never stopped or killed from there).
 
 ``ProcMesh`` creates a group and asks it; ``ActorMesh``, the inspectors, the metrics,
 the snapshot (admin endpoint) and the tensor engine go through the methods below, never
@@ -26,24 +30,32 @@ import enum
 import functools
 import logging
 import weakref
+from asyncio.events import _get_running_loop
 from collections.abc import Sequence
 from concurrent.futures import Future as ThreadFuture
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
-from ..actors._api import Connection, Failure, Runtime, StopActor, current_runtime
+from ..actors._api import ERROR, Connection, Failure, Runtime, StopActor, current_runtime
 from ..config import config
-from ..errors import SupervisionError
+from ..errors import SerializationError, SupervisionError
 from ._local_procs import forget, stop_procs, wait_exited
 from ._logs import LogOptions
 from ._proc_handles import Proc, ProcHandle, RefProcHandle, RemoteProcHandle, SelfProcHandle
 from ._shape import Shape
-from ._supervision import MeshState, current_owner
+from ._supervision import MeshState, Owner, current_owner, resolved
 
 if TYPE_CHECKING:
     from ._actor_mesh import ActorMesh
     from ._host_mesh import _Bootstrap
 
-__all__ = ["GroupState", "ProcGroup", "handle_failure", "live_groups", "remove_actor_mesh"]
+__all__ = [
+    "GroupRef",
+    "GroupState",
+    "ProcGroup",
+    "handle_failure",
+    "live_groups",
+    "remove_actor_mesh",
+]
 
 log = logging.getLogger("danaus.mesh")
 supervision_log = logging.getLogger("danaus.supervision")
@@ -65,6 +77,21 @@ class GroupState(enum.Enum):
     STOPPED = "stopped"
 
 
+class GroupRef(NamedTuple):
+    """What a proc mesh pickles to: its name, shape and procs' addresses, with what is
+    known of them. Plain data: never a process handle, socket, loop, lock or key."""
+
+    name: str
+    #: the whole mesh's shape: global ranks index ``addrs``
+    shape: Shape
+    #: each proc's address, by global rank ("" for a proc that never started)
+    addrs: tuple[str, ...]
+    #: global rank -> why it failed, for the procs known to have failed
+    failed: dict[int, str]
+    #: why the mesh was stopped (None while it runs)
+    stopped: str | None
+
+
 class ProcGroup:
     """The procs of one proc mesh, their failures, and the actor meshes spawned on them.
 
@@ -74,6 +101,10 @@ class ProcGroup:
         handles: one per global rank.
         started: resolves once every proc's address is known.
         log: the procs' output options, shared by the mesh's slices.
+        reference: the procs are another process's, known by their addresses (an
+            unpickled proc mesh): the group has no owner until an actor spawns on it
+            (:meth:`claim`), and touches no runtime when made (unpickling must not start
+            one).
     """
 
     def __init__(
@@ -83,20 +114,25 @@ class ProcGroup:
         handles: Sequence[Proc],
         started: ThreadFuture[None],
         log: LogOptions,
+        *,
+        reference: bool = False,
     ) -> None:
         self.name = name
         self.shape = shape
         self.handles: tuple[Proc, ...] = tuple(handles)
         self.started = started
         self.log = log
+        self.is_reference = reference
         #: who spawned the mesh (an ActorInstance, or None for the controller)
-        self.owner = current_owner()
+        self.owner = None if reference else current_owner()
         self.state = MeshState(name, shape, self.owner)
         #: the actors that ran the ``spawn_procs(bootstrap=...)`` function, if any (set
         #: once, by ``spawn_procs``): the procs count as initialized after them
         self.bootstrap: ActorMesh[_Bootstrap] | None = None
         self._phase = GroupState.RUNNING
         self._actors: dict[str, MeshState] = {}  # by wire name, in spawn order
+        if reference:
+            return  # no proc of this process's: nothing to watch
         rt = current_runtime()
         if on_peer_lost not in rt.on_lost:
             rt.on_lost.append(on_peer_lost)
@@ -122,6 +158,66 @@ class ProcGroup:
     def stopped(self) -> bool:
         """True from the moment ``stop_all`` starts."""
         return self._phase is not GroupState.RUNNING
+
+    # pickling
+    def reference(self) -> GroupRef:
+        """What a proc mesh of this group pickles to.
+
+        Remote procs learn their addresses when their host agent answers: sync code
+        (a script, a sync endpoint) waits for that, up to ``config.proc_start_timeout``;
+        code on an event loop's thread cannot (the answer may need that very loop).
+
+        Raises:
+            SerializationError: a proc has no address yet (await ``procs.initialized``
+                first).
+        """
+        if not self.started.done() and _get_running_loop() is None:
+            try:
+                self.started.result(timeout=config.proc_start_timeout)
+            except Exception:
+                pass  # the procs that never started are reported below
+        addrs = tuple(self.addrs())
+        failed = dict(self.state.failed)
+        for rank, addr in enumerate(addrs):
+            if addr or rank in failed:
+                continue
+            why = self.start_failure(rank)
+            if why is None:
+                raise SerializationError(
+                    f"proc mesh {self.name!r} cannot be pickled before its procs have "
+                    "started (their addresses are not known yet): `await procs.initialized` "
+                    "first"
+                )
+            failed[rank] = f"proc did not start: {why}"
+        stopped = (self.state.stopped or "stopped") if self.stopped else None
+        return GroupRef(self.name, self.shape, addrs, failed, stopped)
+
+    @classmethod
+    def from_reference(cls, ref: GroupRef) -> ProcGroup:
+        """The group a pickled proc mesh stands for here: this process's own group of
+        those procs if it started them and they run, else a reference group."""
+        mine = _by_addr.get(ref.addrs[0]) if ref.addrs else None
+        if mine is not None:
+            group = mine[0]
+            if group.name == ref.name and tuple(group.addrs()) == ref.addrs:
+                return group
+        handles = [RefProcHandle(addr, rank) for rank, addr in enumerate(ref.addrs)]
+        group = cls(ref.name, ref.shape, handles, resolved(), LogOptions(), reference=True)
+        group.state.failed.update(ref.failed)
+        if ref.stopped is not None:
+            group.state.stopped = ref.stopped
+            group._phase = GroupState.STOPPED
+        return group
+
+    def claim(self, owner: Owner) -> bool:
+        """``owner`` spawns on this reference group first: the actor meshes spawned on
+        it stop when that actor stops (as those of ``actor_instance.proc_mesh`` do). True
+        if it became the owner (only a reference group without one yet)."""
+        if not self.is_reference or self.owner is not None:
+            return False
+        self.owner = owner
+        self.state.owner = owner
+        return True
 
     # procs
     def addr_of(self, rank: int) -> str:
@@ -220,12 +316,20 @@ class ProcGroup:
             await stop_remote_procs(remote)
         # Procs that are not ours (this process, another's procs): their actors stop, the
         # processes stay.
-        kept = [h.addr for h in self.handles if isinstance(h, (SelfProcHandle, RefProcHandle))]
-        for addr in dict.fromkeys(kept):
-            for wire in self._actors:
-                rt.connection(addr).send(StopActor(wire, 0))
+        kept = [
+            h.addr
+            for h in self.handles
+            if h.addr and isinstance(h, (SelfProcHandle, RefProcHandle))
+        ]
+        acks = [
+            _stop_actor_at(rt, addr, wire) for addr in dict.fromkeys(kept) for wire in self._actors
+        ]
         await stop_procs(rt, local, config.stop_timeout)
-        addrs = [h.addr for h in self.handles if h.addr]
+        if acks:  # stopped (or their proc is gone) when this returns: later calls fail
+            await asyncio.gather(*acks)
+        # Only procs this process started are forgotten: another group here may hold the
+        # addresses of a this_proc() or reference mesh.
+        addrs = [h.addr for h in self.handles if h.addr and isinstance(h, _STARTED_HERE)]
         forget(addrs)
         for addr in addrs:
             _by_addr.pop(addr, None)
@@ -234,6 +338,29 @@ class ProcGroup:
         if self.log.aggregator is not None:  # the procs' last lines, before we return
             self.log.aggregator.flush()
         self._phase = GroupState.STOPPED
+
+
+def _stop_actor_at(rt: Runtime, addr: str, wire: str) -> asyncio.Future[None]:
+    """Stop the actor ``wire`` in the proc at ``addr``: resolves once it has stopped, or
+    its proc is gone."""
+    done: asyncio.Future[None] = rt.loop.create_future()
+
+    def on_reply(rank: int, status: int, value: object) -> bool:
+        if not done.done():
+            done.set_result(None)
+        return True
+
+    port = rt.open_port(on_reply)
+    conn = rt.connection(addr)
+    if conn.send(StopActor(wire, port)):
+        conn.pending[port] = 0
+    else:
+        rt.deliver(port, 0, ERROR, None)
+    return done
+
+
+#: the kinds of proc that this process started (itself or through a host agent)
+_STARTED_HERE = (ProcHandle, RemoteProcHandle)
 
 
 def remove_actor_mesh(wire: str) -> None:

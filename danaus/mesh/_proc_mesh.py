@@ -2,7 +2,8 @@
 
 What a proc mesh and its slices share (the procs, their failures, the actor meshes on
 them) is its :class:`~danaus.mesh._proc_group.ProcGroup`'s; a ``ProcMesh`` is a shape
-over a group.
+over a group. It pickles to a reference (its group's :class:`GroupRef` and its shape):
+unpickled in another process, actors can be spawned on it and called.
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ from ._admin import maybe_start_admin
 from ._forkserver import note_actor_module
 from ._inspect import unless_endpoint
 from ._logs import LogOptions
-from ._proc_group import ProcGroup, live_groups
+from ._proc_group import GroupRef, ProcGroup, live_groups
 from ._proc_handles import Proc, RefProcHandle, SelfProcHandle
 from ._records import ProcStats, StackEntry
 from ._shape import Shape
 from ._shaped import Shaped
-from ._supervision import resolved
+from ._supervision import current_owner, resolved
 from ._tensor_engine_hook import tensor_engine
 from ._value_mesh import ValueMesh
 
@@ -69,6 +70,10 @@ class ProcMesh(Shaped):
 
     Use ``async with`` (or ``with`` in sync code), or call :meth:`stop`, so the procs end
     with your program; they are killed when the controller exits in any case.
+
+    A proc mesh is a reference: pass it (or a slice) to an actor, which can spawn actors
+    on it and call them; there, :meth:`stop` stops the actors spawned through it, never
+    the procs (their spawner's).
     """
 
     def __init__(self, shape: Shape, group: ProcGroup) -> None:
@@ -79,6 +84,10 @@ class ProcMesh(Shaped):
     def __repr__(self) -> str:
         state = "stopped" if self._group.stopped else "running"
         return f"ProcMesh({self.name}, {self._shape.sizes}, {state})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # A reference: the procs' addresses, never their processes, sockets or loop.
+        return (_rebuild, (self._group.reference(), self._shape))
 
     @property
     def proc_group(self) -> ProcGroup:
@@ -268,9 +277,14 @@ class ProcMesh(Shaped):
                 f"{cls.__name__} has endpoint(s) named like ActorMesh attributes, which "
                 f"mesh.<name> could never reach: {', '.join(shadowed)}; rename them"
             )
-        if self._group.stopped:
+        group = self._group
+        if group.stopped:
             raise ClosedError(f"{self!r} was stopped")
-        return spawn_actor_mesh(self._group, self._shape, name, cls, args, kwargs)
+        if group.is_reference and group.owner is None:
+            owner = current_owner()
+            if owner is not None and group.claim(owner):
+                owner.owned.append(ProcMesh(group.shape, group))  # its actors stop with it
+        return spawn_actor_mesh(group, self._shape, name, cls, args, kwargs)
 
     # lifecycle
     def stop(self, reason: str = "stopped by its owner") -> Future[None]:
@@ -322,6 +336,11 @@ def new_proc_mesh(
         group.owner.owned.append(mesh)
     maybe_start_admin()
     return mesh
+
+
+def _rebuild(ref: GroupRef, shape: Shape) -> ProcMesh:
+    """A pickled proc mesh, here (see :meth:`ProcGroup.from_reference`)."""
+    return ProcMesh(shape, ProcGroup.from_reference(ref))
 
 
 def live_proc_meshes() -> list[ProcMesh]:
