@@ -1,5 +1,7 @@
 """``HostMesh``: hosts that start procs, this one (``this_host()``) or others through
-their host agents (``attach_to_hosts``); ``spawn_procs`` makes a proc mesh on them."""
+their host agents (``attach_to_hosts``); ``spawn_procs`` makes a proc mesh on them. It
+pickles to a reference: its shape, name, agents (an actor mesh reference) and, for this
+host, the host's name, never the proc meshes spawned on it."""
 
 from __future__ import annotations
 
@@ -47,7 +49,9 @@ class HostMesh(Shaped):
 
     ``this_host()`` is the controller's own host (a mesh with no dims);
     ``attach_to_hosts([...])`` gives a mesh with dim ``hosts`` of hosts that each run
-    a host agent.
+    a host agent. A host mesh is a reference: passed to an actor, its ``spawn_procs``
+    starts procs on the same hosts (``this_host()``: the same machine, as the actor's
+    children); the proc meshes spawned on it stay with the original.
     """
 
     def __init__(
@@ -57,12 +61,16 @@ class HostMesh(Shaped):
         agents: ActorMesh[HostAgent] | None = None,
         spawned: list[ProcGroup] | None = None,
         python: str | None = None,
+        origin: str | None = None,
     ) -> None:
         self._shape = shape
         self.name = name
         self._agents = agents
         #: the Python that local procs run (``with_python_executable``); None: this one
         self._python = python
+        #: for hosts without agents, unpickled: the name of the host they are (None:
+        #: this one, wherever the mesh is used)
+        self._origin = origin
         #: the procs of the meshes spawned on these hosts (shared by slices): shutdown()
         #: stops them
         self._spawned: list[ProcGroup] = spawned if spawned is not None else []
@@ -70,11 +78,20 @@ class HostMesh(Shaped):
     def __repr__(self) -> str:
         return f"HostMesh({self.name}, {self._shape.sizes})"
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # A reference: the proc meshes spawned here (their processes) stay with this
+        # mesh; procs started through the unpickled one are its receiver's.
+        origin = self._origin or (os.uname().nodename if self._agents is None else None)
+        return (
+            HostMesh,
+            (self._shape, self.name, self._agents, None, self._python, origin),
+        )
+
     def _with_shape(self, shape: Shape) -> HostMesh:
         agents = self._agents
         if agents is not None:
             agents = agents.with_shape(shape)
-        return HostMesh(shape, self.name, agents, self._spawned, self._python)
+        return HostMesh(shape, self.name, agents, self._spawned, self._python, self._origin)
 
     def with_python_executable(self, python_executable: str) -> HostMesh:
         """These hosts, spawning procs that run ``python_executable`` (Monarch's name).
@@ -92,7 +109,7 @@ class HostMesh(Shaped):
                 "with_python_executable applies to this host's procs; host agents start "
                 "procs with their own Python (start the agent with the one wanted)"
             )
-        return HostMesh(self._shape, self.name, None, self._spawned, path)
+        return HostMesh(self._shape, self.name, None, self._spawned, path, self._origin)
 
     def shutdown(self) -> Future[None]:
         """Stop every proc mesh spawned on these hosts (Monarch's ``HostMesh.shutdown``).
@@ -170,6 +187,13 @@ class HostMesh(Shaped):
         proc_bind: Sequence[Mapping[str, str]] | None = None,
         bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
     ) -> ProcMesh:
+        here = os.uname().nodename
+        if self._agents is None and self._origin is not None and self._origin != here:
+            raise RuntimeError(
+                f"{self!r} is the host {self._origin!r}, which has no host agent: its procs "
+                f"can be started only there, not on {here!r} (run a host agent there and "
+                "use attach_to_hosts(...) instead)"
+            )
         per_host = dict(per_host or {"procs": 1})
         for dim, size in per_host.items():
             if not isinstance(size, int) or size < 1:

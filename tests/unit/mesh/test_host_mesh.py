@@ -1,0 +1,34 @@
+"""Tests of danaus.mesh._host_mesh that need no procs: what a host mesh pickles to."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+from typing import cast
+
+import pytest
+
+from danaus.mesh import HostMesh, Shape
+from danaus.mesh._proc_group import ProcGroup
+
+
+def test_a_host_mesh_pickles_without_the_proc_meshes_spawned_on_it() -> None:
+    # What it spawned is its own to shut down: a lock stands for a proc group here,
+    # which could not be pickled if it travelled.
+    spawned = [cast(ProcGroup, threading.Lock())]
+    hosts = HostMesh(Shape.from_sizes({"hosts": 2}), "hosts", spawned=spawned)
+    back = pickle.loads(pickle.dumps(hosts))
+    assert isinstance(back, HostMesh)
+    assert repr(back) == "HostMesh(hosts, {'hosts': 2})"
+    assert back.sizes == {"hosts": 2}
+    sub = pickle.loads(pickle.dumps(hosts.slice(hosts=1)))
+    assert sub.sizes == {}
+
+
+def test_an_unpickled_local_host_refuses_to_start_procs_on_another_host() -> None:
+    # What this_host() of a controller is, unpickled on a machine of another name.
+    elsewhere = HostMesh(Shape.from_sizes({}), origin=f"not-{os.uname().nodename}")
+    back = pickle.loads(pickle.dumps(elsewhere))
+    with pytest.raises(RuntimeError, match="has no host agent: its procs can be started only"):
+        back.spawn_procs(per_host={"procs": 1})
