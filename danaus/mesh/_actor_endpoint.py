@@ -75,6 +75,10 @@ class ActorEndpoint(Generic[R_co]):
     def __repr__(self) -> str:
         return f"<endpoint {self._mesh.actor_class.__name__}.{self._name} of {self._mesh!r}>"
 
+    def __reduce__(self) -> tuple[type[ActorEndpoint[R_co]], tuple[ActorMesh[Actor], str]]:
+        # A reference: its mesh's (see ActorMesh.__reduce__) and its name.
+        return (type(self), (self._mesh, self._name))
+
     def encode_args(self, args: tuple[object, ...], kwargs: dict[str, object]) -> Encoded:
         """A call's arguments as :meth:`send_encoded` takes them."""
         return dumps_args(args, kwargs, self._describe_args)
