@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from ._point import Point, point_in_region
 from ._wire import Region
@@ -79,6 +79,13 @@ class ActorContext:
         t = type(self.instance)
         return f"{t.__module__}.{t.__qualname__}"
 
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            f"context().actor_instance ({self.actor_id}) cannot be pickled: it is the "
+            "running actor itself (its object, thread and event loop), as in Monarch; send "
+            "what the other side needs: its actor_id, rank, or proc_mesh (a reference)"
+        )
+
 
 @dataclass(frozen=True)
 class Context:
@@ -114,6 +121,13 @@ class Context:
     @property
     def is_controller(self) -> bool:
         return self.actor_instance is None
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            "context() cannot be pickled: it says who runs the current message in this "
+            "process, as in Monarch; send what the other side needs: its message_rank, "
+            "or actor_instance.actor_id, .rank or .proc_mesh (a reference)"
+        )
 
 
 #: True in a proc (a process a spawner started), False in a controller

@@ -6,7 +6,7 @@ import asyncio
 import threading
 from asyncio.events import _get_running_loop
 from collections.abc import Callable, Generator
-from typing import Generic, TypeVar
+from typing import Generic, NoReturn, TypeVar
 
 from ..errors import DeadlockError
 
@@ -157,6 +157,13 @@ class Future(asyncio.Future[T], Generic[T]):
     def __repr__(self) -> str:
         state = "pending" if not self.done() else ("cancelled" if self.cancelled() else "done")
         return f"<danaus.Future {state}>"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            "a danaus Future cannot be pickled: it is a result arriving at this process "
+            "(on its event loop), as in Monarch; send its value (`await fut`, "
+            "`fut.get()`), or send a Port and reply through it"
+        )
 
 
 async def _relay(fut: Future[T], running: asyncio.AbstractEventLoop) -> T:

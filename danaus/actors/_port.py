@@ -6,7 +6,7 @@ import collections
 import logging
 import traceback
 import weakref
-from typing import Generic, TypeVar, cast
+from typing import Generic, NoReturn, TypeVar, cast
 
 import msgspec
 
@@ -153,6 +153,12 @@ class PortReceiver(Generic[T]):
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<PortReceiver #{self.port_id} {state} buffered={len(self._values)}>"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            "a PortReceiver cannot be pickled: it receives in this process, as in "
+            "Monarch; pass its Port (the sending end), a reference to this receiver"
+        )
 
     def _on_message(self, rank: int, status: int, value: object) -> bool:
         if status == CLOSE:
