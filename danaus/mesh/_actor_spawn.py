@@ -54,6 +54,12 @@ def spawn_actor_mesh(
     group.add(wire, state)
 
     def on_reply(rank: int, status: int, value: object) -> bool:
+        if rank < 0:  # this runtime closed before every proc answered (Runtime.aclose)
+            if not init.done():
+                init.set_exception(
+                    value if isinstance(value, BaseException) else SupervisionError(str(value))
+                )
+            return True
         if status == ERROR:
             err = value if isinstance(value, BaseException) else SupervisionError(str(value))
             errors.append(err)
