@@ -24,6 +24,7 @@ import enum
 import logging
 import os
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from ..config import config
@@ -85,6 +86,10 @@ class IbverbsBackend(Backend):
         sq_depth: work requests in flight per queue pair.
         mr_cache: local memory regions kept registered for reuse. Each keeps its memory
             alive (a reference to the memoryview) until evicted or :meth:`aclose`.
+        lost: why the control plane lost a proc (``None``: it did not). An RC queue pair
+            to a dead owner is not told (its device drops the requests; the reader's
+            retries may never give up, as on SoftRoCE), so the backend asks before a
+            transfer, and :meth:`owner_lost` breaks the queue pair when the loss comes.
     """
 
     name = "ibverbs"
@@ -98,6 +103,7 @@ class IbverbsBackend(Backend):
         transfer_timeout: float | None = 60.0,
         sq_depth: int = 128,
         mr_cache: int = 64,
+        lost: Callable[[str], str | None] | None = None,
     ) -> None:
         if chunk_bytes <= 0 or sq_depth <= 0 or mr_cache <= 0:
             raise ValueError("chunk_bytes, sq_depth and mr_cache must be positive")
@@ -106,6 +112,7 @@ class IbverbsBackend(Backend):
         self.transfer_timeout = transfer_timeout
         self.state = State.OPEN
         self._exchange = exchange
+        self._lost = lost
         self._sq_depth = sq_depth
         self._mr_cache = mr_cache
         self._token = secrets.token_hex(8)  # who we are to owners
@@ -217,6 +224,20 @@ class IbverbsBackend(Backend):
 
     # ------------------------------------------------------------ reader side
 
+    def owner_lost(self, owner: str) -> None:
+        """The control plane lost ``owner``: break our queue pair to it, so that transfers
+        to it fail now (with ``RDMAOwnerError``) instead of waiting on a dead peer."""
+        conn = self._poster.conns.get(owner)
+        if conn is not None:
+            self._poster.break_conn(conn, f"its owner {owner} is gone")
+
+    def _check_owner(self, handle: BufferHandle) -> None:
+        why = self._lost(handle.owner) if self._lost is not None else None
+        if why is not None:
+            raise RDMAOwnerError(
+                f"the owner of buffer {handle.buf_id} ({handle.owner}) is gone: {why}"
+            )
+
     def reaches(self, handle: BufferHandle) -> bool:
         return self.state is State.OPEN and self.name in handle.keys
 
@@ -253,6 +274,7 @@ class IbverbsBackend(Backend):
             f"of buffer {handle.buf_id} of {handle.owner}"
         )
         for attempt in range(_ATTEMPTS):
+            self._check_owner(handle)
             conn = await self._connection(handle.owner)
             local = self._local.acquire(view, addr, _verbs.ACCESS_LOCAL_WRITE if reading else 0)
             t = Transfer(
@@ -381,11 +403,15 @@ class IbverbsBackend(Backend):
             log.warning("ibverbs: deregistering a memory region failed: %s", e)
 
 
-def make_ibverbs_backend(exchange: Exchange) -> IbverbsBackend:
+def make_ibverbs_backend(
+    exchange: Exchange, lost: Callable[[str], str | None] | None = None
+) -> IbverbsBackend:
     """The backend over the real device the settings name (``rdma_device``, its port
     ``rdma_port`` and GID ``rdma_gid_index``; default: the first device, its port 1, the
     GID :func:`~._verbs.choose_gid` picks)."""
     verbs = _verbs.Verbs(
         config.rdma_device or None, port=config.rdma_port, gid_index=config.rdma_gid_index
     )
-    return IbverbsBackend(verbs, exchange)
+    # no deadline of its own: every transfer has one (timeout=, else config.rdma_timeout),
+    # and a backend's shorter one would cut a longer one a caller asked for
+    return IbverbsBackend(verbs, exchange, transfer_timeout=None, lost=lost)

@@ -316,8 +316,16 @@ def _make(cls: type[Backend], mgr: RDMAManager) -> Backend:
     if cls.name == "ibverbs":
         from ._ibverbs import make_ibverbs_backend
 
-        backend: Backend = make_ibverbs_backend(mgr.exchange)
-        return backend
+        rt = mgr.rt
+
+        def lost(owner: str) -> str | None:
+            if owner not in rt.lost:
+                return None
+            return str(rt.lost[owner] or "connection lost")
+
+        ibverbs = make_ibverbs_backend(mgr.exchange, lost)
+        rt.on_lost.append(ibverbs.owner_lost)
+        return ibverbs
     return cls(mgr)  # type: ignore[call-arg]
 
 

@@ -315,3 +315,31 @@ async def test_cancelled_transfer_keeps_its_memory_until_posted_requests_finish(
     await procs.reader.read(handle, 0, memoryview(dst[:10]))  # completes after the held ones
     assert entry.inuse == 0 and not procs.reader._poster.inflight
     assert len(procs.exchanges) == 1  # cancelling does not reset the queue pair
+
+
+async def test_an_owner_the_control_plane_lost_fails_transfers_now() -> None:
+    # A dead owner's device drops our requests, and the reader's retries may never give
+    # up (SoftRoCE's do not): the control plane's word breaks the queue pair instead.
+    gone: dict[str, str] = {}
+    p = _procs(lost=gone.get)
+    try:
+        src = _random(256 * KiB)
+        _, handle = p.share(src)
+        dst = np.zeros(256 * KiB, np.uint8)
+        await p.reader.read(handle, 0, memoryview(dst))  # connected
+        p.reader_dev.hold()  # the owner answers nothing any more
+        posted = _posted(p.reader_dev, 4)
+        reading = asyncio.ensure_future(p.reader.read(handle, 0, memoryview(dst)))
+        await posted.wait()
+        gone[OWNER] = "its proc exited (killed by SIGKILL)"
+        p.reader.owner_lost(OWNER)
+        with pytest.raises(RDMAOwnerError, match=r"buffer 1 .* is gone: its proc exited"):
+            await asyncio.wait_for(reading, 10)
+        with pytest.raises(RDMAOwnerError, match="is gone"):  # and later ones at once
+            await p.reader.read(handle, 0, memoryview(dst))
+        p.reader_dev.release()
+        assert not p.reader._poster.conns and not p.reader._poster.inflight
+        assert [e[1]["op"] for e in p.exchanges] == ["connect"]
+    finally:
+        await p.reader.aclose()
+        await p.owner.aclose()
