@@ -263,7 +263,7 @@ async def test_a_frozen_owner_is_read_and_written_without_its_cpu(pair: Any) -> 
     owner, reader, _ = pair
     n = 2 * MiB
     buf = await owner.make.call_one("frozen", n, 6)
-    await reader.read.call_one(buf, 4096)
+    await reader.read.call_one(await owner.make.call_one("warm", 4096, 7), 4096)
     pid = await owner.pid.call_one()
     os.kill(pid, signal.SIGSTOP)
     try:
