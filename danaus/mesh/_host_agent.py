@@ -10,9 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import signal
+import stat
+import sys
 from collections.abc import Sequence
 from concurrent.futures import Future as ThreadFuture
+from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from ..actors._api import (
@@ -204,6 +208,56 @@ def read_key_file(path: str) -> bytes:
         ) from None
 
 
+USER_KEY_FILE = "user.key"
+
+
+def user_key() -> tuple[bytes, Path]:
+    """This user's default job key, and its file: ``user.key`` in the runtime directory
+    (``config.runtime_dir``, else ``$XDG_RUNTIME_DIR/danaus``, else ``/tmp/danaus-<uid>``),
+    made on first use, readable by this user only.
+
+    Host agents and controllers that are given no key use it, so that one user's
+    programs on one machine find each other with no setup, and another user (who cannot
+    read the file) cannot connect. Across machines, give them the same key
+    (``DANAUS_AUTH_KEY`` or a key file): each machine makes its own default.
+
+    Raises:
+        PermissionError: the directory or the file is not this user's, or others may
+            read or change it (someone else may know the key).
+    """
+    from ._admin_wire import runtime_dir
+
+    folder = runtime_dir()
+    _check_private(folder, 0o077, "directory")
+    path = folder / USER_KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        pass
+    else:  # first use: write it whole under a temporary name, then move it in place
+        os.close(fd)
+        tmp = folder / f".{USER_KEY_FILE}.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+        os.replace(tmp, path)
+    _check_private(path, 0o077, "key file")
+    key = read_key_file(str(path))
+    if len(key) < 16:
+        raise PermissionError(f"{path} holds a key of {len(key)} bytes; delete it to make one")
+    return key, path
+
+
+def _check_private(path: Path, forbidden: int, what: str) -> None:
+    st = os.lstat(path)
+    if st.st_uid != os.getuid() or st.st_mode & forbidden or stat.S_ISLNK(st.st_mode):
+        raise PermissionError(
+            f"the {what} {path} must belong to this user (uid {os.getuid()}) and be "
+            f"private to it (mode {stat.S_IMODE(st.st_mode):o}, uid {st.st_uid}): others "
+            "may know the default key in it. Fix it, or set DANAUS_AUTH_KEY"
+        )
+
+
 async def serve(listen: str, key: bytes, ready: ThreadFuture[str] | None = None) -> None:
     """Run a host agent on ``listen`` until SIGTERM/SIGINT."""
     family, where = parse_addr(listen)
@@ -242,9 +296,19 @@ def main_host_agent(listen: str, key_file: str | None) -> None:
     elif config.auth_key:
         key = bytes.fromhex(config.auth_key)
     else:
-        raise SystemExit(
-            "danaus host-agent: set DANAUS_AUTH_KEY (hex) or pass --key-file; "
-            "the controller must use the same key"
+        try:
+            key, path = user_key()
+        except OSError as e:
+            raise SystemExit(
+                f"danaus host-agent: no key given (DANAUS_AUTH_KEY, --key-file) and this "
+                f"user's default key cannot be used: {e}"
+            ) from None
+        print(
+            f"danaus host agent: using this user's default key ({path}): controllers of "
+            "the same user on this machine need no setup; give every machine one key "
+            "(DANAUS_AUTH_KEY or --key-file) to reach it from others",
+            flush=True,
+            file=sys.stderr,
         )
     logging.basicConfig(
         level=config.log_level,
@@ -291,11 +355,12 @@ def run_worker_loop_forever(
     controllers that attach (``attach_to_workers`` / ``attach_to_hosts``).
 
     Unlike Monarch, connections are always authenticated: the key comes from
-    ``key_file`` or ``DANAUS_AUTH_KEY``, whatever ``ca`` says (``ca`` and
-    ``private_key``, Monarch's TLS material, are not used: set ``DANAUS_TLS_*``).
+    ``key_file`` or ``DANAUS_AUTH_KEY``, else this user's default key on this machine
+    (:func:`user_key`), whatever ``ca`` says (``ca`` and ``private_key``, Monarch's TLS
+    material, are not used: set ``DANAUS_TLS_*``).
 
     Raises:
-        SystemExit: no key was given.
+        SystemExit: no key was given and the default key cannot be used.
         ValueError: ``address`` is not ``tcp://ADDR:PORT``.
     """
     del ca, private_key

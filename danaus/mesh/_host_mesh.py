@@ -287,10 +287,18 @@ def attach_to_hosts(
 
     Every connection authenticates with the agents' key: set ``DANAUS_AUTH_KEY`` (hex)
     in the controller's environment, or pass ``key_file`` (a file holding the key as hex,
-    as ``danaus new-key`` writes it). Given as ``key_file`` after local procs already
-    run (with this job's own key), it is used for the agents and their procs only.
+    as ``danaus new-key`` writes it). With neither, it is this user's default key on this
+    machine (:func:`~danaus.mesh._host_agent.user_key`), which agents given no key use
+    too: one user's agents and controllers on one machine need no setup. A key used
+    after local procs already run (with this job's own key) is used for the agents and
+    their procs only.
+
+    Raises:
+        ValueError: no address, or one that is not ``tcp://``.
+        PermissionError: no key given, and the default key's file or folder is not
+            private to this user.
     """
-    from ._host_agent import agent_addrs, read_key_file, use_key
+    from ._host_agent import agent_addrs, read_key_file, use_key, user_key
 
     addrs = agent_addrs(addrs)
     if not addrs:
@@ -298,9 +306,7 @@ def attach_to_hosts(
     if key_file is not None:
         use_key(read_key_file(key_file), addrs)
     elif not config.auth_key:
-        raise ValueError(
-            "attach_to_hosts needs the agents' key: set DANAUS_AUTH_KEY (hex) or pass key_file="
-        )
+        use_key(user_key()[0], addrs)
     shape = Shape.from_sizes({"hosts": len(addrs)})
     agents = mesh_ref(AGENT, HostAgent, shape, dict(enumerate(addrs)))
     return HostMesh(shape, name, agents)
@@ -319,11 +325,12 @@ def attach_to_workers(
     ``run_worker_loop_forever`` or ``danaus host-agent``).
 
     Unlike Monarch, connections are always authenticated with the job key
-    (``DANAUS_AUTH_KEY`` or ``key_file``), whatever ``ca`` says; ``ca`` and
+    (``DANAUS_AUTH_KEY`` or ``key_file``, else this user's default key on this machine,
+    which workers given no key use too), whatever ``ca`` says; ``ca`` and
     ``private_key`` (Monarch's TLS material) are not used: set ``DANAUS_TLS_*`` for TLS.
 
     Raises:
-        ValueError: no worker, an address that is not ``tcp://``, or no key.
+        ValueError: no worker, or an address that is not ``tcp://``.
     """
     del ca, private_key
     workers = [w if isinstance(w, str) else str(w.get()) for w in workers]

@@ -117,18 +117,6 @@ async def test_a_slice_of_hosts_spawns_only_there(keyed: list[str]) -> None:
         ]
 
 
-def test_attach_without_a_key_is_a_clear_error(
-    agents: list[tuple[str, subprocess.Popen[str]]],
-) -> None:
-    old = config.auth_key
-    config.auth_key = ""
-    try:
-        with pytest.raises(ValueError, match="DANAUS_AUTH_KEY"):
-            attach_to_hosts([a for a, _ in agents])
-    finally:
-        config.auth_key = old
-
-
 async def test_wrong_key_is_refused_by_the_agent(
     agents: list[tuple[str, subprocess.Popen[str]]],
 ) -> None:
