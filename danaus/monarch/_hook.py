@@ -11,7 +11,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["ENV", "install", "installed"]
+__all__ = ["ENV", "install", "installed", "monarch_rdma_backend"]
 
 #: Set by :func:`install` and inherited by spawned procs, which call it at start (a
 #: pickled class from the user's module may ``import monarch.actor`` there).
@@ -28,7 +28,21 @@ def _actor(name: str) -> Any:
 
 
 def _rdma(name: str) -> Any:
+    if name == "get_rdma_backend":
+        return monarch_rdma_backend
     return getattr(importlib.import_module("danaus.rdma"), name)
+
+
+def monarch_rdma_backend() -> str:
+    """``monarch.rdma.get_rdma_backend()``, in Monarch's words: ``"ibverbs"`` where an RDMA
+    device serves, ``"tcp"`` where another transport moves the bytes (Monarch's name for
+    its fallback; danaus's own ``get_rdma_backend()`` says which: ``shm`` or ``tcp``), and
+    ``"none"`` where nothing does."""
+    rdma = importlib.import_module("danaus.rdma")
+    available: list[str] = rdma.backends()
+    if "ibverbs" in available:
+        return "ibverbs"
+    return "tcp" if available else "none"
 
 
 def _job(name: str) -> Any:

@@ -47,3 +47,20 @@ def test_a_name_danaus_lacks_fails_at_import_naming_it() -> None:
 def test_without_the_runner_monarch_is_not_danaus() -> None:
     out = _run("-c", "import danaus, monarch")
     assert out.returncode != 0 and "No module named 'monarch'" in out.stderr
+
+
+def test_get_rdma_backend_answers_in_monarchs_words() -> None:
+    # Monarch's get_rdma_backend() says "ibverbs", "tcp" (its fallback) or "none";
+    # danaus's own names the transport ("shm" here), which Monarch programs never expect.
+    prog = (
+        "from monarch.rdma import get_rdma_backend, is_ibverbs_available\n"
+        "import danaus.rdma\n"
+        "print(get_rdma_backend(), danaus.rdma.get_rdma_backend(), is_ibverbs_available())\n"
+    )
+    out = _run("-c", f"import danaus.monarch as m; m.install(); exec({prog!r})")
+    assert out.returncode == 0, out.stderr
+    monarch_name, danaus_name, ibverbs = out.stdout.split()
+    if ibverbs == "True":
+        assert monarch_name == danaus_name == "ibverbs"
+    else:
+        assert (monarch_name, danaus_name) == ("tcp", "shm")
