@@ -87,6 +87,12 @@ class HostMesh(Shaped):
             (self._shape, self.name, self._agents, None, self._python, origin),
         )
 
+    @property
+    def is_fake_in_process(self) -> bool:
+        """Monarch's flag for a host mesh whose "procs" are threads of this process (its
+        test fixture); danaus's procs are always real processes, so it is ``False``."""
+        return False
+
     def _with_shape(self, shape: Shape) -> HostMesh:
         agents = self._agents
         if agents is not None:

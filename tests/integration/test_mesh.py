@@ -182,3 +182,13 @@ async def test_a_missing_sequence_number_delays_but_never_blocks_an_actor() -> N
         fut = rec.record.call_one(7)
         assert await asyncio.wait_for(fut, 10) == 7
         assert await rec.history.call_one() == [7]
+
+
+async def test_this_host_is_not_fake_its_procs_are_os_processes() -> None:
+    import os
+
+    host = this_host()
+    assert not host.is_fake_in_process  # Monarch's flag: danaus never fakes procs
+    async with host.spawn_procs(per_host={"gpus": 4}) as procs:
+        pids = (await asyncio.wait_for(procs.spawn("echo", Echo).pid.call(), 60)).values()
+    assert len(set(pids)) == 4 and os.getpid() not in pids
