@@ -12,6 +12,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import stat
 import sys
 from collections.abc import Sequence
@@ -63,8 +64,11 @@ class HostAgent(Actor):
     mailbox behind others) are refused, since nobody would be left to stop their procs.
     """
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, proc_listen: str | None = None) -> None:
         self.host = host
+        #: where the procs it starts listen: on its TCP host, or (an agent on a Unix
+        #: socket, reached from this machine only) on fresh abstract Unix sockets
+        self.proc_listen = proc_listen or f"tcp://{host}:0"
         self.procs: dict[str, ProcHandle] = {}  # by address
         self.owners: dict[str, set[str]] = {}  # controller address -> proc addresses
         self._watching = False
@@ -113,7 +117,7 @@ class HostAgent(Actor):
 
         # Started and registered under their owner in one step of the loop: if the owner
         # is lost from here on, _owner_lost finds them.
-        handles = [start_proc(rt, f"tcp://{self.host}:0", r, env, sink_for(r)) for r in ranks]
+        handles = [start_proc(rt, self.proc_listen, r, env, sink_for(r)) for r in ranks]
         for h in handles:
             self.procs[h.addr] = h
             self.owners.setdefault(owner, set()).add(h.addr)
@@ -260,15 +264,16 @@ def _check_private(path: Path, forbidden: int, what: str) -> None:
 
 async def serve(listen: str, key: bytes, ready: ThreadFuture[str] | None = None) -> None:
     """Run a host agent on ``listen`` until SIGTERM/SIGINT."""
+    listen = agent_address(listen)
     family, where = parse_addr(listen)
-    if family != "tcp":
-        raise ValueError(f"a host agent listens on tcp://ADDR:PORT, not {listen!r}")
     loop = asyncio.get_running_loop()
     set_job_key(key)
     rt = Runtime(loop, addr=listen, key=key)
     install_runtime(rt)
-    host = where[0]
-    agent = HostAgent(host)
+    if isinstance(where, tuple):
+        agent = HostAgent(where[0])
+    else:  # a Unix socket: this machine's controllers only, and so its procs
+        agent = HostAgent(socket.gethostname(), "unix:@")
     install_actor(rt, AGENT, agent)
     stop: asyncio.Future[None] = loop.create_future()
 
@@ -333,14 +338,27 @@ def use_key(key: bytes, agents: Sequence[str] = ()) -> None:
         peer_keys[addr] = key
 
 
+def agent_address(addr: str) -> str:
+    """A host agent's address as danaus writes it: ``tcp://ADDR:PORT``, or a Unix socket
+    for agents on this machine (``unix:/path``; Monarch's ``ipc:///path`` is the same).
+
+    Raises:
+        ValueError: anything else (naming what is accepted).
+    """
+    if addr.startswith("ipc://"):
+        addr = "unix:" + addr[len("ipc://") :]
+    try:
+        parse_addr(addr)
+    except ValueError:
+        raise ValueError(
+            f"a host agent is reached at tcp://ADDR:PORT, or on this machine at "
+            f"unix:/path or ipc:///path, not {addr!r}"
+        ) from None
+    return addr
+
+
 def agent_addrs(addrs: Sequence[str]) -> list[str]:
-    out = []
-    for a in addrs:
-        family, _ = parse_addr(a)
-        if family != "tcp":
-            raise ValueError(f"host agents are reached over tcp://ADDR:PORT, not {a!r}")
-        out.append(a)
-    return out
+    return [agent_address(a) for a in addrs]
 
 
 def run_worker_loop_forever(
@@ -351,7 +369,7 @@ def run_worker_loop_forever(
     key_file: str | None = None,
 ) -> None:
     """Monarch's name for running a host agent here (``danaus host-agent``): serve
-    ``address`` (``tcp://ADDR:PORT``) until SIGTERM or SIGINT, starting procs for the
+    ``address`` (``tcp://ADDR:PORT``; ``ipc:///path`` for this machine) until SIGTERM or SIGINT, starting procs for the
     controllers that attach (``attach_to_workers`` / ``attach_to_hosts``).
 
     Unlike Monarch, connections are always authenticated: the key comes from
@@ -361,7 +379,7 @@ def run_worker_loop_forever(
 
     Raises:
         SystemExit: no key was given and the default key cannot be used.
-        ValueError: ``address`` is not ``tcp://ADDR:PORT``.
+        ValueError: ``address`` is not ``tcp://ADDR:PORT``, ``unix:/path`` or ``ipc:///path``.
     """
     del ca, private_key
     main_host_agent(address, key_file)

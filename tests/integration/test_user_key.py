@@ -132,3 +132,54 @@ def test_a_key_others_may_read_is_refused(tmp_path: Path, monkeypatch: pytest.Mo
     path.symlink_to(tmp_path / "elsewhere")  # a planted link is not followed
     with pytest.raises(PermissionError, match="must belong to this user"):
         user_key()
+
+
+MONARCH_BOOTSTRAP = """
+import subprocess, sys, tempfile
+from danaus import Actor, endpoint
+from danaus.mesh import attach_to_workers
+
+class Hello(Actor):
+    @endpoint
+    def doit(self):
+        return "hello!"
+
+with tempfile.TemporaryDirectory() as d:
+    workers = [f"ipc://{d}/{i}" for i in range(2)]
+    agents = [
+        subprocess.Popen([sys.executable, "-c",
+            "from danaus.mesh import run_worker_loop_forever; "
+            f"run_worker_loop_forever(address={w!r}, ca='trust_all_connections')"])
+        for w in workers
+    ]
+    try:
+        # attached before the workers listen: dialing waits for their sockets
+        hosts = attach_to_workers(ca="trust_all_connections", workers=workers)
+        hello = hosts.spawn_procs().spawn("hello", Hello)
+        print(sorted(hello.doit.call().get(timeout=60).values()), flush=True)
+    finally:
+        for a in agents:
+            a.kill()
+            a.wait(timeout=30)
+"""
+
+
+def test_monarchs_simple_bootstrap_on_ipc_addresses_needs_no_key(tmp_path: Path) -> None:
+    # Monarch's test_simple_bootstrap, in our words: workers on ipc:// sockets, no key
+    home = tmp_path / "rt"
+    home.mkdir(mode=0o700)
+    out = subprocess.run(
+        [sys.executable, "-c", MONARCH_BOOTSTRAP],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(home),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "['hello!', 'hello!']"
+    assert sorted(lines[:-1]) == [
+        f"danaus host agent listening on unix:{d}/{i}"
+        for d in [lines[0].rsplit(" unix:", 1)[1].rsplit("/", 1)[0]]
+        for i in range(2)
+    ]
