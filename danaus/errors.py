@@ -96,12 +96,47 @@ class SerializationError(DanausError, TypeError):
     """
 
 
-class SupervisionError(DanausError):
+class SupervisionError(DanausError, RuntimeError):
     """Outside fault: the actor or proc you called failed, exited or was stopped.
 
     Calls in flight to it fail with this error instead of waiting forever; later
-    calls fail at once.
+    calls fail at once. As Monarch's, it is a ``RuntimeError``, and an endpoint's call
+    that failed so reads ``Endpoint call mesh.method() failed, <why>``.
+
+    Attributes:
+        message: why, without the endpoint.
+        endpoint: the call that failed, as ``mesh.method()``, or ``None``.
     """
+
+    def __init__(self, message: str = "", endpoint: str | None = None) -> None:
+        self.message = message
+        self.endpoint = endpoint
+        if endpoint is None:
+            super().__init__(message)
+        else:
+            super().__init__(message, endpoint)
+
+    def __str__(self) -> str:
+        if self.endpoint is None:
+            return self.message
+        return f"Endpoint call {self.endpoint} failed, {self.message}"
+
+    def for_endpoint(self, endpoint: str) -> SupervisionError:
+        """This error as the call to ``endpoint`` (``mesh.method()``) raises it; itself
+        when it names an endpoint already or is a subclass (an RDMA owner's, say)."""
+        if self.endpoint is not None or type(self) is not SupervisionError:
+            return self
+        return SupervisionError(self.message, endpoint)
+
+
+def actor_failed(actor: str, why: str) -> str:
+    """What a call to ``actor``, which failed for ``why``, hears: in Monarch's words (its
+    users match on "The actor ... and all its descendants have failed"); a ``why`` of
+    several lines (a traceback) follows, indented, on lines of its own."""
+    why = why.strip()
+    if "\n" not in why:
+        return f"The actor {actor} and all its descendants have failed: {why}"
+    return f"The actor {actor} and all its descendants have failed:\n  " + why.replace("\n", "\n  ")
 
 
 class ClosedError(DanausError):
