@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import traceback
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -35,15 +37,29 @@ log = logging.getLogger("danaus.actor")
 _plain_encode = msgspec.msgpack.Encoder().encode
 
 
+#: Where the frames of the runtime itself and of the event loop come from.
+_RUNTIME_FILES = (
+    os.path.dirname(__file__) + os.sep,
+    os.path.dirname(asyncio.__file__) + os.sep,
+    "uvloop" + os.sep,
+)
+
+
+def _from_user_code(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` from the first frame of the user's code: below the runtime's frames (which
+    call a sync endpoint) and the loop's (which a KeyboardInterrupt or SystemExit from an
+    async endpoint passes through on its way out of the loop)."""
+    while tb is not None and tb.tb_next is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_RUNTIME_FILES):
+            break
+        tb = tb.tb_next
+    return tb
+
+
 def error_info(e: BaseException, actor: ActorInstance, include_tb: bool = True) -> ErrorInfo:
     """What the caller hears of ``e``, raised by the actor's endpoint."""
-    # Skip the runtime's own frame: the user's code starts one frame down.
     tb = (
-        "".join(
-            traceback.format_exception(
-                type(e), e, e.__traceback__.tb_next if e.__traceback__ else None
-            )
-        )
+        "".join(traceback.format_exception(type(e), e, _from_user_code(e.__traceback__)))
         if include_tb
         else ""
     )

@@ -61,6 +61,7 @@ async def test_text_that_is_not_utf8_round_trips(procs: ProcMesh) -> None:
         with pytest.raises(ActorError, match=r"no such file: report-\\udcff\.txt") as info:
             await asyncio.wait_for(endpoint.call_one(), 10)
         assert info.value.exc_type == "FileNotFoundError"
+        assert f", in {endpoint.name}\n" in info.value.remote_traceback  # from its own frame
     # Nothing queued behind them hangs.
     assert await asyncio.wait_for(v.aecho.call_one("after"), 10) == "after"
 
