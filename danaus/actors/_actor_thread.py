@@ -196,6 +196,8 @@ class ActorThread:
                     if config.debug_on_error:
                         _stop_at_error(e, self._actor)
                     job.error = e
+                    if not isinstance(e, Exception):
+                        self.closed = True  # it fails the actor: the jobs behind never run
                 self.current = None
             job.args = job.kwargs = None  # type: ignore[assignment]  # free them now
             self._done.append(job)

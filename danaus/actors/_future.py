@@ -134,6 +134,11 @@ class Future(asyncio.Future[T], Generic[T]):
         the call tells the callee to stop."""
         self._on_cancel = hook
 
+    @property
+    def cancel_hook(self) -> Callable[[], None] | None:
+        """The hook :meth:`set_cancel_hook` set (``None``: none, or it ran)."""
+        return self._on_cancel
+
     def set_self_wait(self, actor: object, what: str) -> None:
         """Mark this as a call into ``actor`` made by its own endpoint: waiting for it
         from inside that endpoint raises ``DeadlockError(what)`` instead of hanging."""

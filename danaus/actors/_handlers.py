@@ -12,7 +12,7 @@ import traceback
 from typing import TYPE_CHECKING, TypeVar
 
 from ..config import config
-from ..errors import ProtocolError, SerializationError
+from ..errors import ProtocolError, SerializationError, actor_failed
 from ._actor import Actor, endpoint
 from ._connection import Connection
 from ._context import ActorContext
@@ -54,7 +54,7 @@ class _FailedActor:
             actor_id,
             info.rank,
             "SupervisionError",
-            f"actor {actor_id} failed to start: {info.exc_type}: {info.message}",
+            actor_failed(actor_id, f"its __init__ raised {info.exc_type}: {info.message}"),
             info.traceback,
         )
         self.rank = rank
@@ -170,6 +170,7 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) 
         )
         conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
         return
+    inst: ActorInstance | None = None
     try:
         cls, args, kwargs = _spawn_payload(
             loads(
@@ -196,6 +197,8 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) 
                 "actor", actor_id, str(point), info.exc_type, info.message, tb, "", info.exception
             )
         rt.actors[msg.actor] = _FailedActor(rt, actor_id, msg.rank, info)  # type: ignore[assignment]
+        if inst is not None and inst.owned:  # what it spawned before raising stops (Monarch)
+            rt.spawn_task(inst.stop_owned())
         conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
         rt.arrivals.release_actor(msg.actor)
         return

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import msgspec
 
 from ..config import config
-from ..errors import SerializationError, SupervisionError
+from ..errors import SerializationError, SupervisionError, actor_failed
 from ._actor import AS_ENDPOINT, Endpoint, describe_endpoints, endpoints_of
 from ._actor_thread import Job, JobFn
 from ._connection import Connection
@@ -97,8 +97,11 @@ class ActorInstance:
         #: their short sync endpoints on the loop: they use the runtime's own state
         self.inline_sync = inline_sync
         self.stopped = False
-        #: why this actor failed (an endpoint raised with no caller, or it left a failure
-        #: of a mesh it owns unhandled); then every message fails with SupervisionError
+        #: done once stop() has finished (None: never asked to stop)
+        self._stop_done: asyncio.Future[None] | None = None
+        #: why this actor failed (something not an Exception escaped an endpoint, an
+        #: endpoint raised with no caller to tell, or it left a failure of a mesh it owns
+        #: unhandled); then it stops, and every message fails with SupervisionError
         self.failed: str | None = None
         #: proc meshes spawned by this actor: stopped when it stops
         self.owned: list[Stoppable] = []
@@ -140,10 +143,10 @@ class ActorInstance:
 
     def __repr__(self) -> str:
         state = (
-            "stopped"
-            if self.stopped
-            else "failed"
+            "failed"
             if self.failed
+            else "stopped"
+            if self.stopped
             else "busy"
             if self.busy
             else "idle"
@@ -171,9 +174,7 @@ class ActorInstance:
     def start(self, conn: Connection, msg: Call, parts: Sequence[Buffer]) -> None:
         """Run ``msg``, whose turn has come."""
         if self.failed is not None:
-            self.replier.supervision(
-                conn, msg, f"actor {self.ctx.actor_id} failed earlier: {self.failed}"
-            )
+            self.replier.supervision(conn, msg, self.gone(""))
             return
         ep = self.endpoint(msg.method)
         if ep is None:
@@ -304,14 +305,36 @@ class ActorInstance:
         if self.failed is None:
             self.fail(why, "undeliverable")
 
+    def gone(self, doing: str) -> str:
+        """Why a message cannot run (or finish) here: the actor failed (Monarch's words),
+        or it was stopped (``doing`` says when: "before handling m")."""
+        if self.failed is not None:
+            return actor_failed(self.ctx.actor_id, self.failed)
+        return f"actor {self.ctx.actor_id} was stopped {doing}"
+
     def fail(self, report: str, kind: FailureKind) -> None:
-        """Mark this actor failed and report it to the owner of its mesh."""
+        """Mark this actor failed, report it to the owner of its mesh, and stop it, as
+        Monarch does: whatever waits in its mailbox and every later message fail with
+        ``SupervisionError``, the meshes it owns stop, ``__cleanup__`` runs with the
+        failure. Its proc and the other actors there keep serving."""
+        if self.failed is not None:
+            return  # (once: its owner hears of one failure)
         self.failed = report.splitlines()[0] if report else kind
         log.error("actor %s failed: %s", self.ctx.actor_id, report)
         if self.owner_addr:
             self.rt.connection(self.owner_addr).send(
                 Failure("", self.mesh, self.wire, [self.rank], report, kind)
             )
+        self.deliver = self._refuse  # what arrives from now on fails at once
+        if not self.stopped:
+            self.rt.spawn_task(self.stop())
+
+    def _refuse(
+        self, conn: Connection, msg: Call, parts: Sequence[Buffer], sender: str | None = None
+    ) -> None:
+        """Take a message once the actor failed: it fails at once."""
+        if msg.reply:
+            self.replier.supervision(conn, msg, self.gone(""))
 
     def supervise(self, failure: object, escalate_report: str) -> None:
         """Give ``failure`` (of a mesh this actor owns) to ``__supervise__``, in mailbox order.
@@ -352,22 +375,25 @@ class ActorInstance:
         """Stop: pending messages fail with ``SupervisionError``; ``__cleanup__`` runs.
 
         A sync endpoint running now on the actor's thread cannot be interrupted: stop
-        waits for it up to ``config.stop_timeout``, then goes on without it.
+        waits for it up to ``config.stop_timeout``, then goes on without it. A second
+        call (a mesh's stop while a failed actor stops) waits for the first to finish.
         """
-        if self.stopped:
+        if self._stop_done is not None:
+            await asyncio.shield(self._stop_done)
             return
+        self._stop_done = self.rt.loop.create_future()
         self.stopped = True
+        try:
+            await self._stop()
+        finally:
+            self._stop_done.set_result(None)
+
+    async def _stop(self) -> None:
         await self.in_flight.stop()  # the outcomes are replied by _async_done, _thread_done
         for conn, msg, _ in self.mailbox.close():
             if msg.reply:
-                self.replier.supervision(
-                    conn, msg, f"actor {self.ctx.actor_id} was stopped before handling {msg.method}"
-                )
-        for mesh in self.owned:  # meshes this actor spawned stop with it
-            try:
-                await mesh.stop()
-            except Exception:
-                log.exception("stopping %r, owned by %s", mesh, self.ctx.actor_id)
+                self.replier.supervision(conn, msg, self.gone(f"before handling {msg.method}"))
+        await self.stop_owned()
         cleanup = getattr(self.obj, "__cleanup__", None)
         if cleanup is not None:
             token = current.set(self.context)
@@ -381,6 +407,16 @@ class ActorInstance:
                 log.exception("__cleanup__ of %s raised", self.ctx.actor_id)
             finally:
                 current.reset(token)
+
+    async def stop_owned(self) -> None:
+        """Stop the meshes this actor spawned (they stop with it, or when its
+        ``__init__`` failed)."""
+        owned, self.owned = self.owned, []
+        for mesh in owned:
+            try:
+                await mesh.stop()
+            except Exception:
+                log.exception("stopping %r, owned by %s", mesh, self.ctx.actor_id)
 
 
 async def _await(r: Awaitable[object]) -> object:

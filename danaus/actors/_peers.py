@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING
 
-from ..errors import AuthenticationError, ProtocolError, SupervisionError
+from ..errors import AuthenticationError, ProtocolError, SupervisionError, actor_failed
 from ._replies import SkipOnLoss
 from ._wire import ERROR
 
@@ -72,8 +72,11 @@ def peer_lost_error(peer: str, cause: BaseException | None, rank: int = -1) -> S
             why = f"connection lost ({type(cause).__name__}: {cause})"
         else:
             why = "connection lost"
-    who = f"rank {rank}: " if rank >= 0 else ""
-    return SupervisionError(f"{who}proc at {peer} failed: {why}")
+    if rank >= 0:  # a call to the actor of that rank there, which went with its proc
+        return SupervisionError(
+            actor_failed(f"of rank {rank} at {peer}", f"its proc failed: {why}")
+        )
+    return SupervisionError(f"proc at {peer} failed: {why}")
 
 
 def fail_pending(rt: Runtime, conn: Connection, pending: dict[int, int | list[int]]) -> None:

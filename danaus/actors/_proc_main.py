@@ -131,9 +131,9 @@ def run(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> NoRet
                 loop.run_until_complete(main_task)
             except (KeyboardInterrupt, SystemExit):
                 # asyncio lets these out of the loop after storing them in the task that
-                # raised them: an async endpoint's own code. Its caller gets them as an
-                # ActorError (the task's done callback runs when the loop resumes); the
-                # proc goes on serving. The runtime stops a proc through main_task.
+                # raised them: an async endpoint's own code. They fail that actor (the
+                # task's done callback runs when the loop resumes), not the proc: its
+                # other actors go on serving. The runtime stops a proc through main_task.
                 continue
     finally:
         sys.stdout.flush()

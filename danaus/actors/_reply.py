@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from ..config import config
-from ..errors import SerializationError
+from ..errors import SerializationError, actor_failed
 from ._actor_thread import Job
 from ._connection import Connection
 from ._errinfo import encode_error, info_from_error
@@ -104,27 +104,32 @@ class Replier:
         conn.send(Result(msg.reply, OK, raw, pickled, a.rank), parts)
 
     def raised(self, conn: Connection, msg: Call, ep: RunnableEndpoint, exc: BaseException) -> None:
-        """The endpoint that ran ``msg`` raised ``exc``."""
+        """The endpoint that ran ``msg`` raised ``exc``.
+
+        An ``Exception`` is its caller's to handle, and the actor serves on. As in Monarch,
+        anything else (``SystemExit``, ``KeyboardInterrupt``, a ``BaseException`` of the
+        user's) fails the actor, as does an explicit-response-port endpoint that raised: its
+        caller (and every later one) gets ``SupervisionError``, its owner the failure.
+        """
         a = self._actor
         info = error_info(exc, a)
         a.stats.failed(msg.method, f"{info.exc_type}: {info.message}")
-        if ep.explicit_response_port:
-            # As in Monarch: it owed its caller an answer through the port and raised
-            # instead; nobody else will see this exception, so the actor has failed.
-            report = (
+        if not isinstance(exc, Exception):
+            why = f"{info.exc_type}: {info.message} in {msg.method} (not an Exception)"
+        elif ep.explicit_response_port:
+            # It owed its caller an answer through the port and raised instead; nobody
+            # else will see this exception.
+            why = (
                 f"{info.exc_type}: {info.message} in {msg.method} (an explicit-response-port "
-                f"endpoint raised instead of answering)\n{info.traceback}"
+                "endpoint raised instead of answering)"
             )
-            if a.failed is None:
-                a.fail(report, "actor")
-            self.supervision(
-                conn,
-                msg,
-                f"actor {a.ctx.actor_id} failed: {info.exc_type}: {info.message}",
-                info.traceback,
-            )
+        else:
+            self.error(conn, msg, info)
             return
-        self.error(conn, msg, info)
+        report = f"{why}\n{info.traceback}"
+        a.fail(report, "actor")
+        if msg.reply:
+            self.supervision(conn, msg, actor_failed(a.ctx.actor_id, report))
 
     def supervision(self, conn: Connection, msg: Call, why: str, tb: str = "") -> None:
         """Fail ``msg`` with ``SupervisionError``: the actor failed or stopped (``why``)."""
@@ -163,11 +168,7 @@ class Replier:
             assert ep is not None  # it ran, so it was found
             if not job.started:
                 if msg.reply:
-                    self.supervision(
-                        conn,
-                        msg,
-                        f"actor {a.ctx.actor_id} was stopped before handling {msg.method}",
-                    )
+                    self.supervision(conn, msg, a.gone(f"before handling {msg.method}"))
             elif job.error is None:
                 if msg.reply and not ep.explicit_response_port:
                     self.value(conn, msg, job.value)
@@ -190,9 +191,7 @@ class Replier:
         a = self._actor
         if task.cancelled() and a.stopped:
             if msg.reply:  # (a broadcast has nobody to tell)
-                self.supervision(
-                    conn, msg, f"actor {a.ctx.actor_id} was stopped while handling {msg.method}"
-                )
+                self.supervision(conn, msg, a.gone(f"while handling {msg.method}"))
         elif task.cancelled():  # the endpoint's own code let a cancellation out
             self.error(
                 conn,

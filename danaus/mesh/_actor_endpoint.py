@@ -196,7 +196,7 @@ class ActorEndpoint(Generic[R_co]):
     ) -> Future[R_co]:
         enc = self.encode_args(args, kwargs)
         rt, here = runtime_here()
-        fut: Future[R_co] = Future(loop=rt.loop)
+        fut: Future[R_co] = _CallFuture(loop=rt.loop)
         port = rt.open_future_port(fut)
         self._arm(fut, rt, port, ranks)
         self.send_encoded(rt, ranks, port, enc, here=here)
@@ -205,7 +205,8 @@ class ActorEndpoint(Generic[R_co]):
     def _arm(self, fut: Future[T], rt: Runtime, port: int, ranks: list[int]) -> None:
         """Cancelling ``fut`` cancels the calls; waiting on it from one of its own
         callees (an actor calling itself) raises instead of deadlocking."""
-        fut.set_cancel_hook(functools.partial(_cancel_calls, rt, self._mesh, port, ranks))
+        # (the hook holds this endpoint: a _CallFuture's errors name it from there)
+        fut.set_cancel_hook(functools.partial(_cancel_calls, rt, self, port, ranks))
         waiter = waiting_actor()
         if waiter is not None and waiter.wire == self._mesh.wire_name and waiter.rank in ranks:
             fut.set_self_wait(
@@ -257,7 +258,7 @@ class ActorEndpoint(Generic[R_co]):
             left[0] -= 1
             if status == ERROR:
                 if not error:
-                    error.append(as_error(value))
+                    error.append(failed_call(self, as_error(value)))
             else:
                 values[index[rank]] = value  # the endpoint's result, decoded
             if left[0] == 0 and not fut.done():
@@ -312,8 +313,18 @@ def as_error(value: object) -> BaseException:
     return value if isinstance(value, BaseException) else SupervisionError(str(value))
 
 
-def _cancel_calls(rt: Runtime, mesh: ActorMesh[Actor], port: int, ranks: list[int]) -> None:
-    """The caller gave up on the calls answering to ``port``: tell their actors."""
+def failed_call(ep: ActorEndpoint[object], exc: BaseException) -> BaseException:
+    """``exc``, which a call of ``ep`` got, as its caller sees it: a ``SupervisionError``
+    names the call (Monarch's "Endpoint call mesh.method() failed, ..."). Only errors come
+    here, never a call that succeeded."""
+    if isinstance(exc, SupervisionError):
+        return exc.for_endpoint(f"{ep.mesh.mesh_state.name}.{ep.name}()")
+    return exc
+
+
+def _cancel_calls(rt: Runtime, ep: ActorEndpoint[object], port: int, ranks: list[int]) -> None:
+    """The caller gave up on the calls of ``ep`` answering to ``port``: tell their actors."""
+    mesh = ep.mesh
 
     def go() -> None:
         rt.close_port(port)
@@ -326,6 +337,23 @@ def _cancel_calls(rt: Runtime, mesh: ActorMesh[Actor], port: int, ranks: list[in
                 conn.send(msg)
 
     run_on(rt, go)
+
+
+class _CallFuture(Future[T]):
+    """The future of a ``call_one`` or ``choose``: a ``SupervisionError`` it gets names
+    the endpoint's call (:func:`failed_call`). The endpoint is the one its
+    cancel hook holds (set by ``_arm``), looked up on an error's way only: a call that
+    succeeds does no more work than with a plain :class:`Future`."""
+
+    def set_exception(self, exception: type | BaseException, /) -> None:
+        hook = self.cancel_hook
+        if (
+            isinstance(exception, SupervisionError)
+            and isinstance(hook, functools.partial)
+            and hook.func is _cancel_calls
+        ):
+            exception = failed_call(hook.args[1], exception)
+        super().set_exception(exception)
 
 
 class Stream(Generic[T]):

@@ -50,7 +50,7 @@ def spawn_actor_mesh(
     wire = f"{name}.{JOB_ID}.{next(_spawn_ids)}"
     errors: list[BaseException] = []
     left = [len(ranks)]
-    state = MeshState(name, group.shape, current_owner(), frozenset(ranks))
+    state = MeshState(name, group.shape, current_owner(), frozenset(ranks), group.name)
     group.add(wire, state)
 
     def on_reply(rank: int, status: int, value: object) -> bool:

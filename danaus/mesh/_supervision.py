@@ -32,7 +32,7 @@ from concurrent.futures import Future as ThreadFuture
 from typing import Protocol, TypedDict
 
 from ..actors._api import Connection, Point, Runtime, Stuck, context
-from ..errors import SupervisionError
+from ..errors import SupervisionError, actor_failed
 from ._shape import Shape
 
 __all__ = ["MeshFailure", "set_unhandled_fault_hook"]
@@ -167,11 +167,18 @@ class MeshState:
     """Failure state of one mesh, shared by all its slices."""
 
     def __init__(
-        self, name: str, shape: Shape, owner: Owner | None, ranks: frozenset[int] | None = None
+        self,
+        name: str,
+        shape: Shape,
+        owner: Owner | None,
+        ranks: frozenset[int] | None = None,
+        proc_mesh: str = "",
     ) -> None:
         self.name = name
         self.shape = shape  # of the whole mesh: global ranks index it
         self.owner = owner  # an ActorInstance, or None for the controller
+        #: the name of the proc mesh its actors live on ("": not known here)
+        self.proc_mesh = proc_mesh
         #: the global ranks this mesh has members at (an actor mesh on a slice: fewer)
         self.ranks = frozenset(shape.global_ranks()) if ranks is None else ranks
         self.failed: dict[int, str] = {}
@@ -186,8 +193,18 @@ class MeshState:
             return SupervisionError(f"mesh {self.name!r} was stopped ({self.stopped})")
         why = self.failed.get(rank)
         if why is not None:
-            return SupervisionError(f"mesh {self.name!r} rank {self.point(rank)} failed: {why}")
+            return SupervisionError(
+                actor_failed(
+                    self.actor_id(rank), f"mesh {self.name!r} rank {self.point(rank)} failed: {why}"
+                )
+            )
         return None
+
+    def actor_id(self, rank: int) -> str:
+        """The id of this mesh's actor at global ``rank``, as its proc names it."""
+        if self.proc_mesh:
+            return f"{self.proc_mesh}[{rank}].{self.name}[{rank}]"
+        return f"{self.name}[{rank}]"
 
     def point(self, rank: int) -> Point:
         return Point.from_rank(rank, self.shape.sizes)

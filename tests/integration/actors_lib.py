@@ -233,3 +233,110 @@ class Talker(Actor):
 
         print(text)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class ActorFailure(BaseException):
+    """Not an Exception: escaping an endpoint, it fails the actor (Monarch's tests raise
+    one like it, ``ActorFailureError``)."""
+
+
+def _not_an_exception(which: str) -> BaseException:
+    if which == "SystemExit":
+        return SystemExit(3)
+    if which == "KeyboardInterrupt":
+        return KeyboardInterrupt("interrupted")
+    return ActorFailure("simulated actor failure")
+
+
+class Fragile(Actor):
+    """Fails on request: with what is not an Exception (from a sync or an async endpoint,
+    or from ``__init__``), or by taking its proc down (a segfault, ``os._exit``). What it
+    records, and its ``__cleanup__``, are told to ``port``."""
+
+    def __init__(self, port: Port[str] | None = None, init_raises: str = "") -> None:
+        if init_raises:
+            raise _not_an_exception(init_raises)
+        self.port = port
+
+    @endpoint
+    def raise_base(self, which: str) -> None:
+        raise _not_an_exception(which)
+
+    @endpoint
+    async def araise_base(self, which: str) -> None:
+        raise _not_an_exception(which)
+
+    @endpoint
+    def record(self, i: int) -> None:
+        if self.port is not None:
+            self.port.send(f"record {i}")
+
+    @endpoint
+    async def arecord(self, i: int) -> None:
+        if self.port is not None:
+            self.port.send(f"arecord {i}")
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def segfault(self) -> None:
+        import ctypes
+
+        ctypes.string_at(0)
+
+    @endpoint
+    async def exit_now(self, code: int) -> None:
+        os._exit(code)
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        if self.port is not None:
+            self.port.send(f"cleanup exc={type(exc).__name__ if exc else None}")
+
+
+class Guardian(Actor):
+    """Owns a mesh of ``Fragile`` actors on procs of its own and tells ``port`` of each
+    failure of it; ``__supervise__`` handles them if ``handle``."""
+
+    def __init__(self, handle: bool, port: Port[str] | None = None) -> None:
+        self.handle = handle
+        self.port = port
+        self.failures: list[str] = []
+        self.child: Any = None
+
+    @endpoint
+    async def spawn_child(self, n: int) -> list[int]:
+        from danaus import this_host
+
+        procs = this_host().spawn_procs(per_host={"procs": n}, name="kids")
+        self.child = procs.spawn("child", Fragile)
+        await self.child.initialized
+        return procs.pids
+
+    @endpoint
+    async def child_raises(self, rank: int, which: str) -> str:
+        """What the call that fails the child at ``rank`` raised, as text."""
+        from danaus import SupervisionError
+
+        try:
+            await self.child.slice(procs=rank).araise_base.call_one(which)
+        except SupervisionError as e:
+            return str(e)
+        return "no error"
+
+    @endpoint
+    async def child_pid(self, rank: int) -> int:
+        return await self.child.slice(procs=rank).pid.call_one()
+
+    @endpoint
+    def seen(self) -> list[str]:
+        return self.failures
+
+    def __supervise__(self, failure: Any) -> bool:
+        self.failures.append(
+            f"{failure.mesh}|{[str(r) for r in failure.ranks]}|{failure.kind}|{failure.report}"
+        )
+        if self.port is not None:
+            self.port.send(self.failures[-1])
+        return self.handle

@@ -163,7 +163,7 @@ async def test_the_actor_instance_its_name_and_logger(capfd: pytest.CaptureFixtu
 
 
 async def test_a_remote_exception_is_caught_by_its_own_type_and_kept_in_exception() -> None:
-    from danaus import ActorError
+    from danaus import ActorError, SupervisionError
 
     from .compat_actors import CodedError, Raiser
 
@@ -188,13 +188,13 @@ async def test_a_remote_exception_is_caught_by_its_own_type_and_kept_in_exceptio
                 await r.raise_.call_one(kind)
             assert type(plain.value) is ActorError and plain.value.exception is None
             assert plain.value.exc_type.endswith(exc_type)
-        with pytest.raises(ActorError) as interrupt:
-            await r.raise_.call_one("interrupt")  # a BaseException: kept, not mixed in
-        assert type(interrupt.value) is ActorError
-        assert isinstance(interrupt.value.exception, KeyboardInterrupt)
         with pytest.raises(Exception, match="defined in the endpoint") as local:
             await r.raise_.call_one("local")
         assert isinstance(local.value, ActorError)
+        # Not an Exception: no error of the caller's to catch, the actor fails (Monarch).
+        with pytest.raises(SupervisionError, match="KeyboardInterrupt: stop") as interrupt:
+            await r.raise_.call_one("interrupt")
+        assert not isinstance(interrupt.value, ActorError)
 
 
 async def test_get_or_spawn_controller_is_one_actor_for_the_controller_and_its_procs() -> None:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from danaus import ActorError, ProcMesh, SerializationError, config, this_host
+from danaus import ActorError, ProcMesh, SerializationError, SupervisionError, config, this_host
 
 from .values_actors import NOT_UTF8, Values
 
@@ -67,11 +67,16 @@ async def test_text_that_is_not_utf8_round_trips(procs: ProcMesh) -> None:
 
 
 @pytest.mark.parametrize("which", ["KeyboardInterrupt", "SystemExit", "Custom"])
-async def test_base_exceptions_from_endpoints_are_actor_errors(procs: ProcMesh, which: str) -> None:
-    v = await procs.spawn("v", Values)
-    pid = await v.pid.call_one()
-    for endpoint in (v.raise_base, v.araise_base):
-        with pytest.raises(ActorError) as info:
-            await asyncio.wait_for(endpoint.call_one(which), 10)
-        assert info.value.exc_type.endswith(which)
-        assert await asyncio.wait_for(v.pid.call_one(), 10) == pid  # alive, still serving
+async def test_base_exceptions_from_endpoints_fail_the_actor_not_its_proc(
+    procs: ProcMesh, which: str
+) -> None:
+    # As in Monarch, what is not an Exception fails the actor (test_base_exceptions.py has
+    # the rest); its proc, and the other actors there, go on serving.
+    sibling = await procs.spawn("sibling", Values)
+    pid = await sibling.pid.call_one()
+    for name in ("raise_base", "araise_base"):
+        v = await procs.spawn(name, Values)
+        with pytest.raises(SupervisionError, match=f"{which}: .* in {name}") as info:
+            await asyncio.wait_for(getattr(v, name).call_one(which), 10)
+        assert "all its descendants have failed" in str(info.value)
+        assert await asyncio.wait_for(sibling.pid.call_one(), 10) == pid  # the same proc
