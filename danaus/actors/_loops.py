@@ -71,7 +71,16 @@ class _Background:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(self.started.set)
-        self.loop.run_forever()
+        while True:
+            try:
+                self.loop.run_forever()
+                return  # stopped by close()
+            except (KeyboardInterrupt, SystemExit):
+                # asyncio lets these out of the loop after storing them in the task that
+                # raised them: an async endpoint's own code (an actor of this_proc()),
+                # never a signal (those go to the main thread). They fail that actor (the
+                # task's done callback runs when the loop resumes), not this loop.
+                continue
 
 
 _background: _Background | None = None

@@ -9,13 +9,15 @@ proc down: the error names the signal or the exit code."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
 
-from danaus import ActorError, Channel, SupervisionError, this_host
-from danaus.mesh import set_unhandled_fault_hook
+from danaus import ActorError, Channel, SupervisionError, this_host, this_proc
+from danaus.mesh import MeshFailure, set_unhandled_fault_hook
 
 from .actors_lib import Fragile, Guardian
 from .test_robustness import _wait_gone
@@ -204,3 +206,30 @@ async def test_a_segfault_or_os_exit_names_the_cause(
         ):
             await fragile.pid.call_one()
     assert [g.mesh for g in failures] == ["fragile"]  # the proc's stop (it had exited) is none
+
+
+@pytest.mark.parametrize("which", ["KeyboardInterrupt", "SystemExit"])
+def test_on_this_proc_it_fails_the_actor_not_the_controllers_loop(which: str) -> None:
+    # Sync code: these actors run on danaus's background loop, which asyncio leaves
+    # through with a KeyboardInterrupt or SystemExit from an async endpoint.
+    got: list[MeshFailure] = []
+    heard = threading.Event()
+
+    def hook(failure: MeshFailure) -> None:
+        got.append(failure)
+        heard.set()
+
+    old = set_unhandled_fault_hook(hook)
+    try:
+        with this_proc() as here:
+            fragile = here.spawn("fragile", Fragile)
+            sibling = here.spawn("sibling", Fragile)
+            with pytest.raises(SupervisionError, match=rf"araise_base\(\) failed, .* {FAILED}"):
+                fragile.araise_base.call_one(which).get(timeout=10)
+            assert heard.wait(10)
+            assert sibling.pid.call_one().get(timeout=10) == os.getpid()
+            with pytest.raises(SupervisionError, match=rf"fragile\.pid\(\) failed, .* {FAILED}"):
+                fragile.pid.call_one().get(timeout=10)
+            assert [(f.mesh, f.kind) for f in got] == [("fragile", "actor")]
+    finally:
+        set_unhandled_fault_hook(old)
