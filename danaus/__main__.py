@@ -35,7 +35,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="danaus", description="danaus command-line tools")
     sub = parser.add_subparsers(dest="cmd", required=True)
     agent = sub.add_parser("host-agent", help="run a host agent that starts procs on this host")
-    agent.add_argument("--listen", required=True, help="tcp://ADDR:PORT to listen on (or unix:/path, ipc:///path: this machine only)")
+    agent.add_argument(
+        "--listen",
+        required=True,
+        help="tcp://ADDR:PORT to listen on (or unix:/path, ipc:///path: this machine only)",
+    )
     agent.add_argument(
         "--key-file",
         default=None,

@@ -265,7 +265,7 @@ def _check_private(path: Path, forbidden: int, what: str) -> None:
 async def serve(listen: str, key: bytes, ready: ThreadFuture[str] | None = None) -> None:
     """Run a host agent on ``listen`` until SIGTERM/SIGINT."""
     listen = agent_address(listen)
-    family, where = parse_addr(listen)
+    _, where = parse_addr(listen)
     loop = asyncio.get_running_loop()
     set_job_key(key)
     rt = Runtime(loop, addr=listen, key=key)
