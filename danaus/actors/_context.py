@@ -79,6 +79,35 @@ class ActorContext:
         t = type(self.instance)
         return f"{t.__module__}.{t.__qualname__}"
 
+    def abort(self, reason: str | None = None) -> None:
+        """Fail this actor (Monarch's ``actor_instance.abort``): as if an endpoint raised
+        something that is not an ``Exception``, its owner (``__supervise__``, else the
+        fault hook) hears of it, with ``reason`` (or "no reason provided") and the actor's
+        class in the report, later calls fail with ``SupervisionError``, and it stops."""
+        why = reason or "no reason provided"
+        self._on_loop(lambda a: a.fail(f"{self.class_name} aborted: {why}", "actor"))
+
+    def kill(self, reason: str | None = None) -> None:
+        """Monarch's other name for :meth:`abort`: terminate with a failure."""
+        self.abort(reason)
+
+    def stop(self, reason: str | None = None) -> None:
+        """Stop this actor and what it spawned, without a failure (Monarch's
+        ``actor_instance.stop``): the message running now finishes, ``__cleanup__`` runs,
+        and messages still queued and later calls fail with ``SupervisionError`` saying
+        it was stopped."""
+        del reason  # Monarch records it; a stopped actor's callers read "was stopped"
+        self._on_loop(lambda a: a.stop_self())
+
+    def _on_loop(self, act: Callable[[ActorInstance], object]) -> None:
+        a = self.runtime_actor
+        if a is None:
+            raise RuntimeError(f"{self.actor_id} is not a running actor of this process")
+        if a.rt.on_loop():
+            act(a)
+        else:  # a sync endpoint, on the actor's thread
+            a.rt.loop.call_soon_threadsafe(act, a)
+
     def __reduce__(self) -> NoReturn:
         raise TypeError(
             f"context().actor_instance ({self.actor_id}) cannot be pickled: it is the "

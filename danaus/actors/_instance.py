@@ -319,6 +319,8 @@ class ActorInstance:
         failure. Its proc and the other actors there keep serving."""
         if self.failed is not None:
             return  # (once: its owner hears of one failure)
+        # it travels as UTF-8: a lone surrogate (from bytes that were not UTF-8) is escaped
+        report = report.encode("utf-8", "backslashreplace").decode("utf-8")
         self.failed = report.splitlines()[0] if report else kind
         log.error("actor %s failed: %s", self.ctx.actor_id, report)
         if self.owner_addr:
@@ -327,6 +329,14 @@ class ActorInstance:
             )
         self.deliver = self._refuse  # what arrives from now on fails at once
         if not self.stopped:
+            self.rt.spawn_task(self.stop())
+
+    def stop_self(self) -> None:
+        """The actor ends itself without a failure (``actor_instance.stop()``): messages
+        arriving from now on fail at once saying it was stopped, those already queued
+        fail as :meth:`stop` fails them, and it stops (its meshes, ``__cleanup__``)."""
+        if self.failed is None and not self.stopped:
+            self.deliver = self._refuse
             self.rt.spawn_task(self.stop())
 
     def _refuse(
