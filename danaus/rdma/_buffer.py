@@ -47,7 +47,7 @@ class RDMABuffer:
     Bytes move on the data plane (ibverbs, shm or tcp), never in control messages.
 
     CUDA tensors: registered directly on ibverbs with GPUDirect where the device offers
-    it; otherwise staged through pinned host memory by the owner (see the README).
+    it; otherwise staged through pinned host memory by the owner (see docs/data-plane.md).
     """
 
     def __init__(self, data: Any) -> None:
