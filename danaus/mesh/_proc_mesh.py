@@ -9,10 +9,10 @@ unpickled in another process, actors can be spawned on it and called.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Coroutine, Generator, Sequence
 from concurrent.futures import Future as ThreadFuture
 from contextlib import AbstractContextManager
-from types import EllipsisType
+from types import EllipsisType, TracebackType
 from typing import Protocol, TypeVar, cast
 
 from ..actors._api import (
@@ -65,6 +65,38 @@ def this_proc() -> ProcMesh:
     return new_proc_mesh(Shape.from_sizes({}), [SelfProcHandle(rt.addr)], "this_proc", resolved())
 
 
+class Applied(Coroutine[object, None, None]):
+    """A setting applied already, as a coroutine that returns ``None`` at once (so that
+    ``await`` and ``asyncio.run`` take it, as Monarch's ``async def`` methods are taken)
+    and as a done future (``get()``, ``result()``, ``done()``)."""
+
+    def __await__(self) -> Generator[object, None, None]:
+        return (yield from ())
+
+    def send(self, value: None) -> object:
+        raise StopIteration(None)
+
+    def throw(
+        self,
+        typ: type[BaseException] | BaseException,
+        val: BaseException | object = None,
+        tb: TracebackType | None = None,
+    ) -> object:
+        raise val if isinstance(val, BaseException) else typ
+
+    def close(self) -> None:
+        pass
+
+    def get(self, timeout: float | None = None) -> None:
+        return None
+
+    def result(self, timeout: float | None = None) -> None:
+        return None
+
+    def done(self) -> bool:
+        return True
+
+
 class ProcMesh(Shaped):
     """Processes laid out as a named mesh; ``spawn`` puts one actor in each.
 
@@ -113,12 +145,13 @@ class ProcMesh(Shaped):
         stream_to_client: bool | None = None,
         aggregate_window_sec: float | EllipsisType | None = ...,
         level: int | None = None,
-    ) -> Future[None]:
+    ) -> Applied:
         """Whether the procs' output lines reach the controller, whether identical lines
         are aggregated, and the procs' log level. Settings not given stay as they are.
 
-        As in Monarch it may be awaited (``await procs.logging_option(...)``); it takes
-        effect at once either way, for lines and calls that follow.
+        It takes effect at once, for lines and calls that follow. What it returns is done
+        already, and is what Monarch's (an ``async def``) is to its callers: ``await``
+        it, or ``asyncio.run(procs.logging_option(...))``; ``.get()`` works too.
 
         Args:
             stream_to_client: print the procs' stdout/stderr here, prefixed
@@ -161,9 +194,7 @@ class ProcMesh(Shaped):
                 self._group,
             )
             control.set_log_level.broadcast(level)
-        done: Future[None] = Future(loop=current_runtime().loop)
-        done.set_result(None)
-        return done
+        return Applied()
 
     def stats(self) -> Future[ValueMesh[ProcStats]]:
         """Each proc's record (pid, host, CPU %, RSS, connections, bytes in and out),

@@ -43,3 +43,17 @@ async def test_the_last_line_before_a_sigkill_is_not_lost(console: Console) -> N
             await console.wait_for("[doomed 0] famous last words")
     finally:
         set_unhandled_fault_hook(old)
+
+
+def test_logging_option_is_what_monarchs_async_def_is_to_its_callers() -> None:
+    # Monarch's examples call asyncio.run(procs.logging_option(...)) from plain code
+    with this_host().spawn_procs(per_host={"procs": 1}, name="plain") as procs:
+        talker = procs.spawn("talker", Talker)
+        assert asyncio.run(procs.logging_option(level=logging.INFO)) is None
+        assert procs.logging_option(stream_to_client=True).get(timeout=10) is None
+
+        async def awaited() -> None:
+            assert await procs.logging_option(aggregate_window_sec=None) is None
+
+        asyncio.run(awaited())
+        talker.say.call_one("still talking").get(timeout=30)
