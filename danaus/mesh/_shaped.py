@@ -36,6 +36,12 @@ class Shaped:
         return self._shape.sizes
 
     @property
+    def _labels(self) -> list[str]:
+        """The dim names, in order: Monarch's private name, which its examples read
+        (``dict.fromkeys(procs._labels, 0)``, the coordinates of rank 0)."""
+        return list(self._shape.labels)
+
+    @property
     def extent(self) -> Extent:
         """The dim names and sizes (Monarch's ``extent``: ``.labels``, ``.sizes``, a mapping)."""
         return self._shape.extent

@@ -192,3 +192,13 @@ async def test_this_host_is_not_fake_its_procs_are_os_processes() -> None:
     async with host.spawn_procs(per_host={"gpus": 4}) as procs:
         pids = (await asyncio.wait_for(procs.spawn("echo", Echo).pid.call(), 60)).values()
     assert len(set(pids)) == 4 and os.getpid() not in pids
+
+
+async def test_labels_give_rank_zeros_coordinates_as_monarchs_examples_read_them() -> None:
+    async with this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2}) as procs:
+        echo = procs.spawn("echo", Echo)
+        first = dict.fromkeys(procs._labels, 0)  # Monarch's DDP example does this
+        assert first == {"hosts": 0, "gpus": 0}
+        pids = (await asyncio.wait_for(echo.pid.call(), 60)).values()
+        assert await echo.slice(**first).pid.call_one() == pids[0]
+        assert echo.slice(hosts=1)._labels == ["gpus"]
