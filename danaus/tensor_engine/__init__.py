@@ -53,28 +53,32 @@ __all__ = [
 ]
 
 
-def fetch_shard(t: torch.Tensor, **coords: int) -> Future[torch.Tensor]:
-    """A local copy of the shard at ``coords`` (every mesh dim; none for a 1-proc mesh)
-    of ``t``, a tensor made on a mesh (a ``DTensor``, typed ``torch.Tensor`` as torch's
-    operations return it).
+def fetch_shard(
+    t: torch.Tensor, shard: dict[str, int] | None = None, **coords: int
+) -> Future[torch.Tensor]:
+    """A local copy of the shard of ``t`` at ``shard`` and ``coords`` (coordinates by dim
+    name; a dim not given is 0, as in Monarch: rank 0's copy, which is every rank's after
+    an all-reduce), where ``t`` is a tensor made on a mesh (a ``DTensor``, typed
+    ``torch.Tensor`` as torch's operations return it).
 
     Raises (when awaited) ``RemoteException`` if the operation that made ``t`` failed on
     the worker: it carries the worker's traceback and the controller line that issued it.
     """
     if not isinstance(t, DTensor):
         raise TypeError(f"fetch_shard takes a DTensor, not {type(t).__name__}")
-    return t.client.fetch(t, coords)
+    return t.client.fetch(t, {**(shard or {}), **coords})
 
 
-def inspect(t: torch.Tensor, **coords: int) -> torch.Tensor:
-    """The value of one shard, synchronously (scripts, sync endpoints, notebook cells;
-    ``await fetch_shard`` in async code, where this raises ``DeadlockError``)."""
-    return fetch_shard(t, **coords).get()
+def inspect(t: torch.Tensor, shard: dict[str, int] | None = None, **coords: int) -> torch.Tensor:
+    """The value of one shard (:func:`fetch_shard`; rank 0's by default), synchronously
+    (scripts, sync endpoints, notebook cells; ``await fetch_shard`` in async code, where
+    this raises ``DeadlockError``)."""
+    return fetch_shard(t, shard, **coords).get()
 
 
-def show(t: torch.Tensor, **coords: int) -> None:
+def show(t: torch.Tensor, shard: dict[str, int] | None = None, **coords: int) -> None:
     """Print the value of one shard (:func:`inspect`)."""
-    print(inspect(t, **coords))
+    print(inspect(t, shard, **coords))
 
 
 def get_active_mesh() -> ProcMesh:
@@ -121,14 +125,14 @@ def call_on_shard_and_fetch(
     fn: Callable[..., Any], *args: Any, shard: dict[str, int] | None = None, **kwargs: Any
 ) -> Future[Any]:
     """Run the ``@remote`` function ``fn`` on the mesh of its DTensor arguments and fetch
-    its (tensor) result from the shard at ``shard`` (none needed on a one-proc mesh)."""
+    its (tensor) result from the shard at ``shard`` (a dim not given is 0, as in Monarch)."""
     out = fn(*args, **kwargs)
     if not isinstance(out, DTensor):
         raise TypeError(
             "call_on_shard_and_fetch needs a @remote function that returns a tensor on "
             f"the mesh; {getattr(fn, '__name__', fn)} returned {type(out).__name__}"
         )
-    return fetch_shard(out, **(shard or {}))
+    return fetch_shard(out, shard)
 
 
 def remote(

@@ -114,12 +114,11 @@ class _Client:
 
     def fetch(self, t: DTensor, coords: dict[str, int]) -> Future[Any]:
         self.flush()
-        mesh = self.workers.slice(**coords) if coords else self.workers
-        if len(mesh) != 1:
-            raise ValueError(
-                f"fetch_shard needs coordinates for every dim of {self.sizes} (got {coords})"
-            )
-        return mesh.fetch.call_one(t.ref_id)
+        unknown = sorted(set(coords) - set(self.sizes))
+        if unknown:
+            raise ValueError(f"fetch_shard: {unknown} are not dims of this mesh {self.sizes}")
+        point = {dim: coords.get(dim, 0) for dim in self.sizes}  # Monarch: 0 where not given
+        return self.workers.slice(**point).fetch.call_one(t.ref_id)
 
 
 def _store_host(procs: ProcMesh) -> str:

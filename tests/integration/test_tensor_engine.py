@@ -182,8 +182,18 @@ def test_fetch_shard_is_a_future(procs: Any) -> None:
     with procs.activate():
         x = torch.full((2,), 3.0)
     assert torch.equal(fetch_shard(x, procs=1).get(timeout=20), torch.full((2,), 3.0))
-    with pytest.raises(ValueError, match="coordinates for every dim"):
-        fetch_shard(x)
+    with pytest.raises(ValueError, match=r"\['gpus'\] are not dims of this mesh"):
+        fetch_shard(x, gpus=0)
+
+
+def test_a_shard_not_named_is_rank_zeros_as_in_monarch(procs: Any) -> None:
+    with procs.activate():
+        x = torch.rand(8)  # each shard draws its own numbers
+    zero, one = inspect(x, procs=0), inspect(x, procs=1)
+    assert not torch.equal(zero, one)
+    assert torch.equal(inspect(x), zero)  # no coordinates: rank 0's copy
+    assert torch.equal(inspect(x, {"procs": 1}), one)  # Monarch's shard= dict
+    assert torch.equal(fetch_shard(x, shard={"procs": 0}, procs=1).get(timeout=20), one)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none on this machine")
