@@ -5,11 +5,13 @@ Each helper acts on real processes and sockets; none of them sleeps.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from typing import Any
 
 from danaus.actors._loops import current_runtime
+from danaus.mesh import MeshFailure
 
 
 def kill(procs: Any, rank: int, sig: int = signal.SIGKILL) -> int:
@@ -89,3 +91,21 @@ def danaus_procs(spawner: int, servers: bool = False) -> list[int]:
 def danaus_children(parent: int) -> list[int]:
     """Pids of the live (non-zombie) danaus procs that ``parent`` started: one look."""
     return danaus_procs(parent)
+
+
+class Failures(list[MeshFailure]):
+    """Failures that reach the controller's fault hook (the ``failures`` fixture
+    installs one); ``await failures.first()`` waits for the first, with a deadline."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived = asyncio.Event()
+
+    def __call__(self, failure: MeshFailure) -> None:
+        self.append(failure)
+        self.arrived.set()
+
+    async def first(self, deadline: float = 10) -> MeshFailure:
+        async with asyncio.timeout(deadline):
+            await self.arrived.wait()
+        return self[0]

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
+from danaus.mesh import set_unhandled_fault_hook
+
+from ..faults import Failures
 from .console_kit import Console
+
+
+@pytest.fixture
+def failures() -> Iterator[Failures]:
+    """The controller's fault hook, recording the failures it gets during the test."""
+    got = Failures()
+    old = set_unhandled_fault_hook(got)
+    yield got
+    set_unhandled_fault_hook(old)
 
 
 @pytest.fixture

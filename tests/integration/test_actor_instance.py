@@ -4,14 +4,12 @@ them (its ``test_actor_abort``): an actor ends itself, failed or not."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
 from danaus import Actor, SupervisionError, context, endpoint, this_host
-from danaus.mesh import set_unhandled_fault_hook
 
-from .test_supervision import Failures
+from ..faults import Failures
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,14 +36,6 @@ class Ender(Actor):
     @endpoint
     def ping(self) -> str:
         return "pong"
-
-
-@pytest.fixture
-async def failures() -> AsyncIterator[Failures]:
-    got = Failures()
-    old = set_unhandled_fault_hook(got)
-    yield got
-    set_unhandled_fault_hook(old)
 
 
 @pytest.mark.parametrize("reason", [None, "test abort reason \udcff"])

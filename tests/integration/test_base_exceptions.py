@@ -12,16 +12,15 @@ import asyncio
 import os
 import re
 import threading
-from collections.abc import AsyncIterator
 
 import pytest
 
 from danaus import ActorError, Channel, SupervisionError, this_host, this_proc
 from danaus.mesh import MeshFailure, set_unhandled_fault_hook
 
+from ..faults import Failures
 from .actors_lib import Fragile, Guardian
 from .test_robustness import _wait_gone
-from .test_supervision import Failures
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,14 +32,6 @@ WHICH = {
     "SystemExit": "SystemExit: 3",
     "KeyboardInterrupt": "KeyboardInterrupt: interrupted",
 }
-
-
-@pytest.fixture
-async def failures() -> AsyncIterator[Failures]:
-    got = Failures()
-    old = set_unhandled_fault_hook(got)
-    yield got
-    set_unhandled_fault_hook(old)
 
 
 @pytest.mark.parametrize("which", list(WHICH))

@@ -22,10 +22,10 @@ import pytest
 from danaus import SupervisionError, this_host
 from danaus.actors import _auth
 from danaus.config import config
-from danaus.mesh import MeshFailure, _local_procs, set_unhandled_fault_hook
+from danaus.mesh import _local_procs, set_unhandled_fault_hook
 from danaus.mesh._proc_mesh import group_of
 
-from ..faults import danaus_children, danaus_procs
+from ..faults import Failures, danaus_children, danaus_procs
 from .actors_lib import Echo
 from .lifecycle_actors import Where
 from .test_robustness import _wait_gone
@@ -377,19 +377,6 @@ STOP_NOT_AWAITED = NO_STOP + "procs.stop()\n"
 def test_a_program_that_exits_while_its_mesh_stops_is_quiet() -> None:
     out = _run(STOP_NOT_AWAITED)
     assert (out.returncode, out.stderr) == (0, "")
-
-
-class Failures(list[MeshFailure]):
-    def __call__(self, failure: MeshFailure) -> None:
-        self.append(failure)
-
-
-@pytest.fixture
-def failures() -> Iterator[Failures]:
-    got = Failures()
-    old = set_unhandled_fault_hook(got)
-    yield got
-    set_unhandled_fault_hook(old)
 
 
 async def test_procs_killed_by_the_exit_hook_are_stopped_not_failed(failures: Failures) -> None:

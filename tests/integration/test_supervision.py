@@ -5,42 +5,16 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
 from danaus import Channel, SupervisionError, this_host
 from danaus.config import config
-from danaus.mesh import MeshFailure, set_unhandled_fault_hook
 
 from .. import faults
+from ..faults import Failures
 from .actors_lib import Cleaner, Echo, Parent, Sink, Source
 from .test_robustness import _wait_gone
-
-
-class Failures(list[MeshFailure]):
-    """Failures that reach the controller's fault hook; ``await failures.next()``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.arrived = asyncio.Event()
-
-    def __call__(self, failure: MeshFailure) -> None:
-        self.append(failure)
-        self.arrived.set()
-
-    async def first(self, deadline: float = 10) -> MeshFailure:
-        async with asyncio.timeout(deadline):
-            await self.arrived.wait()
-        return self[0]
-
-
-@pytest.fixture
-async def failures() -> AsyncIterator[Failures]:
-    got = Failures()
-    old = set_unhandled_fault_hook(got)
-    yield got
-    set_unhandled_fault_hook(old)
 
 
 async def test_killed_proc_fails_calls_fast_and_reaches_the_hook(failures: Failures) -> None:
