@@ -31,6 +31,7 @@ from danaus.actors._auth import job_key
 from danaus.config import config
 from danaus.rdma import RDMABuffer
 
+from .agents_kit import host_agents
 from .handles_actors import Holder, Leaf, User
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -319,33 +320,13 @@ def two_agents() -> Iterator[list[str]]:
     local procs it starts get it too: a key never travels in a pickle)."""
     key = os.urandom(32).hex()
     env = dict(os.environ, DANAUS_AUTH_KEY=key, PYTHONPATH=str(ROOT))
-    agents = [
-        subprocess.Popen(
-            [sys.executable, "-m", "danaus", "host-agent", "--listen", f"tcp://127.0.0.{i}:0"],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for i in (2, 3)
-    ]
-    old_cfg, old_key = config.auth_key, _auth._key
-    config.auth_key, _auth._key = key, bytes.fromhex(key)
-    try:
-        addrs = []
-        for agent in agents:
-            assert agent.stdout is not None
-            line = agent.stdout.readline()  # printed once it listens
-            assert "listening on tcp://" in line, line
-            addrs.append(line.split()[-1])
-        yield addrs
-    finally:
-        config.auth_key, _auth._key = old_cfg, old_key
-        for agent in agents:
-            agent.terminate()
-        for agent in agents:
-            agent.wait(timeout=10)
-            if agent.stdout is not None:
-                agent.stdout.close()
+    with host_agents([f"tcp://127.0.0.{i}:0" for i in (2, 3)], [env, env]) as agents:
+        old_cfg, old_key = config.auth_key, _auth._key
+        config.auth_key, _auth._key = key, bytes.fromhex(key)
+        try:
+            yield [addr for addr, _ in agents]
+        finally:
+            config.auth_key, _auth._key = old_cfg, old_key
 
 
 async def test_host_agents_procs_passed_to_a_local_actor_are_spawned_on(

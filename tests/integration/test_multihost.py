@@ -17,6 +17,7 @@ from danaus.config import config
 
 from ..faults import danaus_procs
 from .actors_lib import Counter, Echo
+from .agents_kit import Agent, host_agents
 
 KEY = os.urandom(32).hex()
 
@@ -27,32 +28,10 @@ def _agent_children(pid: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def agents() -> Iterator[list[tuple[str, subprocess.Popen[str]]]]:
+def agents() -> Iterator[list[Agent]]:
     env = dict(os.environ, DANAUS_AUTH_KEY=KEY, PYTHONPATH=os.getcwd())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "danaus", "host-agent", "--listen", f"tcp://127.0.0.{i}:0"],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for i in (2, 3)
-    ]
-    out = []
-    try:
-        for p in procs:
-            assert p.stdout is not None
-            line = p.stdout.readline()  # printed once it listens
-            assert "listening on tcp://" in line, line
-            out.append((line.split()[-1], p))
+    with host_agents([f"tcp://127.0.0.{i}:0" for i in (2, 3)], [env, env]) as out:
         yield out
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=10)
-            if p.stdout is not None:
-                p.stdout.close()
 
 
 @pytest.fixture

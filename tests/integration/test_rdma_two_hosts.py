@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +28,7 @@ from danaus.rdma import RDMABuffer, get_rdma_backend
 
 from ..hardware import need_rdma_device
 from ..timing import within
+from .agents_kit import host_agents
 
 KEY = os.urandom(32).hex()
 MiB = 1 << 20
@@ -144,43 +144,23 @@ class Reader(Actor):
 @pytest.fixture(scope="module")
 def agents() -> Iterator[list[str]]:
     _need_two_hosts()
-    procs = []
-    try:
-        for device, addr in _hosts():
-            env = dict(
-                os.environ,
-                DANAUS_AUTH_KEY=KEY,
-                DANAUS_RDMA_DEVICE=device,
-                DANAUS_RDMA_BACKEND="ibverbs",
-                PYTHONPATH=os.getcwd(),
-            )
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "danaus", "host-agent", "--listen", f"tcp://{addr}:0"],
-                    stdout=subprocess.PIPE,
-                    text=True,
-                    env=env,
-                )
-            )
-        out = []
-        for p in procs:
-            assert p.stdout is not None
-            line = p.stdout.readline()  # printed once it listens
-            assert "listening on tcp://" in line, line
-            out.append(line.split()[-1])
+    envs = [
+        dict(
+            os.environ,
+            DANAUS_AUTH_KEY=KEY,
+            DANAUS_RDMA_DEVICE=device,
+            DANAUS_RDMA_BACKEND="ibverbs",
+            PYTHONPATH=os.getcwd(),
+        )
+        for device, _ in _hosts()
+    ]
+    with host_agents([f"tcp://{addr}:0" for _, addr in _hosts()], envs) as agents:
         old_cfg, old_key = config.auth_key, _auth._key
         config.auth_key, _auth._key = KEY, bytes.fromhex(KEY)
         try:
-            yield out
+            yield [addr for addr, _ in agents]
         finally:
             config.auth_key, _auth._key = old_cfg, old_key
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=within(10))
-            if p.stdout is not None:
-                p.stdout.close()
 
 
 @pytest.fixture

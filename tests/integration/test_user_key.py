@@ -17,6 +17,8 @@ import pytest
 from danaus.config import config
 from danaus.mesh._host_agent import USER_KEY_FILE, user_key
 
+from .agents_kit import host_agents
+
 CONTROLLER = """
 import sys
 from danaus import Actor, attach_to_hosts, endpoint
@@ -44,24 +46,8 @@ def agent(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A host agent given no key, in a runtime directory of its own."""
     home = tmp_path / "rt"
     home.mkdir(mode=0o700)
-    p = subprocess.Popen(
-        [sys.executable, "-m", "danaus", "host-agent", "--listen", "tcp://127.0.0.7:0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(home),
-    )
-    try:
-        assert p.stdout is not None and p.stderr is not None
-        line = p.stdout.readline()  # printed once it listens
-        assert "listening on tcp://" in line, (line, p.stderr.read() if p.poll() else "")
-        yield line.split()[-1], home
-    finally:
-        p.terminate()
-        p.wait(timeout=10)
-        for f in (p.stdout, p.stderr):
-            if f is not None:
-                f.close()
+    with host_agents(["tcp://127.0.0.7:0"], [_env(home)], stderr=subprocess.PIPE) as [(addr, _)]:
+        yield addr, home
 
 
 def _control(addr: str, runtime_dir: Path) -> subprocess.CompletedProcess[str]:
