@@ -106,6 +106,11 @@ class _Module(types.ModuleType):
         object.__setattr__(self, name, value)
         return value
 
+    def __reduce__(self) -> tuple[Callable[[str], types.ModuleType], tuple[str]]:
+        # By name, as pickle and cloudpickle treat modules: the other side imports it
+        # (served by danaus there too).
+        return importlib.import_module, (self.__name__,)
+
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__name__ == "monarch.actor" and name == "unhandled_fault_hook":
             import danaus
