@@ -193,6 +193,9 @@ _MONARCH_IGNORED = frozenset(
         "message_latency_sampling_rate",
         "enable_dest_actor_reordering_buffer",
         "mesh_bootstrap_enable_pdeathsig",
+        # procs end as soon as their spawner does (PR_SET_PDEATHSIG, or their host agent
+        # seeing the spawner's connection go): there is no orphan timeout to wait for
+        "mesh_orphan_timeout",
         "mesh_terminate_concurrency",
         "mesh_terminate_timeout",
         "small_write_threshold",

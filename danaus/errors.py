@@ -108,6 +108,10 @@ class SupervisionError(DanausError, RuntimeError):
         endpoint: the call that failed, as ``mesh.method()``, or ``None``.
     """
 
+    #: for a call whose actor's proc was lost: (its rank, why); the mesh layer, which
+    #: knows the actor's name and class, words the message from it
+    lost: tuple[int, str] | None = None
+
     def __init__(self, message: str = "", endpoint: str | None = None) -> None:
         self.message = message
         self.endpoint = endpoint
@@ -127,6 +131,13 @@ class SupervisionError(DanausError, RuntimeError):
         if self.endpoint is not None or type(self) is not SupervisionError:
             return self
         return SupervisionError(self.message, endpoint)
+
+
+def actor_display_name(proc: str, class_name: str, mesh: str, point: object) -> str:
+    """How failure reports name an actor, in Monarch's form: the proc, then the class
+    and the mesh's name with the actor's point (``procs[0].<app.Trainer trainers{'gpus':
+    0/2}>``); its users match on the class and the mesh name in these reports."""
+    return f"{proc}.<{class_name} {mesh}{point}>"
 
 
 def actor_failed(actor: str, why: str) -> str:

@@ -197,16 +197,55 @@ def _is_test(node: ast.stmt) -> bool:
     ) or (isinstance(node, ast.ClassDef) and node.name.startswith("Test"))
 
 
+def served(module: str, name: str) -> bool:
+    """Does danaus's runner serve ``module.name``?"""
+    import importlib
+
+    import danaus.monarch
+
+    danaus.monarch.install()
+    try:
+        mod = importlib.import_module(module)
+        getattr(mod, name)
+    except (ImportError, AttributeError):
+        try:
+            importlib.import_module(f"{module}.{name}")  # a submodule
+        except ImportError:
+            return False
+    return True
+
+
 def public_part(
     source: str, homes: dict[tuple[str, str], tuple[str, str]]
-) -> tuple[str, dict[str, set[str]]]:
+) -> tuple[str, dict[str, set[str]], dict[str, set[str]]]:
     """The module with internal imports mapped to public homes and every top-level
-    statement that needs an unmapped internal name left out; and, per test left out, the
-    internal names it needed."""
+    statement that needs an unmapped internal name left out; per test left out, the
+    internal names it needed; and per test left out for a public Monarch name the runner
+    does not serve, those names (such a test fails for a user: it is counted failed)."""
     tree = ast.parse(source)
     dropped: set[str] = set()
+    #: left-out name -> the public Monarch names the runner lacks that it needed
+    why_missing: dict[str, set[str]] = {}
     body: list[ast.stmt] = []
     for node in tree.body:
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and (node.module == "monarch" or node.module.startswith("monarch."))
+            and not is_internal(node.module)
+        ):
+            kept = []
+            for alias in node.names:
+                if served(node.module, alias.name):
+                    kept.append(alias)
+                else:
+                    local = alias.asname or alias.name
+                    dropped.add(local)
+                    why_missing[local] = {f"{node.module}.{alias.name}"}
+            if kept:
+                node.names = kept
+                body.append(node)
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and is_internal(node.module):
             for alias in node.names:
                 home = homes.get((node.module, alias.name))
@@ -237,7 +276,8 @@ def public_part(
                 for item in node.body:
                     uses = _uses(item, dropped)
                     if uses and _is_test(item):
-                        left_out[f"{node.name}::{item.name}"] = uses
+                        roots = set().union(*(why_missing.get(u, set()) for u in uses))
+                        left_out[f"{node.name}::{item.name}"] = roots or uses
                         changed = True
                     else:
                         methods.append(item)
@@ -248,15 +288,22 @@ def public_part(
                 node.body = methods or [ast.Pass()]
             uses = _uses(node, dropped)
             if uses and not isinstance(node, ast.ImportFrom | ast.Import):
+                roots = set().union(*(why_missing.get(u, set()) for u in uses))
                 if _is_test(node):
-                    left_out[node.name] = uses
+                    left_out[node.name] = roots or uses
+                for name in _defines(node):
+                    if roots:
+                        why_missing[name] = roots
                 dropped |= _defines(node)
                 changed = True
                 continue
             kept_body.append(node)
         body = kept_body
     tree.body = body
-    return ast.unparse(ast.fix_missing_locations(tree)) + "\n", left_out
+    roots = set().union(*why_missing.values()) if why_missing else set()
+    unserved = {t: uses for t, uses in left_out.items() if uses & roots}
+    internal = {t: uses for t, uses in left_out.items() if t not in unserved}
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n", internal, unserved
 
 
 # -- running -----------------------------------------------------------------------------
@@ -311,12 +358,14 @@ def run_tests(work: Path, files: list[str], timeout: int, python: str) -> list[d
         "asyncio_default_fixture_loop_scope = function\n"
     )
     left_out_by_file: dict[str, dict[str, set[str]]] = {}
+    unserved_by_file: dict[str, dict[str, set[str]]] = {}
     for path in tests.glob("*.py"):  # helpers the tests import, public part only
         if path.name == "conftest.py" or path.name.endswith("_plugin.py"):
             continue
-        text, left_out = public_part(path.read_text(), homes)
+        text, left_out, unserved = public_part(path.read_text(), homes)
         (run_dir / path.name).write_text(text)
         left_out_by_file[path.name] = left_out
+        unserved_by_file[path.name] = unserved
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(run_dir), env.get("PYTHONPATH", "")])
     results = []
@@ -332,9 +381,13 @@ def run_tests(work: Path, files: list[str], timeout: int, python: str) -> list[d
             cwd=run_dir, env=env, capture_output=True, text=True,
         )
         cases = _cases(report)
-        if not cases:
+        if not cases and done.returncode not in (0, 5):  # 5: nothing collected
             cases = [{"name": "(collection)", "outcome": "failed",
                       "message": (done.stdout + done.stderr)[-600:]}]
+        for test, names in sorted(unserved_by_file.get(name, {}).items()):
+            cases.append({"name": test, "outcome": "failed",
+                          "message": f"not run: needs {', '.join(sorted(names))}, which "
+                          "the runner does not serve"})
         results.append({
             "file": name,
             "cases": cases,

@@ -73,7 +73,6 @@ from ._port import (
 )
 from ._replies import SkipOnLoss
 from ._runtime import (
-    JOB_ID,
     Handler,
     Runtime,
     on_every_heartbeat,
@@ -123,7 +122,6 @@ __all__ = [
     "CAST_NONE",
     "CAST_REDUCE",
     "ERROR",
-    "JOB_ID",
     "NIL",
     "OK",
     "Actor",

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
+from ..errors import actor_display_name
 from ._point import Point, point_in_region
 from ._wire import Region
 
@@ -78,6 +79,12 @@ class ActorContext:
         """The actor's class, qualified by its module."""
         t = type(self.instance)
         return f"{t.__module__}.{t.__qualname__}"
+
+    @property
+    def display_name(self) -> str:
+        """How failure reports name this actor (Monarch's form, with its class and point:
+        ``procs[0].<app.Trainer trainers{'gpus': 0/2}>``)."""
+        return actor_display_name(self.proc_id, self.class_name, self.name, self.rank)
 
     def abort(self, reason: str | None = None) -> None:
         """Fail this actor (Monarch's ``actor_instance.abort``): as if an endpoint raised

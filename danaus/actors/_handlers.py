@@ -47,14 +47,16 @@ __all__ = ["HANDLERS", "ProcControl", "check_stuck", "install_actor", "spawn_act
 class _FailedActor:
     """Stands in for an actor whose ``__init__`` raised: every call fails with the reason."""
 
-    def __init__(self, rt: Runtime, actor_id: str, rank: int, info: ErrorInfo) -> None:
+    def __init__(
+        self, rt: Runtime, actor_id: str, rank: int, info: ErrorInfo, display: str
+    ) -> None:
         self.rt = rt
         self.info = ErrorInfo(
             "supervision",
             actor_id,
             info.rank,
             "SupervisionError",
-            actor_failed(actor_id, f"its __init__ raised {info.exc_type}: {info.message}"),
+            actor_failed(display, f"its __init__ raised {info.exc_type}: {info.message}"),
             info.traceback,
         )
         self.rank = rank
@@ -171,6 +173,7 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) 
         conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
         return
     inst: ActorInstance | None = None
+    display = actor_id  # the class, once known, joins it (ActorContext.display_name)
     try:
         cls, args, kwargs = _spawn_payload(
             loads(
@@ -187,6 +190,7 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) 
             proc_mesh_name=msg.mesh,
             proc_addrs=tuple(msg.proc_addrs),
         )
+        display = ctx.display_name
         inst = ActorInstance(rt, msg.actor, ctx, obj, msg.mesh, msg.owner_addr)
         inst.cv.run(cls.__init__, obj, *args, **kwargs)
     except BaseException as e:  # user code: SystemExit too
@@ -196,7 +200,7 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) 
             info = ErrorInfo(
                 "actor", actor_id, str(point), info.exc_type, info.message, tb, "", info.exception
             )
-        rt.actors[msg.actor] = _FailedActor(rt, actor_id, msg.rank, info)  # type: ignore[assignment]
+        rt.actors[msg.actor] = _FailedActor(rt, actor_id, msg.rank, info, display)  # type: ignore[assignment]
         if inst is not None and inst.owned:  # what it spawned before raising stops (Monarch)
             rt.spawn_task(inst.stop_owned())
         conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))

@@ -103,6 +103,7 @@ class ActorInstance:
         #: endpoint raised with no caller to tell, or it left a failure of a mesh it owns
         #: unhandled); then it stops, and every message fails with SupervisionError
         self.failed: str | None = None
+        self.failed_kind: FailureKind | None = None
         #: proc meshes spawned by this actor: stopped when it stops
         self.owned: list[Stoppable] = []
         #: keep the counters and start times (config.actor_stats; read once per actor)
@@ -309,7 +310,9 @@ class ActorInstance:
         """Why a message cannot run (or finish) here: the actor failed (Monarch's words),
         or it was stopped (``doing`` says when: "before handling m")."""
         if self.failed is not None:
-            return actor_failed(self.ctx.actor_id, self.failed)
+            if self.failed_kind == "unhandled":  # worded already, naming the child's actor
+                return self.failed
+            return actor_failed(self.ctx.display_name, self.failed)
         return f"actor {self.ctx.actor_id} was stopped {doing}"
 
     def fail(self, report: str, kind: FailureKind) -> None:
@@ -322,6 +325,7 @@ class ActorInstance:
         # it travels as UTF-8: a lone surrogate (from bytes that were not UTF-8) is escaped
         report = report.encode("utf-8", "backslashreplace").decode("utf-8")
         self.failed = report.splitlines()[0] if report else kind
+        self.failed_kind = kind
         log.error("actor %s failed: %s", self.ctx.actor_id, report)
         if self.owner_addr:
             self.rt.connection(self.owner_addr).send(
@@ -347,11 +351,14 @@ class ActorInstance:
             self.replier.supervision(conn, msg, self.gone(""))
 
     def supervise(self, failure: object, escalate_report: str) -> None:
-        """Give ``failure`` (of a mesh this actor owns) to ``__supervise__``, in mailbox order.
+        """Give ``failure`` (of a mesh this actor owns) to ``__supervise__``: in mailbox
+        order, except while an async message holds the mailbox and awaits; then at once,
+        beside it, as Monarch does (that message may be waiting for this very event).
 
         A falsy return (or none, or an exception) leaves it unhandled: this actor then
         fails too, and its own owner hears of it.
         """
+        beside = self.in_flight.task is not None
 
         def run() -> None:
             fn = getattr(self.obj, "__supervise__", None)
@@ -367,19 +374,27 @@ class ActorInstance:
                 return
             if inspect.isawaitable(r):
                 task = self.rt.loop.create_task(_await(r), context=self.cv)
-                self.in_flight.hold(task)
+                if not beside:
+                    self.in_flight.hold(task)
 
                 def done(t: asyncio.Task[object]) -> None:
-                    self.in_flight.task_done(t)
+                    if not beside:
+                        self.in_flight.task_done(t)
                     if t.cancelled() or t.exception() is not None or not t.result():
-                        self.fail(escalate_report, "unhandled")
-                    self.mailbox.drain()
+                        exc = None if t.cancelled() else t.exception()
+                        raised = f"__supervise__ raised {type(exc).__name__}: {exc}; " if exc else ""
+                        self.fail(raised + escalate_report, "unhandled")
+                    if not beside:
+                        self.mailbox.drain()
 
                 task.add_done_callback(done)
             elif not r:
                 self.fail(escalate_report, "unhandled")
 
-        self.mailbox.post(run)
+        if beside:
+            self.rt.loop.call_soon(lambda: None if self.stopped else run())
+        else:
+            self.mailbox.post(run)
 
     async def stop(self) -> None:
         """Stop: pending messages fail with ``SupervisionError``; ``__cleanup__`` runs.

@@ -73,9 +73,9 @@ def peer_lost_error(peer: str, cause: BaseException | None, rank: int = -1) -> S
         else:
             why = "connection lost"
     if rank >= 0:  # a call to the actor of that rank there, which went with its proc
-        return SupervisionError(
-            actor_failed(f"of rank {rank} at {peer}", f"its proc failed: {why}")
-        )
+        err = SupervisionError(actor_failed(f"of rank {rank} at {peer}", f"its proc failed: {why}"))
+        err.lost = (rank, f"its proc failed: {why}")  # the mesh layer names the actor
+        return err
     return SupervisionError(f"proc at {peer} failed: {why}")
 
 

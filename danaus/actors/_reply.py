@@ -129,7 +129,7 @@ class Replier:
         report = f"{why}\n{info.traceback}"
         a.fail(report, "actor")
         if msg.reply:
-            self.supervision(conn, msg, actor_failed(a.ctx.actor_id, report))
+            self.supervision(conn, msg, actor_failed(a.ctx.display_name, report))
 
     def supervision(self, conn: Connection, msg: Call, why: str, tb: str = "") -> None:
         """Fail ``msg`` with ``SupervisionError``: the actor failed or stopped (``why``)."""

@@ -49,8 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("danaus.runtime")
 T = TypeVar("T")
 
-#: A short random id for this controller's job; part of the wire keys of the actors it spawns.
-JOB_ID = secrets.token_hex(4)
 _PONG = Pong()
 
 

@@ -18,7 +18,7 @@ from ._metrics import MetricsServer, serve_metrics
 from ._proc_group import handle_failure
 from ._proc_mesh import ProcMesh, shutdown_context, this_proc
 from ._shape import Shape
-from ._supervision import MeshFailure, handle_stuck, set_unhandled_fault_hook
+from ._supervision import MeshFailure, exit_on_fault, handle_stuck, set_unhandled_fault_hook
 from ._value_mesh import ValueMesh
 
 # The message types the mesh layer handles, registered in one place.
@@ -52,6 +52,7 @@ __all__ = [
     "attach_to_workers",
     "debug_sessions",
     "default_bootstrap_cmd",
+    "exit_on_fault",
     "get_or_spawn_controller",
     "hosts_from_config",
     "mesh_stacks",

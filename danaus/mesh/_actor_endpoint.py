@@ -29,7 +29,7 @@ from ..actors._api import (
     waiting_actor,
 )
 from ..config import config
-from ..errors import SupervisionError
+from ..errors import SupervisionError, actor_failed
 from ._cast import Part, send_cast
 from ._tensor_engine_hook import tensor_engine
 from ._value_mesh import ValueMesh
@@ -318,7 +318,11 @@ def failed_call(ep: ActorEndpoint[object], exc: BaseException) -> BaseException:
     names the call (Monarch's "Endpoint call mesh.method() failed, ..."). Only errors come
     here, never a call that succeeded."""
     if isinstance(exc, SupervisionError):
-        return exc.for_endpoint(f"{ep.mesh.mesh_state.name}.{ep.name}()")
+        state = ep.mesh.mesh_state
+        if exc.lost is not None and exc.endpoint is None:
+            rank, why = exc.lost
+            exc = SupervisionError(actor_failed(state.display_name(rank), why))
+        return exc.for_endpoint(f"{state.name}.{ep.name}()")
     return exc
 
 

@@ -6,12 +6,13 @@ have started and their addresses are known), and the replies that settle the mes
 from __future__ import annotations
 
 import itertools
+import os
+import secrets
 from concurrent.futures import Future as ThreadFuture
 from typing import TypeVar
 
 from ..actors._api import (
     ERROR,
-    JOB_ID,
     Actor,
     Spawn,
     current_runtime,
@@ -27,7 +28,21 @@ from ._supervision import MeshState, current_owner
 __all__ = ["spawn_actor_mesh"]
 
 A = TypeVar("A", bound=Actor)
+
+#: This process's part of the wire keys of the actors it spawns ("name.token.n"): random,
+#: and drawn again in a forked child, so that actors spawned by different procs (forked
+#: from one fork server, say) into the same proc never share a key.
+_token = secrets.token_hex(4)
 _spawn_ids = itertools.count()
+
+
+def _new_token() -> None:
+    global _token, _spawn_ids
+    _token = secrets.token_hex(4)
+    _spawn_ids = itertools.count()
+
+
+os.register_at_fork(after_in_child=_new_token)
 
 
 def spawn_actor_mesh(
@@ -47,10 +62,17 @@ def spawn_actor_mesh(
     init: ThreadFuture[None] = ThreadFuture()
     sent: ThreadFuture[None] = ThreadFuture()
     ranks = shape.global_ranks()
-    wire = f"{name}.{JOB_ID}.{next(_spawn_ids)}"
+    wire = f"{name}.{_token}.{next(_spawn_ids)}"
     errors: list[BaseException] = []
     left = [len(ranks)]
-    state = MeshState(name, group.shape, current_owner(), frozenset(ranks), group.name)
+    state = MeshState(
+        name,
+        group.shape,
+        current_owner(),
+        frozenset(ranks),
+        group.name,
+        f"{actor_cls.__module__}.{actor_cls.__qualname__}",
+    )
     group.add(wire, state)
 
     def on_reply(rank: int, status: int, value: object) -> bool:

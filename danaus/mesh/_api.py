@@ -13,7 +13,7 @@ from ._host_agent import main_host_agent, read_key_file, serve
 from ._proc_mesh import group_of
 from ._slurm import expand_hostlist
 from ._snapshot import proc_stacks, snapshot
-from ._supervision import default_fault_hook
+from ._supervision import default_fault_hook, exit_on_fault
 from ._tensor_engine_hook import TensorEngine, set_tensor_engine, set_tensor_engine_loader
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "TensorEngine",
     "TypedEndpoint",
     "default_fault_hook",
+    "exit_on_fault",
     "expand_hostlist",
     "find_controllers",
     "group_of",

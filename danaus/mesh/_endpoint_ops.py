@@ -163,6 +163,9 @@ def send(
     """
     if selection not in ("all", "choose"):
         raise ValueError(f"send(selection=...) takes 'all' or 'choose', not {selection!r}")
+    resolve = getattr(endpoint, "endpoint_call", None)
+    if resolve is not None:  # a tensor engine @remote function: its workers' endpoint
+        endpoint, args, kwargs = resolve(args, kwargs)
     if not isinstance(endpoint, ActorEndpoint):
         raise TypeError(
             f"send() takes an endpoint of an actor mesh (mesh.method), got {endpoint!r}"

@@ -22,8 +22,10 @@ exit) are stopped, not failed: their exits, and what follows from them, are not 
 
 from __future__ import annotations
 
+import _thread
 import collections
 import logging
+import signal
 import sys
 import threading
 import time
@@ -32,7 +34,7 @@ from concurrent.futures import Future as ThreadFuture
 from typing import Protocol, TypedDict
 
 from ..actors._api import Connection, Point, Runtime, Stuck, context
-from ..errors import SupervisionError, actor_failed
+from ..errors import SupervisionError, actor_display_name, actor_failed
 from ._shape import Shape
 
 __all__ = ["MeshFailure", "set_unhandled_fault_hook"]
@@ -55,6 +57,9 @@ class FailureReport(TypedDict):
 class _Named(Protocol):
     @property
     def actor_id(self) -> str: ...
+
+    @property
+    def display_name(self) -> str: ...
 
 
 class _Stoppable(Protocol):
@@ -90,11 +95,15 @@ class MeshFailure:
             owner actor left a failure of its own meshes unhandled).
     """
 
-    def __init__(self, mesh: str, ranks: Sequence[Point], report: str, kind: str) -> None:
+    def __init__(
+        self, mesh: str, ranks: Sequence[Point], report: str, kind: str, actor: str = ""
+    ) -> None:
         self.mesh = mesh
         self.ranks = list(ranks)
         self.report = _Report(report)
         self.kind = kind
+        #: how reports name the (first) failed actor: its class, mesh name and point
+        self.actor = actor or mesh
 
     @property
     def mesh_name(self) -> str:
@@ -102,8 +111,14 @@ class MeshFailure:
         return self.mesh
 
     def __str__(self) -> str:
-        ranks = ", ".join(str(r) for r in self.ranks)
-        return f"mesh {self.mesh!r} failed at {ranks} ({self.kind}): {self.report}"
+        # Monarch's form (its users match on "MeshFailure", the mesh name and
+        # "crashed_ranks=[r]"), with the points and the kind besides.
+        ranks = [r.rank for r in self.ranks]
+        points = ", ".join(str(r) for r in self.ranks)
+        return (
+            f"MeshFailure(mesh_name={self.mesh}, crashed_ranks={ranks}, points=[{points}], "
+            f"kind={self.kind}, event={self.report})"
+        )
 
     def __repr__(self) -> str:
         return f"MeshFailure({self.mesh!r}, {[str(r) for r in self.ranks]}, kind={self.kind!r})"
@@ -116,6 +131,25 @@ class _Report(str):
 
     def __call__(self) -> str:
         return str(self)
+
+
+def exit_on_fault(failure: MeshFailure) -> None:
+    """Monarch's default hook (the one ``python -m danaus.monarch`` installs): the failure
+    is unhandled, so the controller ends: its main thread gets a ``KeyboardInterrupt``,
+    which runs ``finally`` blocks and ``atexit`` hooks on its way out."""
+    log.error("unhandled failure, exiting: %s", failure)
+    sys.exit(1)
+
+
+def interrupt_main() -> None:
+    """Raise ``KeyboardInterrupt`` in the main thread, as a Ctrl-C would: a real SIGINT
+    to it where Python handles SIGINT (it then wakes from a sleep or a select), else the
+    simulated one (which raises at its next bytecode)."""
+    main = threading.main_thread()
+    if callable(signal.getsignal(signal.SIGINT)) and main.ident is not None:
+        signal.pthread_kill(main.ident, signal.SIGINT)
+    else:
+        _thread.interrupt_main()
 
 
 def default_fault_hook(failure: MeshFailure) -> None:
@@ -144,7 +178,9 @@ def set_unhandled_fault_hook(
     """Set what the controller does with failures no actor handled; returns the previous.
 
     ``None`` restores the default, which logs at ERROR (and keeps the controller running).
-    The hook runs on the event loop that owns the mesh: it must not block.
+    The hook runs on the event loop that owns the mesh: it must not block. A hook that
+    raises (``sys.exit(1)`` too) leaves the failure unhandled, as in Monarch: the main
+    thread then gets a ``KeyboardInterrupt``.
     """
     global _hook
     with _hook_lock:
@@ -173,8 +209,11 @@ class MeshState:
         owner: Owner | None,
         ranks: frozenset[int] | None = None,
         proc_mesh: str = "",
+        class_name: str = "",
     ) -> None:
         self.name = name
+        #: the actors' class, qualified by its module ("": not an actor mesh, or unknown)
+        self.class_name = class_name
         self.shape = shape  # of the whole mesh: global ranks index it
         self.owner = owner  # an ActorInstance, or None for the controller
         #: the name of the proc mesh its actors live on ("": not known here)
@@ -195,7 +234,7 @@ class MeshState:
         if why is not None:
             return SupervisionError(
                 actor_failed(
-                    self.actor_id(rank), f"mesh {self.name!r} rank {self.point(rank)} failed: {why}"
+                    self.display_name(rank), f"mesh {self.name!r} rank {self.point(rank)} failed: {why}"
                 )
             )
         return None
@@ -205,6 +244,14 @@ class MeshState:
         if self.proc_mesh:
             return f"{self.proc_mesh}[{rank}].{self.name}[{rank}]"
         return f"{self.name}[{rank}]"
+
+    def display_name(self, rank: int) -> str:
+        """How failure reports name the actor at global ``rank`` (its class and point
+        included, in Monarch's form; see :func:`danaus.errors.actor_display_name`)."""
+        if not self.class_name:
+            return self.actor_id(rank)
+        proc = f"{self.proc_mesh}[{rank}]" if self.proc_mesh else "client"
+        return actor_display_name(proc, self.class_name, self.name, self.point(rank))
 
     def point(self, rank: int) -> Point:
         return Point.from_rank(rank, self.shape.sizes)
@@ -219,7 +266,9 @@ class MeshState:
         summary = report.strip().splitlines()[0] if report.strip() else kind
         for r in new:
             self.failed[r] = summary
-        failure = MeshFailure(self.name, [self.point(r) for r in new], report, kind)
+        failure = MeshFailure(
+            self.name, [self.point(r) for r in new], report, kind, self.display_name(new[0])
+        )
         failure_reports.append(
             {
                 "when": time.time(),
@@ -241,11 +290,26 @@ def route(owner: Owner | None, failure: MeshFailure) -> None:
     if owner is None or owner.stopped:
         try:
             _current_hook()(failure)
-        except Exception:
-            log.exception("the unhandled-fault hook raised on %s", failure)
+        except BaseException as e:  # the hook's way to say "unhandled": sys.exit too
+            log.error(
+                "unhandled failure, and the fault hook raised %s: interrupting the main "
+                "thread (KeyboardInterrupt): %s",
+                type(e).__name__,
+                failure,
+            )
+            interrupt_main()
         return
-    owner.supervise(
-        failure, f"{owner.ctx.actor_id} did not handle a failure of a mesh it owns: {failure}"
+    owner.supervise(failure, unhandled_report(owner.ctx.display_name, failure))
+
+
+def unhandled_report(owner: str, failure: MeshFailure) -> str:
+    """Why ``owner`` fails when it leaves ``failure`` of a mesh it owns unhandled, in
+    Monarch's words, which name the actor that failed first; the first line says it all
+    (callers of the owner read that line), the whole failure follows."""
+    first = failure.report.strip().splitlines()[0] if failure.report.strip() else failure.kind
+    return (
+        f"The actor {owner} failed because it did not handle a supervision event from its "
+        f"child; the event was: {actor_failed(failure.actor, first)}\n{failure}"
     )
 
 

@@ -154,6 +154,12 @@ def install() -> None:
     danaus, here and in procs spawned from now on (through the environment)."""
     if not installed():
         sys.meta_path.insert(0, _finder)
+        import danaus
+        from danaus.mesh._api import default_fault_hook, exit_on_fault
+
+        if danaus.unhandled_fault_hook is default_fault_hook:
+            # Monarch's default: an unhandled failure ends the program (exit status 1)
+            danaus.unhandled_fault_hook = exit_on_fault
     hooks = [h for h in os.environ.get(ENV, "").split(",") if h]
     if _STARTUP not in hooks:
         os.environ[ENV] = ",".join([*hooks, _STARTUP])

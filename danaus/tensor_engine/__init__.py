@@ -142,7 +142,9 @@ def remote(
 
     Outputs' shapes come from calling ``propagate`` (default: ``fn`` itself) on meta
     tensors on the controller; give ``propagate`` when ``fn`` cannot run on meta tensors.
-    ``f.call(...)`` is the same call (Monarch's spelling).
+    ``f.call(...)`` runs ``fn`` on every proc of the active mesh (each DTensor argument
+    as that proc's shard) and fetches the results, as Monarch's does: a future of a
+    ``ValueMesh`` (``f.call(...).get()``).
     """
 
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -156,9 +158,28 @@ def remote(
                 return f(*args, **kwargs)  # no mesh involved: an ordinary call
             return _dispatch.call_function(client, f, shape_fn, args, kwargs)
 
+        def fetching(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+            client = active() or next(
+                (a.client for a in (*args, *kwargs.values()) if isinstance(a, DTensor)), None
+            )
+            if client is None:
+                raise RuntimeError(
+                    f"{getattr(f, '__name__', f)}.call(): no mesh is active and no argument "
+                    "is a tensor on a mesh (use `with procs.activate():`)"
+                )
+            return _dispatch.fetching_call(client, f, args, kwargs)
+
+        def call_and_fetch(*args: Any, **kwargs: Any) -> Any:
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            endpoint, wargs, wkwargs = fetching(args, kwargs)
+            with _disable_current_modes():  # danaus pickles them, with torch calls of its own
+                return endpoint.call(*wargs, **wkwargs)
+
         call.__wrapped__ = f  # type: ignore[attr-defined]
         call.__name__ = getattr(f, "__name__", "remote")
-        call.call = call  # type: ignore[attr-defined]
+        call.call = call_and_fetch  # type: ignore[attr-defined]
+        call.endpoint_call = fetching  # type: ignore[attr-defined]  # for send(f, ...)
         return call
 
     return wrap(fn) if fn is not None else wrap

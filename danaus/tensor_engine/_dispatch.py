@@ -355,7 +355,9 @@ def _build(tpl: Any, client: _Client) -> Any:
         return _DT._make(client, tpl[1], tpl[2], tpl[3], tpl[4])
     if kind == "V":
         return tpl[1]
-    return tpl[1]([_build(t, client) for t in tpl[2]])
+    items = [_build(t, client) for t in tpl[2]]
+    make = getattr(tpl[1], "_make", None)  # a namedtuple (psutil's pmem, torch's return types)
+    return make(items) if make is not None else tpl[1](items)
 
 
 def _restride(func: Any, args: Any, kwargs: Any) -> None:
@@ -386,6 +388,18 @@ def call_function(client: _Client, fn: Any, shape_fn: Any, args: Any, kwargs: An
     _ids(result, out_ids)
     client.issue((CALL, fn, wargs, wkwargs, out_ids, [], issued_at(), 0, client.stream))
     return result
+
+
+def fetching_call(client: _Client, fn: Any, args: Any, kwargs: Any) -> tuple[Any, ...]:
+    """The workers' endpoint and its arguments that run ``fn`` on every worker after the
+    commands recorded so far (which it sends), each DTensor argument as that worker's
+    shard, and answer with what it returned (Monarch's ``remote(fn).call(...)`` and
+    ``send(remote_fn, ...)``)."""
+    walk = _Walk(client)
+    wargs = walk.wire(args)
+    wkwargs = {k: walk.wire(v) for k, v in kwargs.items()}
+    client.flush()
+    return client.workers.call_function, (fn, wargs, wkwargs), {}
 
 
 def bind_dtensor() -> None:

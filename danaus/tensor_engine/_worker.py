@@ -189,6 +189,15 @@ class TensorWorker(Actor):
         return v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v
 
     @endpoint
+    def call_function(self, fn: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """``fn`` on this worker's shards (after the batches sent before), its result
+        fetched: ``remote(fn).call(...)``."""
+        args = _resolve(args, self.table, self.device)
+        kwargs = {k: _resolve(v, self.table, self.device) for k, v in kwargs.items()}
+        out = fn(*args, **kwargs)
+        return out.detach().to("cpu", copy=True) if isinstance(out, torch.Tensor) else out
+
+    @endpoint
     def table_stats(self) -> dict[str, int]:
         return {"live": len(self.table)}
 

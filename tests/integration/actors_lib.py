@@ -267,6 +267,10 @@ class Fragile(Actor):
         raise _not_an_exception(which)
 
     @endpoint
+    async def raise_plain(self) -> None:
+        raise ValueError("plain")
+
+    @endpoint
     def record(self, i: int) -> None:
         if self.port is not None:
             self.port.send(f"record {i}")
@@ -339,4 +343,44 @@ class Guardian(Actor):
         )
         if self.port is not None:
             self.port.send(self.failures[-1])
+        return self.handle
+
+
+class Watcher(Actor):
+    """Owns a mesh of ``Fragile`` actors (spawned in ``__init__``, as Monarch's tests do)
+    and waits, inside an async endpoint, for its ``__supervise__`` to hear of a failure:
+    which only works if ``__supervise__`` runs while that endpoint awaits."""
+
+    def __init__(self, procs: Any, handle: bool = True) -> None:
+        self.kids = procs.spawn("kids", Fragile)
+        self.handle = handle
+        self.heard: list[str] = []
+        self.news = asyncio.Event()
+
+    @endpoint
+    async def fail_kid_and_wait(self, rank: int) -> list[str]:
+        await self.kids.pid.call()
+        self.kids.slice(procs=rank).raise_plain.broadcast()  # no caller: it fails the kid
+        await asyncio.wait_for(self.news.wait(), 30)
+        return self.heard
+
+    @endpoint
+    async def fail_kid_and_linger(self, rank: int) -> None:
+        """Fails a kid, then stays in this endpoint (awaiting) until the actor stops."""
+        await self.kids.pid.call()
+        self.kids.slice(procs=rank).raise_plain.broadcast()
+        # (asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that comes
+        # while the event it waits for is set, and the actor's stop is such a cancel)
+        async with asyncio.timeout(30):
+            await self.news.wait()
+            await asyncio.Event().wait()  # ended by the actor's failure
+
+    @endpoint
+    async def spawn_named(self, procs: Any, name: str) -> list[int]:
+        mesh = procs.spawn(name, Fragile)
+        return (await mesh.pid.call()).values()
+
+    def __supervise__(self, failure: Any) -> bool:
+        self.heard.append(str(failure))
+        self.news.set()
         return self.handle

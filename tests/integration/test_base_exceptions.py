@@ -46,7 +46,8 @@ async def test_it_fails_the_actor_only(failures: Failures, name: str, which: str
         err = info.value
         assert isinstance(err, RuntimeError) and not isinstance(err, ActorError)  # Monarch's
         assert re.match(
-            rf"Endpoint call fragile\.{name}\(\) failed, The actor \S+\.fragile\[0\] {FAILED}:\n"
+            rf"Endpoint call fragile\.{name}\(\) failed, The actor \S+\.<tests\.integration\."
+            rf"actors_lib\.Fragile fragile\{{'procs': 0/1\}}> {FAILED}:\n"
             rf"  {re.escape(WHICH[which])} in {name} \(not an Exception\)\n"
             rf"  Traceback \(most recent call last\):\n    File .*, in {name}\n",
             str(err),
@@ -60,7 +61,8 @@ async def test_it_fails_the_actor_only(failures: Failures, name: str, which: str
         assert f.report.startswith(f"{WHICH[which]} in {name}") and "Traceback" in f.report
         # Every later call fails at once, here: the mesh knows it failed.
         later = (
-            r"failed, The actor \S+\.fragile\[0\] " + FAILED + ": mesh 'fragile' rank .* failed: "
+            r"failed, The actor procs\[0\]\.<tests\.integration\.actors_lib\.Fragile "
+            r"fragile\{'procs': 0/1\}> " + FAILED + ": mesh 'fragile' rank .* failed: "
         )
         with pytest.raises(SupervisionError, match=r"Endpoint call fragile\.pid\(\) " + later):
             await fragile.pid.call_one()
@@ -147,7 +149,9 @@ async def test_its_owner_supervises_it_once(failures: Failures) -> None:
         await guardian.spawn_child.call_one(2)
         text = await guardian.child_raises.call_one(1, "SystemExit")
         assert re.match(
-            rf"Endpoint call child\.araise_base\(\) failed, The actor \S+ {FAILED}", text
+            rf"Endpoint call child\.araise_base\(\) failed, The actor \S+\.<\S+ child"
+            rf"\{{'procs': 1/2\}}> {FAILED}",
+            text,
         )
         seen = await asyncio.wait_for(receiver.recv(), 10)
         mesh, ranks, kind, report = seen.split("|", 3)

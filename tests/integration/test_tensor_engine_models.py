@@ -284,7 +284,10 @@ def test_monarchs_tensor_engine_names(pp: Any, capsys: Any) -> None:
             borrow.drop()
     assert repr(borrow) == "Borrow(Stream('side'), mutable=True, dropped)"
     assert torch.equal(call_on_shard_and_fetch(plus, y, 1.0).get(timeout=30), torch.full((2,), 4.0))
-    assert torch.equal(inspect(plus.call(y, 2.0)), torch.full((2,), 5.0))
+    assert torch.equal(inspect(plus(y, 2.0)), torch.full((2,), 5.0))
+    # Monarch's remote(f).call(): run on every proc, each result fetched
+    fetched = plus.call(y, 2.0).get(timeout=30)
+    assert [torch.equal(v, torch.full((2,), 5.0)) for v in fetched.values()] == [True]
     show(y)  # a one-proc mesh: no coordinates needed
     assert "tensor([3., 3.])" in capsys.readouterr().out
 
