@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import inspect
+import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 __all__ = [
@@ -16,6 +19,8 @@ __all__ = [
     "configured",
     "get_global_config",
     "get_runtime_config",
+    "parametrize_config",
+    "parametrize_config_pointwise",
 ]
 
 
@@ -329,3 +334,71 @@ def configured(**settings: Any) -> Iterator[dict[str, Any]]:
             setattr(config, name, value)
         _runtime_layer.clear()
         _runtime_layer.update(before)
+
+
+# ------------------------------------------------------------------ for tests (pytest)
+
+
+def parametrize_config(**options: Iterable[Any]) -> Callable[[Callable[..., Any]], Any]:
+    """A pytest decorator: run the test once for every combination of the given values,
+    each run inside ``configured(...)`` with them (Monarch's
+    ``monarch.config.parametrize_config``)::
+
+        @parametrize_config(stop_timeout={1, 5}, mailbox_limit={10, 1000})  # 4 runs
+        def test_it(): ...
+    """
+    if not options:
+        raise ValueError("parametrize_config needs at least one setting")
+    names = list(options)
+    combos = list(itertools.product(*(list(v) for v in options.values())))
+    return _run_under(names, combos)
+
+
+def parametrize_config_pointwise(**options: Sequence[Any]) -> Callable[[Callable[..., Any]], Any]:
+    """Like :func:`parametrize_config`, but the i-th run takes the i-th value of every
+    setting (``zip``, not every combination); every setting needs as many values
+    (Monarch's ``monarch.config.parametrize_config_pointwise``)."""
+    if not options:
+        raise ValueError("parametrize_config_pointwise needs at least one setting")
+    lengths = {name: len(list(values)) for name, values in options.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(
+            f"parametrize_config_pointwise needs as many values for every setting: {lengths}"
+        )
+    names = list(options)
+    return _run_under(names, list(zip(*(list(v) for v in options.values()), strict=True)))
+
+
+def _run_under(
+    names: list[str], combos: list[tuple[Any, ...]]
+) -> Callable[[Callable[..., Any]], Any]:
+    import pytest
+
+    settings = [dict(zip(names, combo, strict=True)) for combo in combos]
+    ids = ["-".join(f"{k}={v}" for k, v in s.items()) for s in settings]
+
+    def decorate(fn: Callable[..., Any]) -> Any:
+        sig = inspect.signature(fn)
+        extra = inspect.Parameter("_config_overrides", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        if inspect.iscoroutinefunction(fn):
+
+            async def run_async(_config_overrides: dict[str, Any], *a: Any, **kw: Any) -> Any:
+                with configured(**_config_overrides):
+                    return await fn(*a, **kw)
+
+            wrapper: Callable[..., Any] = run_async
+        else:
+
+            def run_sync(_config_overrides: dict[str, Any], *a: Any, **kw: Any) -> Any:
+                with configured(**_config_overrides):
+                    return fn(*a, **kw)
+
+            wrapper = run_sync
+        functools.update_wrapper(wrapper, fn)
+        # pytest reads the signature for fixtures: the settings come first
+        wrapper.__signature__ = sig.replace(  # type: ignore[attr-defined]
+            parameters=[extra, *sig.parameters.values()]
+        )
+        return pytest.mark.parametrize("_config_overrides", settings, ids=ids)(wrapper)
+
+    return decorate

@@ -14,5 +14,6 @@ if [ $# -lt 1 ]; then
     echo "usage: $0 MONARCH_SRC [--rev REV] [--tests FILE...] [--examples EX...] [-v]" >&2
     exit 2
 fi
-"$py" -c "import cloudpickle" 2>/dev/null || "$py" -m pip install -q cloudpickle
+# what Monarch's tests (cloudpickle) and its crawler example (bs4) import besides Monarch
+"$py" -c "import cloudpickle, bs4" 2>/dev/null || "$py" -m pip install -q cloudpickle beautifulsoup4
 exec "$py" "$here/scripts/monarch_conformance.py" "$@"

@@ -359,9 +359,15 @@ def hosts_from_config(name: str) -> HostMesh:
     return HostMesh(Shape.from_sizes({"hosts": 2}), name)
 
 
+#: Set in the environment of procs started with another Python
+#: (``with_python_executable``): procs they spawn run it too, the wrapper re-run each time.
+PROC_PYTHON_ENV = "DANAUS_PROC_PYTHON"
+
+
 def this_host() -> HostMesh:
-    """The host the controller runs on, as a mesh with no dims."""
-    return HostMesh(Shape.from_sizes({}))
+    """The host the controller runs on, as a mesh with no dims. In a proc started with
+    ``with_python_executable``, procs spawned on it run that Python too (Monarch's)."""
+    return HostMesh(Shape.from_sizes({}), python=os.environ.get(PROC_PYTHON_ENV) or None)
 
 
 #: the procs of proc meshes spawned here, by mesh name (for default names)

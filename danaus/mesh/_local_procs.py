@@ -127,6 +127,8 @@ def _start_proc(
     popen: subprocess.Popen[bytes] | ForkedPopen
     python = executable or sys.executable
     other_python = os.path.realpath(python) != os.path.realpath(sys.executable)
+    if executable:  # its procs' own this_host() spawns with it too (a wrapper runs again)
+        proc_env["DANAUS_PROC_PYTHON"] = executable
     server = None if other_python else fork_server()
     try:
         if server is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import _thread
 import collections
 import logging
+import re
 import signal
 import sys
 import threading
@@ -90,6 +91,9 @@ class MeshFailure:
         mesh: the failed mesh's name (an actor mesh, or a proc mesh with no actors).
         ranks: the failed ranks, as points of the mesh.
         report: a readable account: the remote traceback, the exit signal or code.
+            Called, ``failure.report()`` is Monarch's report: "The actor <actor> and all
+            its descendants have failed:" and the cause, indented (for a proc, "the
+            process this actor was running on failed: Killed(sig=9) (...)").
         kind: ``"proc"`` (exited, killed, unreachable), ``"init"`` (``__init__`` raised),
             ``"actor"`` (an endpoint raised with no caller waiting), ``"unhandled"`` (an
             owner actor left a failure of its own meshes unhandled).
@@ -100,10 +104,30 @@ class MeshFailure:
     ) -> None:
         self.mesh = mesh
         self.ranks = list(ranks)
-        self.report = _Report(report)
         self.kind = kind
         #: how reports name the (first) failed actor: its class, mesh name and point
         self.actor = actor or mesh
+        self.report = _Report(report)
+        if kind == "unhandled":  # worded already, naming the child that failed first
+            self.report.monarch = report
+        else:
+            cause = self.cause() + report.partition("\n")[2].join(("\n", "")).rstrip("\n")
+            self.report.monarch = actor_failed(self.actor, cause)
+
+    def cause(self) -> str:
+        """The cause in one line, in Monarch's words where its users match on them."""
+        first = self.report.strip().splitlines()[0] if self.report.strip() else self.kind
+        if self.kind != "proc":
+            return first
+        killed = re.search(r"killed by (SIG\w+)", first)
+        exited = re.search(r"exited with code (-?\d+)", first)
+        if killed and killed.group(1) in signal.Signals.__members__:
+            status = f"Killed(sig={signal.Signals[killed.group(1)].value})"
+        elif exited:
+            status = f"Stopped(exit={exited.group(1)})"
+        else:
+            status = "Failed"
+        return f"the process this actor was running on failed: {status} ({first})"
 
     @property
     def mesh_name(self) -> str:
@@ -125,12 +149,12 @@ class MeshFailure:
 
 
 class _Report(str):
-    """The report text; also callable, as Monarch's ``MeshFailure.report()`` is."""
+    """The report text; called (Monarch's ``MeshFailure.report()``), Monarch's report."""
 
-    __slots__ = ()
+    monarch = ""
 
     def __call__(self) -> str:
-        return str(self)
+        return self.monarch or str(self)
 
 
 def exit_on_fault(failure: MeshFailure) -> None:
@@ -306,10 +330,9 @@ def unhandled_report(owner: str, failure: MeshFailure) -> str:
     """Why ``owner`` fails when it leaves ``failure`` of a mesh it owns unhandled, in
     Monarch's words, which name the actor that failed first; the first line says it all
     (callers of the owner read that line), the whole failure follows."""
-    first = failure.report.strip().splitlines()[0] if failure.report.strip() else failure.kind
     return (
         f"The actor {owner} failed because it did not handle a supervision event from its "
-        f"child; the event was: {actor_failed(failure.actor, first)}\n{failure}"
+        f"child; the event was: {actor_failed(failure.actor, failure.cause())}\n{failure}"
     )
 
 

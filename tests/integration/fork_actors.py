@@ -24,6 +24,17 @@ class Probe(Actor):
         return os.environ.get(name, "")
 
     @endpoint
+    def nested_environ(self, name: str) -> str:
+        """``name`` in the environment of a proc this proc spawns on its this_host()."""
+        from danaus import this_host
+
+        procs = this_host().spawn_procs(per_host={"procs": 1}, name="nested")
+        try:
+            return procs.spawn("inner", Probe).environ.call_one(name).get(timeout=60)
+        finally:
+            procs.stop().get(timeout=60)
+
+    @endpoint
     def settings(self, names: list[str]) -> dict[str, Any]:
         """These fields of the proc's ``danaus.config``, and its root logger's level."""
         import logging

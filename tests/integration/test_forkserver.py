@@ -287,13 +287,18 @@ async def test_with_python_executable_starts_procs_with_that_python(
     fresh_server: None, tmp_path: Any
 ) -> None:
     wrapper = tmp_path / "python-wrapper"
-    wrapper.write_text(f'#!/bin/sh\nDANAUS_TEST_WRAPPED=yes exec "{sys.executable}" "$@"\n')
+    # the wrapper stamps its own pid: each run of it stamps another
+    wrapper.write_text(f'#!/bin/sh\nDANAUS_TEST_WRAPPED=$$ exec "{sys.executable}" "$@"\n')
     wrapper.chmod(0o755)
     hosts = this_host().with_python_executable(str(wrapper))
     async with hosts.spawn_procs(per_host={"procs": 2}) as procs:
         probe = await procs.spawn("probe", Probe)
-        assert (await probe.environ.call("DANAUS_TEST_WRAPPED")).values() == ["yes", "yes"]
+        pids = (await probe.environ.call("DANAUS_TEST_WRAPPED")).values()
+        assert all(pids) and pids == [str(pid) for pid, _ in (await probe.where.call()).values()]
         assert {ppid for _, ppid in (await probe.where.call()).values()} == {os.getpid()}
+        # procs those procs spawn run it too: the wrapper ran again (Monarch's)
+        nested = await probe.slice(procs=0).nested_environ.call_one("DANAUS_TEST_WRAPPED")
+        assert nested and nested not in pids
     with pytest.raises(ValueError, match="is not an executable file"):
         this_host().with_python_executable(str(tmp_path / "missing"))
 

@@ -43,7 +43,13 @@ async def test_the_module_attribute_fault_hook_and_report_as_a_method(
         os.kill(procs.pids[0], signal.SIGKILL)
         failure = await asyncio.wait_for(got, 30)
         assert failure.mesh_name == failure.mesh
-        assert failure.report() == failure.report and "SIGKILL" in failure.report()
+        # report() is Monarch's report, which names the actor and the cause in its words
+        assert failure.report().startswith(
+            "The actor procs[0].<tests.integration.exec_actors.Worker w{'procs': 0/1}> and "
+            "all its descendants have failed: the process this actor was running on failed: "
+            "Killed(sig=9) ("
+        ), failure.report()
+        assert "SIGKILL" in failure.report and failure.report in failure.report()
         del w
 
 

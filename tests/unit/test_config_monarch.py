@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 
 from danaus.config import (
+    Config,
     clear_runtime_config,
     config,
     configure,
     configured,
     get_global_config,
     get_runtime_config,
+    parametrize_config,
+    parametrize_config_pointwise,
 )
 
 
@@ -53,3 +56,37 @@ def test_bad_settings_name_what_is_wrong(caplog: pytest.LogCaptureFixture) -> No
     with configured(enable_log_forwarding=True):  # Monarch's, meaningless here: a warning
         pass
     assert "enable_log_forwarding" in caplog.text
+
+
+# Monarch's pytest helpers (monarch.config.parametrize_config[_pointwise]), which its own
+# RDMA tests use: each run inside configured(...), settings restored after.
+_seen: list[tuple[object, ...]] = []
+
+
+@parametrize_config(stop_timeout={1.0, 2.0}, mailbox_limit={10, 20})
+def test_parametrize_config_runs_every_combination(tmp_path: object) -> None:
+    _seen.append(("cross", config.stop_timeout, config.mailbox_limit))
+    assert tmp_path is not None  # fixtures still arrive
+
+
+@parametrize_config_pointwise(stop_timeout=[1.0, 2.0], rdma_disable_ibverbs=[True, False])
+async def test_parametrize_config_pointwise_runs_in_lockstep() -> None:
+    _seen.append(("zip", config.stop_timeout, config.rdma_disable_ibverbs))
+
+
+def test_the_parametrized_runs_saw_their_settings_and_left_none_behind() -> None:
+    assert sorted(s for s in _seen if s[0] == "cross") == [
+        ("cross", 1.0, 10),
+        ("cross", 1.0, 20),
+        ("cross", 2.0, 10),
+        ("cross", 2.0, 20),
+    ]
+    assert [s for s in _seen if s[0] == "zip"] == [("zip", 1.0, True), ("zip", 2.0, False)]
+    assert config.stop_timeout == Config().stop_timeout
+
+
+def test_pointwise_needs_as_many_values_for_every_setting() -> None:
+    with pytest.raises(ValueError, match="as many values for every setting"):
+        parametrize_config_pointwise(stop_timeout=[1], mailbox_limit=[1, 2])
+    with pytest.raises(ValueError, match="at least one setting"):
+        parametrize_config()
