@@ -114,7 +114,9 @@ def extract(src: Path, rev: str, into: Path) -> str:
         archive = into / "monarch.tar"
         present = subprocess.run(
             [*git, "ls-tree", "--name-only", rev, "--", *WANTED],
-            check=True, capture_output=True, text=True,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout.split()
         subprocess.run([*git, "archive", "-o", str(archive), rev, "--", *present], check=True)
         with tarfile.open(archive) as tar:
@@ -208,7 +210,8 @@ class _MapNestedImports(ast.NodeTransformer):
                 return node  # left as it is: _uses flags it
             mapped.append(
                 ast.ImportFrom(
-                    module=home[0], names=[ast.alias(home[1], alias.asname or alias.name)],
+                    module=home[0],
+                    names=[ast.alias(home[1], alias.asname or alias.name)],
                     level=0,
                 )
             )
@@ -255,17 +258,13 @@ def served(module: str, name: str) -> bool:
     return True
 
 
-def public_part(
-    source: str,
+def _map_imports(
+    tree: ast.Module,
     homes: dict[tuple[str, str], tuple[str, str]],
     helpers: dict[str, dict[str, set[str]]],
-) -> tuple[str, dict[str, set[str]]]:
-    """The module with internal imports mapped to public homes, and every top-level
-    statement left out that needs an internal name with no public home, a public Monarch
-    name the runner does not serve, or a name a helper module of the tests left out
-    (``helpers``: module -> left-out name -> why). Returns the text and, per name left
-    out (tests included), why: the qualified Monarch names it needed."""
-    tree = ast.parse(source)
+) -> tuple[list[ast.stmt], dict[str, set[str]]]:
+    """The module's statements with its imports of Monarch mapped (see
+    :func:`public_part`), and the names they could not give, with why."""
     for i, node in enumerate(tree.body):  # imports in function and class bodies
         if not isinstance(node, ast.Import | ast.ImportFrom):
             tree.body[i] = _MapNestedImports(homes).visit(node)
@@ -306,6 +305,21 @@ def public_part(
                 continue
             node.names = kept_names
         body.append(node)
+    return body, why
+
+
+def public_part(
+    source: str,
+    homes: dict[tuple[str, str], tuple[str, str]],
+    helpers: dict[str, dict[str, set[str]]],
+) -> tuple[str, dict[str, set[str]]]:
+    """The module with internal imports mapped to public homes, and every top-level
+    statement left out that needs an internal name with no public home, a public Monarch
+    name the runner does not serve, or a name a helper module of the tests left out
+    (``helpers``: module -> left-out name -> why). Returns the text and, per name left
+    out (tests included), why: the qualified Monarch names it needed."""
+    tree = ast.parse(source)
+    body, why = _map_imports(tree, homes, helpers)
 
     def roots(uses: set[str]) -> set[str]:
         return set().union(*(why.get(u, {u}) for u in uses))
@@ -355,7 +369,7 @@ def classify(why: dict[str, set[str]]) -> tuple[dict[str, set[str]], dict[str, s
     for name, roots in why.items():
         if not is_test_name(name) or (name.startswith("Test") and "::" not in name):
             continue
-        public = {r for r in roots if not is_internal(r.rpartition(".")[0])}
+        public = {r for r in roots if not (is_internal(r) or is_internal(r.rpartition(".")[0]))}
         if public:
             unserved[name] = public
         else:
@@ -365,7 +379,7 @@ def classify(why: dict[str, set[str]]) -> tuple[dict[str, set[str]], dict[str, s
 
 # -- running -----------------------------------------------------------------------------
 
-CONFTEST = '''\
+CONFTEST = """\
 import os
 import sys
 from pathlib import Path
@@ -390,7 +404,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="oss_skip: Monarch skips it in OSS"))
         elif "python/tests/" + item.nodeid in _DISABLED_IDS:
             item.add_marker(pytest.mark.skip(reason="in Monarch's disabled_tests.txt"))
-'''
+"""
 
 SITECUSTOMIZE = """\
 import danaus.monarch
@@ -418,7 +432,8 @@ def run_tests(work: Path, files: list[str], timeout: int, python: str) -> list[d
     unserved_by_file: dict[str, dict[str, set[str]]] = {}
     helpers: dict[str, dict[str, set[str]]] = {}
     paths = [
-        p for p in tests.glob("*.py")
+        p
+        for p in tests.glob("*.py")
         if p.name != "conftest.py" and not p.name.endswith("_plugin.py")
     ]
     # the helper modules first: a test importing what one of them left out is left out
@@ -437,24 +452,48 @@ def run_tests(work: Path, files: list[str], timeout: int, python: str) -> list[d
         report = work / f"{name}.xml"
         started = time.monotonic()
         done = subprocess.run(
-            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml",
-             str(report), name],
-            cwd=run_dir, env=env, capture_output=True, text=True,
+            [
+                python,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--junitxml",
+                str(report),
+                name,
+            ],
+            cwd=run_dir,
+            env=env,
+            capture_output=True,
+            text=True,
         )
         cases = _cases(report)
         if not cases and done.returncode not in (0, 5):  # 5: nothing collected
-            cases = [{"name": "(collection)", "outcome": "failed",
-                      "message": (done.stdout + done.stderr)[-600:]}]
+            cases = [
+                {
+                    "name": "(collection)",
+                    "outcome": "failed",
+                    "message": (done.stdout + done.stderr)[-600:],
+                }
+            ]
         for test, names in sorted(unserved_by_file.get(name, {}).items()):
-            cases.append({"name": test, "outcome": "failed",
-                          "message": f"not run: needs {', '.join(sorted(names))}, which "
-                          "the runner does not serve"})
-        results.append({
-            "file": name,
-            "cases": cases,
-            "internal": left_out_by_file.get(name, {}),
-            "seconds": time.monotonic() - started,
-        })
+            cases.append(
+                {
+                    "name": test,
+                    "outcome": "failed",
+                    "message": f"not run: needs {', '.join(sorted(names))}, which "
+                    "the runner does not serve",
+                }
+            )
+        results.append(
+            {
+                "file": name,
+                "cases": cases,
+                "internal": left_out_by_file.get(name, {}),
+                "seconds": time.monotonic() - started,
+            }
+        )
     return results
 
 
@@ -486,7 +525,10 @@ def run_examples(work: Path, examples: list[str], timeout: int, python: str) -> 
         try:
             done = subprocess.run(
                 [python, "-m", "danaus.monarch", path.name],
-                cwd=path.parent, capture_output=True, text=True, timeout=timeout,
+                cwd=path.parent,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
                 env={**os.environ, "PYTHONPATH": str(folder)},
             )
             outcome = "passed" if done.returncode == 0 else f"exit {done.returncode}"
@@ -494,10 +536,14 @@ def run_examples(work: Path, examples: list[str], timeout: int, python: str) -> 
         except subprocess.TimeoutExpired as e:
             outcome = f"timeout {timeout}s"
             tail = str(e.stdout or "")[-400:] + str(e.stderr or "")[-400:]
-        results.append({
-            "example": name, "outcome": outcome, "tail": tail,
-            "seconds": time.monotonic() - started,
-        })
+        results.append(
+            {
+                "example": name,
+                "outcome": outcome,
+                "tail": tail,
+                "seconds": time.monotonic() - started,
+            }
+        )
     return results
 
 
@@ -527,8 +573,13 @@ def report(commit: str, tests: list[dict], examples: list[dict], verbose: bool) 
         f"{totals['internal']:8}"
     )
     print("(internal: test functions left out for using Monarch internals with no public home)")
-    failed = [(r["file"], c) for r in tests if not r.get("missing") for c in r["cases"]
-              if c["outcome"] == "failed"]
+    failed = [
+        (r["file"], c)
+        for r in tests
+        if not r.get("missing")
+        for c in r["cases"]
+        if c["outcome"] == "failed"
+    ]
     if failed:
         print("\nfailed:")
         for file, case in failed:

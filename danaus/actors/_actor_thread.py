@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from ..config import config
 from ._context import current
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
     from ._wire import Call
 
-__all__ = ["ActorThread", "Job", "JobFn", "thread_home", "waiting_actor"]
+__all__ = ["ActorThread", "InitJob", "Job", "JobFn", "thread_home", "waiting_actor"]
 
 
 class _Local(threading.local):
@@ -125,6 +125,22 @@ class Job:
             else "queued"
         )
         return f"<Job {getattr(self.fn, '__name__', self.fn)} {state}>"
+
+
+class InitJob(Job):
+    """An actor's ``__init__``, when its endpoints are all sync: the first job on its
+    thread, as Monarch runs it there (thread-local state it sets is its endpoints');
+    ``then(job)`` runs on the loop once it is done."""
+
+    def __init__(
+        self,
+        fn: JobFn,
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+        then: Callable[[InitJob], None],
+    ) -> None:
+        super().__init__(cast("Connection", None), cast("Call", None), fn, args, kwargs)
+        self.then = then
 
 
 def _stop_at_error(exc: BaseException, actor: ActorInstance) -> None:

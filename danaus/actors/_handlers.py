@@ -9,11 +9,12 @@ import asyncio
 import logging
 import time
 import traceback
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from ..config import config
 from ..errors import ProtocolError, SerializationError, actor_failed
 from ._actor import Actor, endpoint
+from ._actor_thread import InitJob, JobFn
 from ._connection import Connection
 from ._context import ActorContext
 from ._errinfo import encode_error, info_from_error
@@ -192,22 +193,54 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) 
         )
         display = ctx.display_name
         inst = ActorInstance(rt, msg.actor, ctx, obj, msg.mesh, msg.owner_addr)
+        if inst.all_sync:
+            # On its thread, as its endpoints (Monarch's: thread-local state set in
+            # __init__ is theirs); calls that come meanwhile wait for it (rt.arrivals).
+            def then(job: InitJob, inst: ActorInstance = inst) -> None:
+                if job.error is not None:
+                    _spawn_failed(rt, conn, msg, inst, job.error, actor_id, point, display)
+                else:
+                    _spawned(rt, conn, msg, inst)
+
+            inst.init_on_thread(cast(JobFn, cls.__init__), (obj, *args), kwargs, then)
+            return
         inst.cv.run(cls.__init__, obj, *args, **kwargs)
     except BaseException as e:  # user code: SystemExit too
-        tb = "".join(traceback.format_exception(e))
-        info = info_from_error(e, actor_id, str(point), tb)
-        if not isinstance(e, SerializationError):
-            info = ErrorInfo(
-                "actor", actor_id, str(point), info.exc_type, info.message, tb, "", info.exception
-            )
-        rt.actors[msg.actor] = _FailedActor(rt, actor_id, msg.rank, info, display)  # type: ignore[assignment]
-        if inst is not None and inst.owned:  # what it spawned before raising stops (Monarch)
-            rt.spawn_task(inst.stop_owned())
-        conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
-        rt.arrivals.release_actor(msg.actor)
+        _spawn_failed(rt, conn, msg, inst, e, actor_id, point, display)
         return
+    _spawned(rt, conn, msg, inst)
+
+
+def _spawned(rt: Runtime, conn: Connection, msg: Spawn, inst: ActorInstance) -> None:
     rt.actors[msg.actor] = inst
     conn.send(Result(msg.reply, CLOSE, NIL, False, msg.rank))
+    rt.arrivals.release_actor(msg.actor)
+
+
+def _spawn_failed(
+    rt: Runtime,
+    conn: Connection,
+    msg: Spawn,
+    inst: ActorInstance | None,
+    e: BaseException,
+    actor_id: str,
+    point: Point,
+    display: str,
+) -> None:
+    """The actor's ``__init__`` (or its payload) failed with ``e``: it stands failed, and
+    the spawner hears why."""
+    tb = "".join(traceback.format_exception(e))
+    info = info_from_error(e, actor_id, str(point), tb)
+    if not isinstance(e, SerializationError):
+        info = ErrorInfo(
+            "actor", actor_id, str(point), info.exc_type, info.message, tb, "", info.exception
+        )
+    rt.actors[msg.actor] = _FailedActor(rt, actor_id, msg.rank, info, display)  # type: ignore[assignment]
+    if inst is not None:
+        if inst.owned:  # what it spawned before raising stops (Monarch)
+            rt.spawn_task(inst.stop_owned())
+        inst.in_flight.close_thread()
+    conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
     rt.arrivals.release_actor(msg.actor)
 
 

@@ -85,6 +85,11 @@ class InFlight:
             )
         thread.submit(job)
 
+    def close_thread(self) -> None:
+        """End the actor's thread, if it has one (its ``__init__`` failed there)."""
+        if self._thread is not None:
+            self._thread.close()
+
     def finished(self, n: int) -> None:
         """The thread reported back its ``n`` oldest jobs."""
         jobs = self.jobs

@@ -11,7 +11,7 @@ import contextvars
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import msgspec
@@ -19,7 +19,7 @@ import msgspec
 from ..config import config
 from ..errors import SerializationError, SupervisionError, actor_failed
 from ._actor import AS_ENDPOINT, Endpoint, describe_endpoints, endpoints_of
-from ._actor_thread import Job, JobFn
+from ._actor_thread import InitJob, Job, JobFn
 from ._connection import Connection
 from ._context import ActorContext, Context, current
 from ._in_flight import InFlight
@@ -109,6 +109,8 @@ class ActorInstance:
         #: keep the counters and start times (config.actor_stats; read once per actor)
         self._count = config.actor_stats
         self.in_flight = InFlight(rt, self, self._count, self._thread_done)
+        #: ``__init__`` running on the actor's thread (see :meth:`init_on_thread`)
+        self.init_job: InitJob | None = None
         self.mailbox = Mailbox(self, rt.loop, ctx.actor_id)
         #: take a message; ``sender`` (default: the connection's peer) orders it by
         #: ``msg.seq``. The mailbox's own method: every message comes through here.
@@ -243,8 +245,32 @@ class ActorInstance:
     def _thread_done(self, jobs: list[Job]) -> None:
         """Sync messages the actor's thread finished (on the loop's thread, in order)."""
         self.in_flight.finished(len(jobs))
-        self.replier.jobs_done(jobs)
+        if self.init_job is not None and jobs[0] is self.init_job:  # (the first job ever)
+            init, self.init_job = self.init_job, None
+            init.then(init)
+            jobs = jobs[1:]
+        if jobs:
+            self.replier.jobs_done(jobs)
         self.mailbox.drain()
+
+    def init_on_thread(
+        self,
+        init: JobFn,
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+        then: Callable[[InitJob], None],
+    ) -> None:
+        """Run ``init`` (``__init__``) as the first job on the actor's thread, where its
+        sync endpoints run; ``then(job)`` on the loop once it is done."""
+        self.init_job = InitJob(init, args, kwargs, then)
+        self.in_flight.submit(self.init_job)
+
+    @property
+    def all_sync(self) -> bool:
+        """Its endpoints are all sync (and some exist): Monarch runs such an actor,
+        ``__init__`` included, on one thread."""
+        eps = self.endpoints.values()
+        return bool(eps) and not self.inline_sync and not any(ep.is_async for ep in eps)
 
     def _async_done(
         self, conn: Connection, msg: Call, ep: RunnableEndpoint, task: asyncio.Task[object]
@@ -382,7 +408,9 @@ class ActorInstance:
                         self.in_flight.task_done(t)
                     if t.cancelled() or t.exception() is not None or not t.result():
                         exc = None if t.cancelled() else t.exception()
-                        raised = f"__supervise__ raised {type(exc).__name__}: {exc}; " if exc else ""
+                        raised = (
+                            f"__supervise__ raised {type(exc).__name__}: {exc}; " if exc else ""
+                        )
                         self.fail(raised + escalate_report, "unhandled")
                     if not beside:
                         self.mailbox.drain()

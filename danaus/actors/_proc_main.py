@@ -31,7 +31,8 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> None:
+async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> bool:
+    """Serve until told to stop (True: a graceful stop) or the spawner goes (False)."""
     import socket
 
     from ._loops import install_runtime
@@ -71,6 +72,7 @@ async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> No
     loop.add_signal_handler(signal.SIGINT, on_sigterm)
     await asyncio.wait([rt.stop_requested, stdin_closed], return_when=asyncio.FIRST_COMPLETED)
     await rt.aclose()
+    return rt.stop_requested.done()
 
 
 def _run_startup_hooks() -> None:
@@ -135,10 +137,54 @@ def run(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> NoRet
                 # task's done callback runs when the loop resumes), not the proc: its
                 # other actors go on serving. The runtime stops a proc through main_task.
                 continue
+        if not main_task.cancelled() and main_task.exception() is None and main_task.result():
+            _finalize()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(0)
+
+
+def _finalize() -> None:
+    """At a graceful stop, what the interpreter's own exit does that user code relies
+    on (Monarch's procs exit through it): ``atexit`` hooks run, then the globals of the
+    user's modules (those from outside the standard library, the installed packages and
+    danaus) are released, so their finalizers (``__del__``) run. The proc
+    still ends with ``os._exit``: a fork server's child must not unwind into its code,
+    and a finalizer that hangs is cut off after ``config.stop_timeout``."""
+    import atexit
+    import gc
+    import sysconfig
+    import threading
+
+    def cut_off() -> None:
+        if not done.wait(config.stop_timeout):
+            sys.stderr.write("danaus proc: finalizers still running, exiting without them\n")
+            sys.stderr.flush()
+            os._exit(0)
+
+    done = threading.Event()
+    threading.Thread(target=cut_off, name="danaus finalize deadline", daemon=True).start()
+    try:
+        atexit._run_exitfuncs()  # noqa: SLF001 - what the interpreter's exit runs
+        skip = tuple(
+            os.path.realpath(p) + os.sep
+            for p in {*sysconfig.get_paths().values(), os.path.dirname(os.path.dirname(__file__))}
+        )
+        for module in reversed(list(sys.modules.values())):
+            path = getattr(module, "__file__", None)
+            if not path or os.path.realpath(path).startswith(skip):
+                continue
+            try:
+                for key in [k for k in vars(module) if not k.startswith("__")]:
+                    vars(module)[key] = None  # as CPython's own finalization does
+            except Exception:  # an odd module object: leave it
+                continue
+        gc.collect()
+    except BaseException:  # a finalizer's error: ours to swallow, as the interpreter does
+        pass
+    finally:
+        done.set()
 
 
 if __name__ == "__main__":

@@ -258,7 +258,8 @@ class MeshState:
         if why is not None:
             return SupervisionError(
                 actor_failed(
-                    self.display_name(rank), f"mesh {self.name!r} rank {self.point(rank)} failed: {why}"
+                    self.display_name(rank),
+                    f"mesh {self.name!r} rank {self.point(rank)} failed: {why}",
                 )
             )
         return None

@@ -209,3 +209,27 @@ class MeshSpawner(Actor):
         pids = (await sib.pid.call()).values()
         await pm.stop()  # stops the siblings, not the procs
         return {"pids": pids, "sizes": pm.sizes, "name": pm.name}
+
+
+class ThreadLocalCounter(Actor):
+    """All sync, so its __init__ runs on its own thread, as Monarch runs it: thread-local
+    state set there is its endpoints'."""
+
+    def __init__(self, fail: bool = False) -> None:
+        import threading
+
+        self.local = threading.local()
+        self.local.count = 0
+        self.init_thread = threading.get_ident()
+        if fail:
+            raise ValueError("init failed on the actor's thread")
+
+    @endpoint
+    def bump(self) -> None:
+        self.local.count += 1
+
+    @endpoint
+    def seen(self) -> tuple[int, bool]:
+        import threading
+
+        return self.local.count, threading.get_ident() == self.init_thread

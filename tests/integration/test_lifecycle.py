@@ -429,3 +429,21 @@ async def test_a_proc_group_holds_the_actor_meshes_of_its_mesh_and_every_slice()
     assert repr(group) == f"<ProcGroup {procs.name} {{'procs': 2}} stopped, 0 actor meshes>"
     with pytest.raises(SupervisionError, match="was stopped"):
         await asyncio.wait_for(b.echo.call("anyone?"), 10)
+
+
+@pytest.mark.parametrize("method", ["fork", "exec"])
+async def test_a_graceful_stop_runs_the_finalizers_of_module_globals(
+    method: str, tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As in Monarch (its procs exit through the interpreter's finalization): a module
+    global's __del__ runs when the proc mesh stops; a killed proc runs none."""
+    from .finalizer_actors import HoldsFinalizer
+
+    monkeypatch.setattr(config, "spawn_method", method)
+    marker = os.path.join(str(tmp_path), "marker")
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        holder = await procs.spawn("holder", HoldsFinalizer, marker)
+        pids = (await holder.pid.call()).values()
+    assert await asyncio.to_thread(_wait_gone, pids, 10) == []
+    with open(marker) as f:  # noqa: ASYNC230 - a few bytes, after the procs are gone
+        assert f.read() == "finalized"

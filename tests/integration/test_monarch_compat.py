@@ -12,8 +12,9 @@ import signal
 import pytest
 
 import danaus
-from danaus import Actor, MeshFailure, endpoint, this_host
+from danaus import Actor, ActorError, MeshFailure, endpoint, this_host
 
+from ..faults import Failures
 from .exec_actors import Worker
 
 
@@ -251,3 +252,19 @@ async def test_send_to_a_ranked_port_and_as_endpoint() -> None:
             as_endpoint(p.double)
         with pytest.raises(EndpointNotFoundError, match="no endpoint 'nope'"):
             p.nope  # noqa: B018
+
+
+async def test_thread_local_state_set_in_init_is_the_sync_endpoints(failures: Failures) -> None:
+    from .compat_actors import ThreadLocalCounter
+
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        counter = await procs.spawn("counter", ThreadLocalCounter)
+        for _ in range(3):
+            await counter.bump.call()
+        assert (await counter.seen.call()).values() == [(3, True), (3, True)]
+        # __init__ failing on the actor's thread: the spawn fails as any __init__ does
+        with pytest.raises(ActorError, match="init failed on the actor's thread"):
+            await procs.spawn("bad", ThreadLocalCounter, True)
+        f = await failures.first()
+        assert (f.mesh, f.kind) == ("bad", "init")
+        assert (await counter.seen.call()).values() == [(3, True), (3, True)]  # still serves
