@@ -80,6 +80,10 @@ class ActorContext:
         t = type(self.instance)
         return f"{t.__module__}.{t.__qualname__}"
 
+    def __str__(self) -> str:
+        """Its display name, as Monarch prints an actor instance."""
+        return self.display_name
+
     @property
     def display_name(self) -> str:
         """How failure reports name this actor (Monarch's form, with its class and point:

@@ -284,7 +284,10 @@ async def serve(listen: str, key: bytes, ready: ThreadFuture[str] | None = None)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     log.info("danaus host agent listening on %s (pid %d)", rt.addr, os.getpid())
-    print(f"danaus host agent listening on {rt.addr}", flush=True)
+    # one write, newline included: agents sharing a pipe (PYTHONUNBUFFERED makes print
+    # write its text and its newline apart) must not interleave their lines
+    sys.stdout.write(f"danaus host agent listening on {rt.addr}\n")
+    sys.stdout.flush()
     if ready is not None:
         ready.set_result(rt.addr)
     try:

@@ -37,6 +37,10 @@ class Ender(Actor):
     def ping(self) -> str:
         return "pong"
 
+    @endpoint
+    def me(self) -> str:
+        return str(context().actor_instance)
+
 
 @pytest.mark.parametrize("reason", [None, "test abort reason \udcff"])
 @pytest.mark.parametrize("how", ["abort", "akill"])  # on its thread, on the loop
@@ -67,3 +71,11 @@ async def test_an_actor_stops_itself_without_a_failure(failures: Failures) -> No
         with pytest.raises(SupervisionError, match="was stopped"):
             await asyncio.wait_for(ender.ping.call_one(), 30)
         assert not failures  # stopped, not failed: nobody is told of a failure
+
+
+async def test_an_actor_instance_prints_as_monarchs_does() -> None:
+    async with this_host().spawn_procs(per_host={"f": 2}) as procs:
+        enders = await procs.spawn("the_name", Ender)
+        assert await enders.slice(f=1).me.call_one() == (
+            "procs[1].<tests.integration.test_actor_instance.Ender the_name{'f': 1/2}>"
+        )
