@@ -1,0 +1,86 @@
+"""``ProcessJob`` (Monarch's ``monarch.job.ProcessJob``): "hosts" that are host agents in
+processes of their own on this machine, one per host of each requested mesh."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from danaus.job import ProcessJob, job_load
+
+from .lifecycle_actors import Where
+from .test_robustness import _wait_gone
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _descends_from(pid: int, ancestors: set[int]) -> bool:
+    while pid > 1:
+        if pid in ancestors:
+            return True
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    return False
+
+
+async def test_its_meshes_are_hosts_whose_procs_are_the_workers_children() -> None:
+    job = ProcessJob({"trainers": 2, "loaders": 1})
+    state = await asyncio.to_thread(job.state)
+    try:
+        assert (state.trainers.sizes, state.loaders.sizes) == ({"hosts": 2}, {"hosts": 1})
+        workers = {p.pid for p in job._workers.values()}
+        assert len(workers) == 3
+        async with state.trainers.spawn_procs(per_host={"gpus": 2}) as procs:
+            where = await procs.spawn("where", Where)
+            pids = [pid for _, pid in (await where.where.call()).values()]
+            assert len(set(pids)) == 4 and os.getpid() not in pids
+            assert all(_descends_from(pid, workers) for pid in pids)
+    finally:
+        await asyncio.to_thread(job.kill)
+    assert not job.active
+    assert await asyncio.to_thread(_wait_gone, sorted(workers), 10) == []
+
+
+def test_a_saved_job_is_reused_while_its_workers_live(tmp_path: Path) -> None:
+    path = str(tmp_path / "job.pkl")
+    first = ProcessJob({"hosts": 1})
+    first.state(cached_path=path)
+    try:
+        again = ProcessJob({"hosts": 1})
+        again.state(cached_path=path)
+        assert again.status.name == "CACHED" and again.apply_id == first.apply_id
+        assert not job_load(path).can_run(ProcessJob({"hosts": 2}))  # another spec
+    finally:
+        first.kill()
+    assert not job_load(path).can_run(ProcessJob({"hosts": 1}))  # its workers are gone
+
+
+def test_a_bad_spec_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"got 'hosts': 0"):
+        ProcessJob({"hosts": 0})
+    with pytest.raises(ValueError, match=r"got 'two words': 1"):
+        ProcessJob({"two words": 1})
+
+
+def test_its_workers_end_with_the_controller(tmp_path: Path) -> None:
+    program = textwrap.dedent(
+        """\
+        from danaus.job import ProcessJob
+        job = ProcessJob({"hosts": 2})
+        job.state()
+        print(*[p.pid for p in job._workers.values()], flush=True)
+        """  # exits without job.kill()
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    workers = [int(p) for p in done.stdout.split()]
+    assert len(workers) == 2
+    assert _wait_gone(workers, 10) == []
