@@ -117,6 +117,52 @@ class HostMesh(Shaped):
             )
         return HostMesh(self._shape, self.name, None, self._spawned, path, self._origin)
 
+    @property
+    def initialized(self) -> Future[None]:
+        """Resolves once every host answers (Monarch's ``HostMesh.initialized``): at once
+        for this machine; for attached host agents, once each has answered, or with
+        ``SupervisionError`` naming the first that cannot be reached (bounded by
+        ``connect_timeout``)."""
+        rt = current_runtime()
+        agents = self._agents
+        if agents is None:
+            done: Future[None] = Future(loop=rt.loop)
+            run_task(rt, _nothing).add_done_callback(
+                lambda f: done.set_result(None) if not done.done() else None
+            )
+            return done
+
+        async def reach() -> None:
+            ranks = agents.global_ranks()
+            got = await asyncio.gather(
+                *(agents.slice(hosts=i).info.call_one() for i in range(len(ranks))),
+                return_exceptions=True,
+            )
+            for rank, outcome in zip(ranks, got, strict=True):
+                if isinstance(outcome, BaseException):
+                    addr = (agents._addrs or {}).get(rank, "?")  # noqa: SLF001 - its own layer's
+                    raise SupervisionError(
+                        f"host mesh {self.name!r}: the host agent at {addr} cannot be "
+                        f"reached: {outcome}"
+                    ) from outcome
+
+        return run_task(rt, reach)
+
+    def stop(self) -> Future[None]:
+        """Monarch's ``HostMesh.stop``: stop the proc meshes spawned on these hosts and
+        let go of them; the hosts (their host agents) keep running for the next
+        controller. Here that is :meth:`shutdown`."""
+        return self.shutdown()
+
+    async def __aenter__(self) -> HostMesh:
+        """``async with attach_to_hosts(...) as hosts:``: the hosts, once reached; on the
+        way out, the proc meshes spawned on them stop (the hosts keep running)."""
+        await self.initialized
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
     def shutdown(self) -> Future[None]:
         """Stop every proc mesh spawned on these hosts (Monarch's ``HostMesh.shutdown``).
 
@@ -284,6 +330,10 @@ class HostMesh(Shaped):
             )
             fut.add_done_callback(functools.partial(on_host, i))
         return new_proc_mesh(shape, handles, name, started, options)
+
+
+async def _nothing() -> None:
+    pass
 
 
 def attach_to_hosts(

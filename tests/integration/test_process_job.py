@@ -84,3 +84,32 @@ def test_its_workers_end_with_the_controller(tmp_path: Path) -> None:
     workers = [int(p) for p in done.stdout.split()]
     assert len(workers) == 2
     assert _wait_gone(workers, 10) == []
+
+
+async def test_host_mesh_initialized_stop_and_async_with(tmp_path: Path) -> None:
+    """Monarch's HostMesh.initialized, stop() and ``async with``: the procs spawned on
+    the hosts stop on the way out, the hosts (workers) keep running."""
+    from danaus import this_host
+    from danaus.config import configured
+    from danaus.errors import SupervisionError
+    from danaus.mesh import attach_to_workers
+
+    await this_host().initialized  # this machine: at once
+    job = ProcessJob({"hosts": 2})
+    state = await asyncio.to_thread(job.state)
+    try:
+        async with state.hosts as hosts:
+            procs = hosts.spawn_procs(per_host={"p": 1})
+            pids = [pid for _, pid in (await procs.spawn("w", Where).where.call()).values()]
+        assert await asyncio.to_thread(_wait_gone, pids, 10) == []
+        assert all(p.poll() is None for p in job._workers.values())  # the hosts live on
+        again = state.hosts.spawn_procs(per_host={"p": 1})  # and serve again
+        assert len((await again.spawn("w", Where).where.call()).values()) == 2
+        await state.hosts.stop()
+        assert again._group.stopped
+    finally:
+        await asyncio.to_thread(job.kill)
+    nowhere = f"unix:{tmp_path}/nobody.sock"
+    with configured(connect_timeout=1):  # (dialing waits that long for the socket)
+        with pytest.raises(SupervisionError, match=f"host agent at {nowhere} cannot be reached"):
+            await attach_to_workers(workers=[nowhere]).initialized
