@@ -56,16 +56,15 @@ class ProcessJob(JobTrait):
                 )
         self._meshes = dict(meshes)
         self._env = dict(env or {})
+        #: the workers this process started, and every worker's pid (kept in a saved job)
         self._workers: dict[str, subprocess.Popen[bytes]] = {}
+        self._pids: dict[str, int] = {}
         self._addrs: dict[str, str] = {}
         self._folder: str | None = None
 
     def __getstate__(self) -> dict[str, object]:
         # saved for a later controller in this session: the workers' pids and addresses
-        state = dict(self.__dict__)
-        state["_workers"] = {}
-        state["_pids"] = {k: p.pid for k, p in self._workers.items()}
-        return state
+        return {**self.__dict__, "_workers": {}}
 
     def _create(self) -> None:
         self._folder = tempfile.mkdtemp(prefix="danaus-process-job-")
@@ -88,6 +87,7 @@ class ProcessJob(JobTrait):
                         # a thread's death would fire PDEATHSIG: only from the main thread
                         preexec_fn=_die_with_controller if main_thread else None,
                     )
+                    self._pids[key] = self._workers[key].pid
                     self._addrs[key] = addr
         except BaseException:
             self._kill()
@@ -108,7 +108,8 @@ class ProcessJob(JobTrait):
         )
 
     def _kill(self) -> None:
-        workers, self._workers = dict(self._workers), {}
+        workers, self._workers = self._workers, {}
+        pids, self._pids = self._pids, {}
         for worker in workers.values():
             if worker.poll() is None:
                 worker.terminate()
@@ -119,8 +120,10 @@ class ProcessJob(JobTrait):
             except subprocess.TimeoutExpired:
                 worker.kill()
                 worker.wait()
-        for pid in getattr(self, "_pids", {}).values():  # a saved job's workers
-            try:
+        for key, pid in pids.items():
+            if key in workers:
+                continue  # (waited for above)
+            try:  # a saved job's worker: not a child of this process
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
@@ -132,13 +135,12 @@ class ProcessJob(JobTrait):
     def can_run(self, spec: JobTrait) -> bool:
         if not isinstance(spec, ProcessJob) or spec._meshes != self._meshes:  # noqa: SLF001 - its own class
             return False
-        pids = [p.pid for p in self._workers.values()] or list(getattr(self, "_pids", {}).values())
-        for pid in pids:
+        for pid in self._pids.values():
             try:
                 os.kill(pid, 0)
             except ProcessLookupError:
                 return False
-        return bool(pids)
+        return bool(self._pids)
 
 
 #: jobs with workers running, ended at the controller's exit

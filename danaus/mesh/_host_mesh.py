@@ -126,11 +126,7 @@ class HostMesh(Shaped):
         rt = current_runtime()
         agents = self._agents
         if agents is None:
-            done: Future[None] = Future(loop=rt.loop)
-            run_task(rt, _nothing).add_done_callback(
-                lambda f: done.set_result(None) if not done.done() else None
-            )
-            return done
+            return run_task(rt, _nothing)
 
         async def reach() -> None:
             ranks = agents.global_ranks()

@@ -151,17 +151,13 @@ def remote(
         shape_fn = propagate or f
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            client = active() or next(
-                (a.client for a in (*args, *kwargs.values()) if isinstance(a, DTensor)), None
-            )
+            client = _client_of(args, kwargs)
             if client is None:
                 return f(*args, **kwargs)  # no mesh involved: an ordinary call
             return _dispatch.call_function(client, f, shape_fn, args, kwargs)
 
         def fetching(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-            client = active() or next(
-                (a.client for a in (*args, *kwargs.values()) if isinstance(a, DTensor)), None
-            )
+            client = _client_of(args, kwargs)
             if client is None:
                 raise RuntimeError(
                     f"{getattr(f, '__name__', f)}.call(): no mesh is active and no argument "
@@ -183,6 +179,14 @@ def remote(
         return call
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _client_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The tensor engine a ``@remote`` call goes to: the active mesh's, else that of its
+    first argument on a mesh; None where no mesh is involved."""
+    return active() or next(
+        (a.client for a in (*args, *kwargs.values()) if isinstance(a, DTensor)), None
+    )
 
 
 class _ActorCall:
