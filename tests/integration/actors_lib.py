@@ -126,13 +126,33 @@ class Caller(Actor):
         return await Accumulator(mesh.get, 0, operator.add).accumulate()
 
 
-class Parent(Actor):
-    """Owns a child mesh; records the failures it is told about."""
+class Supervisor(Actor):
+    """Records each failure of the meshes it owns, as ``mesh|ranks|kind|report``, and
+    tells ``port`` of it; its ``__supervise__`` handles them if ``handle``."""
 
     def __init__(self, handle: bool, port: Port[str] | None = None) -> None:
         self.handle = handle
         self.port = port
         self.failures: list[str] = []
+
+    @endpoint
+    def seen(self) -> list[str]:
+        return self.failures
+
+    def __supervise__(self, failure: Any) -> bool:
+        self.failures.append(
+            f"{failure.mesh}|{[str(r) for r in failure.ranks]}|{failure.kind}|{failure.report}"
+        )
+        if self.port is not None:
+            self.port.send(self.failures[-1])
+        return self.handle
+
+
+class Parent(Supervisor):
+    """Owns a child mesh; records the failures it is told about."""
+
+    def __init__(self, handle: bool, port: Port[str] | None = None) -> None:
+        super().__init__(handle, port)
         self.children: Any = None
         self.procs: Any = None
 
@@ -152,18 +172,6 @@ class Parent(Actor):
     @endpoint
     async def call_child(self, rank: int) -> Any:
         return await self.children.slice(procs=rank).echo.call_one(rank)
-
-    @endpoint
-    def seen(self) -> list[str]:
-        return self.failures
-
-    def __supervise__(self, failure: Any) -> bool:
-        self.failures.append(
-            f"{failure.mesh}|{[str(r) for r in failure.ranks]}|{failure.kind}|{failure.report}"
-        )
-        if self.port is not None:
-            self.port.send(self.failures[-1])
-        return self.handle
 
 
 class Cleaner(Actor):
@@ -299,14 +307,12 @@ class Fragile(Actor):
             self.port.send(f"cleanup exc={type(exc).__name__ if exc else None}")
 
 
-class Guardian(Actor):
+class Guardian(Supervisor):
     """Owns a mesh of ``Fragile`` actors on procs of its own and tells ``port`` of each
     failure of it; ``__supervise__`` handles them if ``handle``."""
 
     def __init__(self, handle: bool, port: Port[str] | None = None) -> None:
-        self.handle = handle
-        self.port = port
-        self.failures: list[str] = []
+        super().__init__(handle, port)
         self.child: Any = None
 
     @endpoint
@@ -332,18 +338,6 @@ class Guardian(Actor):
     @endpoint
     async def child_pid(self, rank: int) -> int:
         return await self.child.slice(procs=rank).pid.call_one()
-
-    @endpoint
-    def seen(self) -> list[str]:
-        return self.failures
-
-    def __supervise__(self, failure: Any) -> bool:
-        self.failures.append(
-            f"{failure.mesh}|{[str(r) for r in failure.ranks]}|{failure.kind}|{failure.report}"
-        )
-        if self.port is not None:
-            self.port.send(self.failures[-1])
-        return self.handle
 
 
 class Watcher(Actor):

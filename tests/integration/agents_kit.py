@@ -8,7 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 
-__all__ = ["Agent", "host_agents"]
+__all__ = ["Agent", "controller_key", "host_agents"]
 
 #: an agent's listening address, as it printed it, and its process
 Agent = tuple[str, "subprocess.Popen[str]"]
@@ -51,3 +51,18 @@ def host_agents(
             for f in (p.stdout, p.stderr):
                 if f is not None:
                     f.close()
+
+
+@contextlib.contextmanager
+def controller_key(key: str) -> Iterator[None]:
+    """Run this controller with the job key ``key`` (hex), as agents started with it
+    expect (the local procs it starts meanwhile get it too); the previous key after."""
+    from danaus.actors import _auth
+    from danaus.config import config
+
+    old = config.auth_key, _auth._key
+    config.auth_key, _auth._key = key, bytes.fromhex(key)
+    try:
+        yield
+    finally:
+        config.auth_key, _auth._key = old

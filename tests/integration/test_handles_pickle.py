@@ -26,12 +26,10 @@ from danaus import (
     this_host,
     this_proc,
 )
-from danaus.actors import _auth
 from danaus.actors._auth import job_key
-from danaus.config import config
 from danaus.rdma import RDMABuffer
 
-from .agents_kit import host_agents
+from .agents_kit import controller_key, host_agents
 from .handles_actors import Holder, Leaf, User
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -320,13 +318,11 @@ def two_agents() -> Iterator[list[str]]:
     local procs it starts get it too: a key never travels in a pickle)."""
     key = os.urandom(32).hex()
     env = dict(os.environ, DANAUS_AUTH_KEY=key, PYTHONPATH=str(ROOT))
-    with host_agents([f"tcp://127.0.0.{i}:0" for i in (2, 3)], [env, env]) as agents:
-        old_cfg, old_key = config.auth_key, _auth._key
-        config.auth_key, _auth._key = key, bytes.fromhex(key)
-        try:
-            yield [addr for addr, _ in agents]
-        finally:
-            config.auth_key, _auth._key = old_cfg, old_key
+    with (
+        host_agents([f"tcp://127.0.0.{i}:0" for i in (2, 3)], [env, env]) as agents,
+        controller_key(key),
+    ):
+        yield [addr for addr, _ in agents]
 
 
 async def test_host_agents_procs_passed_to_a_local_actor_are_spawned_on(

@@ -12,12 +12,11 @@ from typing import Any
 import pytest
 
 from danaus import SupervisionError, attach_to_hosts, this_host
-from danaus.actors import _auth
 from danaus.config import config
 
 from ..faults import danaus_procs
 from .actors_lib import Counter, Echo
-from .agents_kit import Agent, host_agents
+from .agents_kit import Agent, controller_key, host_agents
 
 KEY = os.urandom(32).hex()
 
@@ -37,11 +36,8 @@ def agents() -> Iterator[list[Agent]]:
 @pytest.fixture
 def keyed(agents: list[tuple[str, subprocess.Popen[str]]]) -> Iterator[list[str]]:
     """Run the test's controller with the agents' key."""
-    old_cfg, old_key = config.auth_key, _auth._key
-    config.auth_key = KEY
-    _auth._key = bytes.fromhex(KEY)
-    yield [a for a, _ in agents]
-    config.auth_key, _auth._key = old_cfg, old_key
+    with controller_key(KEY):
+        yield [a for a, _ in agents]
 
 
 async def test_procs_across_two_hosts_know_their_2d_rank(keyed: list[str]) -> None:
@@ -99,15 +95,10 @@ async def test_a_slice_of_hosts_spawns_only_there(keyed: list[str]) -> None:
 async def test_wrong_key_is_refused_by_the_agent(
     agents: list[tuple[str, subprocess.Popen[str]]],
 ) -> None:
-    old_cfg, old_key = config.auth_key, _auth._key
-    config.auth_key = os.urandom(32).hex()
-    _auth._key = bytes.fromhex(config.auth_key)
-    try:
+    with controller_key(os.urandom(32).hex()):
         procs = attach_to_hosts([agents[0][0]]).spawn_procs(per_host={"procs": 1})
         with pytest.raises(SupervisionError):
             await asyncio.wait_for(procs.initialized, 30)
-    finally:
-        config.auth_key, _auth._key = old_cfg, old_key
 
 
 CONTROLLER = """

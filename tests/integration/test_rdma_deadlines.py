@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -21,12 +19,12 @@ import numpy as np
 import pytest
 
 from danaus import Actor, attach_to_hosts, endpoint, set_unhandled_fault_hook, this_host
-from danaus.actors import _auth
 from danaus.config import config
 from danaus.errors import RDMAOwnerError
 from danaus.rdma import RDMAAction, RDMABuffer, get_rdma_backend
 
 from ..faults import freeze, kill, thaw
+from .agents_kit import controller_key, host_agents
 
 N = 1 << 20
 
@@ -223,33 +221,11 @@ def two_hosts() -> Iterator[list[str]]:
     uses for the test."""
     key = os.urandom(32).hex()
     env = dict(os.environ, DANAUS_AUTH_KEY=key, PYTHONPATH=os.getcwd())
-    agents = [
-        subprocess.Popen(
-            [sys.executable, "-m", "danaus", "host-agent", "--listen", f"tcp://127.0.0.{i}:0"],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for i in (2, 3)
-    ]
-    old = config.auth_key, _auth._key
-    try:
-        addrs = []
-        for agent in agents:
-            assert agent.stdout is not None
-            line = agent.stdout.readline()  # printed once it listens
-            assert "listening on tcp://" in line, line
-            addrs.append(line.split()[-1])
-        config.auth_key, _auth._key = key, bytes.fromhex(key)
-        yield addrs
-    finally:
-        config.auth_key, _auth._key = old
-        for agent in agents:
-            agent.terminate()
-        for agent in agents:
-            agent.wait(timeout=10)
-            if agent.stdout is not None:
-                agent.stdout.close()
+    with (
+        host_agents([f"tcp://127.0.0.{i}:0" for i in (2, 3)], [env, env]) as agents,
+        controller_key(key),
+    ):
+        yield [addr for addr, _ in agents]
 
 
 async def test_a_reader_on_another_host_gets_a_timeout_from_a_frozen_owner(

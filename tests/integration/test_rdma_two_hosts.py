@@ -22,13 +22,12 @@ import numpy as np
 import pytest
 
 from danaus import Actor, attach_to_hosts, endpoint, set_unhandled_fault_hook
-from danaus.actors import _auth
 from danaus.config import config
 from danaus.rdma import RDMABuffer, get_rdma_backend
 
 from ..hardware import need_rdma_device
 from ..timing import within
-from .agents_kit import host_agents
+from .agents_kit import controller_key, host_agents
 
 KEY = os.urandom(32).hex()
 MiB = 1 << 20
@@ -154,13 +153,11 @@ def agents() -> Iterator[list[str]]:
         )
         for device, _ in _hosts()
     ]
-    with host_agents([f"tcp://{addr}:0" for _, addr in _hosts()], envs) as agents:
-        old_cfg, old_key = config.auth_key, _auth._key
-        config.auth_key, _auth._key = KEY, bytes.fromhex(KEY)
-        try:
-            yield [addr for addr, _ in agents]
-        finally:
-            config.auth_key, _auth._key = old_cfg, old_key
+    with (
+        host_agents([f"tcp://{addr}:0" for _, addr in _hosts()], envs) as agents,
+        controller_key(KEY),
+    ):
+        yield [addr for addr, _ in agents]
 
 
 @pytest.fixture
