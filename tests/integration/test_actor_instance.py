@@ -74,8 +74,8 @@ async def test_an_actor_stops_itself_without_a_failure(failures: Failures) -> No
 
 
 async def test_an_actor_instance_prints_as_monarchs_does() -> None:
-    async with this_host().spawn_procs(per_host={"f": 2}) as procs:
+    async with this_host().spawn_procs(per_host={"f": 2}, name="named") as procs:
         enders = await procs.spawn("the_name", Ender)
         assert await enders.slice(f=1).me.call_one() == (
-            "procs[1].<tests.integration.test_actor_instance.Ender the_name{'f': 1/2}>"
+            "named[1].<tests.integration.test_actor_instance.Ender the_name{'f': 1/2}>"
         )

@@ -39,14 +39,14 @@ async def test_the_module_attribute_fault_hook_and_report_as_a_method(
 ) -> None:
     got: asyncio.Future[MeshFailure] = asyncio.get_running_loop().create_future()
     monkeypatch.setattr(danaus, "unhandled_fault_hook", lambda f: got.done() or got.set_result(f))
-    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+    async with this_host().spawn_procs(per_host={"procs": 1}, name="hooked") as procs:
         w = await procs.spawn("w", Worker)
         os.kill(procs.pids[0], signal.SIGKILL)
         failure = await asyncio.wait_for(got, 30)
         assert failure.mesh_name == failure.mesh
         # report() is Monarch's report, which names the actor and the cause in its words
         assert failure.report().startswith(
-            "The actor procs[0].<tests.integration.exec_actors.Worker w{'procs': 0/1}> and "
+            "The actor hooked[0].<tests.integration.exec_actors.Worker w{'procs': 0/1}> and "
             "all its descendants have failed: the process this actor was running on failed: "
             "Killed(sig=9) ("
         ), failure.report()

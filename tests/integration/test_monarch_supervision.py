@@ -27,14 +27,14 @@ FRAGILE = "tests.integration.actors_lib.Fragile"
 
 
 async def test_a_dead_procs_actor_is_named_by_class_mesh_and_point(failures: Failures) -> None:
-    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+    async with this_host().spawn_procs(per_host={"procs": 2}, name="dying") as procs:
         fragile = await procs.spawn("fragile", Fragile)
         with pytest.raises(SupervisionError) as info:
             await fragile.slice(procs=1).exit_now.call_one(3)
         # Monarch's users match on "The actor ...<mesh>... and all ..." and on the class
         assert str(info.value) == (
             "Endpoint call fragile.exit_now() failed, The actor "
-            f"procs[1].<{FRAGILE} fragile{{'procs': 1/2}}> {FAILED}: its proc failed: "
+            f"dying[1].<{FRAGILE} fragile{{'procs': 1/2}}> {FAILED}: its proc failed: "
             "exited with code 3"
         )
         f = await failures.first()
@@ -42,7 +42,7 @@ async def test_a_dead_procs_actor_is_named_by_class_mesh_and_point(failures: Fai
             "MeshFailure(mesh_name=fragile, crashed_ranks=[1], points=[{'procs': 1/2}], "
             "kind=proc, event="
         )
-        assert f.actor == f"procs[1].<{FRAGILE} fragile{{'procs': 1/2}}>"
+        assert f.actor == f"dying[1].<{FRAGILE} fragile{{'procs': 1/2}}>"
 
 
 async def test_supervise_runs_while_an_async_endpoint_of_the_owner_awaits(
