@@ -111,6 +111,11 @@ def run(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> NoRet
     from . import _context
 
     _context.in_proc = True
+    import atexit
+
+    # Exit hooks registered before now are the fork server's (or danaus's own imports'),
+    # not this proc's: at a graceful stop only the proc's own run (see _finalize).
+    atexit._clear()  # noqa: SLF001 - the interpreter's exit hooks
     _run_startup_hooks()
     line = sys.stdin.buffer.readline()
     if not line.strip():
@@ -147,13 +152,15 @@ def run(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> NoRet
 
 def _finalize() -> None:
     """At a graceful stop, what the interpreter's own exit does that user code relies
-    on (Monarch's procs exit through it): ``atexit`` hooks run, then the globals of the
-    user's modules (those from outside the standard library, the installed packages and
-    danaus) are released, so their finalizers (``__del__``) run. The proc
+    on (Monarch's procs exit through it): the ``atexit`` hooks registered in the proc
+    run, then the globals of the user's modules (those from outside the standard
+    library, the installed packages and danaus) are released, so the finalizers
+    (``__del__``) of what only they held run. No cyclic collection: in a child of a fork
+    server that would touch every object it inherited (32 procs stopping at once on 2
+    cores then ran past ``stop_timeout``). The proc
     still ends with ``os._exit``: a fork server's child must not unwind into its code,
     and a finalizer that hangs is cut off after ``config.stop_timeout``."""
     import atexit
-    import gc
     import sysconfig
     import threading
 
@@ -167,20 +174,18 @@ def _finalize() -> None:
     threading.Thread(target=cut_off, name="danaus finalize deadline", daemon=True).start()
     try:
         atexit._run_exitfuncs()  # noqa: SLF001 - what the interpreter's exit runs
-        skip = tuple(
-            os.path.realpath(p) + os.sep
-            for p in {*sysconfig.get_paths().values(), os.path.dirname(os.path.dirname(__file__))}
-        )
+        roots = {*sysconfig.get_paths().values(), os.path.dirname(os.path.dirname(__file__))}
+        # as written and resolved, so that a module's own path needs no resolving
+        skip = tuple({os.path.join(p, "") for r in roots for p in (r, os.path.realpath(r))})
         for module in reversed(list(sys.modules.values())):
             path = getattr(module, "__file__", None)
-            if not path or os.path.realpath(path).startswith(skip):
+            if not path or path.startswith(skip):
                 continue
             try:
                 for key in [k for k in vars(module) if not k.startswith("__")]:
                     vars(module)[key] = None  # as CPython's own finalization does
             except Exception:  # an odd module object: leave it
                 continue
-        gc.collect()
     except BaseException:  # a finalizer's error: ours to swallow, as the interpreter does
         pass
     finally:
