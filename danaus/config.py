@@ -156,6 +156,12 @@ class Config:
     #: Modules the fork server imports before it forks procs (``DANAUS_PRELOAD=a,b``),
     #: besides the heavy ones of a safe list that the spawning process has imported.
     preload: list[str] = dataclasses.field(default_factory=list)
+    #: Begin every Python log line with the instance that logged it, as Monarch does by
+    #: default: ``[actor=procs[0].<app.Trainer trainers{'gpus': 0/2}>] ...`` in an actor,
+    #: ``[actor=<root>] ...`` on the controller. Off in danaus (its procs' output already
+    #: reaches the controller prefixed with the proc); ``python -m danaus.monarch`` turns
+    #: it on, here and in procs, unless the variable says otherwise. Read per record.
+    prefix_python_logs_with_actor: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

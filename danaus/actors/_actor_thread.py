@@ -55,7 +55,7 @@ def waiting_actor() -> ActorInstance | None:
     actor = _local.actor
     if actor is not None:
         return actor
-    ctx = current.get().actor_instance
+    ctx = current.get().actor
     if ctx is None:
         return None  # the controller
     inst = ctx.runtime_actor

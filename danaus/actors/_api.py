@@ -32,6 +32,7 @@ from ._connection import (
 )
 from ._context import (
     context,
+    spawn_creators,
 )
 from ._debug import (
     proc_parent,
@@ -193,6 +194,7 @@ __all__ = [
     "run_task",
     "runtime_here",
     "set_job_key",
+    "spawn_creators",
     "waiting_actor",
 ]
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextvars
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
+from ..config import config
 from ..errors import actor_display_name
 from ._point import Point, point_in_region
-from ._wire import Region
+from ._wire import Creator, Region
 
 if TYPE_CHECKING:
     from ..mesh import ProcMesh
@@ -17,13 +19,123 @@ if TYPE_CHECKING:
     from ._instance import ActorInstance
 
 __all__ = [
+    "ROOT",
     "ActorContext",
     "Context",
+    "CreatorInstance",
+    "RootInstance",
     "context",
+    "creator_from_wire",
     "current_actor_name",
     "current_rank",
     "current_size",
+    "spawn_creators",
 ]
+
+
+@dataclass(frozen=True)
+class CreatorInstance:
+    """Who spawned an actor (Monarch's ``actor_instance.creator``): its spawner's name,
+    class and rank, and that one's own creator, up to the controller's ``root``. It
+    pickles (a record, not the running actor), so an endpoint may return it.
+
+    ``str()`` is the whole line of creation, as Monarch prints it:
+    ``<root>.<app.Trainer trainers{'gpus': 0/2}>``."""
+
+    name: str
+    class_name: str | None
+    rank: Point
+    creator: CreatorInstance | None = None
+
+    def __str__(self) -> str:
+        return qualified_name(self)
+
+    __repr__ = __str__
+
+
+def spawn_creators() -> list[Creator]:
+    """The line of creation an actor spawned now gets (``Spawn.creators``): the running
+    actor, or this program's root, then their creators."""
+    me = current.get().actor
+    who: CreatorInstance | None = _ROOT_CREATOR if me is None else me.as_creator()
+    links: list[Creator] = []
+    while who is not None:
+        links.append(Creator(who.name, who.class_name or "", who.rank.rank, who.rank.sizes))
+        who = who.creator
+    return links
+
+
+def creator_from_wire(links: list[Creator]) -> CreatorInstance | None:
+    """The :class:`CreatorInstance` a ``Spawn.creators`` line describes."""
+    who: CreatorInstance | None = None
+    for link in reversed(links):
+        rank = Point.from_rank(link.rank, link.sizes)
+        who = CreatorInstance(link.name, link.class_name or None, rank, who)
+    return who
+
+
+def qualified_name(who: CreatorInstance | ActorContext | RootInstance | None) -> str:
+    """An instance and its creators, root first: ``<root>.<app.A a{'procs': 0/2}>``."""
+    names: list[str] = []
+    while who is not None:
+        prefix = "" if who.class_name is None else f"{who.class_name} "
+        names.append(f"<{prefix}{who.name}{who.rank if len(who.rank) else ''}>")
+        who = who.creator
+    return ".".join(reversed(names))
+
+
+class RootInstance:
+    """The controller's own instance (``context().actor_instance`` outside any actor, as
+    in Monarch): named ``root``, printed ``<root>``, the creator of every actor the
+    controller spawns. It is not an actor: nothing sends to it, and it does not stop or
+    abort (end the program instead)."""
+
+    name = "root"
+    actor_id = "client"
+    class_name: str | None = None
+    creator: CreatorInstance | None = None
+    runtime_actor: ActorInstance | None = None
+
+    @property
+    def rank(self) -> Point:
+        return _CONTROLLER_POINT
+
+    @property
+    def proc(self) -> ProcMesh:
+        """The controller's own proc as a mesh of one (``this_proc()``)."""
+        if controller_proc is None:
+            raise RuntimeError("actor_instance.proc needs danaus.mesh (import danaus)")
+        return controller_proc()
+
+    proc_mesh = proc
+
+    def as_creator(self) -> CreatorInstance:
+        return _ROOT_CREATOR
+
+    def abort(self, reason: str | None = None) -> None:
+        raise RuntimeError(
+            f"the controller's root instance cannot abort ({reason or 'no reason provided'}): "
+            "it is not an actor; raise or exit to end the program"
+        )
+
+    kill = abort
+
+    def stop(self, reason: str | None = None) -> None:
+        raise RuntimeError(
+            "the controller's root instance cannot stop: it is not an actor; "
+            "stop its meshes, or end the program"
+        )
+
+    def __str__(self) -> str:
+        return "<root>"
+
+    __repr__ = __str__
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            "context().actor_instance (the controller's root) cannot be pickled, as in "
+            "Monarch; send what the other side needs: its rank or a proc mesh"
+        )
 
 
 @dataclass(frozen=True)
@@ -49,6 +161,12 @@ class ActorContext:
     #: the proc mesh it was spawned on: its name and its procs' addresses, by rank
     proc_mesh_name: str = field(repr=False, default="", compare=False)
     proc_addrs: tuple[str, ...] = field(repr=False, default=(), compare=False)
+    #: who spawned it (Monarch's ``actor_instance.creator``): ``root`` for the controller
+    creator: CreatorInstance | None = field(repr=False, default=None, compare=False)
+
+    def as_creator(self) -> CreatorInstance:
+        """This actor as the creator of actors it spawns."""
+        return CreatorInstance(self.name, self.class_name, self.rank, self.creator)
 
     @property
     def proc_id(self) -> str:
@@ -129,28 +247,35 @@ class ActorContext:
 
 @dataclass(frozen=True)
 class Context:
-    """What :func:`context` returns: the current actor (``None`` on the controller) and
-    where the message being handled found it.
+    """What :func:`context` returns: the current actor (the controller's
+    :class:`RootInstance` outside any actor, as in Monarch) and where the message being
+    handled found it.
 
     ``message_rank`` is the position of this actor in the slice that was called, as in
     Monarch: ``mesh.slice(procs=slice(2, 4)).ep.call()`` reaches rank 2 at message rank
     ``{'procs': 0/2}``; ``actor_instance.rank`` stays ``{'procs': 2/4}``.
     """
 
-    actor_instance: ActorContext | None
+    #: the actor running the current message; None on the controller
+    actor: ActorContext | None
     #: the slice the current message was sent to, when not the actor's whole mesh
     region: Region | None = field(default=None, repr=False)
 
     @property
+    def actor_instance(self) -> ActorContext | RootInstance:
+        """The running actor, or on the controller its root instance (``<root>``)."""
+        return ROOT if self.actor is None else self.actor
+
+    @property
     def rank(self) -> Point:
         """The actor's own rank (an empty point on the controller)."""
-        return self.actor_instance.rank if self.actor_instance else _CONTROLLER_POINT
+        return self.actor.rank if self.actor else _CONTROLLER_POINT
 
     @property
     def message_rank(self) -> Point:
         """The current actor's position in the slice the current message was sent to (its
         own rank when the whole mesh was called; an empty point on the controller)."""
-        me = self.actor_instance
+        me = self.actor
         if me is None:
             return _CONTROLLER_POINT
         if self.region is None:
@@ -160,7 +285,7 @@ class Context:
 
     @property
     def is_controller(self) -> bool:
-        return self.actor_instance is None
+        return self.actor is None
 
     def __reduce__(self) -> NoReturn:
         raise TypeError(
@@ -174,11 +299,16 @@ class Context:
 in_proc = False
 #: set by danaus.mesh: the proc mesh of one of an actor's own proc
 proc_of_actor: Callable[[ActorContext], ProcMesh] | None = None
+#: set by the mesh layer: the root instance's ``proc`` (``this_proc()``)
+controller_proc: Callable[[], ProcMesh] | None = None
 #: set by the mesh layer: ``actor_instance.proc_mesh``
 proc_mesh_of_actor: Callable[[ActorContext], ProcMesh] | None = None
 
 _CONTROLLER_POINT = Point({}, {})
 _CONTROLLER = Context(None)
+_ROOT_CREATOR = CreatorInstance("root", None, _CONTROLLER_POINT)
+#: the controller's instance: ``context().actor_instance`` outside any actor
+ROOT = RootInstance()
 current: contextvars.ContextVar[Context] = contextvars.ContextVar(
     "danaus_context", default=_CONTROLLER
 )
@@ -204,5 +334,33 @@ def current_size() -> dict[str, int]:
 
 def current_actor_name() -> str:
     """The current actor's id (``procs[1].counter[1]``), or ``"client"`` on the controller."""
-    me = current.get().actor_instance
+    me = current.get().actor
     return "client" if me is None else me.actor_id
+
+
+class _RecordFactory(Protocol):
+    def __call__(self, *args: object, **kwargs: object) -> logging.LogRecord: ...
+
+
+def _prefixed_record_factory(make: _RecordFactory) -> _RecordFactory:
+    """A log record factory (``logging.setLogRecordFactory``) that begins each message
+    with ``[actor=...] `` naming the current instance, when
+    ``config.prefix_python_logs_with_actor`` is on (read per record). Empty messages are
+    left alone: ``torch.compile`` logs structured traces as empty lines."""
+
+    def record(*args: object, **kwargs: object) -> logging.LogRecord:
+        rec = make(*args, **kwargs)
+        if config.prefix_python_logs_with_actor and rec.msg:
+            prefix = f"[actor={current.get().actor_instance}] "
+            rec.__dict__["actor_prefix"] = prefix
+            if rec.args:  # the message is a %-format: keep the prefix out of it
+                prefix = prefix.replace("%", "%%")
+            rec.msg = f"{prefix}{rec.msg}"
+        return rec
+
+    record.danaus_prefix = True  # type: ignore[attr-defined]
+    return record
+
+
+if not getattr(logging.getLogRecordFactory(), "danaus_prefix", False):
+    logging.setLogRecordFactory(_prefixed_record_factory(logging.getLogRecordFactory()))

@@ -16,7 +16,7 @@ from ..errors import ProtocolError, SerializationError, actor_failed
 from ._actor import Actor, endpoint
 from ._actor_thread import InitJob, JobFn
 from ._connection import Connection
-from ._context import ActorContext
+from ._context import ActorContext, creator_from_wire
 from ._errinfo import encode_error, info_from_error
 from ._instance import ActorInstance
 from ._point import Point
@@ -190,6 +190,7 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) 
             obj,
             proc_mesh_name=msg.mesh,
             proc_addrs=tuple(msg.proc_addrs),
+            creator=creator_from_wire(msg.creators),
         )
         display = ctx.display_name
         inst = ActorInstance(rt, msg.actor, ctx, obj, msg.mesh, msg.owner_addr)

@@ -75,7 +75,7 @@ class Port(Generic[T]):
             return
 
         msg = Result(self.port_id, status, raw if raw is not None else NIL, pickled, rank)
-        run_on(rt, _send, rt, self.addr, msg, parts, current.get().actor_instance)
+        run_on(rt, _send, rt, self.addr, msg, parts, current.get().actor)
 
 
 def forward(rt: Runtime, port: Port[T], rank: int, status: int, value: object) -> None:

@@ -94,7 +94,7 @@ class _Who:
 
     @classmethod
     def here(cls) -> _Who:
-        ctx = current.get().actor_instance
+        ctx = current.get().actor
         return cls(None if ctx is None else ctx.runtime_actor, "breakpoint")
 
     @property

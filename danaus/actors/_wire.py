@@ -109,6 +109,16 @@ class Result(msgspec.Struct, tag=17, array_like=True, frozen=True):
     rank: int = -1
 
 
+class Creator(msgspec.Struct, array_like=True, frozen=True):
+    """One link of an actor's line of creation (``actor_instance.creator``): a spawner's
+    mesh name, class (``""`` for a controller's root) and rank in its mesh."""
+
+    name: str
+    class_name: str
+    rank: int
+    sizes: dict[str, int]
+
+
 class Spawn(msgspec.Struct, tag=18, array_like=True, frozen=True):
     """Create actor ``actor`` in the receiving proc.
 
@@ -126,6 +136,8 @@ class Spawn(msgspec.Struct, tag=18, array_like=True, frozen=True):
     owner_addr: str = ""
     #: the address of every proc of the proc mesh, by rank (``actor_instance.proc_mesh``)
     proc_addrs: list[str] = msgspec.field(default_factory=list)
+    #: who spawns it, then that one's creator, up to a root (``actor_instance.creator``)
+    creators: list[Creator] = msgspec.field(default_factory=list)
 
 
 class StopActor(msgspec.Struct, tag=19, array_like=True, frozen=True):

@@ -18,6 +18,7 @@ from ..actors._api import (
     current_runtime,
     dumps,
     run_on,
+    spawn_creators,
 )
 from ..errors import ActorError, SupervisionError
 from ._actor_mesh import ActorMesh
@@ -62,6 +63,7 @@ def spawn_actor_mesh(
     init: ThreadFuture[None] = ThreadFuture()
     sent: ThreadFuture[None] = ThreadFuture()
     ranks = shape.global_ranks()
+    creators = spawn_creators()  # who spawns: this actor (or the root), now
     wire = f"{name}.{_token}.{next(_spawn_ids)}"
     errors: list[BaseException] = []
     left = [len(ranks)]
@@ -110,7 +112,9 @@ def spawn_actor_mesh(
                 rt.deliver(port, r, ERROR, err)
                 continue
             conn = rt.connection(addr)
-            msg = Spawn(wire, port, group.name, r, sizes, raw, pickled, rt.addr, all_addrs)
+            msg = Spawn(
+                wire, port, group.name, r, sizes, raw, pickled, rt.addr, all_addrs, creators
+            )
             if conn.send(msg, parts):
                 conn.pending[port] = r
             else:

@@ -86,7 +86,7 @@ def _get_or_spawn_here(
 def _parent_of(rt: Runtime) -> str | None:
     """Where requests from this runtime go: the runtime that spawned the actor asking (or,
     in a proc, any of its actors' spawner); ``None`` in the controller itself."""
-    me = context().actor_instance
+    me = context().actor
     inst = me.runtime_actor if me is not None else None
     owner = getattr(inst, "owner_addr", "")
     if owner and owner != rt.addr:

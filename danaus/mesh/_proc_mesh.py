@@ -411,6 +411,7 @@ def _proc_of_actor(actor: _PlacedActor) -> ProcMesh:
 
 
 _context_module.proc_of_actor = _proc_of_actor
+_context_module.controller_proc = this_proc
 
 
 def _proc_mesh_of_actor(actor: _PlacedActor) -> ProcMesh:

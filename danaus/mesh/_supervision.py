@@ -340,7 +340,7 @@ def unhandled_report(owner: str, failure: MeshFailure) -> str:
 def current_owner() -> Owner | None:
     """The ActorInstance whose endpoint is running now (None on the controller): the
     owner of any mesh spawned now."""
-    ctx = context().actor_instance
+    ctx = context().actor
     return None if ctx is None else ctx.runtime_actor
 
 

@@ -17,6 +17,7 @@ __all__ = ["ENV", "install", "installed", "monarch_rdma_backend"]
 #: pickled class from the user's module may ``import monarch.actor`` there).
 ENV = "DANAUS_PROC_STARTUP"
 _STARTUP = "danaus.monarch:install"
+_PREFIX_LOGS = "DANAUS_PREFIX_PYTHON_LOGS_WITH_ACTOR"
 
 
 def _actor(name: str) -> Any:
@@ -160,6 +161,11 @@ def install() -> None:
         if danaus.unhandled_fault_hook is default_fault_hook:
             # Monarch's default: an unhandled failure ends the program (exit status 1)
             danaus.unhandled_fault_hook = exit_on_fault
+        if _PREFIX_LOGS not in os.environ:
+            # Monarch's default (monarch.actor.config.prefix_python_logs_with_actor),
+            # here and, through the environment, in procs
+            os.environ[_PREFIX_LOGS] = "1"
+            danaus.config.prefix_python_logs_with_actor = True
     hooks = [h for h in os.environ.get(ENV, "").split(",") if h]
     if _STARTUP not in hooks:
         os.environ[ENV] = ",".join([*hooks, _STARTUP])

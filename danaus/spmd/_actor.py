@@ -53,7 +53,7 @@ def elastic_env(point: Point, master_addr: str, master_port: int, run_id: str) -
 def proc_host() -> str:
     """An address of this proc's host that the other procs of its mesh can reach: the
     host of its TCP address (a host agent's proc), else loopback (a local proc)."""
-    me = context().actor_instance
+    me = context().actor
     addr = me.proc_addr if me is not None else ""
     if addr.startswith("tcp://"):
         return addr[len("tcp://") :].rpartition(":")[0].strip("[]")
@@ -76,7 +76,7 @@ class SPMDActor(Actor):
     """
 
     def __init__(self) -> None:
-        me = context().actor_instance
+        me = context().actor
         assert me is not None, "SPMDActor runs in a proc"
         self.point: Point | None = None  # set by setup_env
 
