@@ -21,6 +21,7 @@ __all__ = [
     "get_runtime_config",
     "parametrize_config",
     "parametrize_config_pointwise",
+    "runtime_env",
 ]
 
 
@@ -48,7 +49,9 @@ class Config:
     boolean's variable means true when it is ``1``, ``true``, ``yes`` or ``on``.
 
     Procs read the variables of the environment they are started with: the spawner's,
-    plus ``spawn_procs(env=...)``. An assignment applies to this process only.
+    plus what :func:`configure` changed, plus ``spawn_procs(env=...)``. An assignment
+    applies to this process only; :func:`configure` also reaches procs spawned later and,
+    at attach, host agents (as Monarch's does).
     """
 
     #: Largest frame a peer may send, header and parts together (bytes).
@@ -153,6 +156,9 @@ class Config:
     #: starts: procs, host agents and job agents. The controller's logging is the
     #: application's to configure.
     log_level: str = "WARNING"
+    #: How long ``HostMesh.initialized`` (attach) waits for each host agent to take the
+    #: controller's :func:`configure` settings before failing, naming the agent (s).
+    attach_timeout: float = 10.0
     #: Modules the fork server imports before it forks procs (``DANAUS_PRELOAD=a,b``),
     #: besides the heavy ones of a safe list that the spawning process has imported.
     preload: list[str] = dataclasses.field(default_factory=list)
@@ -181,6 +187,7 @@ _MONARCH_NAMES: dict[str, tuple[str, bool]] = {
     "mesh_proc_spawn_max_idle": ("proc_start_timeout", True),
     "actor_spawn_max_idle": ("spawn_wait", True),
     "supervision_watchdog_timeout": ("heartbeat_timeout", True),
+    "mesh_attach_config_timeout": ("attach_timeout", True),
 }
 #: Monarch settings that mean nothing here (Hyperactor's own machinery): accepted, with
 #: a warning, so a Monarch program that sets them runs.
@@ -221,7 +228,6 @@ _MONARCH_IGNORED = frozenset(
         "proc_stop_max_idle",
         "get_proc_state_max_idle",
         "mesh_admin_addr",
-        "mesh_attach_config_timeout",
         "rdma_allow_tcp_fallback",
         "rdma_max_chunk_size_mb",
         "rdma_ibverbs_target",
@@ -296,8 +302,10 @@ def configure(**settings: Any) -> None:
     (``stop_actor_timeout="10s"``; durations take Monarch's text too). Monarch settings
     with no meaning here are accepted with a warning.
 
-    Like assigning ``danaus.config.x``, this applies to this process; procs spawned
-    later read ``DANAUS_*`` variables instead.
+    As Monarch's, the settings changed reach procs spawned later (as ``DANAUS_*``
+    variables in their environment: :func:`runtime_env`) and the host agents of a host
+    mesh when it is attached (``HostMesh.initialized``); assigning ``danaus.config.x``
+    changes this process only.
 
     Raises:
         ValueError: a setting is unknown, or its value has the wrong kind.
@@ -311,6 +319,21 @@ def configure(**settings: Any) -> None:
 def get_runtime_config() -> dict[str, Any]:
     """The settings :func:`configure` changed, with their current values."""
     return {field: getattr(config, field) for field in _runtime_layer}
+
+
+def runtime_env() -> dict[str, str]:
+    """What :func:`configure` changed, as the ``DANAUS_*`` variables that give a proc
+    started now the same settings."""
+    env = {}
+    for field, value in get_runtime_config().items():
+        if isinstance(value, bool):
+            text = "1" if value else "0"
+        elif isinstance(value, list):
+            text = ",".join(str(v) for v in value)
+        else:
+            text = repr(value) if isinstance(value, float) else str(value)
+        env[f"DANAUS_{field.upper()}"] = text
+    return env
 
 
 def get_global_config() -> dict[str, Any]:

@@ -159,6 +159,17 @@ class HostAgent(Actor):
     def info(self) -> AgentInfo:
         return {"host": self.host, "pid": os.getpid(), "procs": len(self.procs)}
 
+    @endpoint
+    def configure(self, settings: dict[str, object]) -> dict[str, object]:
+        """Take an attaching controller's :func:`danaus.configure` settings (Monarch's
+        config push at attach): this agent's own process runs with them from now on
+        (procs get them from the controller with each spawn). Returns every setting
+        this agent has had configured."""
+        from ..config import configure, get_runtime_config
+
+        configure(**settings)
+        return get_runtime_config()
+
 
 def agent_ref(addr: str) -> ActorMesh[HostAgent]:
     """The host agent listening at ``addr``, as a mesh of one to call."""

@@ -27,7 +27,7 @@ from ..actors._api import (
     peer_keys,
     run_task,
 )
-from ..config import config
+from ..config import config, get_runtime_config, runtime_env
 from ..errors import SupervisionError
 from ._actor_mesh import ActorMesh, mesh_ref
 from ._bootstrap_cmd import BootstrapCommand, cpu_set, resolve_commands
@@ -119,27 +119,37 @@ class HostMesh(Shaped):
 
     @property
     def initialized(self) -> Future[None]:
-        """Resolves once every host answers (Monarch's ``HostMesh.initialized``): at once
-        for this machine; for attached host agents, once each has answered, or with
-        ``SupervisionError`` naming the first that cannot be reached (bounded by
-        ``connect_timeout``)."""
+        """Resolves once every host is attached (Monarch's ``HostMesh.initialized``): at
+        once for this machine; for host agents, once each has taken the controller's
+        :func:`danaus.configure` settings (Monarch's config push), or with
+        ``SupervisionError`` ("attach failed: config push failed during attach", as
+        Monarch's) naming the first that did not within ``config.attach_timeout``."""
         rt = current_runtime()
         agents = self._agents
         if agents is None:
             return run_task(rt, _nothing)
+        settings = get_runtime_config()
+
+        async def push(i: int) -> None:
+            async with asyncio.timeout(config.attach_timeout):
+                await agents.slice(hosts=i).configure.call_one(settings)
 
         async def reach() -> None:
             ranks = agents.global_ranks()
             got = await asyncio.gather(
-                *(agents.slice(hosts=i).info.call_one() for i in range(len(ranks))),
-                return_exceptions=True,
+                *(push(i) for i in range(len(ranks))), return_exceptions=True
             )
             for rank, outcome in zip(ranks, got, strict=True):
                 if isinstance(outcome, BaseException):
                     addr = (agents._addrs or {}).get(rank, "?")  # noqa: SLF001 - its own layer's
+                    why = (
+                        f"no answer within attach_timeout ({config.attach_timeout:g} s)"
+                        if isinstance(outcome, TimeoutError)
+                        else str(outcome)
+                    )
                     raise SupervisionError(
-                        f"host mesh {self.name!r}: the host agent at {addr} cannot be "
-                        f"reached: {outcome}"
+                        f"host mesh {self.name!r}: attach failed: config push failed during "
+                        f"attach: the host agent at {addr} cannot be reached: {why}"
                     ) from outcome
 
         return run_task(rt, reach)
@@ -251,7 +261,7 @@ class HostMesh(Shaped):
         host_sizes = self._shape.sizes
         shape = Shape.from_sizes({**host_sizes, **per_host})
         rt = current_runtime()
-        env = dict(env or {})
+        env = {**runtime_env(), **(env or {})}  # configure()d settings, as in Monarch
         options = LogOptions()
         if self._agents is None:
             per = len(shape) // len(self._shape)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from danaus import Actor, endpoint
 from danaus.job import ProcessJob, job_load
 
 from .lifecycle_actors import Where
@@ -110,6 +111,43 @@ async def test_host_mesh_initialized_stop_and_async_with(tmp_path: Path) -> None
     finally:
         await asyncio.to_thread(job.kill)
     nowhere = f"unix:{tmp_path}/nobody.sock"
-    with configured(connect_timeout=1):  # (dialing waits that long for the socket)
-        with pytest.raises(SupervisionError, match=f"host agent at {nowhere} cannot be reached"):
+    with configured(mesh_attach_config_timeout="500ms"):  # Monarch's name for attach_timeout
+        with pytest.raises(SupervisionError) as failed:
             await attach_to_workers(workers=[nowhere]).initialized
+    assert "attach failed: config push failed during attach" in str(failed.value)
+    assert f"host agent at {nowhere} cannot be reached" in str(failed.value)
+
+
+class Settings(Actor):
+    @endpoint
+    def stuck_warn_after(self) -> float:
+        from danaus import config
+
+        return config.stuck_warn_after
+
+
+async def test_configure_reaches_host_agents_at_attach_and_their_procs() -> None:
+    """As Monarch's: what the controller configure()d is pushed to each host agent when
+    the host mesh attaches, and reaches the procs spawned from then on."""
+    from danaus.config import configured
+    from danaus.mesh._host_agent import agent_ref
+
+    job = ProcessJob({"hosts": 2})
+    state = await asyncio.to_thread(job.state)
+    try:
+        with configured(stuck_warn_after=123.5):
+            await state.hosts.initialized
+            procs = state.hosts.spawn_procs(per_host={"p": 1})
+            got = await procs.spawn("s", Settings).stuck_warn_after.call()
+            assert list(got.values()) == [123.5, 123.5]
+        for addr in job._addrs.values():
+            assert await agent_ref(addr).configure.call_one({}) == {"stuck_warn_after": 123.5}
+        # settings changed later reach procs spawned later, not earlier ones
+        again = state.hosts.spawn_procs(per_host={"p": 1})
+        from danaus import config
+
+        later = await again.spawn("s", Settings).stuck_warn_after.call()
+        assert list(later.values()) == [config.stuck_warn_after] * 2 != [123.5] * 2
+        await state.hosts.stop()
+    finally:
+        await asyncio.to_thread(job.kill)

@@ -14,6 +14,7 @@ from danaus.config import (
     get_runtime_config,
     parametrize_config,
     parametrize_config_pointwise,
+    runtime_env,
 )
 
 
@@ -28,6 +29,29 @@ def test_configured_applies_for_the_block_then_restores() -> None:
         assert config.stop_timeout == 90.0
     assert (config.stop_timeout, config.cast_fanout) == before
     assert get_runtime_config() == {}
+
+
+def test_what_configure_changed_becomes_the_variables_procs_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert runtime_env() == {}
+    with configured(stop_timeout=0.1, debug_on_error=True, preload=["numpy", "json"]):
+        env = runtime_env()
+        assert env == {
+            "DANAUS_STOP_TIMEOUT": "0.1",
+            "DANAUS_DEBUG_ON_ERROR": "1",
+            "DANAUS_PRELOAD": "numpy,json",
+        }
+        # a proc reading them gets the same settings
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        fresh = Config()
+        assert (fresh.stop_timeout, fresh.debug_on_error, fresh.preload) == (
+            0.1,
+            True,
+            ["numpy", "json"],
+        )
+    assert runtime_env() == {}
 
 
 def test_configure_and_clear() -> None:
