@@ -34,6 +34,7 @@ import argparse
 import ast
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -471,7 +472,7 @@ def run_tests(work: Path, files: list[str], timeout: int, python: str) -> list[d
             continue
         report = work / f"{name}.xml"
         started = time.monotonic()
-        done = subprocess.run(
+        done = _run_in_own_group(
             [
                 python,
                 "-m",
@@ -483,10 +484,8 @@ def run_tests(work: Path, files: list[str], timeout: int, python: str) -> list[d
                 str(report),
                 name,
             ],
-            cwd=run_dir,
-            env=env,
-            capture_output=True,
-            text=True,
+            run_dir,
+            env,
         )
         cases = _cases(report)
         if not cases and done.returncode not in (0, 5):  # 5: nothing collected
@@ -531,6 +530,30 @@ def _cases(report: Path) -> list[dict]:
                 outcome, message = "skipped", child.get("message") or ""
         cases.append({"name": case.get("name"), "outcome": outcome, "message": message})
     return cases
+
+
+def _run_in_own_group(
+    argv: list[str], cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in a process group of its own, and end whatever of that group is left
+    when it returns: a test that pytest-timeout stops leaves its subprocesses behind."""
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate()
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def run_examples(work: Path, examples: list[str], timeout: int, python: str) -> list[dict]:
