@@ -1,5 +1,6 @@
 """The ``danaus`` command: ``danaus host-agent``, ``danaus new-key``, ``danaus run``,
-``danaus rdma-bench``, ``danaus top``, ``danaus dashboard``."""
+``danaus rdma-bench``, ``danaus top``, ``danaus dashboard``, ``danaus debug``, and the job
+verbs ``danaus apply``, ``exec``, ``info``, ``kill`` and ``context``."""
 
 from __future__ import annotations
 
@@ -51,7 +52,13 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("top", help="a live terminal view of a running controller (danaus top --help)")
     sub.add_parser("dashboard", help="a live dashboard of a running job (danaus dashboard --help)")
     sub.add_parser("debug", help="drive the actors paused in pdb (danaus debug --help)")
+    from .job.cli import add_parsers
+    from .job.cli import main as job_main
+
+    add_parsers(sub)
     ns = parser.parse_args(args)
+    if getattr(ns, "verb", None) is not None:
+        sys.exit(job_main(ns))
     if ns.cmd == "host-agent":
         from .mesh._api import main_host_agent
 

@@ -2,11 +2,29 @@
 
 ``SlurmJob(meshes={"hosts": 2}).state().hosts`` is a ``HostMesh`` of two SLURM nodes,
 each running a danaus host agent; ``job.kill()`` ends the job. ``ProcessJob`` makes
-"hosts" of local processes, for multi-host programs on one machine.
+"hosts" of local processes, for multi-host programs on one machine; ``LocalJob`` is this
+machine under every mesh name. ``exec_command`` runs a command on a job's hosts;
+``set_current_job`` / ``load_current_job`` keep the job a later program (or ``danaus
+exec``) uses, in ``.monarch/`` as Monarch does.
 """
 
-from ._job import JobState, JobTrait, job_load, job_loads
+from ._contexts import load_current_job, set_current_job
+from ._exec import exec_command
+from ._job import DEFAULT_JOB_PATH, JobState, JobTrait, job_load, job_loads
+from ._local import LocalJob
 from ._process import ProcessJob
 from ._slurm import SlurmJob
 
-__all__ = ["JobState", "JobTrait", "ProcessJob", "SlurmJob", "job_load", "job_loads"]
+__all__ = [
+    "DEFAULT_JOB_PATH",
+    "JobState",
+    "JobTrait",
+    "LocalJob",
+    "ProcessJob",
+    "SlurmJob",
+    "exec_command",
+    "job_load",
+    "job_loads",
+    "load_current_job",
+    "set_current_job",
+]

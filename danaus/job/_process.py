@@ -39,7 +39,11 @@ class ProcessJob(JobTrait):
     ``state.trainers``, a host mesh of two, and ``state.dataloaders``, of one. Procs
     spawned on them are the workers' children, as on real hosts. They use this user's
     default job key, as the controller does when attaching. ``kill()`` ends the workers
-    and their procs; so does the controller's exit.
+    and their procs; so does the controller's exit, unless the job was saved for later
+    controllers (``state(cached_path=...)``, ``danaus apply``): then they run until a
+    ``kill()``.
+
+    Each worker's own messages go to ``<folder>/<mesh>_<i>.log`` (``job.log_dir``).
 
     Args:
         meshes: mesh name -> number of hosts.
@@ -62,6 +66,11 @@ class ProcessJob(JobTrait):
         self._addrs: dict[str, str] = {}
         self._folder: str | None = None
 
+    @property
+    def log_dir(self) -> str | None:
+        """The job's private folder, with each worker's log (None until applied)."""
+        return self._folder
+
     def __getstate__(self) -> dict[str, object]:
         # saved for a later controller in this session: the workers' pids and addresses
         return {**self.__dict__, "_workers": {}}
@@ -79,14 +88,19 @@ class ProcessJob(JobTrait):
                         "from danaus.mesh import run_worker_loop_forever; "
                         f"run_worker_loop_forever(address={addr!r})"
                     )
-                    self._workers[key] = subprocess.Popen(
-                        [sys.executable, "-c", code],
-                        env=env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.DEVNULL,
-                        # a thread's death would fire PDEATHSIG: only from the main thread
-                        preexec_fn=_die_with_controller if main_thread else None,
-                    )
+                    # the worker's own messages go to a log in the job's folder (its
+                    # procs' output reaches their controller): a saved job's workers
+                    # outlive the terminal or pipe of the program that started them
+                    with open(f"{self._folder}/{key}.log", "ab") as log:
+                        self._workers[key] = subprocess.Popen(
+                            [sys.executable, "-c", code],
+                            env=env,
+                            stdin=subprocess.DEVNULL,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            # a thread's death would fire PDEATHSIG: main thread only
+                            preexec_fn=_die_with_controller if main_thread else None,
+                        )
                     self._pids[key] = self._workers[key].pid
                     self._addrs[key] = addr
         except BaseException:
@@ -130,6 +144,15 @@ class ProcessJob(JobTrait):
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+        _live.discard(self)
+
+    def _keep(self) -> None:
+        """Saved for later controllers (``state(cached_path=...)``, ``danaus apply``):
+        the workers outlive this process, until ``kill()`` (``danaus kill``)."""
+        from ..mesh._api import agent_ref
+
+        for addr in self._addrs.values():
+            agent_ref(addr).outlive_parent.call_one().get(timeout=config.connect_timeout)
         _live.discard(self)
 
     def can_run(self, spec: JobTrait) -> bool:

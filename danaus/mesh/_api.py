@@ -9,7 +9,7 @@ from __future__ import annotations
 from ._actor_face import ActorFace, TypedEndpoint
 from ._actor_mesh import mesh_ref
 from ._admin_wire import find_controllers, runtime_dir
-from ._host_agent import main_host_agent, read_key_file, serve
+from ._host_agent import agent_ref, main_host_agent, read_key_file, serve
 from ._proc_mesh import group_of
 from ._slurm import expand_hostlist
 from ._snapshot import proc_stacks, snapshot
@@ -20,6 +20,7 @@ __all__ = [
     "ActorFace",
     "TensorEngine",
     "TypedEndpoint",
+    "agent_ref",
     "default_fault_hook",
     "exit_on_fault",
     "expand_hostlist",

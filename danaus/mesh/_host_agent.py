@@ -160,6 +160,15 @@ class HostAgent(Actor):
         return {"host": self.host, "pid": os.getpid(), "procs": len(self.procs)}
 
     @endpoint
+    def outlive_parent(self) -> None:
+        """Keep running when the process that started this agent ends (a saved job's
+        workers serve later controllers): its parent-death signal is cleared. Its procs
+        still end with it."""
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG: none
+
+    @endpoint
     def configure(self, settings: dict[str, object]) -> dict[str, object]:
         """Take an attaching controller's :func:`danaus.configure` settings (Monarch's
         config push at attach): this agent's own process runs with them from now on

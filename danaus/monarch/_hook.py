@@ -83,14 +83,23 @@ _MODULES: dict[str, Callable[[str], Any]] = {
 }
 
 
+#: modules left out on purpose, with the reason the ImportError gives
+_WHY_NOT = {
+    "monarch.job.kubernetes": (
+        "KubernetesJob is left out: no Kubernetes runs where danaus is tested (use "
+        "SlurmJob, ProcessJob or LocalJob; see docs/jobs.md)"
+    ),
+}
+
+
 class _Module(types.ModuleType):
     """A ``monarch.*`` module whose names come from danaus, looked up on first use."""
 
     def __init__(self, name: str, lookup: Callable[[str], Any]) -> None:
         super().__init__(name, f"{name}, served by danaus (danaus.monarch)")
         object.__setattr__(self, "_lookup", lookup)
-        if name in ("monarch", "monarch.actor"):
-            object.__setattr__(self, "__path__", [])  # a package: submodules import
+        # a package: its submodules import (or fail naming themselves, not "not a package")
+        object.__setattr__(self, "__path__", [])
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -126,15 +135,14 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in _MODULES:
             if fullname.startswith("monarch."):
+                why = _WHY_NOT.get(fullname, "")
                 raise ImportError(
                     f"danaus does not provide the module {fullname} (running a "
-                    "Monarch program on danaus)",
+                    f"Monarch program on danaus){': ' + why if why else ''}",
                     name=fullname,
                 )
             return None
-        return importlib.machinery.ModuleSpec(
-            fullname, self, is_package=fullname in ("monarch", "monarch.actor")
-        )
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         return _Module(spec.name, _MODULES[spec.name])

@@ -64,3 +64,21 @@ def test_get_rdma_backend_answers_in_monarchs_words() -> None:
         assert monarch_name == danaus_name == "ibverbs"
     else:
         assert (monarch_name, danaus_name) == ("tcp", "shm")
+
+
+def test_monarch_job_serves_the_job_family_and_names_what_it_leaves_out() -> None:
+    prog = (
+        "from monarch.job import DEFAULT_JOB_PATH, LocalJob, exec_command, load_current_job\n"
+        "from monarch.job import set_current_job\n"
+        "print(DEFAULT_JOB_PATH, exec_command(LocalJob().state().hosts, ['true']).get())\n"
+        "try:\n"
+        "    from monarch.job.kubernetes import KubernetesJob\n"
+        "except ImportError as e:\n"
+        "    print(e)\n"
+    )
+    out = _run("-c", f"import danaus.monarch as m; m.install(); exec({prog!r})")
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.splitlines()
+    assert first == ".monarch/job_state.pkl 0"
+    assert "does not provide the module monarch.job.kubernetes" in second
+    assert "not a package" not in second and "KubernetesJob is left out" in second

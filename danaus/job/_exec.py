@@ -1,0 +1,166 @@
+"""``exec_command``: run a command on the hosts of a host mesh (Monarch's
+``monarch.job.exec_command``, behind ``danaus exec``), through one :class:`CommandActor`
+per proc spawned for the purpose and stopped afterwards."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, TypedDict
+
+from ..actors._api import Actor, Future, context, current_runtime, endpoint, run_task
+
+if TYPE_CHECKING:
+    from ..mesh import HostMesh
+
+__all__ = ["CommandActor", "CommandResult", "exec_command", "rank_env"]
+
+
+class CommandResult(TypedDict):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def rank_env() -> dict[str, str]:
+    """Where the running actor is, as Monarch's commands see it: ``MONARCH_RANK_<DIM>``
+    and ``MONARCH_SIZE_<DIM>`` for each dimension of its rank."""
+    rank = context().actor_instance.rank
+    return {
+        **{f"MONARCH_RANK_{dim}": str(i) for dim, i in rank.items()},
+        **{f"MONARCH_SIZE_{dim}": str(n) for dim, n in rank.sizes.items()},
+    }
+
+
+class CommandActor(Actor):
+    """Runs commands as subprocesses of its proc, on its actor thread (the proc's loop
+    stays free), with the environment of the proc plus :func:`rank_env`."""
+
+    @endpoint
+    def run(
+        self,
+        cmd: list[str],
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        client_cwd: str | None = None,
+        output_dir: str | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        """Run ``cmd`` (a Python file or ``-m module`` runs with this proc's Python) and
+        return its exit status and output; with ``output_dir`` the output goes to
+        ``stdout.txt`` and ``stderr.txt`` there instead (``$SUBDIR`` in it becomes this
+        actor's rank, like ``hosts_1``). It runs in ``workdir``, else in the caller's
+        folder where that exists here, else in the proc's."""
+        if not cmd:
+            raise ValueError("exec_command: the command is empty")
+        argv = [sys.executable, *cmd] if cmd[0] == "-m" or cmd[0].endswith(".py") else cmd
+        run_env = {**os.environ, **rank_env(), **(env or {})}
+        cwd = workdir or (client_cwd if client_cwd and os.path.isdir(client_cwd) else None)
+        try:
+            return self._run(argv, run_env, cwd, output_dir, timeout)
+        except (FileNotFoundError, PermissionError) as e:  # as a shell answers
+            where = f" (in {cwd})" if cwd and not os.path.isdir(cwd) else ""
+            code = 127 if isinstance(e, FileNotFoundError) else 126
+            return {"returncode": code, "stdout": "", "stderr": f"{argv[0]}: {e}{where}\n"}
+
+    def _run(
+        self,
+        argv: list[str],
+        run_env: dict[str, str],
+        cwd: str | None,
+        output_dir: str | None,
+        timeout: float | None,
+    ) -> CommandResult:
+        if output_dir is None:
+            done = subprocess.run(
+                argv,
+                env=run_env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
+            return {
+                "returncode": done.returncode,
+                "stdout": done.stdout.decode(errors="backslashreplace"),
+                "stderr": done.stderr.decode(errors="backslashreplace"),
+            }
+        rank = context().actor_instance.rank
+        folder = output_dir.replace("$SUBDIR", "_".join(f"{d}_{i}" for d, i in rank.items()))
+        os.makedirs(folder, exist_ok=True)
+        with (
+            open(os.path.join(folder, "stdout.txt"), "wb") as out,
+            open(os.path.join(folder, "stderr.txt"), "wb") as err,
+        ):
+            done = subprocess.run(
+                argv,
+                env=run_env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                timeout=timeout,
+                check=False,
+            )
+        return {"returncode": done.returncode, "stdout": "", "stderr": ""}
+
+
+def exec_command(
+    host_mesh: HostMesh,
+    cmd: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    workdir: str | None = None,
+    output_dir: str | None = None,
+    rank: int | None = None,
+    point: Mapping[str, int] | None = None,
+    per_host: Mapping[str, int] | None = None,
+    timeout: float | None = None,
+) -> Future[int]:
+    """Run ``cmd`` on the hosts of ``host_mesh`` (Monarch's ``exec_command``): on every
+    one, on the host at ``point`` (``{"hosts": 1}``), or on flat ``rank``; ``per_host``
+    runs it that many times per host (``{"gpus": 4}``), each with its
+    ``MONARCH_RANK_<DIM>`` / ``MONARCH_SIZE_<DIM>``.
+
+    The output of each run is printed here, in rank order, unless ``output_dir`` sends
+    it to files on the hosts. A Future of the highest exit status of all runs (0: every
+    one succeeded); ``.get()`` it, or ``await`` it.
+
+    Raises (through the Future):
+        ValueError: ``rank`` and ``point`` given together, or an empty command.
+        subprocess.TimeoutExpired: a run took longer than ``timeout`` seconds.
+    """
+    if rank is not None and point is not None:
+        raise ValueError("exec_command takes rank or point, not both")
+    argv = list(cmd)
+    if not argv:
+        raise ValueError("exec_command: the command is empty")
+    if point is not None:
+        target = host_mesh.slice(**point)
+    elif rank is not None:
+        target = host_mesh.flatten("rank").slice(rank=rank)
+    else:
+        target = host_mesh
+    client_cwd = os.getcwd()
+
+    async def run() -> int:
+        procs = target.spawn_procs(per_host=dict(per_host or {"procs": 1}), name="exec")
+        try:
+            runners = await procs.spawn("exec_command", CommandActor)
+            results = await runners.run.call(
+                argv, dict(env or {}), workdir, client_cwd, output_dir, timeout
+            )
+        finally:
+            await procs.stop()
+        worst = 0
+        for _, result in results.items():
+            worst = max(worst, result["returncode"])
+            if result["stdout"]:
+                print(result["stdout"], end="", flush=True)
+            if result["stderr"]:
+                print(result["stderr"], end="", file=sys.stderr, flush=True)
+        return worst
+
+    return run_task(current_runtime(), run)

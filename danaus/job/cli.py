@@ -1,0 +1,266 @@
+"""The job verbs of the ``danaus`` command, with Monarch's meanings and options:
+
+``danaus apply [module.attr]``  start the job (its spec recorded in ``.monarch/``) and
+                                keep it for later programs
+``danaus exec [target] cmd...`` run a command on the job's hosts
+``danaus info``                 the active context, its spec, and its saved job
+``danaus kill [context]``       end the saved job
+``danaus context create|use|rm|ls NAME``
+                                named jobs, one of them active
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from ._contexts import (
+    context_create,
+    context_ls,
+    context_rm,
+    context_use,
+    current_context,
+    current_spec,
+    load_current_job,
+    set_current_job,
+)
+from ._exec import exec_command
+from ._job import DEFAULT_JOB_PATH, JobState, JobTrait, job_load
+from ._local import LocalJob
+
+__all__ = ["VERBS", "main"]
+
+#: the verbs this module serves, for the ``danaus`` command's dispatch
+VERBS = ("apply", "exec", "info", "kill", "context")
+
+
+def _connect(job: JobTrait) -> JobState:
+    """The job's host meshes: the saved job when it can run this spec, else applied now
+    (and saved for the next program)."""
+    return job.state(cached_path=DEFAULT_JOB_PATH)
+
+
+def _parse_point(text: str) -> dict[str, int]:
+    point: dict[str, int] = {}
+    for pair in text.split(","):
+        dim, eq, value = pair.partition("=")
+        if not eq or not dim.strip():
+            raise SystemExit(f"danaus: a point is DIM=N[,DIM=N...], not {text!r}")
+        try:
+            point[dim.strip()] = int(value)
+        except ValueError:
+            raise SystemExit(
+                f"danaus: {dim.strip()}={value!r} in {text!r} is not a number"
+            ) from None
+    return point
+
+
+def _parse_env(items: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"danaus: -e takes KEY=VALUE, not {item!r}")
+        env[key] = value
+    return env
+
+
+def _apply(ns: argparse.Namespace) -> int:
+    if ns.module_path is not None:
+        set_current_job(ns.module_path)
+    started = time.monotonic()
+    job = load_current_job()
+    state = _connect(job)
+    hosts = state._hosts  # noqa: SLF001 - this package's own
+    if not hosts:
+        raise SystemExit("danaus: the job has no host meshes")
+    # ready when a command runs on every host of the first mesh
+    first = next(iter(hosts.values()))
+    rc = exec_command(first, ["true"]).get(timeout=300)
+    if rc != 0:
+        print(f"danaus: the job's hosts did not run a command (exit {rc})", file=sys.stderr)
+        return rc
+    names = ", ".join(f"{name} ({len(mesh)} hosts)" for name, mesh in hosts.items())
+    print(f"Job is ready ({time.monotonic() - started:.1f} s): {names}")
+    return 0
+
+
+def _exec(ns: argparse.Namespace) -> int:
+    cmd = list(ns.command)
+    if cmd[:1] == ["--"]:
+        cmd = cmd[1:]
+    if ns.module:
+        cmd = ["-m", ns.module, *cmd]
+    if ns.script is not None:
+        text = sys.stdin.read() if ns.script == "-" else Path(ns.script).read_text()
+        cmd = ["bash", "-c", text]
+    if not cmd:
+        raise SystemExit("danaus exec: no command given (a command, -m MODULE or --script)")
+    per_host = _parse_point(ns.per_host) if ns.per_host else None
+    point = _parse_point(ns.point) if ns.point is not None else None
+    env = _parse_env(ns.env)
+    job = load_current_job()
+    hosts = _connect(job)._hosts  # noqa: SLF001 - this package's own
+    if not hosts:
+        raise SystemExit("danaus exec: the job has no host meshes")
+    first = next(iter(hosts))
+    rank: int | None = None
+    output_dir: str | None = None
+    if ns.run_all or ns.mesh is not None:
+        if ns.mesh is not None and ns.mesh not in hosts:
+            raise SystemExit(
+                f"danaus exec: no mesh {ns.mesh!r} in the job; its meshes: {', '.join(hosts)}"
+            )
+        targets = list(hosts) if ns.run_all else [ns.mesh]
+        point = None
+        # many runs: their output goes to files on each host, a folder per rank
+        base = f"/tmp/danaus_exec_{uuid.uuid4().hex[:8]}"
+        output_dir = base
+        print(f"Output -> {base}/<mesh>/<rank>/stdout.txt, stderr.txt on each host")
+    else:
+        targets = [first]
+        if point is None:
+            rank = 0  # --one, the default
+    worst = 0
+    for name in targets:
+        rc = exec_command(
+            hosts[name],
+            cmd,
+            env=env,
+            workdir=ns.workdir,
+            output_dir=None if output_dir is None else f"{output_dir}/{name}/$SUBDIR",
+            rank=rank,
+            point=point,
+            per_host=per_host,
+        ).get()
+        worst = max(worst, rc)
+    if ns.kill:
+        job.kill()
+        Path(DEFAULT_JOB_PATH).unlink(missing_ok=True)
+    return worst
+
+
+def _info(ns: argparse.Namespace) -> int:
+    del ns
+    active = current_context()
+    print(f"context: {active or '(none)'}")
+    try:
+        spec = load_current_job()
+    except FileNotFoundError:
+        print("spec: (none: run 'danaus apply <module.attr>')")
+        return 1
+    print(f"spec: {current_spec()} (a {type(spec).__name__})")
+    try:
+        saved = job_load(DEFAULT_JOB_PATH)
+    except FileNotFoundError:
+        print("job: not applied")
+        return 0
+    local = isinstance(saved, LocalJob)  # always there; nothing to reuse
+    running = saved.active and (local or saved.can_run(spec))
+    print(f"job: {'running' if running else 'ended'} (apply id {saved.apply_id})")
+    if running:
+        for name, mesh in _connect(spec)._hosts.items():  # noqa: SLF001 - this package's own
+            print(f"  {name}: {len(mesh)} hosts")
+    return 0
+
+
+def _kill(ns: argparse.Namespace) -> int:
+    name = ns.name or current_context()
+    if ns.name is not None and not (Path(DEFAULT_JOB_PATH).parent / ns.name).is_dir():
+        raise SystemExit(f"danaus kill: no context named {ns.name!r}")
+    path = (
+        Path(DEFAULT_JOB_PATH).parent / name / "state.pkl"
+        if name is not None
+        else Path(DEFAULT_JOB_PATH)
+    )
+    if not path.exists():
+        print(f"No job to kill{f' in context {name!r}' if name else ''}")
+        return 0
+    job_load(str(path)).kill()
+    path.unlink(missing_ok=True)
+    print(f"Killed the job{f' of context {name!r}' if name else ''}")
+    return 0
+
+
+def _context(ns: argparse.Namespace) -> int:
+    if ns.context_cmd == "create":
+        context_create(ns.name)
+        print(f"Created context '{ns.name}'")
+    elif ns.context_cmd == "use":
+        context_use(ns.name)
+        print(f"Switched to context '{ns.name}'")
+    elif ns.context_cmd == "rm":
+        context_rm(ns.name)
+        print(f"Removed context '{ns.name}'")
+    else:
+        contexts = context_ls()
+        if not contexts:
+            print("No contexts.")
+        for name, active in contexts:
+            print(f"{'* ' if active else '  '}{name}")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The job verbs, added to the ``danaus`` command's subcommands."""
+    p = sub.add_parser("apply", help="start a job (module.attr) and keep it for later programs")
+    p.add_argument(
+        "module_path",
+        nargs="?",
+        default=None,
+        help="dotted path of a job object (myjob.job); default: the active context's spec",
+    )
+    p.set_defaults(verb=_apply)
+
+    p = sub.add_parser("exec", help="run a command on the job's hosts")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument(
+        "--all", action="store_true", dest="run_all", help="every mesh, every rank (to files)"
+    )
+    target.add_argument("--mesh", metavar="NAME", help="every rank of mesh NAME (to files)")
+    target.add_argument("--one", action="store_true", help="rank 0 of the first mesh (default)")
+    target.add_argument(
+        "--point", metavar="DIM=N,...", help="the host at a point of the first mesh"
+    )
+    p.add_argument(
+        "--per-host", metavar="DIM=N", help="N runs per host, each with MONARCH_RANK_DIM"
+    )
+    p.add_argument("-e", "--env", action="append", default=[], help="KEY=VALUE (repeatable)")
+    p.add_argument("--workdir", help="folder to run in on the hosts")
+    p.add_argument("--kill", action="store_true", help="end the job afterwards")
+    p.add_argument("--script", metavar="FILE", help="a bash script to run ('-': standard input)")
+    p.add_argument("-m", dest="module", metavar="MODULE", help="run a Python module")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")
+    p.set_defaults(verb=_exec)
+
+    p = sub.add_parser("info", help="the active context, its spec and its job")
+    p.set_defaults(verb=_info)
+
+    p = sub.add_parser("kill", help="end the saved job (of the active context, or NAME's)")
+    p.add_argument("name", nargs="?", default=None, help="a context's name")
+    p.set_defaults(verb=_kill)
+
+    p = sub.add_parser("context", help="named jobs: create, use, rm, ls")
+    contexts = p.add_subparsers(dest="context_cmd", required=True)
+    for verb, text in (
+        ("create", "a new context"),
+        ("use", "make it the active one"),
+        ("rm", "remove it, ending its job"),
+    ):
+        contexts.add_parser(verb, help=text).add_argument("name")
+    contexts.add_parser("ls", help="list them, * marks the active one")
+    p.set_defaults(verb=_context)
+
+
+def main(ns: argparse.Namespace) -> int:
+    """Run the verb ``ns`` was parsed for; errors a user made end with their text."""
+    try:
+        code: int = ns.verb(ns)
+    except (FileNotFoundError, ValueError, TypeError, AttributeError, ImportError) as e:
+        print(f"danaus {ns.cmd}: {e}", file=sys.stderr)
+        return 2
+    return code

@@ -1,0 +1,176 @@
+"""The job verbs of the ``danaus`` command, driven as a person would: ``danaus apply``
+starts a job a later command finds in ``.monarch/``, ``danaus exec`` runs commands on its
+hosts, ``info`` and ``kill``, and named contexts; and ``exec_command`` itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from danaus.job import LocalJob, ProcessJob, exec_command, job_load, load_current_job
+
+from .test_robustness import _wait_gone
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def danaus(cwd: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``danaus ARGS`` in ``cwd``, as typed in a shell there."""
+    return subprocess.run(
+        [sys.executable, "-m", "danaus", *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "myjob.py").write_text(
+        textwrap.dedent(
+            """
+            from danaus.job import LocalJob, ProcessJob
+
+            job = ProcessJob({"hosts": 2, "workers": 1})
+            here = LocalJob(("hosts",))
+            not_a_job = 42
+            """
+        )
+    )
+    return tmp_path
+
+
+def worker_pids(project: Path) -> list[int]:
+    saved = job_load(str(project / ".monarch" / "job_state.pkl"))
+    assert isinstance(saved, ProcessJob)
+    return list(saved._pids.values())
+
+
+def test_apply_exec_info_and_kill_a_job_of_local_hosts(project: Path) -> None:
+    applied = danaus(project, "apply", "myjob.job")
+    assert applied.returncode == 0, applied.stderr
+    assert (
+        "Job is ready" in applied.stdout and "hosts (2 hosts), workers (1 hosts)" in applied.stdout
+    )
+    pids = worker_pids(project)
+    try:
+        # the job outlived `danaus apply`: its three workers serve the next commands
+        assert len(pids) == 3 and _wait_gone(pids, 0.1) == pids
+        assert (project / ".monarch" / "default" / "spec").read_text().strip() == "myjob.job"
+
+        info = danaus(project, "info")
+        assert info.returncode == 0
+        assert "context: default" in info.stdout and "spec: myjob.job (a ProcessJob)" in info.stdout
+        assert "job: running" in info.stdout and "hosts: 2 hosts" in info.stdout
+
+        # default target: rank 0 of the first mesh, output here, in the caller's folder
+        one = danaus(project, "exec", "--", "sh", "-c", "echo hi $MONARCH_RANK_procs; pwd")
+        assert one.returncode == 0, one.stderr
+        assert one.stdout.splitlines() == ["hi 0", str(project)]
+
+        point = danaus(
+            project, "exec", "--point", "hosts=1", "--per-host", "gpus=2", "-e", "X=ü \\x",
+            "sh", "-c", "echo $X $MONARCH_RANK_gpus/$MONARCH_SIZE_gpus",
+        )  # fmt: skip
+        assert point.returncode == 0, point.stderr
+        assert point.stdout.splitlines() == ["ü \\x 0/2", "ü \\x 1/2"]
+
+        # every host: output to files on the hosts (here, this machine), a folder per rank
+        every = danaus(project, "exec", "--all", "sh", "-c", "echo $MONARCH_RANK_hosts; exit 4")
+        assert every.returncode == 4
+        base = Path(every.stdout.split("Output -> ")[1].split("/<mesh>")[0])
+        outputs = {str(p.relative_to(base)): p.read_text() for p in base.glob("*/*/stdout.txt")}
+        assert outputs == {
+            "hosts/hosts_0_procs_0/stdout.txt": "0\n",
+            "hosts/hosts_1_procs_0/stdout.txt": "1\n",
+            "workers/hosts_0_procs_0/stdout.txt": "0\n",
+        }
+
+        script = danaus(project, "exec", "--script", "-", stdin="echo from $0 stdin\n")
+        assert script.returncode == 0 and "stdin" in script.stdout
+
+        missing = danaus(project, "exec", "no-such-command-here")
+        assert missing.returncode == 127 and "no-such-command-here" in missing.stderr
+
+        wrong = danaus(project, "exec", "--mesh", "nope", "true")
+        assert wrong.returncode != 0 and "no mesh 'nope'" in wrong.stderr
+        assert "hosts, workers" in wrong.stderr
+        assert _wait_gone(pids, 0.1) == pids  # none of that hurt the job
+    finally:
+        killed = danaus(project, "kill")
+    assert killed.returncode == 0 and "Killed the job" in killed.stdout
+    assert _wait_gone(pids, 15) == []
+    assert "job: not applied" in danaus(project, "info").stdout
+
+
+def test_contexts_keep_one_job_each(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert danaus(project, "context", "ls").stdout.strip() == "No contexts."
+    assert danaus(project, "apply", "myjob.here").returncode == 0
+    assert danaus(project, "context", "create", "exp").returncode == 0
+    used = danaus(project, "context", "use", "exp")
+    assert used.stdout.strip() == "Switched to context 'exp'"
+    assert danaus(project, "context", "ls").stdout.splitlines() == ["  default", "* exp"]
+    # a new context has no spec yet
+    monkeypatch.chdir(project)
+    monkeypatch.syspath_prepend(str(project))
+    with pytest.raises(FileNotFoundError, match="danaus apply"):
+        load_current_job()
+    assert danaus(project, "apply", "myjob.job").returncode == 0
+    pids = worker_pids(project)
+    assert isinstance(load_current_job(), ProcessJob)
+    # the default context still holds its own job
+    assert danaus(project, "context", "use", "default").returncode == 0
+    assert isinstance(load_current_job(), LocalJob)
+    ran = danaus(project, "exec", "python", "-c", "print('local')")
+    assert ran.returncode == 0 and ran.stdout == "local\n"
+    # removing a context ends its job
+    removed = danaus(project, "context", "rm", "exp")
+    assert removed.returncode == 0
+    assert _wait_gone(pids, 15) == []
+    assert danaus(project, "context", "ls").stdout.splitlines() == ["* default"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["apply", "nosuchmodule.job"], "No module named 'nosuchmodule'"),
+        (["apply", "myjob.absent"], "has no 'absent'"),
+        (["apply", "myjob.not_a_job"], "is a int, not a job"),
+        (["apply", "nodot"], "is 'module.attr'"),
+        (["exec", "true"], "run 'danaus apply <module.attr>' first"),
+        (["context", "create", "../outside"], "one plain folder name"),
+        (["kill", "nosuch"], "no context named 'nosuch'"),
+        (["exec", "--point", "hosts", "true"], "a point is DIM=N"),
+    ],
+)
+def test_mistakes_are_named(project: Path, args: list[str], says: str) -> None:
+    done = danaus(project, *args)
+    assert done.returncode != 0
+    assert says in done.stderr
+    assert not (project.parent / "outside").exists()
+
+
+async def test_exec_command_reports_each_runs_outcome(tmp_path: Path) -> None:
+    hosts = LocalJob().state().hosts
+    out = tmp_path / "out"
+    rc = await exec_command(
+        hosts, ["sh", "-c", "echo $MONARCH_RANK_gpus; exit $MONARCH_RANK_gpus"],
+        output_dir=f"{out}/$SUBDIR", per_host={"gpus": 3},
+    )  # fmt: skip
+    assert rc == 2  # the highest exit status
+    assert sorted(p.parent.name for p in out.glob("*/stdout.txt")) == [
+        "gpus_0",
+        "gpus_1",
+        "gpus_2",
+    ]
+    assert (out / "gpus_1" / "stdout.txt").read_text() == "1\n"
+    with pytest.raises(subprocess.TimeoutExpired):
+        await exec_command(hosts, ["sleep", "30"], timeout=0.5)
+    with pytest.raises(ValueError, match="rank or point"):
+        exec_command(hosts, ["true"], rank=0, point={})
