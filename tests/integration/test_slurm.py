@@ -351,3 +351,43 @@ def test_a_dead_agent_ends_the_job(job: SlurmJob) -> None:
     with pytest.raises(SupervisionError):
         nodes.where.call().get(timeout=10)
     procs.stop().get(timeout=30)
+
+
+@loopback_only
+def test_the_job_verbs_drive_a_slurm_job(slurm: Cluster, tmp_path: Any) -> None:
+    """``danaus apply`` submits the job and leaves it for later commands; ``danaus exec``
+    runs on its nodes; ``danaus kill`` cancels it, as a person types them."""
+    (tmp_path / "slurmjob.py").write_text(
+        "from danaus.job import SlurmJob\n"
+        f"job = SlurmJob(meshes={{'hosts': 2}}, exclusive=False, log_dir={str(tmp_path)!r}, "
+        f"job_start_timeout=30, env={{'PYTHONPATH': {ROOT!r}}})\n"
+    )
+
+    def danaus(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "danaus", *args],
+            cwd=tmp_path,
+            env=slurm.env(),
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+
+    applied = danaus("apply", "slurmjob.job")
+    assert applied.returncode == 0, applied.stderr
+    saved = job_load(str(tmp_path / ".monarch" / "job_state.pkl"))
+    assert isinstance(saved, SlurmJob) and saved.job_id is not None
+    job_id = saved.job_id
+    try:
+        assert job_status(job_id) is not None and not ended(job_id)  # it outlived apply
+        ran = danaus("exec", "--point", "hosts=1", "--", "sh", "-c", "echo $SLURM_JOB_ID")
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.strip() == job_id  # run inside the job's allocation
+        info = danaus("info")
+        assert "job: running" in info.stdout and "hosts: 2 hosts" in info.stdout
+        killed = danaus("kill")
+        assert killed.returncode == 0 and "Killed the job" in killed.stdout
+        wait_for(lambda: ended(job_id), 15, f"job {job_id} ends after danaus kill")
+    finally:
+        if not ended(job_id):
+            subprocess.run(["scancel", job_id], timeout=30, env=slurm.env())
