@@ -68,6 +68,7 @@ from ._point import (
     Point,
 )
 from ._port import (
+    Channel,
     Port,
     PortReceiver,
     forward,
@@ -130,6 +131,7 @@ __all__ = [
     "Call",
     "Cancel",
     "Cast",
+    "Channel",
     "Connection",
     "DebugClose",
     "DebugDetach",

@@ -3,7 +3,7 @@
 ``SlurmJob(meshes={"hosts": 2}).state().hosts`` is a ``HostMesh`` of two SLURM nodes,
 each running a danaus host agent; ``job.kill()`` ends the job. ``ProcessJob`` makes
 "hosts" of local processes, for multi-host programs on one machine; ``LocalJob`` is this
-machine under every mesh name. ``exec_command`` runs a command on a job's hosts;
+machine under every mesh name. ``exec_command`` runs a command on a job's hosts, ``shell`` a terminal on one;
 ``set_current_job`` / ``load_current_job`` keep the job a later program (or ``danaus
 exec``) uses, in ``.monarch/`` as Monarch does.
 """
@@ -13,6 +13,7 @@ from ._exec import exec_command
 from ._job import DEFAULT_JOB_PATH, JobState, JobTrait, job_load, job_loads
 from ._local import LocalJob
 from ._process import ProcessJob
+from ._shell import shell
 from ._slurm import SlurmJob
 
 __all__ = [
@@ -27,4 +28,5 @@ __all__ = [
     "job_loads",
     "load_current_job",
     "set_current_job",
+    "shell",
 ]

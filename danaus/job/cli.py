@@ -3,6 +3,7 @@
 ``danaus apply [module.attr]``  start the job (its spec recorded in ``.monarch/``) and
                                 keep it for later programs
 ``danaus exec [target] cmd...`` run a command on the job's hosts
+``danaus shell [target]``       an interactive shell on one of the job's hosts
 ``danaus info``                 the active context, its spec, and its saved job
 ``danaus kill [context]``       end the saved job
 ``danaus context create|use|rm|ls NAME``
@@ -18,6 +19,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import DanausError
 from ._contexts import (
     context_create,
     context_ls,
@@ -31,11 +33,12 @@ from ._contexts import (
 from ._exec import exec_command
 from ._job import DEFAULT_JOB_PATH, JobState, JobTrait, job_load
 from ._local import LocalJob
+from ._shell import ShellLost, shell
 
 __all__ = ["VERBS", "main"]
 
 #: the verbs this module serves, for the ``danaus`` command's dispatch
-VERBS = ("apply", "exec", "info", "kill", "context")
+VERBS = ("apply", "exec", "shell", "info", "kill", "context")
 
 
 def _connect(job: JobTrait) -> JobState:
@@ -144,6 +147,27 @@ def _exec(ns: argparse.Namespace) -> int:
     return worst
 
 
+def _shell(ns: argparse.Namespace) -> int:
+    point = _parse_point(ns.point) if ns.point is not None else None
+    env = _parse_env(ns.env)
+    job = load_current_job()
+    hosts = _connect(job)._hosts  # noqa: SLF001 - this package's own
+    if not hosts:
+        raise SystemExit("danaus shell: the job has no host meshes")
+    name = ns.mesh if ns.mesh is not None else next(iter(hosts))
+    if name not in hosts:
+        raise SystemExit(
+            f"danaus shell: no mesh {name!r} in the job; its meshes: {', '.join(hosts)}"
+        )
+    mesh = hosts[name]
+    one = mesh.slice(**point) if point is not None else mesh.flatten("rank").slice(rank=0)
+    status = shell(one, env=env, workdir=ns.workdir)
+    if ns.kill:
+        job.kill()
+        Path(DEFAULT_JOB_PATH).unlink(missing_ok=True)
+    return status
+
+
 def _info(ns: argparse.Namespace) -> int:
     del ns
     active = current_context()
@@ -237,6 +261,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")
     p.set_defaults(verb=_exec)
 
+    p = sub.add_parser("shell", help="an interactive shell on one of the job's hosts")
+    p.add_argument("--mesh", metavar="NAME", help="a host of mesh NAME (default: the first)")
+    p.add_argument("--point", metavar="DIM=N,...", help="the host at a point (default: rank 0)")
+    p.add_argument("-e", "--env", action="append", default=[], help="KEY=VALUE (repeatable)")
+    p.add_argument("--workdir", help="folder to start in on the host")
+    p.add_argument("--kill", action="store_true", help="end the job when the shell exits")
+    p.set_defaults(verb=_shell)
+
     p = sub.add_parser("info", help="the active context, its spec and its job")
     p.set_defaults(verb=_info)
 
@@ -263,4 +295,7 @@ def main(ns: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError, TypeError, AttributeError, ImportError) as e:
         print(f"danaus {ns.cmd}: {e}", file=sys.stderr)
         return 2
+    except (DanausError, ShellLost) as e:  # a host or proc lost on the way
+        print(f"danaus {ns.cmd}: {e}", file=sys.stderr)
+        return 1
     return code

@@ -9,9 +9,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pexpect
 import pytest
 
-from danaus.job import LocalJob, ProcessJob, exec_command, job_load, load_current_job
+from danaus.job import LocalJob, ProcessJob, exec_command, job_load, load_current_job, shell
 
 from .test_robustness import _wait_gone
 
@@ -174,3 +175,58 @@ async def test_exec_command_reports_each_runs_outcome(tmp_path: Path) -> None:
         await exec_command(hosts, ["sleep", "30"], timeout=0.5)
     with pytest.raises(ValueError, match="rank or point"):
         exec_command(hosts, ["true"], rank=0, point={})
+
+
+def test_shell_is_a_terminal_on_one_host(project: Path) -> None:
+    assert danaus(project, "apply", "myjob.job").returncode == 0
+    pids = worker_pids(project)
+    try:
+        term = pexpect.spawn(
+            sys.executable,
+            ["-m", "danaus", "shell", "--point", "hosts=1", "-e", "FOO=ü bar"],
+            cwd=str(project),
+            timeout=60,
+            encoding="utf-8",
+            dimensions=(40, 100),
+        )
+        term.expect([r"\$ ", "# "])  # the remote shell's prompt
+        term.sendline("echo X$FOO-$MONARCH_RANK_procs; tty; stty size; pwd")
+        term.expect("Xü bar-0")
+        term.expect("/dev/pts/")  # a terminal of its own over there
+        term.expect("40 100")  # the size of ours
+        term.expect(str(project))  # started in the folder the command was typed in
+        term.setwinsize(50, 120)  # the window follows
+        term.sendline("stty size")
+        term.expect("50 120")
+        term.sendline("sleep 30")
+        term.sendintr()  # ^C reaches the remote shell, not this program
+        term.sendline("echo after-$((6*7))")
+        term.expect("after-42")
+        term.sendline("exit 3")
+        term.expect(pexpect.EOF)
+        term.close()
+        assert term.exitstatus == 3
+        assert _wait_gone(pids, 0.1) == pids  # the job lives on
+
+        # the hosts go while a shell is open: it ends, saying so
+        term = pexpect.spawn(
+            sys.executable, ["-m", "danaus", "shell"], cwd=str(project), timeout=60
+        )
+        term.expect([rb"\$ ", b"# "])
+        assert danaus(project, "kill").returncode == 0
+        term.expect(pexpect.EOF)
+        term.close()
+        assert term.exitstatus == 1
+        assert b"danaus shell:" in (term.before or b"")
+    finally:
+        danaus(project, "kill")
+    assert _wait_gone(pids, 15) == []
+
+
+def test_shell_needs_one_host() -> None:
+    job = ProcessJob({"hosts": 2})
+    try:
+        with pytest.raises(ValueError, match="one host; this host mesh has 2"):
+            shell(job.state().hosts)
+    finally:
+        job.kill()
