@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import functools
 import inspect
 import itertools
@@ -13,6 +14,7 @@ from typing import Any
 
 __all__ = [
     "Config",
+    "Encoding",
     "clear_runtime_config",
     "config",
     "configure",
@@ -178,6 +180,17 @@ config = Config()
 
 
 # ---------------------------------------------------------------- Monarch's monarch.config
+
+
+class Encoding(enum.Enum):
+    """Monarch's message encodings (its ``default_encoding`` setting). danaus's frames are
+    always msgspec msgpack with large buffers out of band, so ``configure`` accepts the
+    setting, with a warning, and changes nothing."""
+
+    Bincode = 0
+    Json = 1
+    Multipart = 2
+
 
 #: Monarch setting names with a danaus equivalent: name -> (danaus field, is a duration).
 _MONARCH_NAMES: dict[str, tuple[str, bool]] = {

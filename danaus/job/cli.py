@@ -16,15 +16,13 @@ import argparse
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import DanausError
+from . import _contexts
 from ._contexts import (
-    context_create,
-    context_ls,
-    context_rm,
-    context_use,
     current_context,
     current_spec,
     load_current_job,
@@ -33,9 +31,28 @@ from ._contexts import (
 from ._exec import exec_command
 from ._job import DEFAULT_JOB_PATH, JobState, JobTrait, job_load
 from ._local import LocalJob
-from ._shell import ShellLost, shell
+from ._shell import shell
 
-__all__ = ["VERBS", "main"]
+if TYPE_CHECKING:
+    from ..mesh import HostMesh
+
+__all__ = [
+    "DEFAULT_JOB_PATH",
+    "MONARCH_DIR",
+    "VERBS",
+    "apply_job",
+    "context_create",
+    "context_ls",
+    "context_rm",
+    "context_use",
+    "exec_on_job",
+    "load_current_job",
+    "main",
+    "shell_on_job",
+]
+
+#: where jobs and contexts are kept, in the working folder (Monarch's)
+MONARCH_DIR = str(Path(DEFAULT_JOB_PATH).parent)
 
 #: the verbs this module serves, for the ``danaus`` command's dispatch
 VERBS = ("apply", "exec", "shell", "info", "kill", "context")
@@ -52,43 +69,145 @@ def _parse_point(text: str) -> dict[str, int]:
     for pair in text.split(","):
         dim, eq, value = pair.partition("=")
         if not eq or not dim.strip():
-            raise SystemExit(f"danaus: a point is DIM=N[,DIM=N...], not {text!r}")
+            raise ValueError(f"a point is DIM=N[,DIM=N...], not {text!r}")
         try:
             point[dim.strip()] = int(value)
         except ValueError:
-            raise SystemExit(
-                f"danaus: {dim.strip()}={value!r} in {text!r} is not a number"
-            ) from None
+            raise ValueError(f"{dim.strip()}={value!r} in {text!r} is not a number") from None
     return point
 
 
-def _parse_env(items: Sequence[str]) -> dict[str, str]:
+def _parse_env(items: Sequence[str] | None) -> dict[str, str]:
     env: dict[str, str] = {}
-    for item in items:
+    for item in items or ():
         key, eq, value = item.partition("=")
         if not eq or not key:
-            raise SystemExit(f"danaus: -e takes KEY=VALUE, not {item!r}")
+            raise ValueError(f"an environment variable is KEY=VALUE, not {item!r}")
         env[key] = value
     return env
 
 
-def _apply(ns: argparse.Namespace) -> int:
-    if ns.module_path is not None:
-        set_current_job(ns.module_path)
-    started = time.monotonic()
-    job = load_current_job()
-    state = _connect(job)
-    hosts = state._hosts  # noqa: SLF001 - this package's own
+def _hosts_of(job: JobTrait) -> dict[str, HostMesh]:
+    hosts = _connect(job)._hosts  # noqa: SLF001 - this package's own
     if not hosts:
-        raise SystemExit("danaus: the job has no host meshes")
-    # ready when a command runs on every host of the first mesh
-    first = next(iter(hosts.values()))
-    rc = exec_command(first, ["true"]).get(timeout=300)
+        raise ValueError("the job has no host meshes")
+    return hosts
+
+
+def _end(job: JobTrait) -> None:
+    job.kill()
+    Path(DEFAULT_JOB_PATH).unlink(missing_ok=True)
+
+
+def apply_job(module_path: str | None = None) -> None:
+    """``danaus apply``: record ``module_path`` as the active context's spec (when
+    given), start its job unless the saved one serves it, keep it for later programs, and
+    return once a command runs on every host of its first mesh (Monarch's
+    ``monarch.tools.commands.apply_job``).
+
+    Raises:
+        RuntimeError: the hosts did not run the readiness command.
+    """
+    if module_path is not None:
+        set_current_job(module_path)
+    started = time.monotonic()
+    hosts = _hosts_of(load_current_job())
+    rc = exec_command(next(iter(hosts.values())), ["true"]).get(timeout=300)
     if rc != 0:
-        print(f"danaus: the job's hosts did not run a command (exit {rc})", file=sys.stderr)
-        return rc
+        raise RuntimeError(f"the job's hosts did not run a command (exit {rc})")
     names = ", ".join(f"{name} ({len(mesh)} hosts)" for name, mesh in hosts.items())
     print(f"Job is ready ({time.monotonic() - started:.1f} s): {names}")
+
+
+def exec_on_job(
+    cmd: Sequence[str],
+    run_all: bool = False,
+    mesh_name: str | None = None,
+    point_str: str | None = None,
+    env: Sequence[str] | None = None,
+    workdir: str | None = None,
+    kill: bool = False,
+    script: str | None = None,
+    per_host: Mapping[str, int] | None = None,
+) -> int:
+    """``danaus exec``: run ``cmd`` on the active context's job and return the highest
+    exit status (Monarch's ``exec_on_job``). By default on rank 0 of the first mesh, its
+    output printed here; ``point_str`` (``"hosts=1"``) picks another host of it;
+    ``mesh_name`` or ``run_all`` run on every host of one or every mesh, the output going
+    to ``/tmp/danaus_exec_<id>/<mesh>/<rank>/`` on each host. ``script`` is a bash
+    script's file (``-``: standard input); ``env`` holds ``KEY=VALUE`` texts; ``kill``
+    ends the job afterwards."""
+    command = list(cmd)
+    if script is not None:
+        text = sys.stdin.read() if script == "-" else Path(script).read_text()
+        command = ["bash", "-c", text]
+    if not command:
+        raise ValueError("no command given (a command, -m MODULE or --script)")
+    if run_all and mesh_name is not None:
+        raise ValueError("run_all and mesh_name exclude each other")
+    point = _parse_point(point_str) if point_str is not None else None
+    variables = _parse_env(env)
+    job = load_current_job()
+    hosts = _hosts_of(job)
+    rank: int | None = None
+    output_dir: str | None = None
+    if run_all or mesh_name is not None:
+        if mesh_name is not None and mesh_name not in hosts:
+            raise ValueError(f"no mesh {mesh_name!r} in the job; its meshes: {', '.join(hosts)}")
+        targets = list(hosts) if run_all else [str(mesh_name)]
+        point = None
+        # many runs: their output goes to files on each host, a folder per rank
+        output_dir = f"/tmp/danaus_exec_{uuid.uuid4().hex[:8]}"
+        print(f"Output -> {output_dir}/<mesh>/<rank>/stdout.txt, stderr.txt on each host")
+    else:
+        targets = [next(iter(hosts))]
+        if point is None:
+            rank = 0  # --one, the default
+    worst = 0
+    for name in targets:
+        rc = exec_command(
+            hosts[name],
+            command,
+            env=variables,
+            workdir=workdir,
+            output_dir=None if output_dir is None else f"{output_dir}/{name}/$SUBDIR",
+            rank=rank,
+            point=point,
+            per_host=per_host,
+        ).get()
+        worst = max(worst, rc)
+    if kill:
+        _end(job)
+    return worst
+
+
+def shell_on_job(
+    mesh_name: str | None = None,
+    point_str: str | None = None,
+    env: Sequence[str] | None = None,
+    workdir: str | None = None,
+    kill: bool = False,
+) -> int:
+    """``danaus shell``: an interactive shell on one host of the active context's job
+    (rank 0 of the first mesh, or ``point_str`` of ``mesh_name``); its exit status
+    (Monarch's ``shell_on_job``)."""
+    point = _parse_point(point_str) if point_str is not None else None
+    variables = _parse_env(env)
+    job = load_current_job()
+    hosts = _hosts_of(job)
+    name = mesh_name if mesh_name is not None else next(iter(hosts))
+    if name not in hosts:
+        raise ValueError(f"no mesh {name!r} in the job; its meshes: {', '.join(hosts)}")
+    mesh = hosts[name]
+    one = mesh.slice(**point) if point is not None else mesh.flatten("rank").slice(rank=0)
+    status = shell(one, env=variables, workdir=workdir)
+    if kill:
+        _end(job)
+    return status
+
+
+def _apply(ns: argparse.Namespace) -> int:
+    apply_job(ns.module_path)
     return 0
 
 
@@ -98,74 +217,14 @@ def _exec(ns: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if ns.module:
         cmd = ["-m", ns.module, *cmd]
-    if ns.script is not None:
-        text = sys.stdin.read() if ns.script == "-" else Path(ns.script).read_text()
-        cmd = ["bash", "-c", text]
-    if not cmd:
-        raise SystemExit("danaus exec: no command given (a command, -m MODULE or --script)")
     per_host = _parse_point(ns.per_host) if ns.per_host else None
-    point = _parse_point(ns.point) if ns.point is not None else None
-    env = _parse_env(ns.env)
-    job = load_current_job()
-    hosts = _connect(job)._hosts  # noqa: SLF001 - this package's own
-    if not hosts:
-        raise SystemExit("danaus exec: the job has no host meshes")
-    first = next(iter(hosts))
-    rank: int | None = None
-    output_dir: str | None = None
-    if ns.run_all or ns.mesh is not None:
-        if ns.mesh is not None and ns.mesh not in hosts:
-            raise SystemExit(
-                f"danaus exec: no mesh {ns.mesh!r} in the job; its meshes: {', '.join(hosts)}"
-            )
-        targets = list(hosts) if ns.run_all else [ns.mesh]
-        point = None
-        # many runs: their output goes to files on each host, a folder per rank
-        base = f"/tmp/danaus_exec_{uuid.uuid4().hex[:8]}"
-        output_dir = base
-        print(f"Output -> {base}/<mesh>/<rank>/stdout.txt, stderr.txt on each host")
-    else:
-        targets = [first]
-        if point is None:
-            rank = 0  # --one, the default
-    worst = 0
-    for name in targets:
-        rc = exec_command(
-            hosts[name],
-            cmd,
-            env=env,
-            workdir=ns.workdir,
-            output_dir=None if output_dir is None else f"{output_dir}/{name}/$SUBDIR",
-            rank=rank,
-            point=point,
-            per_host=per_host,
-        ).get()
-        worst = max(worst, rc)
-    if ns.kill:
-        job.kill()
-        Path(DEFAULT_JOB_PATH).unlink(missing_ok=True)
-    return worst
+    return exec_on_job(
+        cmd, ns.run_all, ns.mesh, ns.point, ns.env, ns.workdir, ns.kill, ns.script, per_host
+    )
 
 
 def _shell(ns: argparse.Namespace) -> int:
-    point = _parse_point(ns.point) if ns.point is not None else None
-    env = _parse_env(ns.env)
-    job = load_current_job()
-    hosts = _connect(job)._hosts  # noqa: SLF001 - this package's own
-    if not hosts:
-        raise SystemExit("danaus shell: the job has no host meshes")
-    name = ns.mesh if ns.mesh is not None else next(iter(hosts))
-    if name not in hosts:
-        raise SystemExit(
-            f"danaus shell: no mesh {name!r} in the job; its meshes: {', '.join(hosts)}"
-        )
-    mesh = hosts[name]
-    one = mesh.slice(**point) if point is not None else mesh.flatten("rank").slice(rank=0)
-    status = shell(one, env=env, workdir=ns.workdir)
-    if ns.kill:
-        job.kill()
-        Path(DEFAULT_JOB_PATH).unlink(missing_ok=True)
-    return status
+    return shell_on_job(ns.mesh, ns.point, ns.env, ns.workdir, ns.kill)
 
 
 def _info(ns: argparse.Namespace) -> int:
@@ -210,22 +269,38 @@ def _kill(ns: argparse.Namespace) -> int:
     return 0
 
 
+def context_create(name: str) -> None:
+    """``danaus context create NAME`` (Monarch's ``context_create``)."""
+    _contexts.context_create(name)
+    print(f"Created context '{name}'")
+
+
+def context_use(name: str) -> None:
+    """``danaus context use NAME``: the active context from now on."""
+    _contexts.context_use(name)
+    print(f"Switched to context '{name}'")
+
+
+def context_rm(name: str) -> None:
+    """``danaus context rm NAME``: end its job and remove it."""
+    _contexts.context_rm(name)
+    print(f"Removed context '{name}'")
+
+
+def context_ls() -> None:
+    """``danaus context ls``: every context, ``*`` marking the active one."""
+    contexts = _contexts.context_ls()
+    if not contexts:
+        print("No contexts.")
+    for name, active in contexts:
+        print(f"{'* ' if active else '  '}{name}")
+
+
 def _context(ns: argparse.Namespace) -> int:
-    if ns.context_cmd == "create":
-        context_create(ns.name)
-        print(f"Created context '{ns.name}'")
-    elif ns.context_cmd == "use":
-        context_use(ns.name)
-        print(f"Switched to context '{ns.name}'")
-    elif ns.context_cmd == "rm":
-        context_rm(ns.name)
-        print(f"Removed context '{ns.name}'")
+    if ns.context_cmd == "ls":
+        context_ls()
     else:
-        contexts = context_ls()
-        if not contexts:
-            print("No contexts.")
-        for name, active in contexts:
-            print(f"{'* ' if active else '  '}{name}")
+        {"create": context_create, "use": context_use, "rm": context_rm}[ns.context_cmd](ns.name)
     return 0
 
 
@@ -295,7 +370,7 @@ def main(ns: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError, TypeError, AttributeError, ImportError) as e:
         print(f"danaus {ns.cmd}: {e}", file=sys.stderr)
         return 2
-    except (DanausError, ShellLost) as e:  # a host or proc lost on the way
+    except (DanausError, RuntimeError) as e:  # a host or proc lost; hosts not ready
         print(f"danaus {ns.cmd}: {e}", file=sys.stderr)
         return 1
     return code

@@ -58,8 +58,58 @@ def _config(name: str) -> Any:
     return getattr(importlib.import_module("danaus.config"), name)
 
 
+def _timer(name: str) -> Any:
+    return getattr(importlib.import_module("danaus.tensor_engine.timer"), name)
+
+
+def _builtins(name: str) -> Any:
+    return getattr(importlib.import_module("danaus.tensor_engine.builtins"), name)
+
+
+def _safe_torch(name: str) -> Any:
+    """``monarch.safe_torch.torch``: torch (Monarch imports it on a thread of its own to
+    dodge a pybind11 bug of its Rust bindings; danaus has none to dodge)."""
+    if name == "torch":
+        return importlib.import_module("torch")
+    raise AttributeError(name)
+
+
+def _tools(name: str) -> Any:
+    if name == "commands":
+        return importlib.import_module("monarch.tools.commands")
+    raise AttributeError(name)
+
+
+#: monarch.tools.commands names that drive TorchX schedulers, which danaus does not use
+_TORCHX = frozenset(
+    {"create", "info", "get_or_create", "server_ready", "kill", "kill_and_confirm", "torchx_runner"}
+)
+
+
+def _commands(name: str) -> Any:
+    if name in _TORCHX:
+        raise ImportError(
+            f"danaus does not provide monarch.tools.commands.{name}: it drives TorchX "
+            "schedulers; danaus's jobs (SlurmJob, ProcessJob, LocalJob) and the danaus "
+            "apply / exec / kill verbs do that work (docs/jobs.md)",
+            name="monarch.tools.commands",
+        )
+    return getattr(importlib.import_module("danaus.job.cli"), name)
+
+
+#: monarch's top-level names that are submodules, and Monarch's older names
+_TOP_MODULES = {"timer": "monarch.timer", "builtins": "monarch.builtins"}
+
+
 def _top(name: str) -> Any:
-    """``monarch.X``: the tensor engine's names first (Monarch keeps them at the top)."""
+    """``monarch.X``: the tensor engine's names first (Monarch keeps them at the top),
+    then danaus's, then the configuration functions."""
+    if name in _TOP_MODULES:
+        return importlib.import_module(_TOP_MODULES[name])
+    if name == "ActorFuture":
+        import danaus
+
+        return danaus.Future
     try:
         te = importlib.import_module("danaus.tensor_engine")
     except ImportError:
@@ -68,7 +118,9 @@ def _top(name: str) -> Any:
         return getattr(te, name)
     import danaus
 
-    return getattr(danaus, name)
+    if hasattr(danaus, name):
+        return getattr(danaus, name)
+    return _config(name)
 
 
 #: module name -> how a name of it is found in danaus
@@ -80,6 +132,11 @@ _MODULES: dict[str, Callable[[str], Any]] = {
     "monarch.config": _config,
     "monarch.spmd": _spmd,
     "monarch.job": _job,
+    "monarch.timer": _timer,
+    "monarch.builtins": _builtins,
+    "monarch.safe_torch": _safe_torch,
+    "monarch.tools": _tools,
+    "monarch.tools.commands": _commands,
 }
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "DataDependentError",
     "MeshSlice",
     "Stream",
+    "Tensor",
     "call_on_shard_and_fetch",
     "coalescing",
     "fetch_shard",
@@ -47,10 +48,56 @@ __all__ = [
     "get_active_stream",
     "inspect",
     "no_mesh",
+    "reduce",
+    "reduce_",
     "remote",
     "show",
     "slice_mesh",
+    "to_mesh",
 ]
+
+#: Monarch's name for a tensor made on a mesh
+Tensor = DTensor
+
+
+def reduce(
+    tensors: Any,
+    dims: str | tuple[str, ...] | list[str],
+    reduction: str = "sum",
+    scatter: bool = False,
+    mesh: ProcMesh | None = None,
+) -> Any:
+    """:meth:`DTensor.reduce` on every tensor of ``tensors`` (a pytree: a tensor, or
+    lists, tuples and dicts of them), as Monarch's ``monarch.reduce``."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.reduce(dims, reduction, scatter, mesh), tensors)
+
+
+def reduce_(tensors: Any, dims: str | tuple[str, ...] | list[str], reduction: str = "sum") -> Any:
+    """:meth:`DTensor.reduce_` (in place) on every tensor of ``tensors`` (a pytree), as
+    Monarch's ``monarch.reduce_``."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.reduce_(dims, reduction), tensors)
+
+
+def to_mesh(tensors: Any, mesh: ProcMesh, stream: Stream | None = None) -> Any:
+    """:meth:`DTensor.to_mesh` (or :meth:`MeshSlice.to_mesh`) on every tensor of
+    ``tensors`` (a pytree), as Monarch's ``monarch.to_mesh``. The move runs over the
+    data plane, not on a stream: ``stream`` must be None."""
+    if stream is not None:
+        raise ValueError(
+            "to_mesh(stream=...): danaus moves tensors over its data plane, not on a "
+            "stream; leave stream out"
+        )
+    from torch.utils._pytree import tree_map
+
+    return tree_map(
+        lambda t: t.to_mesh(mesh),
+        tensors,
+        is_leaf=lambda t: isinstance(t, MeshSlice),
+    )
 
 
 def fetch_shard(
