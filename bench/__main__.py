@@ -12,6 +12,7 @@ from . import (
     bench_spmd,
     bench_stats,
     bench_supervision,
+    bench_telemetry,
     bench_tensor_engine,
     bench_wire,
 )
@@ -22,6 +23,8 @@ def main() -> None:
     bench_runtime.main()
     print("\n== the cost of per-actor stats: on vs off ==")
     bench_stats.main()
+    print("\n== the cost of OpenTelemetry tracing: on vs off ==")
+    bench_telemetry.main()
     print("\n== TCP frame tags ==")
     bench_wire.main()
     print("\n== meshes ==")

@@ -16,6 +16,9 @@ from .actors import (
     current_rank,
     current_size,
     endpoint,
+    get_meter,
+    span,
+    traced,
 )
 from .config import config
 from .errors import (
@@ -109,6 +112,7 @@ __all__ = [
     "debug_sessions",
     "default_bootstrap_cmd",
     "endpoint",
+    "get_meter",
     "get_or_spawn_controller",
     "hosts_from_config",
     "mesh_stacks",
@@ -119,7 +123,9 @@ __all__ = [
     "serve_metrics",
     "set_unhandled_fault_hook",
     "shutdown_context",
+    "span",
     "this_host",
     "this_proc",
+    "traced",
     "unhandled_fault_hook",
 ]

@@ -170,6 +170,12 @@ class Config:
     #: reaches the controller prefixed with the proc); ``python -m danaus.monarch`` turns
     #: it on, here and in procs, unless the variable says otherwise. Read per record.
     prefix_python_logs_with_actor: bool = False
+    #: OpenTelemetry traces and metrics (the ``telemetry`` extra): a span per endpoint
+    #: call in the callee, a child of the caller's span across procs, and this process's
+    #: providers exporting as the ``OTEL_*`` variables say (``OTLP/HTTP`` by default).
+    #: Read per call; procs read ``DANAUS_TELEMETRY`` (``configure(telemetry=True)``
+    #: reaches the procs spawned later). Off, a call carries no trace context.
+    telemetry: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -8,6 +8,7 @@ from ._point import Extent, Point
 from ._port import Channel, Port, PortReceiver, RankedPortReceiver
 from ._runtime import on_every_heartbeat as _on_every_heartbeat
 from ._runtime import register_handlers as _register
+from ._telemetry import get_meter, span, traced
 
 _register(_handlers.HANDLERS)  # the message types the actor layer handles
 _on_every_heartbeat(_handlers.check_stuck)  # endpoints running too long are reported
@@ -29,4 +30,7 @@ __all__ = [
     "current_rank",
     "current_size",
     "endpoint",
+    "get_meter",
+    "span",
+    "traced",
 ]

@@ -92,6 +92,9 @@ from ._stats import (
     StackEntry,
     process_uptime,
 )
+from ._telemetry import (
+    outgoing_trace,
+)
 from ._wire import (
     CAST_GATHER,
     CAST_NONE,
@@ -183,6 +186,7 @@ __all__ = [
     "loads",
     "new_event_loop",
     "on_every_heartbeat",
+    "outgoing_trace",
     "parse_addr",
     "peer_exit_reason",
     "peer_exited",

@@ -27,6 +27,7 @@ from ._mailbox import Mailbox
 from ._reply import Describe, Replier, ResponsePort, error_info
 from ._serialize import loads_args
 from ._stats import ActorStats
+from ._telemetry import await_in_span, run_in_span
 from ._wire import Buffer, Call, ErrorInfo, Failure
 
 if TYPE_CHECKING:
@@ -216,6 +217,9 @@ class ActorInstance:
         fn: JobFn = ep.fn
         if region is not None:  # a slice was called: current_rank() is the place in it
             fn = functools.partial(_in_message, Context(self.ctx, region), ep.fn)
+        traced = msg.trace or config.telemetry  # (off: no span, no wrapper)
+        if traced and not ep.is_async:
+            fn = functools.partial(run_in_span, *self._span_of(msg), fn)
         if not ep.is_async and not self.inline_sync:
             self.in_flight.submit(Job(conn, msg, fn, (self.obj, *args), kwargs))
             return
@@ -226,6 +230,8 @@ class ActorInstance:
                 # An async endpoint's method (create_task refuses anything else); no
                 # cast(): this is the hot path, and cast is a function call.
                 coro: Coroutine[object, object, object] = ep.fn(self.obj, *args, **kwargs)  # type: ignore[assignment]
+                if traced:
+                    coro = await_in_span(*self._span_of(msg), coro)
                 cv = self.cv
                 if region is not None:
                     cv = cv.copy()
@@ -241,6 +247,16 @@ class ActorInstance:
             self.replier.raised(conn, msg, ep, e)
             return
         self.replier.returned(conn, msg, ep, result)
+
+    def _span_of(self, msg: Call) -> tuple[str, str, dict[str, str | int]]:
+        """The name, parent and attributes of the span of one call of this actor."""
+        attributes: dict[str, str | int] = {
+            "danaus.actor": self.ctx.actor_id,
+            "danaus.mesh": self.ctx.name,
+            "danaus.rank": self.ctx.rank.rank,
+            "danaus.endpoint": msg.method,
+        }
+        return f"{type(self.obj).__name__}.{msg.method}", msg.trace, attributes
 
     def _thread_done(self, jobs: list[Job]) -> None:
         """Sync messages the actor's thread finished (on the loop's thread, in order)."""

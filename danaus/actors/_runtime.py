@@ -401,15 +401,17 @@ class Runtime:
         pickled: bool,
         parts: Sequence[Buffer],
         region: Region | None = None,
+        trace: str = "",
     ) -> None:
         """Send one call to ``actor`` at ``addr``; its reply (if ``reply``) comes to that port.
-        ``region``: the slice called, when not the actor's whole mesh (its message rank)."""
+        ``region``: the slice called, when not the actor's whole mesh (its message rank);
+        ``trace``: the caller's span, with telemetry on."""
         conn = self.connection(addr)
         seqs = self.seqs.get(addr)
         if seqs is None:
             seqs = self.seqs[addr] = {}
         seq = seqs[actor] = seqs.get(actor, 0) + 1
-        if not conn.send(Call(actor, method, reply, args, pickled, seq, region), parts):
+        if not conn.send(Call(actor, method, reply, args, pickled, seq, region, trace), parts):
             if reply:
                 self.deliver(reply, rank, ERROR, self.peer_lost_error(addr, conn.close_reason))
             return

@@ -92,6 +92,8 @@ class Call(msgspec.Struct, tag=16, array_like=True, frozen=True):
     seq: int = 0
     #: the slice called, when it is not the whole mesh the actor was spawned in
     region: Region | None = None
+    #: the caller's span (a W3C ``traceparent``), with telemetry on; "" otherwise
+    trace: str = ""
 
 
 class Result(msgspec.Struct, tag=17, array_like=True, frozen=True):
@@ -182,6 +184,8 @@ class Cast(msgspec.Struct, tag=21, array_like=True, frozen=True):
     reducer_pickled: bool = False
     #: as in :class:`Call`
     region: Region | None = None
+    #: as in :class:`Call`
+    trace: str = ""
 
 
 class Gathered(msgspec.Struct, tag=22, array_like=True, frozen=True):

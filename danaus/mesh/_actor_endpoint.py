@@ -24,6 +24,7 @@ from ..actors._api import (
     Runtime,
     current_runtime,
     dumps_args,
+    outgoing_trace,
     run_on,
     runtime_here,
     waiting_actor,
@@ -100,6 +101,8 @@ class ActorEndpoint(Generic[R_co]):
         of global ranks ``ranks``, their replies to ``port`` (0: none)."""
         if here is None:
             here = rt.on_loop()
+        # with telemetry on, the caller's span (taken here, in the caller's context)
+        trace = outgoing_trace() if config.telemetry else ""
         mesh = self._mesh
         raw, pickled, parts = enc
         actor = mesh.wire_name
@@ -119,12 +122,14 @@ class ActorEndpoint(Generic[R_co]):
         region = mesh.call_region
         if here and len(ranks) == 1 and mesh.is_open_for(rt):
             rank = ranks[0]  # the hot path: one actor, already spawned, from its loop
-            rt.send_call(mesh.addr_of(rank), actor, method, port, rank, raw, pickled, parts, region)
+            rt.send_call(
+                mesh.addr_of(rank), actor, method, port, rank, raw, pickled, parts, region, trace
+            )
             return
         gate = mesh.call_gate(rt, here)
         ready = gate.done()
         if ready and len(ranks) == 1 and here and (addr := mesh.addr_of(ranks[0])):
-            rt.send_call(addr, actor, method, port, ranks[0], raw, pickled, parts, region)
+            rt.send_call(addr, actor, method, port, ranks[0], raw, pickled, parts, region, trace)
             return
         fanout = config.cast_fanout
 
@@ -163,10 +168,13 @@ class ActorEndpoint(Generic[R_co]):
                     parts,
                     reducer,
                     region,
+                    trace,
                 )
             else:
                 for rank, addr in targets:
-                    rt.send_call(addr, actor, method, port, rank, raw, pickled, parts, region)
+                    rt.send_call(
+                        addr, actor, method, port, rank, raw, pickled, parts, region, trace
+                    )
 
         if ready:
             run_on(rt, go)

@@ -74,9 +74,11 @@ def send_cast(
     parts: Sequence[Part],
     reducer: tuple[msgspec.Raw, bool] | None = None,
     region: Region | None = None,
+    trace: str = "",
 ) -> None:
     """From the sender: start a cast over ``targets`` (results to local ``port``);
-    ``region``: the slice called, when not the actors' whole mesh."""
+    ``region``: the slice called, when not the actors' whole mesh; ``trace``: the
+    caller's span, with telemetry on."""
     red_raw, red_pickled = reducer or (NIL, False)
     for chunk in split(targets, fanout):
         _send_subtree(
@@ -97,6 +99,7 @@ def send_cast(
                 red_raw,
                 red_pickled,
                 region,
+                trace,
             ),
             parts,
         )
@@ -289,12 +292,20 @@ def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Part]) -> 
             msg.reducer,
             msg.reducer_pickled,
             msg.region,
+            msg.trace,
         )
         _send_subtree(rt, chunk, child_port, fwd, parts)
     actor = rt.actors.get(msg.actor)
     reply_to: ReplySink = _Reply(node, msg.sender) if node is not None else conn
     call = Call(
-        msg.actor, msg.method, 1 if node is not None else 0, msg.args, msg.pickled, seq, msg.region
+        msg.actor,
+        msg.method,
+        1 if node is not None else 0,
+        msg.args,
+        msg.pickled,
+        seq,
+        msg.region,
+        msg.trace,
     )
     if actor is None:
         if node is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pexpect
@@ -32,7 +33,7 @@ def danaus(cwd: Path, *args: str, stdin: str | None = None) -> subprocess.Comple
 
 
 @pytest.fixture
-def project(tmp_path: Path) -> Path:
+def project(tmp_path: Path) -> Iterator[Path]:
     (tmp_path / "myjob.py").write_text(
         textwrap.dedent(
             """
@@ -44,7 +45,9 @@ def project(tmp_path: Path) -> Path:
             """
         )
     )
-    return tmp_path
+    yield tmp_path
+    for saved in (tmp_path / ".monarch").glob("*/state.pkl"):  # whatever a test left
+        job_load(str(saved)).kill()
 
 
 def worker_pids(project: Path) -> list[int]:
