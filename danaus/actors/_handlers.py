@@ -100,6 +100,29 @@ class ProcControl(Actor):
 
         return os.getpid()
 
+    @endpoint
+    def reload_modules(self, paths: list[str]) -> list[str]:
+        """Reload the modules loaded from these files (a workspace synced with
+        ``auto_reload``), in the order they were first imported; let later imports find
+        new files. Returns the names of the modules reloaded.
+
+        As ``importlib.reload``: a module's objects are replaced in it, but names another
+        module bound with ``from x import y`` keep the old objects, and actors already
+        spawned keep their class (new actors get the new one)."""
+        import importlib
+        import os
+        import sys
+
+        importlib.invalidate_caches()
+        wanted = {os.path.realpath(p) for p in paths}
+        reloaded = []
+        for name, module in list(sys.modules.items()):
+            file = getattr(module, "__file__", None)
+            if file and os.path.realpath(file) in wanted:
+                importlib.reload(module)
+                reloaded.append(name)
+        return reloaded
+
     # An endpoint named like a mesh member is, on the mesh, that endpoint (``mesh_stats``
     # reaches the member); type checkers see the member on every actor, hence the ignores.
     @endpoint

@@ -15,11 +15,13 @@ from ._slurm import expand_hostlist
 from ._snapshot import proc_stacks, snapshot
 from ._supervision import default_fault_hook, exit_on_fault
 from ._tensor_engine_hook import TensorEngine, set_tensor_engine, set_tensor_engine_loader
+from ._workspace import Workspace
 
 __all__ = [
     "ActorFace",
     "TensorEngine",
     "TypedEndpoint",
+    "Workspace",
     "agent_ref",
     "default_fault_hook",
     "exit_on_fault",

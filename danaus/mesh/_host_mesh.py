@@ -15,6 +15,7 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future as ThreadFuture
+from typing import TYPE_CHECKING
 
 from ..actors._api import (
     OK,
@@ -40,6 +41,9 @@ from ._proc_mesh import ProcMesh, group_of, new_proc_mesh
 from ._shape import Shape
 from ._shaped import Shaped
 from ._supervision import resolved
+
+if TYPE_CHECKING:
+    from ._workspace import Workspace
 
 __all__ = ["HostMesh", "attach_to_hosts", "attach_to_workers", "hosts_from_config", "this_host"]
 
@@ -153,6 +157,30 @@ class HostMesh(Shaped):
                     ) from outcome
 
         return run_task(rt, reach)
+
+    def spawned_groups(self) -> list[ProcGroup]:
+        """The proc groups spawned on these hosts that still run."""
+        return [g for g in self._spawned if not g.stopped]
+
+    def sync_workspace(
+        self, workspace: Workspace, conda: bool = False, auto_reload: bool = False
+    ) -> Future[None]:
+        """Push ``workspace``'s local folders to every host (``$WORKSPACE_DIR/<dst>``
+        there), sending only files whose size or time differ, and with ``auto_reload``
+        reload the changed modules in the procs running on the hosts (Monarch's
+        ``sync_workspace``: edit, sync, run again). Await it, or ``.get()`` it.
+
+        Raises (through the Future):
+            RuntimeError: a host has no ``WORKSPACE_DIR``.
+            FileNotFoundError: a source folder does not exist.
+            NotImplementedError: ``conda=True`` (danaus syncs no environment).
+        """
+        from ._workspace import sync_workspace
+
+        async def run() -> None:
+            await sync_workspace(self, workspace, conda, auto_reload)
+
+        return run_task(current_runtime(), run)
 
     def stop(self) -> Future[None]:
         """Monarch's ``HostMesh.stop``: stop the proc meshes spawned on these hosts and

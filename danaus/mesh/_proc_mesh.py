@@ -276,6 +276,15 @@ class ProcMesh(Shaped):
         return [h.pid for h in self._handles()]
 
     # actors
+    def sync_workspace(
+        self, workspace: object, conda: bool = False, auto_reload: bool = False
+    ) -> None:
+        """As Monarch's: not on a proc mesh; use ``HostMesh.sync_workspace`` (its hosts
+        get the files once each, and its procs reload)."""
+        raise NotImplementedError(
+            "sync_workspace is not implemented for ProcMesh; use HostMesh.sync_workspace"
+        )
+
     def spawn(self, name: str, cls: type[A], *args: object, **kwargs: object) -> A:
         """Create one ``cls(*args, **kwargs)`` actor in every proc of this mesh.
 

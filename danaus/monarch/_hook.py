@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -75,8 +76,39 @@ def _safe_torch(name: str) -> Any:
 
 
 def _tools(name: str) -> Any:
-    if name == "commands":
-        return importlib.import_module("monarch.tools.commands")
+    if name in ("commands", "config"):
+        return importlib.import_module(f"monarch.tools.{name}")
+    raise AttributeError(name)
+
+
+@dataclasses.dataclass
+class ToolsConfig:
+    """``monarch.tools.config.Config``: Monarch's TorchX job description. danaus
+    schedules nothing from it (its jobs do that: docs/jobs.md); its ``workspace`` is what
+    ``HostMesh.sync_workspace`` takes."""
+
+    scheduler: str = ""
+    scheduler_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    workspace: Any = None
+    dryrun: bool = False
+    appdef: Any = None
+
+    def __post_init__(self) -> None:
+        if self.workspace is None:
+            from danaus.mesh._api import Workspace
+
+            self.workspace = Workspace.null()
+
+
+def _tools_config(name: str) -> Any:
+    if name == "Config":
+        return ToolsConfig
+    if name == "workspace":
+        return importlib.import_module("monarch.tools.config.workspace")
+    if name == "Workspace":
+        from danaus.mesh._api import Workspace
+
+        return Workspace
     raise AttributeError(name)
 
 
@@ -137,6 +169,8 @@ _MODULES: dict[str, Callable[[str], Any]] = {
     "monarch.safe_torch": _safe_torch,
     "monarch.tools": _tools,
     "monarch.tools.commands": _commands,
+    "monarch.tools.config": _tools_config,
+    "monarch.tools.config.workspace": _tools_config,
 }
 
 
