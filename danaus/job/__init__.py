@@ -13,6 +13,7 @@ from ._exec import exec_command
 from ._job import DEFAULT_JOB_PATH, JobState, JobTrait, job_load, job_loads
 from ._local import LocalJob
 from ._process import ProcessJob
+from ._services import MeshAdminConfig, TelemetryConfig
 from ._shell import shell
 from ._slurm import SlurmJob
 
@@ -21,8 +22,10 @@ __all__ = [
     "JobState",
     "JobTrait",
     "LocalJob",
+    "MeshAdminConfig",
     "ProcessJob",
     "SlurmJob",
+    "TelemetryConfig",
     "exec_command",
     "job_load",
     "job_loads",

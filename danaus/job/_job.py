@@ -16,7 +16,9 @@ import pickle
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
+
+from ._services import MeshAdminConfig, Services, TelemetryConfig
 
 if TYPE_CHECKING:
     from ..mesh import HostMesh
@@ -30,16 +32,30 @@ DEFAULT_JOB_PATH = ".monarch/job_state.pkl"
 
 
 class JobState:
-    """The host meshes of a running job, one attribute per requested mesh.
+    """The host meshes of a running job, one attribute per requested mesh, and the
+    addresses of the services it started (``enable_admin``, ``enable_telemetry``).
 
     Example::
 
         state = job.state()
         state.trainers      # HostMesh of the "trainers" mesh
+        state.admin_url     # the admin endpoint (danaus top --attach ...), or None
     """
 
-    def __init__(self, hosts: Mapping[str, HostMesh]) -> None:
+    def __init__(
+        self,
+        hosts: Mapping[str, HostMesh],
+        telemetry_url: str | None = None,
+        dashboard_url: str | None = None,
+        admin_url: str | None = None,
+    ) -> None:
         self._hosts = dict(hosts)
+        #: where traces and metrics go (the OTLP endpoint), with telemetry enabled
+        self.telemetry_url = telemetry_url
+        #: the dashboard's page, with ``enable_telemetry(include_dashboard=True)``
+        self.dashboard_url = dashboard_url
+        #: the controller's admin endpoint, with ``enable_admin()``
+        self.admin_url = admin_url
 
     def __getattr__(self, name: str) -> HostMesh:
         try:
@@ -76,6 +92,40 @@ class JobTrait(ABC):
         self._apply_id: str | None = None
         #: the saved job whose allocation this one uses (status CACHED)
         self._cached: JobTrait | None = None
+        #: what enable_admin / enable_telemetry asked for
+        self._services = Services()
+
+    def enable_admin(self, config: MeshAdminConfig | None = None, **kwargs: str | None) -> Self:
+        """Start the controller's admin endpoint with the next :meth:`state` (its address
+        in ``state.admin_url``; ``danaus top`` and ``danaus debug`` attach to it).
+        Takes a :class:`MeshAdminConfig`, or its fields as keywords. Returns the job."""
+        self._services_of().admin = config if config is not None else MeshAdminConfig(**kwargs)
+        return self
+
+    def enable_telemetry(
+        self,
+        config: TelemetryConfig | None = None,
+        *,
+        mesh_admin_config: MeshAdminConfig | None = None,
+        **kwargs: int | float | bool,
+    ) -> Self:
+        """Turn on OpenTelemetry traces and metrics with the next :meth:`state`, here and
+        in the procs spawned from then on (``state.telemetry_url``: where they go), and
+        the admin endpoint too (``mesh_admin_config``, else the default unless
+        :meth:`enable_admin` chose one); with ``include_dashboard=True`` also the
+        dashboard (``state.dashboard_url``). Takes a :class:`TelemetryConfig`, or its
+        fields as keywords. Returns the job."""
+        services = self._services_of()
+        services.telemetry = config if config is not None else TelemetryConfig(**kwargs)  # type: ignore[arg-type]
+        if mesh_admin_config is not None or services.admin is None:
+            services.admin = mesh_admin_config or MeshAdminConfig()
+        return self
+
+    def _services_of(self) -> Services:
+        services: Services | None = self.__dict__.get("_services")
+        if services is None:  # a job saved before jobs had services
+            services = self._services = Services()
+        return services
 
     @property
     def status(self) -> JobStatus:
@@ -144,6 +194,8 @@ class JobTrait(ABC):
         if cached_path is not None:
             running._keep()  # noqa: SLF001 - a JobTrait's own
             running.dump(cached_path)
+        for name, url in self._services_of().start().items():
+            setattr(state, name, url)
         return state
 
     def kill(self) -> None:

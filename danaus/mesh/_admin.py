@@ -316,3 +316,25 @@ def _start_quietly() -> None:
 def _close_at_exit() -> None:
     if _server is not None:
         _server.close()
+
+
+#: set by danaus.tools.dashboard: serve this controller's dashboard on a port, its URL
+_dashboard_starter: Callable[[int], str] | None = None
+
+
+def set_dashboard_starter(start: Callable[[int], str]) -> None:
+    """How the layers below the tools start this controller's dashboard (a job's
+    ``enable_telemetry(include_dashboard=True)``): the tools layer provides it."""
+    global _dashboard_starter
+    _dashboard_starter = start
+
+
+def start_dashboard(port: int) -> str:
+    """Serve this controller's dashboard on ``port`` (0: a free one); its URL.
+
+    Raises:
+        RuntimeError: the tools layer is not loaded (``import danaus`` loads it).
+    """
+    if _dashboard_starter is None:
+        raise RuntimeError("the dashboard needs danaus.tools (import danaus)")
+    return _dashboard_starter(port)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ._actor_face import ActorFace, TypedEndpoint
 from ._actor_mesh import mesh_ref
+from ._admin import set_dashboard_starter, start_dashboard
 from ._admin_wire import find_controllers, runtime_dir
 from ._host_agent import agent_ref, main_host_agent, read_key_file, serve
 from ._proc_mesh import group_of
@@ -34,7 +35,9 @@ __all__ = [
     "read_key_file",
     "runtime_dir",
     "serve",
+    "set_dashboard_starter",
     "set_tensor_engine",
     "set_tensor_engine_loader",
     "snapshot",
+    "start_dashboard",
 ]

@@ -26,6 +26,8 @@ import socket
 import threading
 from typing import Any, Protocol
 
+from ..mesh._api import set_dashboard_starter
+
 __all__ = ["AdminSource", "DashboardServer", "LocalSource", "Source", "dashboard", "main"]
 
 #: how long one snapshot or stacks request may take before the page is told it failed (s)
@@ -206,6 +208,16 @@ def dashboard(
             the page (as Jupyter does).
     """
     return DashboardServer(LocalSource(), port, addr, interval, token)
+
+
+def _start_for_job(port: int) -> str:
+    """A job's dashboard (``enable_telemetry(include_dashboard=True)``): on ``port`` of
+    this host only (127.0.0.1), with a token in the URL; it serves until the program
+    ends."""
+    return dashboard(port).url
+
+
+set_dashboard_starter(_start_for_job)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -233,3 +233,38 @@ def test_shell_needs_one_host() -> None:
             shell(job.state().hosts)
     finally:
         job.kill()
+
+
+def test_a_jobs_services_come_up_with_its_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Monarch's enable_admin / enable_telemetry: the admin endpoint, telemetry in the
+    controller and in the procs spawned from then on, and the dashboard's page."""
+    import urllib.request
+
+    import danaus
+    from danaus.config import clear_runtime_config, runtime_env
+    from danaus.job import MeshAdminConfig, TelemetryConfig
+
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    plain = LocalJob().state()
+    assert (plain.admin_url, plain.telemetry_url, plain.dashboard_url) == (None, None, None)
+    job = LocalJob(("hosts",)).enable_admin(MeshAdminConfig())
+    state = job.state()
+    assert state.admin_url is not None and state.admin_url == danaus.serve_admin().addr
+    try:
+        job = LocalJob(("hosts",)).enable_telemetry(
+            TelemetryConfig(include_dashboard=True, dashboard_port=0)
+        )
+        assert job.enable_telemetry(include_dashboard=True, dashboard_port=0) is job
+        state = job.state()
+        assert danaus.config.telemetry and runtime_env()["DANAUS_TELEMETRY"] == "1"
+        assert state.telemetry_url is None  # (exporting nowhere, as the variables say)
+        assert state.admin_url == danaus.serve_admin().addr  # telemetry brings the admin
+        assert state.dashboard_url is not None
+        with urllib.request.urlopen(state.dashboard_url, timeout=30) as page:
+            assert page.status == 200 and b"danaus" in page.read().lower()
+        with pytest.raises(TypeError):
+            LocalJob().enable_telemetry(no_such_field=1)
+    finally:
+        clear_runtime_config()
+    assert not danaus.config.telemetry
