@@ -164,6 +164,7 @@ _MODULES: dict[str, Callable[[str], Any]] = {
     "monarch.config": _config,
     "monarch.spmd": _spmd,
     "monarch.job": _job,
+    "monarch.job.spmd": _spmd,
     "monarch.timer": _timer,
     "monarch.builtins": _builtins,
     "monarch.safe_torch": _safe_torch,
