@@ -54,6 +54,7 @@ DEFAULT_TESTS = [
     "test_supervision_hierarchy.py",
     "test_rdma.py",
     "test_rdma_cpu_no_torch.py",
+    "test_port_forward.py",
 ]
 #: Monarch's documentation examples that can run on CPU.
 DEFAULT_EXAMPLES = [

@@ -32,6 +32,7 @@ from ._connection import (
 )
 from ._context import (
     context,
+    current_rank,
     spawn_creators,
 )
 from ._debug import (
@@ -170,6 +171,7 @@ __all__ = [
     "concurrent_endpoint",
     "context",
     "context_state",
+    "current_rank",
     "current_runtime",
     "describe_endpoints",
     "die_with_parent",

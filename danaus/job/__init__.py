@@ -12,6 +12,7 @@ from ._contexts import load_current_job, set_current_job
 from ._exec import exec_command
 from ._job import DEFAULT_JOB_PATH, JobState, JobTrait, job_load, job_loads
 from ._local import LocalJob
+from ._port_forward import PortForwarder
 from ._process import ProcessJob
 from ._services import MeshAdminConfig, TelemetryConfig
 from ._shell import shell
@@ -23,6 +24,7 @@ __all__ = [
     "JobTrait",
     "LocalJob",
     "MeshAdminConfig",
+    "PortForwarder",
     "ProcessJob",
     "SlurmJob",
     "TelemetryConfig",
