@@ -8,6 +8,7 @@ import enum
 import functools
 import inspect
 import itertools
+import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -160,7 +161,7 @@ class Config:
     log_level: str = "WARNING"
     #: How long ``HostMesh.initialized`` (attach) waits for each host agent to take the
     #: controller's :func:`configure` settings before failing, naming the agent (s).
-    attach_timeout: float = 10.0
+    attach_timeout: float = 60.0
     #: Modules the fork server imports before it forks procs (``DANAUS_PRELOAD=a,b``),
     #: besides the heavy ones of a safe list that the spawning process has imported.
     preload: list[str] = dataclasses.field(default_factory=list)
@@ -203,57 +204,62 @@ _MONARCH_NAMES: dict[str, tuple[str, bool]] = {
     "codec_max_frame_length": ("max_frame_bytes", False),
     "stop_actor_timeout": ("stop_timeout", True),
     "host_spawn_ready_timeout": ("proc_start_timeout", True),
-    "mesh_proc_spawn_max_idle": ("proc_start_timeout", True),
     "actor_spawn_max_idle": ("spawn_wait", True),
     "supervision_watchdog_timeout": ("heartbeat_timeout", True),
     "mesh_attach_config_timeout": ("attach_timeout", True),
 }
-#: Monarch settings that mean nothing here (Hyperactor's own machinery): accepted, with
-#: a warning, so a Monarch program that sets them runs.
-_MONARCH_IGNORED = frozenset(
-    {
-        "default_transport",
-        "enable_log_forwarding",
-        "enable_file_capture",
-        "tail_log_lines",
-        "message_delivery_timeout",
-        "process_exit_timeout",
-        "message_ack_time_interval",
-        "message_ack_every_n_messages",
-        "message_ttl_default",
-        "split_max_buffer_size",
-        "split_max_buffer_age",
-        "cleanup_timeout",
-        "default_encoding",
-        "channel_net_rx_buffer_full_check_interval",
-        "channel_tcp_congestion",
-        "message_latency_sampling_rate",
-        "enable_dest_actor_reordering_buffer",
-        "mesh_bootstrap_enable_pdeathsig",
-        # procs end as soon as their spawner does (PR_SET_PDEATHSIG, or their host agent
-        # seeing the spawner's connection go): there is no orphan timeout to wait for
-        "mesh_orphan_timeout",
-        "mesh_terminate_concurrency",
-        "mesh_terminate_timeout",
-        "small_write_threshold",
-        "max_cast_dimension_size",
-        "remote_alloc_bind_to_inaddr_any",
-        "remote_alloc_bootstrap_addr",
-        "remote_alloc_allowed_port_range",
-        "read_log_buffer",
-        "force_file_log",
-        "prefix_with_rank",
-        "get_actor_state_max_idle",
-        "proc_stop_max_idle",
-        "get_proc_state_max_idle",
-        "mesh_admin_addr",
-        "rdma_allow_tcp_fallback",
-        "rdma_max_chunk_size_mb",
-        "rdma_ibverbs_target",
-        "rdma_peer_device_affinity",
-        "rdma_runtime_worker_threads",
-    }
-)
+#: Monarch settings that mean nothing here (Hyperactor's own machinery): accepted, with a
+#: warning, so a Monarch program that sets them runs; ``get_global_config()`` gives back
+#: what was set, else Monarch's default (None where Monarch documents none).
+#: name -> (kind, Monarch's default): kinds "duration" (humantime text), "int", "bool",
+#: "float", "str", "any".
+_MONARCH_IGNORED: dict[str, tuple[str, Any]] = {
+    "default_transport": ("any", "unix"),
+    "enable_log_forwarding": ("bool", False),
+    "enable_file_capture": ("bool", False),
+    "tail_log_lines": ("int", 0),
+    "message_delivery_timeout": ("duration", "30s"),
+    "process_exit_timeout": ("duration", "10s"),
+    "message_ack_time_interval": ("duration", "500ms"),
+    "message_ack_every_n_messages": ("int", 1000),
+    "message_ttl_default": ("int", 64),
+    "split_max_buffer_size": ("int", 5),
+    "split_max_buffer_age": ("duration", "50ms"),
+    "cleanup_timeout": ("duration", "3s"),
+    "default_encoding": ("encoding", "Multipart"),
+    "mesh_proc_spawn_max_idle": ("duration", "30s"),
+    "channel_net_rx_buffer_full_check_interval": ("duration", "5s"),
+    "channel_tcp_congestion": ("any", None),
+    "message_latency_sampling_rate": ("float", 0.01),
+    "enable_dest_actor_reordering_buffer": ("bool", True),
+    "mesh_bootstrap_enable_pdeathsig": ("bool", True),
+    # procs end as soon as their spawner does (PR_SET_PDEATHSIG, or their host agent
+    # seeing the spawner's connection go): there is no orphan timeout to wait for
+    "mesh_orphan_timeout": ("duration", None),
+    "mesh_terminate_concurrency": ("int", 16),
+    "mesh_terminate_timeout": ("duration", "10s"),
+    "small_write_threshold": ("int", 256),
+    "max_cast_dimension_size": ("int", 16),
+    "remote_alloc_bind_to_inaddr_any": ("bool", None),
+    "remote_alloc_bootstrap_addr": ("str", None),
+    "remote_alloc_allowed_port_range": ("any", None),
+    "read_log_buffer": ("int", 100),
+    "force_file_log": ("bool", False),
+    "prefix_with_rank": ("bool", True),
+    "get_actor_state_max_idle": ("duration", "30s"),
+    "proc_stop_max_idle": ("duration", "30s"),
+    "get_proc_state_max_idle": ("duration", "1m"),
+    "mesh_admin_addr": ("str", "[::]:1729"),
+    "rdma_allow_tcp_fallback": ("bool", None),
+    "rdma_max_chunk_size_mb": ("int", None),
+    "rdma_ibverbs_target": ("str", ""),
+    "rdma_peer_device_affinity": ("str", ""),
+    "rdma_runtime_worker_threads": ("int", 16),
+}
+#: the values configure() gave the settings of _MONARCH_IGNORED (in a proc: its spawner's)
+_monarch_layer: dict[str, Any] = {}
+#: how a proc learns them (JSON, from runtime_env)
+_MONARCH_ENV = "DANAUS_MONARCH_SETTINGS"
 _DURATION_UNITS = {
     "ns": 1e-9,
     "us": 1e-6,
@@ -267,6 +273,30 @@ _DURATION_UNITS = {
 }
 #: What configure() changed since the process started: field -> value before the change.
 _runtime_layer: dict[str, Any] = {}
+
+
+def reread_environment() -> None:
+    """Settings as a fresh interpreter with this environment reads them (a forked proc:
+    its fork server read its own environment when it imported danaus)."""
+    fresh = Config()
+    for f in dataclasses.fields(config):
+        setattr(config, f.name, getattr(fresh, f.name))
+    _monarch_layer.clear()
+    _load_monarch_env()
+
+
+def _load_monarch_env() -> None:
+    raw = os.environ.get(_MONARCH_ENV)
+    if not raw:
+        return
+    try:
+        values = json.loads(raw)
+    except ValueError:
+        return  # (not ours to fail on: these settings change nothing)
+    for name, value in values.items() if isinstance(values, dict) else ():
+        if name in _MONARCH_IGNORED:
+            kind = _MONARCH_IGNORED[name][0]
+            _monarch_layer[name] = Encoding[value] if kind == "encoding" else value
 
 
 def _seconds(name: str, value: Any) -> float:
@@ -287,6 +317,75 @@ def _seconds(name: str, value: Any) -> float:
     return total
 
 
+def _monarch_duration(name: str, value: Any) -> str:
+    """Monarch's duration text, checked as Monarch checks it (a ``TypeError``)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} takes a duration as text (like '30s'), not {value!r}")
+    try:
+        seconds = _seconds(name, value)
+        if not any(c.isalpha() for c in value):
+            raise ValueError(value)
+    except ValueError:
+        raise TypeError(
+            f"Invalid duration format for {name}: {value!r} (use text like '30s', '1m 30s')"
+        ) from None
+    return _humantime(seconds)
+
+
+def _humantime(seconds: float) -> str:
+    """Seconds as Monarch prints a duration: ``90`` -> ``"1m 30s"``, ``0.5`` -> ``"500ms"``."""
+    ns = round(seconds * 1e9)
+    if ns == 0:
+        return "0s"
+    parts = []
+    for unit, size in (
+        ("d", 86_400 * 10**9), ("h", 3_600 * 10**9), ("m", 60 * 10**9), ("s", 10**9),
+        ("ms", 10**6), ("us", 10**3), ("ns", 1),
+    ):  # fmt: skip
+        count, ns = divmod(ns, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return " ".join(parts)
+
+
+def _monarch_value(name: str, value: Any) -> Any:
+    """A value for a setting of _MONARCH_IGNORED, checked against its kind."""
+    kind = _MONARCH_IGNORED[name][0]
+    if kind == "duration":
+        return _monarch_duration(name, value)
+    if kind == "encoding":
+        if not isinstance(value, Encoding):
+            raise TypeError(f"{name} takes a monarch.config.Encoding, not {value!r}")
+        return value
+    kinds: dict[str, type | tuple[type, ...]] = {
+        "int": int,
+        "bool": bool,
+        "float": (int, float),
+        "str": str,
+    }
+    expected = kinds.get(kind)
+    if expected is not None and (
+        not isinstance(value, expected) or (kind != "bool" and isinstance(value, bool))
+    ):
+        raise TypeError(f"{name} takes a {kind}, not {value!r}")
+    return value
+
+
+def monarch_view() -> dict[str, Any]:
+    """Monarch's settings by Monarch's names, as its ``get_global_config()`` gives them:
+    those danaus maps, from danaus's settings (durations as Monarch's text), and the
+    others as last configured, else Monarch's default."""
+    view: dict[str, Any] = {}
+    for name, (field, duration) in _MONARCH_NAMES.items():
+        value = getattr(config, field)
+        view[name] = _humantime(value) if duration else value
+    for name, (kind, default) in _MONARCH_IGNORED.items():
+        if kind == "encoding" and default is not None:
+            default = Encoding[default]
+        view[name] = _monarch_layer.get(name, default)
+    return view
+
+
 def _resolve(name: str, value: Any) -> tuple[str, Any] | None:
     """``(field, value)`` for a setting, ``None`` for a Monarch one ignored here."""
     fields = {f.name: f for f in dataclasses.fields(Config)}
@@ -301,12 +400,15 @@ def _resolve(name: str, value: Any) -> tuple[str, Any] | None:
         return name, value
     if name in _MONARCH_NAMES:
         target, duration = _MONARCH_NAMES[name]
-        return target, _seconds(name, value) if duration else value
+        if duration:
+            return target, _seconds(name, _monarch_duration(name, value))
+        return target, value
     if name in _MONARCH_IGNORED:
         import logging
 
+        _monarch_layer[name] = _monarch_value(name, value)
         logging.getLogger("danaus.config").warning(
-            "configure(%s=...): a Monarch setting danaus has no use for; ignored", name
+            "configure(%s=...): a Monarch setting danaus has no use for; kept, ignored", name
         )
         return None
     raise ValueError(
@@ -328,6 +430,7 @@ def configure(**settings: Any) -> None:
 
     Raises:
         ValueError: a setting is unknown, or its value has the wrong kind.
+        TypeError: a Monarch setting's value has the wrong kind (as Monarch's).
     """
     resolved = [r for name, value in settings.items() if (r := _resolve(name, value)) is not None]
     for field, value in resolved:
@@ -337,14 +440,15 @@ def configure(**settings: Any) -> None:
 
 def get_runtime_config() -> dict[str, Any]:
     """The settings :func:`configure` changed, with their current values."""
-    return {field: getattr(config, field) for field in _runtime_layer}
+    return {**{field: getattr(config, field) for field in _runtime_layer}, **_monarch_layer}
 
 
 def runtime_env() -> dict[str, str]:
     """What :func:`configure` changed, as the ``DANAUS_*`` variables that give a proc
     started now the same settings."""
     env = {}
-    for field, value in get_runtime_config().items():
+    for field in _runtime_layer:
+        value = getattr(config, field)
         if isinstance(value, bool):
             text = "1" if value else "0"
         elif isinstance(value, list):
@@ -352,12 +456,18 @@ def runtime_env() -> dict[str, str]:
         else:
             text = repr(value) if isinstance(value, float) else str(value)
         env[f"DANAUS_{field.upper()}"] = text
+    if _monarch_layer:  # Monarch's settings kept (not used), as Monarch's procs see them
+        env[_MONARCH_ENV] = json.dumps(
+            {k: v.name if isinstance(v, Encoding) else v for k, v in _monarch_layer.items()},
+            default=str,
+        )
     return env
 
 
 def get_global_config() -> dict[str, Any]:
-    """Every setting's current value."""
-    return dataclasses.asdict(config)
+    """Every setting's current value: danaus's, and Monarch's by Monarch's names
+    (:func:`monarch_view`)."""
+    return {**dataclasses.asdict(config), **monarch_view()}
 
 
 def clear_runtime_config() -> None:
@@ -365,6 +475,7 @@ def clear_runtime_config() -> None:
     for field, before in _runtime_layer.items():
         setattr(config, field, before)
     _runtime_layer.clear()
+    _monarch_layer.clear()
 
 
 @contextlib.contextmanager
@@ -373,15 +484,21 @@ def configured(**settings: Any) -> Iterator[dict[str, Any]]:
     the previous values back (as Monarch's ``monarch.config.configured``). Yields every
     setting's value inside the block."""
     before = dict(_runtime_layer)
+    monarch_before = dict(_monarch_layer)
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    configure(**settings)
     try:
+        configure(**settings)
         yield get_global_config()
     finally:
         for name, value in values.items():
             setattr(config, name, value)
         _runtime_layer.clear()
         _runtime_layer.update(before)
+        _monarch_layer.clear()
+        _monarch_layer.update(monarch_before)
+
+
+_load_monarch_env()
 
 
 # ------------------------------------------------------------------ for tests (pytest)

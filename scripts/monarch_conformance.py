@@ -55,6 +55,7 @@ DEFAULT_TESTS = [
     "test_rdma.py",
     "test_rdma_cpu_no_torch.py",
     "test_port_forward.py",
+    "test_config.py",
 ]
 #: Monarch's documentation examples that can run on CPU.
 DEFAULT_EXAMPLES = [

@@ -333,13 +333,9 @@ def _become(env: dict[str, str], cwd: str) -> None:
 def _reread_config() -> None:
     """Settings as a fresh interpreter with this environment would read them: the
     server read its own environment when it imported danaus."""
-    import dataclasses
+    from ..config import reread_environment
 
-    from ..config import Config, config
-
-    fresh = Config()
-    for f in dataclasses.fields(config):
-        setattr(config, f.name, getattr(fresh, f.name))
+    reread_environment()
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -114,3 +114,66 @@ def test_pointwise_needs_as_many_values_for_every_setting() -> None:
         parametrize_config_pointwise(stop_timeout=[1], mailbox_limit=[1, 2])
     with pytest.raises(ValueError, match="at least one setting"):
         parametrize_config()
+
+
+def test_monarchs_names_read_back_as_monarch_gives_them() -> None:
+    from danaus.config import Encoding
+
+    before = get_global_config()
+    assert before["rdma_runtime_worker_threads"] == 16  # Monarch's default, kept
+    assert before["default_encoding"] is Encoding.Multipart
+    assert before["stop_actor_timeout"] == "5s"  # danaus's stop_timeout, Monarch's text
+    with configured(
+        stop_actor_timeout="1m30s",
+        message_delivery_timeout="3600s",
+        split_max_buffer_age="50ms",
+        rdma_ibverbs_target="nic:mlx5_0 \udcff",
+        read_log_buffer=16384,
+        default_encoding=Encoding.Json,
+    ) as merged:
+        assert merged["stop_actor_timeout"] == "1m 30s" and config.stop_timeout == 90.0
+        assert merged["message_delivery_timeout"] == "1h"
+        assert merged["split_max_buffer_age"] == "50ms"
+        assert merged["rdma_ibverbs_target"] == "nic:mlx5_0 \udcff"
+        assert merged["read_log_buffer"] == 16384 and merged["default_encoding"] is Encoding.Json
+        assert get_runtime_config()["read_log_buffer"] == 16384
+    assert get_global_config() == before  # all back
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "says"),
+    [
+        ("host_spawn_ready_timeout", 30, "takes a duration as text"),
+        ("message_delivery_timeout", "30", "Invalid duration format"),
+        ("cleanup_timeout", "abc123", "Invalid duration format"),
+        ("tail_log_lines", "10", "takes a int"),
+        ("enable_log_forwarding", 1, "takes a bool"),
+        ("default_encoding", "Json", "takes a monarch.config.Encoding"),
+    ],
+)
+def test_monarchs_settings_refuse_what_monarch_refuses(
+    setting: str, value: object, says: str
+) -> None:
+    with pytest.raises(TypeError, match=says):
+        with configured(**{setting: value}):
+            pass
+    assert get_runtime_config() == {}
+
+
+def test_monarchs_kept_settings_reach_procs_through_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from danaus.config import reread_environment, runtime_env
+
+    with configured(rdma_ibverbs_target="nic:x", mesh_terminate_concurrency=3):
+        env = runtime_env()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    try:
+        reread_environment()  # as a proc started with that environment reads it
+        assert get_global_config()["rdma_ibverbs_target"] == "nic:x"
+        assert get_global_config()["mesh_terminate_concurrency"] == 3
+    finally:
+        monkeypatch.undo()
+        reread_environment()
+    assert get_global_config()["rdma_ibverbs_target"] == ""
