@@ -102,6 +102,10 @@ class Config:
     #: A dropped RDMABuffer's memory is kept alive this long, for one-sided writers that
     #: raced the drop (they are told after their write) (s).
     rdma_drop_grace: float = 2.0
+    #: How many threads copy one large shm transfer (8 MiB and up) in parts at once; 0:
+    #: as many as the process may run on, at most 4 (one copy alone stays under memory's
+    #: bandwidth). 1: one copy, one thread.
+    rdma_copy_threads: int = 0
     #: Force one data-plane backend ("ibverbs", "shm" or "tcp"); empty: best available.
     rdma_backend: str = ""
     #: Never use the ibverbs backend, even where an RDMA device is present (it then

@@ -34,6 +34,20 @@ log = logging.getLogger("danaus.rdma")
 OFFLOAD_BYTES = 1 << 20
 #: the shared-memory fallback moves at most this much per round trip
 SEGMENT_BYTES = 16 << 20
+#: transfers at least this large are copied in parts at once (``copy_threads()``)
+SPLIT_BYTES = 8 << 20
+
+
+def copy_threads() -> int:
+    """How many threads copy one large transfer: ``config.rdma_copy_threads``, else (0)
+    as many as this process may run on, at most 4."""
+    import os
+
+    from ..config import config
+
+    if config.rdma_copy_threads > 0:
+        return config.rdma_copy_threads
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 async def _uncancellable(work: Awaitable[None]) -> None:
@@ -108,8 +122,11 @@ class ShmBackend(Backend):
                 f"buffer {handle.buf_id} of {handle.owner} was dropped {when} the transfer"
             )
 
-    def _vm(self, handle: BufferHandle, offset: int, view: memoryview, write: bool) -> None:
-        self._check_valid(handle, "before")
+    def _vm(
+        self, handle: BufferHandle, offset: int, view: memoryview, write: bool, checked: bool = True
+    ) -> None:
+        if checked:
+            self._check_valid(handle, "before")
         try:
             vm_copy(handle.owner_pid, _addr(view), handle.addr + offset, view.nbytes, write=write)
         except OSError as e:
@@ -120,6 +137,23 @@ class ShmBackend(Backend):
             raise RDMATransferError(
                 f"process_vm transfer from {handle.owner} failed: {e}"
             ) from None
+        if checked:
+            self._check_valid(handle, "during")
+
+    async def _vm_split(
+        self, handle: BufferHandle, offset: int, view: memoryview, write: bool
+    ) -> None:
+        """A large transfer as ``copy_threads()`` copies of its parts at once, each in a
+        thread: one copy alone does not reach memory's bandwidth."""
+        parts = copy_threads()
+        self._check_valid(handle, "before")
+        step = -(-view.nbytes // parts) + 4095 & ~4095  # page-aligned parts
+        await asyncio.gather(
+            *(
+                asyncio.to_thread(self._vm, handle, offset + at, view[at : at + step], write, False)
+                for at in range(0, view.nbytes, step)
+            )
+        )
         self._check_valid(handle, "during")
 
     def move_now(self, handle: BufferHandle, offset: int, view: memoryview, write: bool) -> bool:
@@ -138,7 +172,9 @@ class ShmBackend(Backend):
         if not view.nbytes:
             return
         if self._vm_allowed(handle):
-            if view.nbytes >= OFFLOAD_BYTES:
+            if view.nbytes >= SPLIT_BYTES and copy_threads() > 1:
+                await _uncancellable(self._vm_split(handle, offset, view, write))
+            elif view.nbytes >= OFFLOAD_BYTES:
                 await _uncancellable(asyncio.to_thread(self._vm, handle, offset, view, write))
             else:
                 self._vm(handle, offset, view, write)

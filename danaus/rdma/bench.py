@@ -244,4 +244,8 @@ def _plot(rows: list[dict[str, Any]], floors: dict[int, dict[str, float]], path:
 
 
 if __name__ == "__main__":
-    main()
+    # Run as danaus.rdma.bench, not __main__: its actor classes then pickle by reference,
+    # and the Reader's `config` is its proc's own (a copy would take rdma_backend).
+    from danaus.rdma.bench import main as _main
+
+    _main()

@@ -121,6 +121,25 @@ async def test_large_transfer_is_exact(backend: str, owner_mesh: Any) -> None:
     assert dst.tobytes() == _expected(n)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+async def test_a_large_transfer_in_parts_is_exact_at_any_offset(
+    backend: str, owner_mesh: Any, monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    # shm copies transfers of 8 MiB and up in parts at once (config.rdma_copy_threads):
+    # parts of odd sizes, at offsets off page boundaries, land where they belong
+    monkeypatch.setattr(config, "rdma_copy_threads", threads)
+    n = (20 << 20) + 12345
+    one = owner_mesh.slice(procs=0)
+    buf = await one.make.call_one("odd", n)
+    dst = np.empty(n - 777, np.uint8)
+    await asyncio.wait_for(buf.read_into(dst, offset=777), within(60))
+    assert dst.tobytes() == _expected(n)[777:]
+    src = np.frombuffer(os.urandom(n - 4099), np.uint8)
+    await asyncio.wait_for(buf.write_from(src, offset=4099), within(60))
+    got = await one.digest.call_one("odd")
+    assert got[:4099] == _expected(n)[:4099] and got[4099:] == src.tobytes()
+
+
 async def test_a_tensor_buffer_written_from_a_tensor(backend: str, owner_mesh: Any) -> None:
     one = owner_mesh.slice(procs=0)
     buf = await one.make.call_one("t", 4096, "torch")
