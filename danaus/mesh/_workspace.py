@@ -30,8 +30,10 @@ __all__ = ["Workspace", "WorkspaceActor", "sync_workspace"]
 
 #: the files of a folder: relative path -> (size, modification time in ns, mode)
 Manifest = dict[str, tuple[int, int, int]]
-#: at most this many bytes of file contents in one message
-_BATCH = 64 << 20
+#: part of a file: (relative path, offset, bytes, file size, mtime ns, mode)
+Piece = tuple[str, int, bytes, int, int, int]
+#: at most this many bytes of file contents in one message (a file larger goes in pieces)
+_BATCH = 16 << 20
 #: never synced: Python's byte-code caches (each host compiles its own)
 _SKIPPED = ("__pycache__",)
 
@@ -124,22 +126,50 @@ class WorkspaceActor(Actor):
         ]
 
     @endpoint
-    def write(self, dst: str, contents: list[tuple[str, bytes, int, int]]) -> list[str]:
-        """Write ``(relative path, bytes, mtime ns, mode)`` each; their absolute paths."""
+    def write(self, dst: str, pieces: list[Piece]) -> list[str]:
+        """Write pieces of files: ``(relative path, offset, bytes, file size, mtime ns,
+        mode)`` each, a file's pieces in order (a large file comes in several calls). A
+        file is written beside its place and renamed over it once its last piece is in.
+        Returns the absolute paths of the files completed."""
         root = self._root(dst)
         written = []
-        for rel, data, mtime, mode in contents:
+        for rel, offset, data, size, mtime, mode in pieces:
             path = (root / rel).resolve()
             if not path.is_relative_to(root):
                 raise ValueError(f"sync_workspace: {rel!r} leads out of {root}")
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.sync-{os.getpid()}")
-            tmp.write_bytes(data)
-            os.chmod(tmp, stat.S_IMODE(mode))
-            os.utime(tmp, ns=(mtime, mtime))
-            os.replace(tmp, path)
-            written.append(str(path))
+            with open(tmp, "r+b" if offset else "wb") as f:
+                f.seek(offset)
+                f.write(data)
+            if offset + len(data) >= size:
+                os.chmod(tmp, stat.S_IMODE(mode))
+                os.utime(tmp, ns=(mtime, mtime))
+                os.replace(tmp, path)
+                written.append(str(path))
         return written
+
+
+def _piece(src: Path, rel: str, offset: int, n: int) -> bytes:
+    """``n`` bytes of ``src/rel`` from ``offset``.
+
+    Raises:
+        RuntimeError: the file is shorter than it was listed (it is being written).
+    """
+    with open(src / rel, "rb") as f:
+        f.seek(offset)
+        data = f.read(n)
+    if len(data) != n:
+        raise RuntimeError(f"sync_workspace: {src / rel} changed while it was sent")
+    return data
+
+
+async def _send(syncers: WorkspaceActor, dst: str, batch: list[Piece]) -> list[str]:
+    """One batch of pieces to every host; the files it completed (on any host)."""
+    done: set[str] = set()
+    for _, paths in (await syncers.write.call(dst, batch)).items():
+        done.update(paths)
+    return sorted(done)
 
 
 async def sync_workspace(
@@ -162,17 +192,22 @@ async def sync_workspace(
             files = await asyncio.to_thread(manifest, src)
             wanted = await syncers.wanted.call(dst, files)
             needed = sorted({rel for _, rels in wanted.items() for rel in rels})
-            batch: list[tuple[str, bytes, int, int]] = []
-            size = 0
-            for rel in [*needed, ""]:
-                if rel:
-                    data = await asyncio.to_thread((src / rel).read_bytes)
-                    batch.append((rel, data, files[rel][1], files[rel][2]))
-                    size += len(data)
-                if batch and (not rel or size >= _BATCH):
-                    for _, paths in (await syncers.write.call(dst, batch)).items():
-                        written += paths
-                    batch, size = [], 0
+            batch: list[Piece] = []
+            pending = 0
+            for rel in needed:
+                size, mtime, mode = files[rel]
+                # one file's pieces are read as they are sent: a file larger than memory
+                # allows is never held whole
+                for offset in range(0, max(size, 1), _BATCH):
+                    n = min(_BATCH, size - offset)
+                    data = await asyncio.to_thread(_piece, src, rel, offset, n)
+                    batch.append((rel, offset, data, size, mtime, mode))
+                    pending += len(data)
+                    if pending >= _BATCH:
+                        written += await _send(syncers, dst, batch)
+                        batch, pending = [], 0
+            if batch:
+                written += await _send(syncers, dst, batch)
     finally:
         await procs.stop()
     if auto_reload and written:

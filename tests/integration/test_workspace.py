@@ -69,6 +69,23 @@ def test_a_workspace_is_mirrored_and_its_modules_reloaded(
     procs.stop().get(timeout=60)
 
 
+def test_a_file_larger_than_a_message_goes_in_pieces(
+    hosts: tuple[object, Path], tmp_path: Path
+) -> None:
+    from danaus.mesh import _workspace
+
+    mesh, remote = hosts
+    src = tmp_path / "big"
+    src.mkdir()
+    data = os.urandom(3 * _workspace._BATCH + 12345)  # (the message limit: 16 MiB)
+    (src / "weights.bin").write_bytes(data)
+    (src / "empty").write_bytes(b"")
+    mesh.sync_workspace(Workspace(dirs={src: "big"})).get(timeout=120)
+    assert (remote / "big" / "weights.bin").read_bytes() == data
+    assert (remote / "big" / "empty").read_bytes() == b""
+    assert not [p for p in (remote / "big").iterdir() if ".sync-" in p.name]  # no leftovers
+
+
 def test_mistakes_are_named(hosts: tuple[object, Path], tmp_path: Path) -> None:
     mesh, _ = hosts
     with pytest.raises(FileNotFoundError, match="is not a folder"):
