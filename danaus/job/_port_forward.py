@@ -4,9 +4,10 @@ source proc listens on an address, and each connection accepted there is joined 
 connection to ``127.0.0.1:<port>`` made by the destination proc at the same point.
 
 A forwarded connection is two one-way streams of messages over ports: ``("data",
-bytes)`` chunks, then ``("eof",)`` when that side's reader ends (the other side's writer
-is half-closed), or ``("abort",)`` when it fails (the other side's socket is reset). A
-connection ends once both directions have ended.
+bytes)`` chunks, each acknowledged (``("ack", n)``, on the other stream) once written,
+with at most ``WINDOW`` bytes unacknowledged; then ``("eof",)`` when that side's reader
+ends (the other side's writer is half-closed), or ``("abort",)`` when it fails (the other
+side's socket is reset). A connection ends once both directions have ended.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ _CHUNK = 64 << 10
 #: how long closing a socket may wait for its peer
 _CLOSE_TIMEOUT = 1.0
 
-#: a chunk, the end of a direction, or its failure
-Message = tuple[str] | tuple[str, bytes]
+#: a chunk, its acknowledgement, the end of a direction, or its failure
+Message = tuple[str] | tuple[str, bytes] | tuple[str, int]
+#: bytes of one direction sent and not yet written on the other side, at most
+WINDOW = 4 << 20
 PortSpec = int | Callable[[Point], int]
 AddressSpec = str | Callable[[Point], str]
 
@@ -62,9 +65,32 @@ async def _close(writer: asyncio.StreamWriter, abort: bool = False) -> None:
         writer.transport.abort()
 
 
-async def _socket_to_port(reader: asyncio.StreamReader, out: Port[Message]) -> None:
+class _Window:
+    """Flow control of one direction: at most ``WINDOW`` bytes sent and not yet written
+    by the other side (it acknowledges each chunk once written): a reader that stops
+    reading stops this side's reading too, instead of piling bytes up in the procs."""
+
+    def __init__(self) -> None:
+        self._unacked = 0
+        self._changed = asyncio.Condition()
+
+    async def take(self, n: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._unacked == 0 or self._unacked + n <= WINDOW)
+            self._unacked += n
+
+    async def give(self, n: int) -> None:
+        async with self._changed:
+            self._unacked = max(0, self._unacked - n)
+            self._changed.notify_all()
+
+
+async def _socket_to_port(
+    reader: asyncio.StreamReader, out: Port[Message], window: _Window
+) -> None:
     try:
         while chunk := await reader.read(_CHUNK):
+            await window.take(len(chunk))
             out.send(("data", chunk))
     except OSError:
         out.send(("abort",))
@@ -73,17 +99,27 @@ async def _socket_to_port(reader: asyncio.StreamReader, out: Port[Message]) -> N
 
 
 async def _port_to_socket(
-    inbox: PortReceiver[Message], writer: asyncio.StreamWriter, ended: asyncio.Event
+    inbox: PortReceiver[Message],
+    writer: asyncio.StreamWriter,
+    ended: asyncio.Event,
+    out: Port[Message],
+    window: _Window,
 ) -> None:
-    """The other side's bytes to this socket; at its "eof", half-close the socket and set
-    ``ended``, then keep listening: an "abort" may still come (its socket reset later,
-    seen as an end of its reading first)."""
+    """The other side's bytes to this socket, each chunk acknowledged once written, and
+    its acknowledgements of ours to ``window``; at its "eof", half-close the socket and
+    set ``ended``, then keep listening: acknowledgements and an "abort" may still come
+    (its socket reset later, seen as an end of its reading first)."""
     while True:
         message = await inbox.recv()
-        if message[0] == "data" and len(message) == 2 and not ended.is_set():
-            writer.write(message[1])
+        kind = message[0]
+        value = message[1] if len(message) == 2 else None
+        if kind == "data" and isinstance(value, bytes) and not ended.is_set():
+            writer.write(value)
             await writer.drain()
-        elif message[0] == "eof" and not ended.is_set():
+            out.send(("ack", len(value)))
+        elif kind == "ack" and isinstance(value, int):
+            await window.give(value)
+        elif kind == "eof" and not ended.is_set():
             if writer.can_write_eof():
                 writer.write_eof()
             ended.set()
@@ -117,8 +153,9 @@ class _Relays:
     ) -> None:
         failed = False
         ended = asyncio.Event()
-        sending = asyncio.ensure_future(_socket_to_port(reader, out))
-        receiving = asyncio.ensure_future(_port_to_socket(inbox, writer, ended))
+        window = _Window()
+        sending = asyncio.ensure_future(_socket_to_port(reader, out, window))
+        receiving = asyncio.ensure_future(_port_to_socket(inbox, writer, ended, out, window))
         both_ended = asyncio.ensure_future(ended.wait())
         tasks: set[asyncio.Future[object]] = {sending, receiving, both_ended}  # type: ignore[arg-type]
         try:

@@ -126,3 +126,39 @@ async def test_mistakes_are_named_and_leave_nothing_running(procs: Any) -> None:
         await other.stop()
     with pytest.raises(SupervisionError):
         await fwd.forward.call_one(procs, 80, procs, f"{HOST}:1")
+
+
+async def test_a_reader_that_stops_reading_stops_the_sender(procs: Any) -> None:
+    """Flow control: bytes in flight are bounded (port_forward.WINDOW), so a service
+    writing to a client that reads nothing blocks, instead of its bytes piling up in
+    the procs; once the client reads, every byte arrives, in order."""
+    total = 256 << 20
+    finished = asyncio.Event()
+
+    async def firehose(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        block = bytes(range(256)) * 4096  # 1 MiB
+        for _ in range(total // len(block)):
+            writer.write(block)
+            await writer.drain()
+        writer.close()
+        finished.set()
+
+    service = await asyncio.start_server(firehose, HOST, 0)
+    fwd = await this_proc().spawn("fwd4", PortForwarder)
+    port = free_ports(1)[0]
+    await fwd.forward.call_one(
+        procs.slice(procs=0),
+        service.sockets[0].getsockname()[1],
+        procs.slice(procs=1),
+        f"{HOST}:{port}",
+    )
+    reader, writer = await asyncio.open_connection(HOST, port)
+    with pytest.raises(TimeoutError):  # nobody reads: the service cannot finish
+        await asyncio.wait_for(finished.wait(), 3)
+    got = 0
+    while chunk := await reader.read(1 << 20):
+        got += len(chunk)
+    assert got == total and finished.is_set()
+    writer.close()
+    await fwd.stop()
+    service.close()
