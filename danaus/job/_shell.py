@@ -1,7 +1,8 @@
 """``shell``: an interactive shell on one host of a host mesh (Monarch's
 ``monarch.job.shell``, behind ``danaus shell``), in a pseudo-terminal there, relayed
 through a :class:`ShellActor`: keystrokes go to it as calls, its output comes back on a
-port, window sizes follow the local terminal."""
+port (at most ``_WINDOW`` bytes ahead of what this terminal has written: a flood of output
+waits in the shell, not in memory), window sizes follow the local terminal."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import sys
 import termios
 import threading
 import tty
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from ..actors._api import Actor, Channel, Future, Port, concurrent_endpoint, endpoint
@@ -32,6 +33,10 @@ __all__ = ["ShellActor", "ShellLost", "shell"]
 Output = tuple[str, bytes | int]
 #: the most bytes read from the terminal, or written to it, at once
 _CHUNK = 64 << 10
+#: output sent and not yet written by the caller, at most (then the shell waits)
+_WINDOW = 1 << 20
+#: the caller acknowledges what it wrote in steps of this many bytes
+_ACK_EVERY = 128 << 10
 
 
 def _set_size(fd: int, rows: int, cols: int) -> None:
@@ -59,6 +64,10 @@ class ShellActor(Actor):
         self._master = -1
         self._process: subprocess.Popen[bytes] | None = None
         self._pending = bytearray()
+        #: output sent and not yet acknowledged by the caller (flow control)
+        self._unacked = 0
+        self._paused = False
+        self._resume: Callable[[], None] = lambda: None
 
     @concurrent_endpoint
     async def run(
@@ -112,10 +121,15 @@ class ShellActor(Actor):
                 data = b""
             if data:
                 output.send(("out", data))
+                self._unacked += len(data)
+                if self._unacked >= _WINDOW:  # the caller is behind: stop reading
+                    loop.remove_reader(master)
+                    self._paused = True
             elif not drained.done():
                 loop.remove_reader(master)
                 drained.set_result(None)
 
+        self._resume = lambda: loop.add_reader(master, readable)
         loop.add_reader(master, readable)
         exited = loop.create_future()
         pidfd = os.pidfd_open(process.pid)
@@ -158,6 +172,14 @@ class ShellActor(Actor):
             self._pending.clear()
         if self._master >= 0:
             loop.remove_writer(self._master)
+
+    @endpoint
+    async def ack(self, n: int) -> None:
+        """The caller wrote ``n`` more bytes of the output: read on, if it had to stop."""
+        self._unacked = max(0, self._unacked - n)
+        if self._paused and self._unacked < _WINDOW and self._master >= 0:
+            self._paused = False
+            self._resume()
 
     @endpoint
     async def resize(self, rows: int, cols: int) -> None:
@@ -264,10 +286,15 @@ def shell(
             feeder = threading.Thread(target=pump_input, name="danaus-shell-input", daemon=True)
             feeder.start()
             try:
+                written = 0
                 while True:
                     kind, value = receiver.recv().get()
                     if kind == "out" and isinstance(value, bytes):
                         os.write(stdout, value)
+                        written += len(value)
+                        if written >= _ACK_EVERY:  # (the shell reads on)
+                            remote.ack.broadcast(written)
+                            written = 0
                     elif kind == "exit" and isinstance(value, int):
                         return value
                     else:  # "lost"

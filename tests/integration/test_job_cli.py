@@ -205,6 +205,10 @@ def test_shell_is_a_terminal_on_one_host(project: Path) -> None:
         term.sendintr()  # ^C reaches the remote shell, not this program
         term.sendline("echo after-$((6*7))")
         term.expect("after-42")
+        # a flood of output (past the flow-control window) arrives whole, in order
+        term.sendline("seq 1 300000; echo flood-done")
+        term.expect("299999\r\n300000\r\n", timeout=60)
+        term.expect("flood-done")
         term.sendline("exit 3")
         term.expect(pexpect.EOF)
         term.close()
