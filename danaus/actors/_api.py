@@ -74,7 +74,7 @@ from ._port import (
     PortReceiver,
     forward,
 )
-from ._replies import SkipOnLoss
+from ._results import SkipOnLoss
 from ._runtime import (
     Handler,
     Runtime,

@@ -1,7 +1,7 @@
 """One authenticated control-plane connection: its lifecycle, reading and liveness.
 
 Reading is an ``asyncio.BufferedProtocol`` whose buffer belongs to a
-:class:`~danaus.actors._frames.FrameReader` (bytes in, frames out, no socket); the
+:class:`~danaus.actors._frame_reader.FrameReader` (bytes in, frames out, no socket); the
 handshake is a :class:`~danaus.actors._handshake.HandshakeMachine` (headers in, frames to send
 out). This class moves bytes between the transport and those two, hands each message
 to the runtime, holds reading while a mailbox is full, and pings a quiet peer. Writing
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 from ..config import config
 from ..errors import AuthenticationError, ProtocolError, SupervisionError
+from ._frame_reader import FrameReader
 from ._frame_tags import frame_macs
 from ._frame_writer import CLOSED, HANDSHAKE, OPEN, FrameWriter
-from ._frames import FrameReader
 from ._handshake import HandshakeMachine
 from ._wire import Ping
 

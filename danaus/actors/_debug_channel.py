@@ -3,7 +3,7 @@
 The paused thread (maybe the proc's event loop itself, stopped at a pdb prompt) dials the
 spawner with a blocking socket and speaks the control plane's protocol over it: the same
 handshake (:class:`~danaus.actors._handshake.HandshakeMachine`), frames
-(:class:`~danaus.actors._frames.FrameReader`, tagged on TCP without TLS) and job key,
+(:class:`~danaus.actors._frame_reader.FrameReader`, tagged on TCP without TLS) and job key,
 carrying :class:`~danaus.actors._wire.DebugOpen`, ``DebugOutput`` and ``DebugClose`` up and
 ``DebugInput`` and ``DebugDetach`` down. A reader thread answers the spawner's pings, so
 the session lives while pdb steps through slow code, and gives up on a spawner silent
@@ -23,8 +23,8 @@ import msgspec
 
 from ..config import config
 from ._address import parse_addr, tls_context
+from ._frame_reader import FrameReader
 from ._frame_tags import FrameMacs, frame_macs, frame_tag
-from ._frames import FrameReader
 from ._handshake import HandshakeMachine
 from ._wire import Buffer, DebugDetach, DebugInput, DebugOpen, Message, Ping, Pong, frame
 
@@ -64,7 +64,7 @@ class DebugChannel:
         self._mac_out: FrameMacs | None = None
         self._seq_out = 0
         self._inbox: list[Message] = []
-        self._frames = FrameReader(
+        self._frame_reader = FrameReader(
             lambda msg, parts: self._inbox.append(msg), self._on_handshake, lambda: target
         )
         self._hs = HandshakeMachine(key, dialer=True, addr=announce, peer_name=lambda: target)
@@ -109,9 +109,9 @@ class DebugChannel:
         if tagged:
             out_key, in_key = self._hs.frame_keys()
             self._mac_out = frame_macs(out_key)
-            self._frames.open(frame_macs(in_key))
+            self._frame_reader.open(frame_macs(in_key))
         else:
-            self._frames.open()
+            self._frame_reader.open()
         self.state = ChannelState.OPEN
         self.send(first)
         sock.settimeout(config.heartbeat_interval)
@@ -129,11 +129,11 @@ class DebugChannel:
 
     def _recv(self) -> bool:
         assert self._sock is not None
-        n = self._sock.recv_into(self._frames.get_buffer())
+        n = self._sock.recv_into(self._frame_reader.get_buffer())
         if n == 0:
             return False
         self._last_read = time.monotonic()
-        self._frames.buffer_updated(n)
+        self._frame_reader.buffer_updated(n)
         return True
 
     def send(self, msg: Message) -> bool:

@@ -3,7 +3,7 @@
 After the handshake, every frame in each direction carries a tag under that direction's
 session key, over the frame's sequence number and bytes: keyed BLAKE2b for small frames,
 HMAC-SHA256 for large ones. This module owns the tag makers and the tag computation; the
-reader (:mod:`~danaus.actors._frames`) checks tags, the connection's writer and the
+reader (:mod:`~danaus.actors._frame_reader`) checks tags, the connection's writer and the
 debugger channel add them.
 """
 

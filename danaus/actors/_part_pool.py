@@ -1,10 +1,10 @@
 """The pool of large receive buffers, kept for reuse across frames and connections.
 
-A large part of a frame (``POOLED_PART`` in :mod:`~danaus.actors._frames`) is received
+A large part of a frame (``POOLED_PART`` in :mod:`~danaus.actors._frame_reader`) is received
 into a buffer of its own; once nothing but the pool refers to such a buffer, a later
 part of the same size is received into it rather than into fresh memory. This module owns the pool (one
 per process) and its trimming on the heartbeat; the frame reader
-(:mod:`~danaus.actors._frames`) takes buffers from it and gives them back.
+(:mod:`~danaus.actors._frame_reader`) takes buffers from it and gives them back.
 """
 
 from __future__ import annotations

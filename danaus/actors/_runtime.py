@@ -5,7 +5,7 @@ loop; in the controller, the application's running loop (async code) or danaus's
 background loop (sync code). Messages to a peer go over one connection per peer
 address, in the order sent. Its listening socket and dials are in
 :mod:`~danaus.actors._sockets`, what it knows of peers in :mod:`~danaus.actors._peers`,
-the owners of its ports in :mod:`~danaus.actors._replies`, and messages held for
+the owners of its ports in :mod:`~danaus.actors._results`, and messages held for
 actors not spawned yet in :mod:`~danaus.actors._arrivals`.
 """
 
@@ -39,7 +39,7 @@ from ._peers import (
     peer_lost_error,
     proc_ready,
 )
-from ._replies import GatherNode, PortHandler, PortOwner, on_result, settle
+from ._results import GatherNode, PortHandler, PortOwner, on_result, settle
 from ._sockets import Listener, dial
 from ._wire import ERROR, Buffer, Call, ErrorInfo, Message, Paused, Ping, Pong, Region, Result
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import msgspec
 
+from danaus.actors._frame_reader import FrameReader
 from danaus.actors._frame_tags import FrameMacs, frame_macs, frame_tag
-from danaus.actors._frames import FrameReader
 from danaus.actors._serialize import encode_plain
 from danaus.actors._wire import Buffer, Call, Handshake, Message, StopProc, frame
 

@@ -1,4 +1,4 @@
-"""The frame reader (danaus.actors._frames) fed bytes directly: no socket, no loop. Whole
+"""The frame reader (danaus.actors._frame_reader) fed bytes directly: no socket, no loop. Whole
 frames however the bytes are cut, tagged or not, and the input it refuses (limits,
 undecodable headers, wrong tags). The handshake state machine: test_handshake.py; what
 both share: frames_kit.py.
