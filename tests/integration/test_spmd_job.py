@@ -21,6 +21,7 @@ from .test_spmd import SCRIPT, _env, _max_diff
 pytestmark = pytest.mark.timeout(240)
 
 
+@pytest.mark.slow
 def test_a_served_job_runs_its_script_again_and_again(tmp_path: Path) -> None:
     out = tmp_path / "ranks.json"
     job = serve(
@@ -44,6 +45,7 @@ def test_a_served_job_runs_its_script_again_and_again(tmp_path: Path) -> None:
         job.kill()
 
 
+@pytest.mark.slow
 def test_one_process_and_the_served_job_train_alike(tmp_path: Path) -> None:
     one_out, served_out = tmp_path / "one.json", tmp_path / "served.json"
     subprocess.run(
