@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import (
+    bench_hops,
     bench_inference,
     bench_mesh,
     bench_parallel,
@@ -21,6 +22,8 @@ from . import (
 def main() -> None:
     print("== actor runtime ==")
     bench_runtime.main()
+    print("\n== the thread hand-overs of one call_one ==")
+    bench_hops.main()
     print("\n== the cost of per-actor stats: on vs off ==")
     bench_stats.main()
     print("\n== the cost of OpenTelemetry tracing: on vs off ==")
