@@ -84,19 +84,23 @@ async def test_a_reset_reaches_the_service_and_per_point_ports_work(procs: Any) 
 
     service = await asyncio.start_server(talker, HOST, 0)
     target = service.sockets[0].getsockname()[1]
-    base = free_ports(1)[0]
+    ports = free_ports(2)
     fwd = await this_proc().spawn("fwd2", PortForwarder)
-    # every proc forwards its own port (base + its rank) to the service
-    await fwd.forward.call_one(procs, lambda p: target, procs, lambda p: f"{HOST}:{base + p.rank}")
-    for rank in (0, 1):
-        _, writer = await asyncio.open_connection(HOST, base + rank)
-        await asyncio.wait_for(hello.wait(), 10)
-        writer.transport.abort()  # a reset, not a close
-        await asyncio.wait_for(gone.wait(), 10)
-        hello.clear()
-        gone.clear()
-    await fwd.stop()
-    service.close()
+    try:
+        # every proc forwards its own port (ports[its rank]) to the service
+        await fwd.forward.call_one(
+            procs, lambda p: target, procs, lambda p: f"{HOST}:{ports[p.rank]}"
+        )
+        for port in ports:
+            _, writer = await asyncio.open_connection(HOST, port)
+            await asyncio.wait_for(hello.wait(), 10)
+            writer.transport.abort()  # a reset, not a close
+            await asyncio.wait_for(gone.wait(), 10)
+            hello.clear()
+            gone.clear()
+    finally:
+        await fwd.stop()
+        service.close()
 
 
 async def test_mistakes_are_named_and_leave_nothing_running(procs: Any) -> None:
@@ -109,14 +113,16 @@ async def test_mistakes_are_named_and_leave_nothing_running(procs: Any) -> None:
             await fwd.forward.call_one(procs, 80, procs, "nocolon")
         with pytest.raises(ValueError, match="from 1 to 65535"):
             await fwd.forward.call_one(procs, 70000, procs, f"{HOST}:1")
-        taken = socket.socket()
-        taken.bind((HOST, 0))
-        taken.listen()
-        with pytest.raises(OSError):
-            await fwd.forward.call_one(
-                procs.slice(procs=0), 80, procs.slice(procs=1), f"{HOST}:{taken.getsockname()[1]}"
-            )
-        taken.close()
+        with socket.socket() as taken:
+            taken.bind((HOST, 0))
+            taken.listen()
+            with pytest.raises(OSError):
+                await fwd.forward.call_one(
+                    procs.slice(procs=0),
+                    80,
+                    procs.slice(procs=1),
+                    f"{HOST}:{taken.getsockname()[1]}",
+                )
         # the half-made forward was stopped: its destination actors answer no more
         stats = await procs.stats()
         names = {n for rec in stats.values() for n in rec["actors"]}
