@@ -555,7 +555,42 @@ def _run_in_own_group(
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        _end_leftovers(cwd)
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _end_leftovers(run_dir: Path) -> None:
+    """Kill what a test left running in a session of its own (``isolate_in_subprocess``
+    children do that): every process whose command line names ``run_dir``, and all their
+    descendants (the procs and fork servers they started)."""
+    parents: dict[int, int] = {}
+    marked: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parents[pid] = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if str(run_dir).encode() in f.read():
+                    marked.add(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    marked.discard(os.getpid())
+    doomed = set(marked)
+    grew = True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in doomed and pid not in doomed and pid != os.getpid():
+                doomed.add(pid)
+                grew = True
+    for pid in doomed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run_examples(work: Path, examples: list[str], timeout: int, python: str) -> list[dict]:
