@@ -284,6 +284,16 @@ class Runtime:
         finally:
             self.key = own
 
+    def new_peer_at(self, addr: str) -> None:
+        """A new peer lives at ``addr``, where an earlier one may have been lost: a TCP
+        port (or a Unix socket path) the system handed out again. Sends to ``addr`` dial
+        it again instead of failing as lost. Told by whoever learns of the new peer: a
+        host mesh attaching its agents, an agent reporting the procs it started."""
+        self.lost.pop(addr, None)
+        conn = self.conns.get(addr)
+        if conn is not None and conn.state is CLOSED:
+            del self.conns[addr]
+
     def expect(self, addr: str) -> Connection:
         """A placeholder for a proc we spawned that will dial us; queues frames until it does."""
         conn = self.conns.get(addr)
@@ -313,8 +323,9 @@ class Runtime:
         if conn.peer is not None and self.conns.get(conn.peer) is conn:
             del self.conns[conn.peer]
             if conn.was_open or conn.dialer:
-                # A peer that went away (or could not be reached) stays gone: addresses
-                # are never reused, so later sends fail at once instead of redialing.
+                # A peer that went away (or could not be reached) stays gone: later
+                # sends fail at once instead of redialing, until someone says a new peer
+                # took the address (new_peer_at: TCP ports and socket paths are reused).
                 self.lost[conn.peer] = conn.close_reason
                 for callback in self.on_lost:
                     callback(conn.peer)

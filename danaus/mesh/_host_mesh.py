@@ -26,6 +26,7 @@ from ..actors._api import (
     Runtime,
     current_runtime,
     peer_keys,
+    run_on,
     run_task,
 )
 from ..config import config, get_runtime_config, runtime_env
@@ -338,6 +339,7 @@ class HostMesh(Shaped):
                 for handle, (addr, pid) in zip(group, fut.result(), strict=True):
                     if key is not None:  # its agent's key, not ours: so is the proc's
                         peer_keys[addr] = key
+                    rt.new_peer_at(addr)  # (its port may have been a lost proc's)
                     handle.started(addr, pid)
             else:
                 for handle in group:
@@ -398,6 +400,9 @@ def attach_to_hosts(
     elif not config.auth_key:
         use_key(user_key()[0], addrs)
     shape = Shape.from_sizes({"hosts": len(addrs)})
+    rt = current_runtime()
+    for addr in addrs:  # an agent there now, whatever was lost at that address before
+        run_on(rt, rt.new_peer_at, addr)
     agents = mesh_ref(AGENT, HostAgent, shape, dict(enumerate(addrs)))
     return HostMesh(shape, name, agents)
 

@@ -418,3 +418,25 @@ async def test_a_frame_that_fails_its_tag_on_the_agent_connection_is_named_as_su
         await procs.stop()
     finally:
         await relay.close()
+
+
+@pytest.mark.slow  # (about 10 s: the lost agent's procs are waited for)
+async def test_a_new_agent_at_a_lost_agents_address_is_reached(tmp_path: Any) -> None:
+    """TCP ports and socket paths are handed out again: an agent that took the address of
+    one this controller lost is reached when attached, not failed as that lost one."""
+    sock = f"unix:{tmp_path}/agent.sock"
+    env = dict(os.environ, DANAUS_AUTH_KEY=KEY, PYTHONPATH=os.getcwd())
+    with controller_key(KEY):
+        with host_agents([sock], [env]) as [(addr, first)]:
+            async with attach_to_hosts([addr]).spawn_procs(per_host={"procs": 1}) as procs:
+                echo = procs.spawn("echo", Echo)
+                assert (await asyncio.wait_for(echo.whoami.call(), 30)).values()
+                first.kill()  # the agent (and its procs) gone: its address is lost
+                with pytest.raises(SupervisionError):
+                    await asyncio.wait_for(echo.whoami.call(), 30)
+        os.unlink(f"{tmp_path}/agent.sock")  # (a killed agent leaves its socket file)
+        with host_agents([sock], [env]) as [(again, _)]:  # a new agent, the same path
+            assert again == addr
+            async with attach_to_hosts([again]).spawn_procs(per_host={"procs": 1}) as procs:
+                echo = procs.spawn("echo", Echo)
+                assert (await asyncio.wait_for(echo.whoami.call(), 30)).values()
