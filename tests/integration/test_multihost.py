@@ -14,7 +14,7 @@ import pytest
 from danaus import SupervisionError, attach_to_hosts, this_host
 from danaus.config import config
 
-from ..faults import danaus_procs
+from ..faults import Failures, danaus_procs
 from .actors_lib import Counter, Echo
 from .agents_kit import Agent, controller_key, host_agents
 
@@ -421,7 +421,9 @@ async def test_a_frame_that_fails_its_tag_on_the_agent_connection_is_named_as_su
 
 
 @pytest.mark.slow  # (about 10 s: the lost agent's procs are waited for)
-async def test_a_new_agent_at_a_lost_agents_address_is_reached(tmp_path: Any) -> None:
+async def test_a_new_agent_at_a_lost_agents_address_is_reached(
+    tmp_path: Any, failures: Failures
+) -> None:
     """TCP ports and socket paths are handed out again: an agent that took the address of
     one this controller lost is reached when attached, not failed as that lost one."""
     sock = f"unix:{tmp_path}/agent.sock"
@@ -432,8 +434,8 @@ async def test_a_new_agent_at_a_lost_agents_address_is_reached(tmp_path: Any) ->
                 echo = procs.spawn("echo", Echo)
                 assert (await asyncio.wait_for(echo.whoami.call(), 30)).values()
                 first.kill()  # the agent (and its procs) gone: its address is lost
-                with pytest.raises(SupervisionError):
-                    await asyncio.wait_for(echo.whoami.call(), 30)
+                lost = await failures.first(30)  # (the controller has seen it go)
+                assert "host agent" in lost.report
         os.unlink(f"{tmp_path}/agent.sock")  # (a killed agent leaves its socket file)
         with host_agents([sock], [env]) as [(again, _)]:  # a new agent, the same path
             assert again == addr
