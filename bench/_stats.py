@@ -147,3 +147,27 @@ def format_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str]) -
     lines = [render(list(columns)), "  ".join("-" * w for w in widths)]
     lines.extend(render(line) for line in cells)
     return "\n".join(lines)
+
+
+def on_off_table(
+    got: Mapping[str, Mapping[str, Sequence[float]]],
+    what: str,
+    floor: str,
+    targets: tuple[str, str],
+) -> str:
+    """The table of a switch measured on and off in alternating rounds: the median
+    ``call_one`` round trip (``got[side]["lat"]``, µs) and 1,000-in-flight throughput
+    (``got[side]["tput"]``, calls/s) with ``what`` on, each against its "off" median as
+    the floor (column ``floor``), with ``targets`` (latency's, throughput's)."""
+    import statistics
+
+    rows = []
+    for key, figure, target in (
+        ("lat", f"call_one RTT us, sync endpoint, {what} on", targets[0]),
+        ("tput", f"calls/s, 1000 in flight, {what} on", targets[1]),
+    ):
+        on, off = (statistics.median(got[side][key]) for side in ("on", "off"))
+        rows.append(
+            {"figure": figure, "value": on, floor: off, "ratio": on / off, "target": target}
+        )
+    return format_table(rows, ["figure", "value", floor, "ratio", "target"])

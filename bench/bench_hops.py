@@ -25,7 +25,7 @@ from danaus import this_host
 
 from . import _floors
 from ._stats import format_table, summarize
-from .bench_runtime import Echo
+from .bench_runtime import Echo, _latency
 
 N = 2000
 ROUNDS = 5
@@ -65,18 +65,6 @@ def _sync_rtt(ep: Any, n: int) -> float:
     return summarize(samples).median_us
 
 
-async def _async_rtt(ep: Any, n: int) -> float:
-    payload = b"x" * 16
-    for _ in range(200):
-        await ep.call_one(payload)
-    samples = []
-    for _ in range(n):
-        t = time.perf_counter()
-        await ep.call_one(payload)
-        samples.append(time.perf_counter() - t)
-    return summarize(samples).median_us
-
-
 def _measure() -> dict[str, list[float]]:
     got: dict[str, list[float]] = {k: [] for k in ("aa", "as", "ga", "gs")}
     procs = this_host().spawn_procs(per_host={"procs": 1}, name="hops")
@@ -97,7 +85,7 @@ def _measure() -> dict[str, list[float]]:
 
 
 async def _both(echo: Any) -> tuple[float, float]:
-    return await _async_rtt(echo.aecho, N), await _async_rtt(echo.echo, N)
+    return (await _latency(echo.aecho, N)).median_us, (await _latency(echo.echo, N)).median_us
 
 
 def main() -> None:

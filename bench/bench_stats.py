@@ -9,14 +9,13 @@ stats-off one.
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import uvloop
 
 from danaus import endpoint, this_host
 
-from ._stats import format_table
+from ._stats import on_off_table
 from .bench_runtime import Echo, _latency, _throughput
 
 ROUNDS = 15
@@ -63,25 +62,7 @@ async def _measure() -> dict[str, dict[str, list[float]]]:
 
 def main() -> None:
     got = uvloop.run(_measure())
-    lat_on, lat_off = (statistics.median(got[s]["lat"]) for s in ("on", "off"))
-    tput_on, tput_off = (statistics.median(got[s]["tput"]) for s in ("on", "off"))
-    rows = [
-        {
-            "figure": "call_one RTT us, sync endpoint, stats on",
-            "value": lat_on,
-            "floor (stats off)": lat_off,
-            "ratio": lat_on / lat_off,
-            "target": "<= 1.05x",
-        },
-        {
-            "figure": "calls/s, 1000 in flight, stats on",
-            "value": tput_on,
-            "floor (stats off)": tput_off,
-            "ratio": tput_on / tput_off,
-            "target": ">= 0.95x",
-        },
-    ]
-    print(format_table(rows, ["figure", "value", "floor (stats off)", "ratio", "target"]))
+    print(on_off_table(got, "stats", "floor (stats off)", ("<= 1.05x", ">= 0.95x")))
     print(f"\n(medians of {ROUNDS} alternating rounds; unpinned)")
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import statistics
 from typing import Any
 
 import uvloop
@@ -21,7 +20,7 @@ import uvloop
 import danaus
 from danaus import span, this_host
 
-from ._stats import format_table
+from ._stats import on_off_table
 from .bench_runtime import Echo, _latency, _throughput
 
 ROUNDS = 9
@@ -62,25 +61,7 @@ async def _measure() -> dict[str, dict[str, list[float]]]:
 
 def main() -> None:
     got = uvloop.run(_measure())
-    lat_on, lat_off = (statistics.median(got[s]["lat"]) for s in ("on", "off"))
-    tput_on, tput_off = (statistics.median(got[s]["tput"]) for s in ("on", "off"))
-    rows = [
-        {
-            "figure": "call_one RTT us, sync endpoint, telemetry on",
-            "value": lat_on,
-            "floor (off)": lat_off,
-            "ratio": lat_on / lat_off,
-            "target": "reported",
-        },
-        {
-            "figure": "calls/s, 1000 in flight, telemetry on",
-            "value": tput_on,
-            "floor (off)": tput_off,
-            "ratio": tput_on / tput_off,
-            "target": "reported",
-        },
-    ]
-    print(format_table(rows, ["figure", "value", "floor (off)", "ratio", "target"]))
+    print(on_off_table(got, "telemetry", "floor (off)", ("reported", "reported")))
     print(
         f"medians of {ROUNDS} alternating rounds; on: a span per call in the callee, the "
         "caller's context in every message, SDK providers exporting nowhere"
