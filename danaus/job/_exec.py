@@ -4,11 +4,12 @@ per proc spawned for the purpose and stopped afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, TypedDict
+from typing import IO, TYPE_CHECKING, TypedDict
 
 from ..actors._api import Actor, Future, context, current_runtime, endpoint, run_task
 
@@ -73,28 +74,17 @@ class CommandActor(Actor):
         output_dir: str | None,
         timeout: float | None,
     ) -> CommandResult:
-        if output_dir is None:
-            done = subprocess.run(
-                argv,
-                env=run_env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=timeout,
-                check=False,
-            )
-            return {
-                "returncode": done.returncode,
-                "stdout": done.stdout.decode(errors="backslashreplace"),
-                "stderr": done.stderr.decode(errors="backslashreplace"),
-            }
-        rank = context().actor_instance.rank
-        folder = output_dir.replace("$SUBDIR", "_".join(f"{d}_{i}" for d, i in rank.items()))
-        os.makedirs(folder, exist_ok=True)
-        with (
-            open(os.path.join(folder, "stdout.txt"), "wb") as out,
-            open(os.path.join(folder, "stderr.txt"), "wb") as err,
-        ):
+        with contextlib.ExitStack() as files:
+            out: int | IO[bytes] = subprocess.PIPE
+            err: int | IO[bytes] = subprocess.PIPE
+            if output_dir is not None:  # to files on this host, a folder per rank
+                rank = context().actor_instance.rank
+                folder = output_dir.replace(
+                    "$SUBDIR", "_".join(f"{d}_{i}" for d, i in rank.items())
+                )
+                os.makedirs(folder, exist_ok=True)
+                out = files.enter_context(open(os.path.join(folder, "stdout.txt"), "wb"))
+                err = files.enter_context(open(os.path.join(folder, "stderr.txt"), "wb"))
             done = subprocess.run(
                 argv,
                 env=run_env,
@@ -105,7 +95,11 @@ class CommandActor(Actor):
                 timeout=timeout,
                 check=False,
             )
-        return {"returncode": done.returncode, "stdout": "", "stderr": ""}
+        return {
+            "returncode": done.returncode,
+            "stdout": (done.stdout or b"").decode(errors="backslashreplace"),
+            "stderr": (done.stderr or b"").decode(errors="backslashreplace"),
+        }
 
 
 def exec_command(
