@@ -47,24 +47,16 @@ def monarch_rdma_backend() -> str:
     return "tcp" if available else "none"
 
 
-def _job(name: str) -> Any:
-    return getattr(importlib.import_module("danaus.job"), name)
+def _from(module: str) -> Callable[[str], Any]:
+    """Names looked up in the danaus module ``module`` (imported on first use)."""
+
+    def lookup(name: str) -> Any:
+        return getattr(importlib.import_module(module), name)
+
+    return lookup
 
 
-def _spmd(name: str) -> Any:
-    return getattr(importlib.import_module("danaus.spmd"), name)
-
-
-def _config(name: str) -> Any:
-    return getattr(importlib.import_module("danaus.config"), name)
-
-
-def _timer(name: str) -> Any:
-    return getattr(importlib.import_module("danaus.tensor_engine.timer"), name)
-
-
-def _builtins(name: str) -> Any:
-    return getattr(importlib.import_module("danaus.tensor_engine.builtins"), name)
+_config = _from("danaus.config")
 
 
 def _safe_torch(name: str) -> Any:
@@ -162,11 +154,11 @@ _MODULES: dict[str, Callable[[str], Any]] = {
     "monarch.actor.concurrent": _actor,
     "monarch.rdma": _rdma,
     "monarch.config": _config,
-    "monarch.spmd": _spmd,
-    "monarch.job": _job,
-    "monarch.job.spmd": _spmd,
-    "monarch.timer": _timer,
-    "monarch.builtins": _builtins,
+    "monarch.spmd": _from("danaus.spmd"),
+    "monarch.job": _from("danaus.job"),
+    "monarch.job.spmd": _from("danaus.spmd"),
+    "monarch.timer": _from("danaus.tensor_engine.timer"),
+    "monarch.builtins": _from("danaus.tensor_engine.builtins"),
     "monarch.safe_torch": _safe_torch,
     "monarch.tools": _tools,
     "monarch.tools.commands": _commands,
