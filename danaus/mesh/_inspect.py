@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "actor_mesh_stacks",
+    "ask_procs",
     "actor_mesh_stats",
     "mesh_stacks",
     "mesh_stats",
@@ -42,10 +43,13 @@ A = TypeVar("A", bound=Actor)
 R = TypeVar("R")
 
 
-async def _ask(
-    addrs: list[str], method: Literal["stats", "stacks"], *args: list[str] | None
+async def ask_procs(
+    addrs: list[str],
+    method: Literal["stats", "stacks", "reload_modules"],
+    *args: list[str] | None,
 ) -> list[object]:
-    """Ask the control actor of each proc at ``addrs`` (in that order), all at once.
+    """Ask the control actor of each proc at ``addrs`` (in that order), all at once: its
+    stats, its stacks, or to reload the modules of files (a synced workspace).
 
     One call per proc: a control actor has no rank of its own to tag a reply with."""
     from ._actor_mesh import mesh_ref
@@ -59,12 +63,12 @@ async def _ask(
 
 
 async def _stats(addrs: list[str], actors: list[str] | None) -> list[ProcReply]:
-    got = await _ask(addrs, "stats", actors)
+    got = await ask_procs(addrs, "stats", actors)
     return [proc_reply(r, addr) for r, addr in zip(got, addrs, strict=True)]
 
 
 async def _stacks(addrs: list[str]) -> list[list[StackEntry]]:
-    got = await _ask(addrs, "stacks")
+    got = await ask_procs(addrs, "stacks")
     return [stack_entries(r, addr) for r, addr in zip(got, addrs, strict=True)]
 
 

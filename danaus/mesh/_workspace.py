@@ -19,9 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..actors._api import Actor, ProcControl, endpoint
-from ._actor_mesh import mesh_ref
-from ._shape import Shape
+from ..actors._api import Actor, endpoint
+from ._inspect import ask_procs
 
 if TYPE_CHECKING:
     from ._host_mesh import HostMesh
@@ -217,11 +216,6 @@ async def sync_workspace(
 
 async def _reload(hosts: HostMesh, paths: list[str]) -> None:
     """Reload, in every live proc spawned on ``hosts``, the modules of these files."""
-    one = Shape.from_sizes({})
-    addrs = [a for g in hosts.spawned_groups() for a in g.addrs() if a]
-    await asyncio.gather(
-        *(
-            mesh_ref("__proc__", ProcControl, one, {0: a}).reload_modules.call_one(paths)
-            for a in addrs
-        )
+    await ask_procs(
+        [a for g in hosts.spawned_groups() for a in g.addrs() if a], "reload_modules", paths
     )
