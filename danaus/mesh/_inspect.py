@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "actor_mesh_stacks",
-    "ask_procs",
     "actor_mesh_stats",
+    "ask_procs",
     "mesh_stacks",
     "mesh_stats",
     "proc_mesh_stacks",
