@@ -94,6 +94,7 @@ from ._stats import (
     process_uptime,
 )
 from ._telemetry import (
+    otlp_traces_url,
     outgoing_trace,
 )
 from ._wire import (
@@ -188,6 +189,7 @@ __all__ = [
     "loads",
     "new_event_loop",
     "on_every_heartbeat",
+    "otlp_traces_url",
     "outgoing_trace",
     "parse_addr",
     "peer_exit_reason",

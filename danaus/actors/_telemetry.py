@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from ._actor_thread import JobFn
 
-__all__ = ["get_meter", "incoming", "outgoing_trace", "span", "traced"]
+__all__ = ["get_meter", "incoming", "otlp_traces_url", "outgoing_trace", "span", "traced"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -62,6 +62,19 @@ def _exporters(variable: str) -> list[str]:
             f"not {', '.join(unknown)}"
         )
     return [n for n in names if n not in ("none", "")]
+
+
+def otlp_traces_url() -> str | None:
+    """Where this process's traces go over OTLP/HTTP, as the ``OTEL_*`` variables say
+    (the exporter's default endpoint where none is named); None when they do not go
+    over OTLP."""
+    if "otlp" not in _exporters("OTEL_TRACES_EXPORTER"):
+        return None
+    return (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or "http://localhost:4318"
+    )
 
 
 def _install_providers() -> None:

@@ -9,7 +9,6 @@ addresses go in the :class:`~danaus.job.JobState` (``admin_url``, ``telemetry_ur
 from __future__ import annotations
 
 import dataclasses
-import os
 
 __all__ = ["MeshAdminConfig", "Services", "TelemetryConfig"]
 
@@ -66,9 +65,9 @@ class Services:
             from ..config import configure
 
             configure(telemetry=True)  # here, and in the procs spawned from now on
-            urls["telemetry_url"] = os.environ.get(
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-            ) or ("http://localhost:4318" if "otlp" in _exporters() else None)
+            from ..actors._api import otlp_traces_url
+
+            urls["telemetry_url"] = otlp_traces_url()
             if self.telemetry.include_dashboard:
                 port = self.telemetry.dashboard_port
                 if port not in _dashboards:
@@ -82,7 +81,3 @@ class Services:
 
             urls["admin_url"] = serve_admin(self.admin.admin_addr or config.admin).addr
         return urls
-
-
-def _exporters() -> list[str]:
-    return [n.strip() for n in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
