@@ -28,6 +28,7 @@ __all__ = [
     "current_context",
     "current_spec",
     "load_current_job",
+    "saved_job_file",
     "set_current_job",
 ]
 
@@ -49,6 +50,21 @@ def current_context() -> str | None:
         return None
     target = Path(os.readlink(link))
     return target.parts[0] if len(target.parts) == 2 and target.parts[1] == _STATE else None
+
+
+def saved_job_file(name: str | None = None) -> Path:
+    """The file holding context ``name``'s saved job; with None, the active context's
+    (what ``.monarch/job_state.pkl`` links to), or that file itself without contexts.
+
+    Raises:
+        ValueError: ``name`` is not a context.
+    """
+    if name is not None:
+        if not _context_dir(name).is_dir():
+            raise ValueError(f"no context named {name!r}")
+        return _context_dir(name) / _STATE
+    active = current_context()
+    return _context_dir(active) / _STATE if active is not None else Path(DEFAULT_JOB_PATH)
 
 
 def _link_to(name: str) -> None:

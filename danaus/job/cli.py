@@ -26,6 +26,7 @@ from ._contexts import (
     current_context,
     current_spec,
     load_current_job,
+    saved_job_file,
     set_current_job,
 )
 from ._exec import exec_command
@@ -95,8 +96,9 @@ def _hosts_of(job: JobTrait) -> dict[str, HostMesh]:
 
 
 def _end(job: JobTrait) -> None:
+    """End the active context's job and forget it (the context stays, and active)."""
     job.kill()
-    Path(DEFAULT_JOB_PATH).unlink(missing_ok=True)
+    saved_job_file().unlink(missing_ok=True)
 
 
 def apply_job(module_path: str | None = None) -> None:
@@ -253,13 +255,7 @@ def _info(ns: argparse.Namespace) -> int:
 
 def _kill(ns: argparse.Namespace) -> int:
     name = ns.name or current_context()
-    if ns.name is not None and not (Path(DEFAULT_JOB_PATH).parent / ns.name).is_dir():
-        raise SystemExit(f"danaus kill: no context named {ns.name!r}")
-    path = (
-        Path(DEFAULT_JOB_PATH).parent / name / "state.pkl"
-        if name is not None
-        else Path(DEFAULT_JOB_PATH)
-    )
+    path = saved_job_file(ns.name)
     if not path.exists():
         print(f"No job to kill{f' in context {name!r}' if name else ''}")
         return 0

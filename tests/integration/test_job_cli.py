@@ -113,6 +113,17 @@ def test_apply_exec_info_and_kill_a_job_of_local_hosts(project: Path) -> None:
     assert "job: not applied" in danaus(project, "info").stdout
 
 
+def test_exec_kill_ends_the_job_and_keeps_the_context(project: Path) -> None:
+    assert danaus(project, "apply", "myjob.job").returncode == 0
+    pids = worker_pids(project)
+    ran = danaus(project, "exec", "--kill", "true")
+    assert ran.returncode == 0, ran.stderr
+    assert _wait_gone(pids, 15) == []
+    info = danaus(project, "info").stdout
+    assert "context: default" in info and "job: not applied" in info
+    assert danaus(project, "context", "ls").stdout.splitlines() == ["* default"]
+
+
 def test_contexts_keep_one_job_each(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert danaus(project, "context", "ls").stdout.strip() == "No contexts."
     assert danaus(project, "apply", "myjob.here").returncode == 0
