@@ -56,8 +56,7 @@ class CreatorInstance:
 def spawn_creators() -> list[Creator]:
     """The line of creation an actor spawned now gets (``Spawn.creators``): the running
     actor, or this program's root, then their creators."""
-    me = current.get().actor
-    who: CreatorInstance | None = _ROOT_CREATOR if me is None else me.as_creator()
+    who: CreatorInstance | None = current.get().actor_instance.as_creator()
     links: list[Creator] = []
     while who is not None:
         links.append(Creator(who.name, who.class_name or "", who.rank.rank, who.rank.sizes))
@@ -74,7 +73,7 @@ def creator_from_wire(links: list[Creator]) -> CreatorInstance | None:
     return who
 
 
-def qualified_name(who: CreatorInstance | ActorContext | RootInstance | None) -> str:
+def qualified_name(who: CreatorInstance | None) -> str:
     """An instance and its creators, root first: ``<root>.<app.A a{'procs': 0/2}>``."""
     names: list[str] = []
     while who is not None:

@@ -204,7 +204,7 @@ class HostMesh(Shaped):
         The hosts themselves stay usable: a host agent keeps serving other controllers,
         and ``spawn_procs`` may be called again.
         """
-        groups = [g for g in self._spawned if not g.stopped]
+        groups = self.spawned_groups()
         self._spawned[:] = []
 
         async def stop_all() -> None:
