@@ -9,6 +9,7 @@ from typing import NoReturn, SupportsIndex, TypeAlias
 
 from danaus.actors._api import Extent, Point
 
+from ._ndslice import NDSlice
 from ._split import row_major as _row_major
 from ._split import split_dim, split_monarch
 
@@ -47,7 +48,8 @@ class Shape:
 
     Args:
         labels: The dim names, outermost first; unique, non-empty strings.
-        sizes: The size of each dim, at least 1.
+        sizes: The size of each dim, at least 1; or an :class:`NDSlice` giving sizes,
+            strides and offset at once (Monarch's ``Shape(labels, ndslice)``).
         strides: How far one step along each dim moves in the global rank space;
             row-major for ``sizes`` when omitted. The dims must not overlap: sorted by
             stride, each one steps past everything the smaller-stride dims can reach.
@@ -67,10 +69,15 @@ class Shape:
     def __init__(
         self,
         labels: Sequence[str],
-        sizes: Sequence[int],
+        sizes: Sequence[int] | NDSlice,
         strides: Sequence[int] | None = None,
         offset: int = 0,
     ) -> None:
+        if isinstance(sizes, NDSlice):  # Monarch's spelling: Shape(labels, ndslice)
+            if strides is not None or offset:
+                raise TypeError("Shape(labels, ndslice) takes no strides or offset of its own")
+            nd = sizes
+            sizes, strides, offset = nd.sizes, nd.strides, nd.offset
         if isinstance(labels, str):
             raise TypeError(f"labels must be a sequence of dim names, not the string {labels!r}")
         labels_t = tuple(labels)
@@ -130,6 +137,11 @@ class Shape:
     def offset(self) -> int:
         """The global rank of the all-zeros point."""
         return self._offset
+
+    @property
+    def ndslice(self) -> NDSlice:
+        """The ranks of this shape without the dim names (Monarch's ``shape.ndslice``)."""
+        return NDSlice(offset=self._offset, sizes=self._sizes, strides=self._strides)
 
     @property
     def ndim(self) -> int:
