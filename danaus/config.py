@@ -10,6 +10,7 @@ import inspect
 import itertools
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -181,6 +182,14 @@ class Config:
     #: Read per call; procs read ``DANAUS_TELEMETRY`` (``configure(telemetry=True)``
     #: reaches the procs spawned later). Off, a call carries no trace context.
     telemetry: bool = False
+    #: How this process's runtime and the procs it starts on this host listen (Monarch's
+    #: ``default_transport``, set with ``enable_transport``): "unix" (abstract Unix
+    #: sockets, reached from this machine only), "tcp(localhost)", "tcp(hostname)"
+    #: (reachable from other machines), "tls" (tcp(hostname) with the ``tls_*``
+    #: certificates), or an address for the controller's runtime to listen on
+    #: (``tcp://host:port``; its procs then listen on ``host`` too, on ports of their own).
+    #: Host agents' procs listen as their agent was told (``--listen``).
+    transport: str = "unix"
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -203,6 +212,79 @@ class Encoding(enum.Enum):
     Multipart = 2
 
 
+class ChannelTransport(enum.Enum):
+    """Monarch's channel transports (``monarch.actor.ChannelTransport``), as
+    ``configure(default_transport=...)`` and ``enable_transport`` take them. danaus
+    serves Unix, the two TCP forms and TLS (TCP with ``config.tls_*``; Meta's TLS forms
+    are served as that); ``Local`` (Monarch's in-process channels) is refused: danaus's
+    procs are processes."""
+
+    TcpWithLocalhost = "tcp(localhost)"
+    TcpWithHostname = "tcp(hostname)"
+    MetaTlsWithHostname = "metatls(hostname)"
+    MetaTlsWithIpV6 = "metatls(ipv6)"
+    Tls = "tls"
+    Local = "local"
+    Unix = "unix"
+
+
+#: enable_transport's short names (Monarch's) -> a transport
+_TRANSPORT_NAMES = {
+    "tcp": "tcp(hostname)",
+    "ipc": "unix",
+    "metatls": "metatls(ipv6)",
+    "metatls-hostname": "metatls(hostname)",
+    "tls": "tls",
+}
+_EXPLICIT = re.compile(r"^(tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):\d{1,5}|ipc://.+|unix:.+)$")
+
+
+def transport_text(value: Any) -> str:
+    """The ``transport`` setting for a ``ChannelTransport``, one of its values, one of
+    Monarch's short names (``"tcp"``, ``"ipc"``, ...) or an address (``tcp://host:port``,
+    ``ipc:///path``, ``unix:...``).
+
+    Raises:
+        TypeError: ``value`` is not a ChannelTransport or a str.
+        ValueError: it names no transport, or ``Local``.
+    """
+    if isinstance(value, ChannelTransport):
+        text = value.value
+    elif isinstance(value, str):
+        text = _TRANSPORT_NAMES.get(value, value)
+        if text not in {t.value for t in ChannelTransport} and not _EXPLICIT.match(text):
+            raise ValueError(
+                f"unknown transport {value!r}: use a ChannelTransport, one of "
+                f"{sorted(_TRANSPORT_NAMES)} or an address (tcp://host:port, ipc:///path)"
+            )
+    else:
+        raise TypeError(f"a transport is a ChannelTransport or a str, not {value!r}")
+    if text == "local":
+        raise ValueError(
+            "ChannelTransport.Local (in-process channels) is not served: danaus's procs are "
+            "processes; use Unix or TCP"
+        )
+    return text
+
+
+def _proc_transport(text: str) -> str:
+    """The transport a proc inherits: an address of the controller's own becomes the same
+    host on a free port (a proc must not try to take the controller's)."""
+    if text.startswith("tcp://"):
+        return text.rpartition(":")[0] + ":0"
+    if text.startswith(("ipc://", "unix:")):
+        return "unix"
+    return text
+
+
+def monarch_transport(text: str) -> ChannelTransport | str:
+    """The ``transport`` setting as Monarch's ``default_transport`` reads back."""
+    try:
+        return ChannelTransport(text)
+    except ValueError:
+        return text
+
+
 #: Monarch setting names with a danaus equivalent: name -> (danaus field, is a duration).
 _MONARCH_NAMES: dict[str, tuple[str, bool]] = {
     "codec_max_frame_length": ("max_frame_bytes", False),
@@ -218,7 +300,6 @@ _MONARCH_NAMES: dict[str, tuple[str, bool]] = {
 #: name -> (kind, Monarch's default): kinds "duration" (humantime text), "int", "bool",
 #: "float", "str", "any".
 _MONARCH_IGNORED: dict[str, tuple[str, Any]] = {
-    "default_transport": ("any", "unix"),
     "enable_log_forwarding": ("bool", False),
     "enable_file_capture": ("bool", False),
     "tail_log_lines": ("int", 0),
@@ -383,6 +464,7 @@ def monarch_view() -> dict[str, Any]:
     for name, (field, duration) in _MONARCH_NAMES.items():
         value = getattr(config, field)
         view[name] = _humantime(value) if duration else value
+    view["default_transport"] = monarch_transport(config.transport)
     for name, (kind, default) in _MONARCH_IGNORED.items():
         if kind == "encoding" and default is not None:
             default = Encoding[default]
@@ -402,6 +484,8 @@ def _resolve(name: str, value: Any) -> tuple[str, Any] | None:
         if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
             raise ValueError(f"{name} takes an int, not {value!r}")
         return name, value
+    if name in ("default_transport", "transport"):
+        return "transport", transport_text(value)
     if name in _MONARCH_NAMES:
         target, duration = _MONARCH_NAMES[name]
         if duration:
@@ -459,6 +543,8 @@ def runtime_env() -> dict[str, str]:
             text = ",".join(str(v) for v in value)
         else:
             text = repr(value) if isinstance(value, float) else str(value)
+        if field == "transport":
+            text = _proc_transport(text)
         env[f"DANAUS_{field.upper()}"] = text
     if _monarch_layer:  # Monarch's settings kept (not used), as Monarch's procs see them
         env[_MONARCH_ENV] = json.dumps(

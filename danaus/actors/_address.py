@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+import socket
 import ssl
 
 from ..config import config
@@ -39,3 +41,32 @@ def parse_addr(addr: str) -> tuple[str, str | tuple[str, int]]:
         host, _, port = addr[6:].rpartition(":")
         return "tcp", (host.strip("[]"), int(port))
     raise ValueError(f"unsupported address {addr!r}: use unix:@name, unix:/path or tcp://host:port")
+
+
+def listen_address(*, proc: bool) -> str:
+    """Where a new runtime of this process (``proc=False``) or a proc it starts on this
+    host (``proc=True``: ``unix:@`` and ``tcp://host:0`` are bound by the starter) listens,
+    as ``config.transport`` says.
+
+    Raises:
+        ValueError: the transport is TLS and ``tls_cert``/``tls_key``/``tls_ca`` are unset.
+    """
+    t = config.transport
+    if t == "unix":
+        return "unix:@" if proc else f"unix:@danaus-{secrets.token_hex(16)}"
+    if t == "tcp(localhost)":
+        return "tcp://127.0.0.1:0"
+    if t in ("tcp(hostname)", "tls", "metatls(hostname)", "metatls(ipv6)"):
+        if t != "tcp(hostname)" and not config.tls_cert:
+            raise ValueError(
+                f"transport {t!r} is TCP with TLS: set tls_cert, tls_key and tls_ca "
+                "(DANAUS_TLS_CERT, ...) to the job's certificates"
+            )
+        return f"tcp://{socket.gethostname()}:0"
+    if t.startswith("tcp://"):
+        return t.rpartition(":")[0] + ":0" if proc else t
+    if t.startswith(("ipc://", "unix:")):
+        if proc:
+            return "unix:@"
+        return "unix:" + t[len("ipc://") :] if t.startswith("ipc://") else t
+    raise ValueError(f"config.transport {t!r} names no transport")

@@ -205,6 +205,33 @@ def all_runtimes() -> list[Runtime]:
         return list(_runtimes.values())
 
 
+def enable_transport(transport: object) -> None:
+    """Choose how this process and the procs it starts here listen (Monarch's
+    ``enable_transport``): a ``ChannelTransport``, Monarch's short names (``"tcp"``,
+    ``"ipc"``, ``"tls"``, ...) or an address (``"tcp://127.0.0.1:8080"``). Sets
+    ``config.transport`` as ``configure`` does, so procs started later inherit it.
+
+    Call it before anything else of danaus runs here: once a runtime is listening,
+    enabling the same transport again is a no-op and another raises ``RuntimeError``.
+
+    Raises:
+        TypeError, ValueError: ``transport`` names no transport (``config.transport_text``).
+        RuntimeError: a runtime already listens with another transport.
+    """
+    from ..config import configure, transport_text
+
+    text = transport_text(transport)
+    if any(not rt.closed for rt in all_runtimes()):
+        if text == config.transport:
+            return
+        raise RuntimeError(
+            f"enable_transport({transport!r}) must come before any other danaus call: this "
+            f"process already listens with transport {config.transport!r}, and one "
+            "transport is enabled at a time"
+        )
+    configure(transport=text)
+
+
 def run_on(rt: Runtime, fn: Callable[[*Ts], object], *args: *Ts) -> None:
     """Call ``fn(*args)`` on ``rt``'s loop: now if we are on it, else thread-safely."""
     if rt.on_loop():

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import secrets
 import socket
 from asyncio.events import _get_running_loop
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -25,6 +24,7 @@ import msgspec
 from ..config import config
 from ..errors import AuthenticationError, ClosedError, ProtocolError, SupervisionError
 from . import _auth
+from ._address import listen_address
 from ._arrivals import ActorArrivals
 from ._connection import Connection
 from ._errinfo import encode_error
@@ -109,10 +109,11 @@ class Runtime:
     ) -> None:
         self.loop = loop
         self.key = key if key is not None else _auth.job_key()
-        # A name nobody can predict: abstract socket names are listed to every local
-        # process (/proc/net/unix), and one made of the job id, the pid and a counter could
-        # be bound by another process before this runtime binds it.
-        self.addr = addr or f"unix:@danaus-{secrets.token_hex(16)}"
+        # By default (config.transport "unix") a name nobody can predict: abstract socket
+        # names are listed to every local process (/proc/net/unix), and one made of the
+        # job id, the pid and a counter could be bound by another process before this
+        # runtime binds it.
+        self.addr = addr or listen_address(proc=False)
         self.conns: dict[str, Connection] = {}
         self.ports: dict[int, PortOwner] = {}
         self.actors: dict[str, ActorInstance] = {}

@@ -25,6 +25,7 @@ from ..actors._api import (
     Port,
     Runtime,
     current_runtime,
+    listen_address,
     peer_keys,
     run_on,
     run_task,
@@ -302,13 +303,15 @@ class HostMesh(Shaped):
             cpus = [cpu_set(b) for b in proc_bind] if proc_bind is not None else None
             points = [Point(r, shape.sizes) for r in range(len(shape))]
             commands = resolve_commands(bootstrap_command, points)
-            # "unix:@": a fresh unguessable name per proc; a name another process could
-            # predict (a counter) could be bound by it first, failing the spawn.
+            # As config.transport says: "unix:@" (the default) is a fresh unguessable name
+            # per proc (one another process could predict, a counter, could be bound by it
+            # first, failing the spawn), "tcp://host:0" a free port.
+            listen = listen_address(proc=True)
             handles: list[Proc] = []
             for r, cmd in enumerate(commands):
                 proc_env = {**env, **cmd.env} if cmd is not None else env
                 python = cmd.program if cmd is not None else self._python
-                h = start_proc(rt, "unix:@", r, proc_env, printer(name, r, options), python)
+                h = start_proc(rt, listen, r, proc_env, printer(name, r, options), python)
                 if cpus is not None:
                     os.sched_setaffinity(h.pid, cpus[r % per])
                 handles.append(h)
