@@ -4,6 +4,8 @@ from . import _handlers
 from ._actor import Actor, Endpoint, concurrent_endpoint, endpoint
 from ._context import Context, context, current_actor_name, current_rank, current_size
 from ._future import Future
+from ._ids import ProcId, Uid
+from ._loops import enable_transport
 from ._point import Extent, Point
 from ._port import Channel, Port, PortReceiver, RankedPortReceiver
 from ._runtime import on_every_heartbeat as _on_every_heartbeat
@@ -23,12 +25,15 @@ __all__ = [
     "Point",
     "Port",
     "PortReceiver",
+    "ProcId",
     "RankedPortReceiver",
+    "Uid",
     "concurrent_endpoint",
     "context",
     "current_actor_name",
     "current_rank",
     "current_size",
+    "enable_transport",
     "endpoint",
     "get_meter",
     "span",

@@ -22,6 +22,7 @@ from ._actor_thread import (
     waiting_actor,
 )
 from ._address import (
+    listen_address,
     parse_addr,
 )
 from ._auth import (
@@ -52,6 +53,7 @@ from ._loops import (
     background_runtime,
     call_in_loop,
     current_runtime,
+    enable_transport,
     install_runtime,
     new_event_loop,
     run_on,
@@ -178,6 +180,7 @@ __all__ = [
     "die_with_parent",
     "dumps",
     "dumps_args",
+    "enable_transport",
     "encode_error",
     "endpoint",
     "endpoints_of",
@@ -186,6 +189,7 @@ __all__ = [
     "info_from_error",
     "install_actor",
     "install_runtime",
+    "listen_address",
     "loads",
     "new_event_loop",
     "on_every_heartbeat",

@@ -8,6 +8,7 @@ from ._bootstrap_cmd import BootstrapCommand, default_bootstrap_cmd
 from ._cast import handle_cast, handle_gathered
 from ._controllers import get_or_spawn_controller
 from ._debug import debug_sessions
+from ._debug_controller import debug_controller
 from ._debug_relay import HANDLERS as _DEBUG_HANDLERS
 from ._debug_relay import sweep as _debug_sweep
 from ._endpoint_ops import Accumulator, as_endpoint, send
@@ -15,6 +16,7 @@ from ._host_agent import run_worker_loop_forever
 from ._host_mesh import HostMesh, attach_to_hosts, attach_to_workers, hosts_from_config, this_host
 from ._inspect import mesh_stacks, mesh_stats
 from ._metrics import MetricsServer, serve_metrics
+from ._ndslice import NDSlice, Selection
 from ._proc_group import handle_failure
 from ._proc_mesh import ProcMesh, shutdown_context, this_proc
 from ._shape import Shape
@@ -44,12 +46,15 @@ __all__ = [
     "HostMesh",
     "MeshFailure",
     "MetricsServer",
+    "NDSlice",
     "ProcMesh",
+    "Selection",
     "Shape",
     "ValueMesh",
     "as_endpoint",
     "attach_to_hosts",
     "attach_to_workers",
+    "debug_controller",
     "debug_sessions",
     "default_bootstrap_cmd",
     "exit_on_fault",
