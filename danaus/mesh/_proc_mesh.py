@@ -127,6 +127,13 @@ class ProcMesh(Shaped):
         actor meshes), for the layers above."""
         return self._group
 
+    def process_group(self, dims: str | Sequence[str]) -> object:
+        """The process group of ``dims`` of these procs, for ``@remote`` functions of the
+        tensor engine (Monarch's ``DeviceMesh.process_group``): a
+        ``danaus.tensor_engine.RemoteProcessGroup``. Imports the tensor engine."""
+        names = (dims,) if isinstance(dims, str) else tuple(dims)
+        return tensor_engine().process_group(self, names)
+
     def activate(self) -> AbstractContextManager[object]:
         """``with procs.activate():`` torch calls make distributed tensors on these procs.
 

@@ -26,6 +26,8 @@ class TensorEngine(NamedTuple):
     #: ``endpoint.rref(*args, **kwargs)``: a DTensor (a type of the tensor engine's, hence
     #: ``object`` here) of what every actor's endpoint returns
     rref: Callable[[ActorEndpoint[object], tuple[object, ...], dict[str, object]], object]
+    #: ``procs.process_group(dims)``: a ``RemoteProcessGroup`` of those dims
+    process_group: Callable[[ProcMesh, tuple[str, ...]], object]
 
 
 _engine: TensorEngine | None = None

@@ -31,6 +31,8 @@ from ..mesh._api import TensorEngine, set_tensor_engine
 from . import _client, _dispatch
 from ._client import activate, active, active_stream
 from ._dtensor import Borrow, DTensor, MeshSlice, Stream, slice_mesh
+from .functions import function_resolvers, resolve_function
+from .opaque_ref import OpaqueRef, RemoteProcessGroup
 
 _client.bind_dtensor()
 
@@ -39,11 +41,14 @@ __all__ = [
     "DTensor",
     "DataDependentError",
     "MeshSlice",
+    "OpaqueRef",
+    "RemoteProcessGroup",
     "Stream",
     "Tensor",
     "call_on_shard_and_fetch",
     "coalescing",
     "fetch_shard",
+    "function_resolvers",
     "get_active_mesh",
     "get_active_stream",
     "inspect",
@@ -54,6 +59,7 @@ __all__ = [
     "show",
     "slice_mesh",
     "to_mesh",
+    "world_mesh",
 ]
 
 #: Monarch's name for a tensor made on a mesh
@@ -182,10 +188,11 @@ def call_on_shard_and_fetch(
     return fetch_shard(out, shard)
 
 
-def remote(
-    fn: Callable[..., Any] | None = None, *, propagate: Callable[..., Any] | None = None
-) -> Any:
+def remote(fn: Any = None, *, propagate: Callable[..., Any] | None = None) -> Any:
     """Run ``fn`` on every shard: ``@remote def f(x, y): ...`` then ``f(dx, dy)``.
+
+    ``fn`` is a callable or what :data:`function_resolvers` accepts, such as an import
+    path (``remote("my_pkg.ops.step", propagate=...)``: imported on the workers).
 
     Outputs' shapes come from calling ``propagate`` (default: ``fn`` itself) on meta
     tensors on the controller; give ``propagate`` when ``fn`` cannot run on meta tensors.
@@ -194,7 +201,8 @@ def remote(
     ``ValueMesh`` (``f.call(...).get()``).
     """
 
-    def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(target: Any) -> Callable[..., Any]:
+        f = resolve_function(target)
         shape_fn = propagate or f
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -220,12 +228,43 @@ def remote(
                 return endpoint.call(*wargs, **wkwargs)
 
         call.__wrapped__ = f  # type: ignore[attr-defined]
+        setattr(call, "_remote_impl", f)  # Monarch's name for the body  # noqa: B010
         call.__name__ = getattr(f, "__name__", "remote")
         call.call = call_and_fetch  # type: ignore[attr-defined]
         call.endpoint_call = fetching  # type: ignore[attr-defined]  # for send(f, ...)
         return call
 
     return wrap(fn) if fn is not None else wrap
+
+
+def world_mesh(ctx: Any, hosts: Any, gpu_per_host: int, _processes: Any = None) -> ProcMesh:
+    """Monarch's first-generation ``world_mesh``: a device mesh of ``gpu_per_host``
+    procs on each of ``hosts``, with dims ``("host", "gpu")``, ready for ``activate()``.
+
+    ``hosts`` is a :class:`~danaus.HostMesh` of one dim (``None``: this host alone) or
+    a list of host agents' addresses (``tcp://host:port``: :func:`~danaus.attach_to_hosts`).
+    ``ctx`` and ``_processes`` were that API's supervisor context and process list;
+    danaus has neither and ignores them.
+    """
+    from ..mesh import HostMesh, attach_to_hosts, this_host
+
+    if not isinstance(gpu_per_host, int) or isinstance(gpu_per_host, bool) or gpu_per_host < 1:
+        raise ValueError(f"world_mesh: gpu_per_host must be a positive int, not {gpu_per_host!r}")
+    if hosts is None:
+        hosts = this_host()
+    elif not isinstance(hosts, HostMesh):
+        hosts = attach_to_hosts(list(hosts))
+    dims = list(hosts.sizes)
+    if not dims:
+        alone: ProcMesh = hosts.spawn_procs(per_host={"host": 1, "gpu": gpu_per_host})
+        return alone
+    if len(dims) != 1:
+        raise ValueError(
+            f"world_mesh: hosts must have one dim (they are {hosts.sizes}); slice or flatten "
+            "them first"
+        )
+    procs: ProcMesh = hosts.spawn_procs(per_host={"gpu": gpu_per_host})
+    return procs.rename(**{dims[0]: "host"}) if dims[0] != "host" else procs
 
 
 def _client_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -282,4 +321,8 @@ def _activate(procs: ProcMesh) -> contextlib.AbstractContextManager[Any]:
     return activate(procs)
 
 
-set_tensor_engine(TensorEngine(activate=_activate, rref=_rref))
+set_tensor_engine(
+    TensorEngine(
+        activate=_activate, rref=_rref, process_group=lambda p, d: RemoteProcessGroup(d, p)
+    )
+)

@@ -11,6 +11,7 @@ import torch
 
 from ..errors import DataDependentError
 from ._worker import CALL
+from .opaque_ref import GroupWire, OpaqueRef, OpaqueWire, RemoteProcessGroup, propagating
 
 if TYPE_CHECKING:
     from ._client import _Client
@@ -169,6 +170,14 @@ class _Walk:
             # Replicated to every shard. Copied now: the batch is pickled at a later flush,
             # and the caller may change the tensor meanwhile.
             return obj.detach().clone()
+        if t is OpaqueRef:
+            return OpaqueWire(self.wire(obj._key))  # noqa: SLF001 - its one field
+        if t is RemoteProcessGroup:
+            procs = self.client.procs if self.client is not None else None
+            if procs is not None and obj.device_mesh is not procs and obj.device_mesh != procs:
+                raise ValueError(f"{obj!r} is a group of another mesh than this call's ({procs!r})")
+            self.key.append(("G", obj.dims))
+            return GroupWire(obj.dims)
         if t is torch.Generator:
             raise TypeError(
                 "a torch.Generator cannot go to the workers: seed with torch.manual_seed "
@@ -186,12 +195,16 @@ def _meta(obj: Any) -> Any:
         return torch.empty_strided(obj.shape, obj.stride(), dtype=obj.dtype, device="meta")
     if t is tuple or t is list:
         return t(_meta(x) for x in obj)
+    if t is OpaqueRef:
+        return OpaqueRef._create(_meta(obj._key))  # noqa: SLF001 - its one field
     return obj
 
 
 def _template(out: Any) -> Any:
     if isinstance(out, torch.Tensor):
         return ("T", out.shape, out.stride(), out.storage_offset(), out.dtype)
+    if type(out) is OpaqueRef:
+        return ("O", _template(out._key))  # noqa: SLF001 - its one field
     if isinstance(out, (tuple, list)):
         return ("Q", type(out), tuple(_template(o) for o in out))
     return ("V", out)
@@ -347,6 +360,8 @@ def _ids(obj: Any, into: list[int]) -> None:
     elif t is tuple or t is list:
         for x in obj:
             _ids(x, into)
+    elif t is OpaqueRef:
+        _ids(obj._key, into)  # noqa: SLF001 - its one field
 
 
 def _build(tpl: Any, client: _Client) -> Any:
@@ -355,6 +370,8 @@ def _build(tpl: Any, client: _Client) -> Any:
         return _DT._make(client, tpl[1], tpl[2], tpl[3], tpl[4])
     if kind == "V":
         return tpl[1]
+    if kind == "O":
+        return OpaqueRef._create(_build(tpl[1], client))  # noqa: SLF001
     items = [_build(t, client) for t in tpl[2]]
     make = getattr(tpl[1], "_make", None)  # a namedtuple (psutil's pmem, torch's return types)
     return make(items) if make is not None else tpl[1](items)
@@ -381,7 +398,7 @@ def call_function(client: _Client, fn: Any, shape_fn: Any, args: Any, kwargs: An
     wkwargs = {k: walk.wire(v) for k, v in kwargs.items()}
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with _disable_current_modes(), torch.no_grad():
+    with _disable_current_modes(), torch.no_grad(), propagating():
         out = shape_fn(*_meta(args), **{k: _meta(v) for k, v in kwargs.items()})
     result = _build(_template(out), client)
     out_ids: list[int] = []

@@ -12,6 +12,7 @@ import torch
 from ..actors import Actor, current_rank, endpoint
 from ..config import config
 from ..errors import RemoteException
+from .opaque_ref import GroupWire, OpaqueRef, OpaqueWire, on_worker
 
 
 class Ref:
@@ -75,7 +76,9 @@ def _op(name: str) -> Any:
     return op
 
 
-def _resolve(obj: Any, table: dict[int, Any], device: torch.device) -> Any:
+def _resolve(
+    obj: Any, table: dict[int, Any], device: torch.device, worker: TensorWorker | None = None
+) -> Any:
     t = type(obj)
     if t is Ref:
         v = table[obj.i]
@@ -83,7 +86,13 @@ def _resolve(obj: Any, table: dict[int, Any], device: torch.device) -> Any:
             raise _Propagate(v)
         return v
     if t is tuple or t is list:
-        return t([_resolve(x, table, device) for x in obj])
+        return t([_resolve(x, table, device, worker) for x in obj])
+    if t is OpaqueWire:
+        return OpaqueRef._create(_resolve(obj.key, table, device))  # noqa: SLF001
+    if t is GroupWire:
+        if worker is None:
+            raise TypeError("a process group can only be an argument of a @remote function")
+        return worker._group(obj.dims)[0]  # noqa: SLF001 - the worker's own groups
     if t is torch.Tensor and obj.device != device:
         return obj.to(device)  # a local tensor of the controller, replicated
     return obj
@@ -126,6 +135,7 @@ class TensorWorker(Actor):
             else torch.device("cpu")
         )
         torch.manual_seed(self.rank)
+        on_worker()  # this process holds the objects of OpaqueRefs
 
     def __cleanup__(self, exc: BaseException | None) -> None:
         self.groups.clear()
@@ -267,9 +277,9 @@ class TensorWorker(Actor):
         if kind == CALL:
             _, fn, args, kwargs, _, _, _, seed, stream = cmd
             device = self.device
-            args = _resolve(args, table, device)
+            args = _resolve(args, table, device, self)
             if kwargs:
-                kwargs = {k: _resolve(v, table, device) for k, v in kwargs.items()}
+                kwargs = {k: _resolve(v, table, device, self) for k, v in kwargs.items()}
                 if "device" in kwargs:
                     kwargs["device"] = device  # the mesh's device: this worker's
             if type(fn) is str:
@@ -402,6 +412,8 @@ def _flatten(obj: Any, into: list[Any]) -> None:
     elif isinstance(obj, (tuple, list)):
         for x in obj:
             _flatten(x, into)
+    elif type(obj) is OpaqueRef:
+        into.append(obj._key)  # noqa: SLF001 - the table keeps its key, and so its object
 
 
 def current_rank_text(worker: TensorWorker) -> str:
