@@ -42,7 +42,7 @@ from ._debug_commands import (
     select,
 )
 
-__all__ = ["DebugCli", "main"]
+__all__ = ["DebugCli", "debug", "main"]
 
 PROMPT = "danaus_dbg> "
 #: How long a cast waits for its actors' next prompts before giving the prompt back (s).
@@ -352,6 +352,20 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             pass
     return cli.run()
+
+
+def debug(host: str, port: int) -> None:
+    """Monarch's ``monarch.tools.commands.debug(host, port)``: the debugger prompt of
+    the controller whose admin endpoint listens at ``tcp://host:port`` (``danaus debug
+    --attach tcp://host:port``), on this terminal, until ``quit``. The key is the
+    controller's admin file's where one is on this host, else ``$DANAUS_AUTH_KEY``.
+
+    Raises:
+        RuntimeError: no controller answers there (the reason, as ``danaus debug`` says).
+    """
+    code = main(["--attach", f"tcp://{host}:{int(port)}"])
+    if code:
+        raise RuntimeError(f"debug({host!r}, {port}): the debugger ended with status {code}")
 
 
 def _newest() -> str:

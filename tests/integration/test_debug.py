@@ -281,3 +281,54 @@ def test_sessions_of_a_nested_mesh_reach_the_controller(job: Any) -> None:
 def test_pythonbreakpoint_0_turns_breakpoints_off(job: Any, endpoint: str) -> None:
     j = job(endpoint, PYTHONBREAKPOINT="0")
     assert j.result() == "RESULT [41, 42]"
+
+
+@pytest.mark.timeout(180)
+def test_monarchs_debug_command_reaches_a_controller_by_host_and_port(job: Any) -> None:
+    import socket
+
+    with socket.socket() as s:  # a free port for the admin endpoint
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    j = job("sync_point", DANAUS_ADMIN=f"tcp://127.0.0.1:{port}")
+    j.wait_paused(2)
+    dbg = pexpect.spawn(
+        sys.executable,
+        ["-c", f"from danaus.tools.debug import debug; debug('127.0.0.1', {port})"],
+        env=j.env,
+        cwd=str(ROOT),
+        encoding="utf-8",
+        timeout=30,
+    )
+    j.debuggers.append(dbg)
+    dbg.expect(PROMPT)
+    dbg.sendline("continue")
+    dbg.expect(PROMPT)
+    assert "continued 2 paused actor(s)" in str(dbg.before)
+    assert j.result() == "RESULT [41, 42]"
+    dbg.sendline("quit")
+    dbg.expect(pexpect.EOF)
+    dbg.close()
+    assert dbg.exitstatus == 0
+    j.end()
+
+
+def test_monarchs_debug_command_says_when_nothing_answers(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from danaus.tools.debug import debug
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nobody listens there
+    with pytest.raises(RuntimeError, match="ended with status 1"):
+        debug("127.0.0.1", port)
+    assert "no key for the admin endpoint" in capsys.readouterr().err
+    from danaus.config import config
+
+    monkeypatch.setattr(config, "auth_key", "00" * 32)  # as DANAUS_AUTH_KEY sets it
+    with pytest.raises(RuntimeError, match="ended with status 1"):
+        debug("127.0.0.1", port)
+    assert "cannot reach the admin endpoint" in capsys.readouterr().err
