@@ -32,6 +32,7 @@ from . import _client, _dispatch
 from ._client import activate, active, active_stream
 from ._dtensor import Borrow, DTensor, MeshSlice, Stream, slice_mesh
 from .functions import function_resolvers, resolve_function
+from .gradient import grad_function, grad_generator
 from .opaque_ref import OpaqueRef, RemoteProcessGroup
 
 _client.bind_dtensor()
@@ -51,6 +52,8 @@ __all__ = [
     "function_resolvers",
     "get_active_mesh",
     "get_active_stream",
+    "grad_function",
+    "grad_generator",
     "inspect",
     "no_mesh",
     "reduce",

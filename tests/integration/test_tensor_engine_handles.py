@@ -157,3 +157,20 @@ def test_world_mesh_is_a_host_by_gpu_device_mesh() -> None:
         mesh.stop().get(timeout=30)
     with pytest.raises(ValueError, match="gpu_per_host must be a positive int"):
         world_mesh(None, None, 0)
+
+
+def test_the_gradient_generator_yields_the_grads_of_dtensors(procs: Any) -> None:
+    from danaus.tensor_engine import grad_generator
+
+    with procs.activate():
+        torch.manual_seed(3)
+        w1 = torch.rand(4, 3, requires_grad=True)
+        w2 = torch.rand(3, 1, requires_grad=True)
+        x = torch.rand(5, 4)
+        loss = ((x @ w1).relu() @ w2).sum()
+        expected = torch.autograd.grad([loss], [w2, w1], retain_graph=True)
+        got = list(grad_generator(loss, [w2, w1]))
+    assert len(got) == 2
+    for r in range(2):
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(inspect(g, procs=r), inspect(e, procs=r))
