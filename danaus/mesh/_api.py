@@ -10,6 +10,7 @@ from ._actor_face import ActorFace, TypedEndpoint
 from ._actor_mesh import mesh_ref
 from ._admin import set_dashboard_starter, start_dashboard
 from ._admin_wire import find_controllers, runtime_dir
+from ._byte_relay import CLOSE_TIMEOUT, Message, Relays, close_writer
 from ._host_agent import agent_ref, main_host_agent, read_key_file, serve
 from ._proc_mesh import group_of
 from ._slurm import expand_hostlist
@@ -19,11 +20,15 @@ from ._tensor_engine_hook import TensorEngine, set_tensor_engine, set_tensor_eng
 from ._workspace import Workspace
 
 __all__ = [
+    "CLOSE_TIMEOUT",
     "ActorFace",
+    "Message",
+    "Relays",
     "TensorEngine",
     "TypedEndpoint",
     "Workspace",
     "agent_ref",
+    "close_writer",
     "default_fault_hook",
     "exit_on_fault",
     "expand_hostlist",
