@@ -59,6 +59,7 @@ from ._loops import (
     run_on,
     run_task,
     runtime_here,
+    start_background_runtime,
 )
 from ._peers import (
     peer_exit_reason,
@@ -209,6 +210,7 @@ __all__ = [
     "runtime_here",
     "set_job_key",
     "spawn_creators",
+    "start_background_runtime",
     "waiting_actor",
 ]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import inspect
+import socket
 import sys
 import threading
 import weakref
@@ -36,7 +37,7 @@ class _Background:
     proc's exit) after Python's state is torn down, and crash the process.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, addr: str | None = None, sock: socket.socket | None = None) -> None:
         self.loop = new_event_loop()
         self.started = threading.Event()
         self.thread = threading.Thread(target=self._run, name="danaus-loop", daemon=True)
@@ -46,7 +47,7 @@ class _Background:
 
         def make() -> None:
             try:
-                fut.set_result(Runtime(self.loop))
+                fut.set_result(Runtime(self.loop, addr=addr, sock=sock))
             except BaseException as e:
                 fut.set_exception(e)
 
@@ -109,6 +110,21 @@ def background_runtime() -> Runtime:
                 _background = _Background()
             bg = _background
     return bg.runtime
+
+
+def start_background_runtime(addr: str, sock: socket.socket) -> Runtime:
+    """Start the background loop with a runtime known to peers as ``addr`` while it
+    listens on ``sock`` (``attach``: peers reach it through a gateway at ``addr``).
+
+    Raises:
+        RuntimeError: the background loop has started already.
+    """
+    global _background
+    with _background_lock:
+        if _background is not None:
+            raise RuntimeError("danaus's background runtime has started already")
+        _background = _Background(addr, sock)
+        return _background.runtime
 
 
 _last: tuple[asyncio.AbstractEventLoop | None, Runtime | None] = (None, None)

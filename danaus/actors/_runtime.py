@@ -40,7 +40,7 @@ from ._peers import (
     proc_ready,
 )
 from ._results import GatherNode, PortHandler, PortOwner, on_result, settle
-from ._sockets import Listener, dial
+from ._sockets import Listener, Via, dial
 from ._wire import ERROR, Buffer, Call, ErrorInfo, Message, Paused, Ping, Pong, Region, Result
 
 if TYPE_CHECKING:
@@ -134,6 +134,8 @@ class Runtime:
         self.handlers: dict[type, _Dispatch] = dict(_handlers)
         self._tasks: set[_Task] = set()
         self._all_conns: set[Connection] = set()
+        #: how peers not dialed directly are reached (``attach``'s gateway); None: all are
+        self.via: Via | None = None
         self._listener = Listener(loop, self.addr, sock)
         self.addr = self._listener.addr
         self.on_lost: list[Callable[[str], None]] = []
@@ -174,6 +176,11 @@ class Runtime:
         conn = Connection(self, dialer=False)
         self._all_conns.add(conn)
         return conn
+
+    async def accept_socket(self, sock: socket.socket) -> None:
+        """Serve ``sock``, a connected stream socket, as a connection a peer dialed (the
+        other end of a connection relayed to this runtime, by ``attach``'s gateway)."""
+        await self.loop.connect_accepted_socket(self._accept, sock)
 
     def admit(self, conn: Connection) -> None:
         """Make room for this accepted, not yet authenticated connection. Strangers are

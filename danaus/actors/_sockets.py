@@ -14,13 +14,28 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
+from typing import Protocol
 
 from ..config import config
 from ._address import parse_addr, tls_context
 from ._connection import Connection
 from ._peers import proc_ready
 
-__all__ = ["Listener", "bind", "dial"]
+__all__ = ["Listener", "Via", "bind", "dial"]
+
+
+class Via(Protocol):
+    """A way to reach peers other than directly (``attach``'s gateway): set as
+    ``Runtime.via``, it is asked about each address this runtime dials."""
+
+    def routes(self, addr: str) -> bool:
+        """Whether ``addr`` is reached this way (else it is dialed directly)."""
+        ...
+
+    async def open(self, addr: str) -> socket.socket:
+        """A connected stream socket whose other end reaches ``addr``."""
+        ...
+
 
 log = logging.getLogger("danaus.runtime")
 #: where connections' troubles are logged (strangers included)
@@ -160,6 +175,10 @@ async def dial(loop: asyncio.AbstractEventLoop, conn: Connection) -> None:
 async def _connect(
     loop: asyncio.AbstractEventLoop, conn: Connection, where: str | tuple[str, int]
 ) -> None:
+    via = conn.rt.via
+    if via is not None and conn.peer is not None and via.routes(conn.peer):
+        await loop.create_unix_connection(lambda: conn, sock=await via.open(conn.peer))
+        return
     if isinstance(where, str):  # unix
         # Connect the socket ourselves: uvloop cannot take abstract (NUL) names.
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

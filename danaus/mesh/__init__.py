@@ -12,6 +12,7 @@ from ._debug_controller import debug_controller
 from ._debug_relay import HANDLERS as _DEBUG_HANDLERS
 from ._debug_relay import sweep as _debug_sweep
 from ._endpoint_ops import Accumulator, as_endpoint, send
+from ._gateway import attach
 from ._host_agent import run_worker_loop_forever
 from ._host_mesh import HostMesh, attach_to_hosts, attach_to_workers, hosts_from_config, this_host
 from ._inspect import mesh_stacks, mesh_stats
@@ -52,6 +53,7 @@ __all__ = [
     "Shape",
     "ValueMesh",
     "as_endpoint",
+    "attach",
     "attach_to_hosts",
     "attach_to_workers",
     "debug_controller",

@@ -35,6 +35,7 @@ from ..actors._api import (
 )
 from ..config import config
 from ..errors import SupervisionError
+from ._gateway import GATEWAY, Gateway
 from ._local_procs import forget, start_proc, stop_procs, wait_exited
 from ._logs import LineSink
 from ._proc_handles import ProcHandle, RemoteProcHandle
@@ -295,6 +296,8 @@ async def serve(listen: str, key: bytes, ready: ThreadFuture[str] | None = None)
     else:  # a Unix socket: this machine's controllers only, and so its procs
         agent = HostAgent(socket.gethostname(), "unix:@")
     install_actor(rt, AGENT, agent)
+    # controllers that attach(...) to this agent reach their job through it
+    install_actor(rt, GATEWAY, Gateway(where[0] if isinstance(where, tuple) else None))
     stop: asyncio.Future[None] = loop.create_future()
 
     def on_signal() -> None:

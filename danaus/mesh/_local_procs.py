@@ -310,6 +310,12 @@ def fresh_name() -> str:
     return f"danaus-{secrets.token_hex(16)}"
 
 
+def started_here(addr: str) -> bool:
+    """Whether the proc at ``addr`` was started by this process and still runs."""
+    with _live_lock:
+        return any(h.addr == addr for h in _live)
+
+
 def bind_abstract() -> tuple[socket.socket, str]:
     """A listening Unix socket bound to a fresh abstract name, and its ``unix:@`` address.
 
