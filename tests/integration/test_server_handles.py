@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pytest
 
 from danaus.job import SlurmJob
-from danaus.job._server_handles import (
+from danaus.job.server_handles import (
     AppState,
     ServerSpec,
     info,
