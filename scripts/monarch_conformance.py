@@ -56,6 +56,7 @@ DEFAULT_TESTS = [
     "test_rdma_cpu_no_torch.py",
     "test_port_forward.py",
     "test_config.py",
+    "test_grad_generator.py",
 ]
 #: Monarch's documentation examples that can run on CPU.
 DEFAULT_EXAMPLES = [

@@ -104,20 +104,24 @@ def _tools_config(name: str) -> Any:
     raise AttributeError(name)
 
 
-#: monarch.tools.commands names that drive TorchX schedulers, which danaus does not use
-_TORCHX = frozenset(
-    {"create", "info", "get_or_create", "server_ready", "kill", "kill_and_confirm", "torchx_runner"}
-)
+#: monarch.tools.commands names that build TorchX applications, which danaus does not use
+_TORCHX = frozenset({"create", "get_or_create", "torchx_runner"})
+#: monarch.tools.commands names danaus serves for SLURM server handles (slurm:///job)
+_SERVER_HANDLES = frozenset({"info", "server_ready", "kill", "kill_and_confirm"})
 
 
 def _commands(name: str) -> Any:
     if name in _TORCHX:
         raise ImportError(
-            f"danaus does not provide monarch.tools.commands.{name}: it drives TorchX "
-            "schedulers; danaus's jobs (SlurmJob, ProcessJob, LocalJob) and the danaus "
-            "apply / exec / kill verbs do that work (docs/jobs.md)",
+            f"danaus does not provide monarch.tools.commands.{name}: it builds and submits "
+            "TorchX applications; danaus's jobs (SlurmJob, ProcessJob, LocalJob) and the "
+            "danaus apply / exec / kill verbs do that work (docs/jobs.md)",
             name="monarch.tools.commands",
         )
+    if name in _SERVER_HANDLES:
+        return getattr(importlib.import_module("danaus.job.server_handles"), name)
+    if name == "debug":
+        return importlib.import_module("danaus.tools.debug").debug
     return getattr(importlib.import_module("danaus.job.cli"), name)
 
 
@@ -125,11 +129,28 @@ def _commands(name: str) -> Any:
 _TOP_MODULES = {"timer": "monarch.timer", "builtins": "monarch.builtins"}
 
 
+def _nothing(name: str) -> Any:
+    raise AttributeError(name)
+
+
+#: top-level names left out on purpose, with the reason
+_TOP_WHY_NOT = {
+    "Simulator": "Monarch's simulator of its first-generation controller is not served",
+    "set_meta": "it configures Monarch's simulator, which is not served",
+    "mast_reserve": "it reserves hosts on MAST, Meta's internal scheduler",
+}
+
+
 def _top(name: str) -> Any:
     """``monarch.X``: the tensor engine's names first (Monarch keeps them at the top),
     then danaus's, then the configuration functions."""
     if name in _TOP_MODULES:
         return importlib.import_module(_TOP_MODULES[name])
+    if name in _TOP_WHY_NOT:
+        raise ImportError(
+            f"danaus does not provide monarch.{name}: {_TOP_WHY_NOT[name]} (docs/monarch.md)",
+            name="monarch",
+        )
     if name == "ActorFuture":
         import danaus
 
@@ -160,6 +181,13 @@ _MODULES: dict[str, Callable[[str], Any]] = {
     "monarch.timer": _from("danaus.tensor_engine.timer"),
     "monarch.builtins": _from("danaus.tensor_engine.builtins"),
     "monarch.safe_torch": _safe_torch,
+    "monarch.common": _nothing,  # (a package of Monarch's internals; some modules served)
+    "monarch.common.selection": _from("danaus.mesh"),
+    "monarch.common.opaque_ref": _from("danaus.tensor_engine.opaque_ref"),
+    "monarch.gradient": _from("danaus.tensor_engine.gradient"),
+    "monarch.gradient_generator": _from("danaus.tensor_engine.gradient"),
+    "monarch.parallel": _from("danaus.tensor_engine.pipelining"),
+    "monarch.world_mesh": _from("danaus.tensor_engine"),
     "monarch.tools": _tools,
     "monarch.tools.commands": _commands,
     "monarch.tools.config": _tools_config,
@@ -173,6 +201,12 @@ _WHY_NOT = {
         "KubernetesJob is left out: no Kubernetes runs where danaus is tested (use "
         "SlurmJob, ProcessJob or LocalJob; see docs/jobs.md)"
     ),
+    "monarch.job.meta": "MASTJob runs on MAST, Meta's internal scheduler",
+    "monarch.gather_mount": (
+        "remote mounts of the controller's files (FUSE) are not served; "
+        "HostMesh.sync_workspace copies a directory to every host instead"
+    ),
+    "monarch.simulator": "Monarch's simulator of its first-generation controller is not served",
 }
 
 
