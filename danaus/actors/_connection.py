@@ -83,6 +83,9 @@ class Connection(FrameWriter, asyncio.BufferedProtocol):
         #: TCP without TLS: every frame after the handshake carries a tag under a session
         #: key, over a per-direction sequence number and the frame
         self._tag_frames = False
+        #: set for a connection relayed through a socket pair (``attach``'s gateway): tag
+        #: frames as the far end's socket, which this side cannot see, makes it do
+        self.tag_as_tcp: bool | None = None
 
     @classmethod
     def lost(cls, runtime: Runtime, peer: str, reason: BaseException | None) -> Connection:
@@ -110,7 +113,9 @@ class Connection(FrameWriter, asyncio.BufferedProtocol):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, n)
             except OSError:
                 pass
-        if (
+        if self.tag_as_tcp is not None:
+            self._tag_frames = self.tag_as_tcp
+        elif (
             sock is not None
             and sock.family in (socket.AF_INET, socket.AF_INET6)
             and transport.get_extra_info("sslcontext") is None

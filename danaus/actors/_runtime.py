@@ -177,10 +177,17 @@ class Runtime:
         self._all_conns.add(conn)
         return conn
 
-    async def accept_socket(self, sock: socket.socket) -> None:
+    async def accept_socket(self, sock: socket.socket, *, tag_as_tcp: bool) -> None:
         """Serve ``sock``, a connected stream socket, as a connection a peer dialed (the
-        other end of a connection relayed to this runtime, by ``attach``'s gateway)."""
-        await self.loop.connect_accepted_socket(self._accept, sock)
+        other end of a connection relayed to this runtime, by ``attach``'s gateway);
+        ``tag_as_tcp``: the peer dialed over TCP, so its frames carry session tags."""
+
+        def accept() -> Connection:
+            conn = self._accept()
+            conn.tag_as_tcp = tag_as_tcp
+            return conn
+
+        await self.loop.connect_accepted_socket(accept, sock)
 
     def admit(self, conn: Connection) -> None:
         """Make room for this accepted, not yet authenticated connection. Strangers are

@@ -177,6 +177,9 @@ async def _connect(
 ) -> None:
     via = conn.rt.via
     if via is not None and conn.peer is not None and via.routes(conn.peer):
+        # the relay dials the peer's own address: its frames are tagged as over TCP
+        # (the far end's socket is what the peer sees), whatever this socket pair is
+        conn.tag_as_tcp = conn.peer.startswith("tcp://")
         await loop.create_unix_connection(lambda: conn, sock=await via.open(conn.peer))
         return
     if isinstance(where, str):  # unix

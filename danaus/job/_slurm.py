@@ -67,7 +67,11 @@ class SlurmJob(JobTrait):
         log_dir: where job directories go (each holds the key, the batch script, the
             agents' addresses and the job's output); on a file system the nodes share.
             Default ``./.danaus/jobs``.
-        exclusive: ask for whole nodes (``--exclusive``).
+        exclusive: ask for whole nodes (``--exclusive``); see also :meth:`share_node`.
+        out_of_cluster: this controller runs outside the cluster's network: it reaches
+            the job, and is reached, only through the first node's host agent
+            (``danaus.attach``, as Monarch's).
+        attach_to: that gateway's address instead of the first node's (``tcp://``).
         job_start_timeout: how long ``state()`` waits for the job to leave the queue
             (s); None: as long as it takes. The agents then have
             ``config.proc_start_timeout`` to report.
@@ -102,6 +106,8 @@ class SlurmJob(JobTrait):
         job_start_timeout: float | None = None,
         account: str | None = None,
         qos: str | None = None,
+        out_of_cluster: bool = False,
+        attach_to: str | None = None,
         *,
         job_id: str | None = None,
         idle_timeout: float | None = 300.0,
@@ -111,10 +117,7 @@ class SlurmJob(JobTrait):
         if not meshes:
             raise ValueError("SlurmJob needs at least one mesh: meshes={'hosts': 2}")
         for name, n in meshes.items():
-            if not name.isidentifier():
-                raise ValueError(f"mesh name {name!r} must be an identifier (job.state().{name})")
-            if not isinstance(n, int) or n < 1:
-                raise ValueError(f"mesh {name!r} needs a positive number of nodes, not {n!r}")
+            _check_mesh(name, n)
         if ntasks_per_node != 1:
             raise ValueError(
                 f"ntasks_per_node={ntasks_per_node}: danaus runs one host agent per node; "
@@ -145,6 +148,10 @@ class SlurmJob(JobTrait):
         self._account = account
         self._qos = qos
         self._allocation = job_id  # an allocation we were given, not ours to cancel
+        #: reach the job through one agent's gateway (``attach``): this one, or the
+        #: first node's when only ``out_of_cluster`` is set
+        self._out_of_cluster = out_of_cluster
+        self._attach_to = attach_to
         self._idle_timeout = idle_timeout
         self._env = dict(env or {})
         # The allocation, once applied (saved with the job).
@@ -162,6 +169,44 @@ class SlurmJob(JobTrait):
     def nodes(self) -> int:
         """Nodes the job needs: the sum over its meshes."""
         return sum(self._meshes.values())
+
+    def add_mesh(self, name: str, num_nodes: int) -> None:
+        """Another mesh of ``num_nodes`` nodes, before ``apply()`` (Monarch's)."""
+        if self._slurm_job_id is not None:
+            raise RuntimeError(
+                f"add_mesh({name!r}): the job is submitted already; add meshes before apply()"
+            )
+        _check_mesh(name, num_nodes)
+        self._meshes[name] = num_nodes
+
+    def share_node(self, tasks_per_node: int, gpus_per_task: int, partition: str) -> None:
+        """Share nodes with other jobs (Monarch's): not exclusive, and this job's share of a
+        node of ``partition`` in CPUs and memory: ``gpus_per_task`` of its GPUs' worth, or
+        one ``tasks_per_node``-th on nodes without GPUs (read with ``sinfo``; Monarch asks
+        the ``clusterscope`` package the same)."""
+        if tasks_per_node < 1 or gpus_per_task < 0:
+            raise ValueError(
+                f"share_node: tasks_per_node {tasks_per_node} must be at least 1 and "
+                f"gpus_per_task {gpus_per_task} at least 0"
+            )
+        out = slurm_command(["sinfo", "-h", "-p", partition, "-o", "%c|%m|%G"])
+        lines = out.stdout.split()
+        if out.returncode != 0 or not lines:
+            raise ValueError(
+                f"share_node: partition {partition!r} is not known to sinfo: "
+                f"{out.stderr.strip() or 'no nodes'}"
+            )
+        cpus, mem_mb, gres = lines[0].split("|", 2)
+        gpus = sum(
+            int(part.split(":")[-1].split("(")[0])
+            for part in gres.split(",")
+            if part.startswith("gpu") and part.split(":")[-1].split("(")[0].isdigit()
+        )
+        share = gpus_per_task / gpus if gpus and gpus_per_task else 1 / tasks_per_node
+        self._exclusive = False
+        self._partition = partition
+        self._cpus_per_task = max(1, int(int(cpus.rstrip("+")) * share))
+        self._mem = f"{max(1, int(int(mem_mb.rstrip('+')) * share))}M"
 
     @property
     def job_id(self) -> str | None:
@@ -212,6 +257,8 @@ class SlurmJob(JobTrait):
             self._qos,
             self._allocation,
             self._env,
+            self._out_of_cluster,
+            self._attach_to,
         )
 
     def can_run(self, spec: JobTrait) -> bool:
@@ -234,6 +281,9 @@ class SlurmJob(JobTrait):
             "#SBATCH --ntasks-per-node=1",
             f"#SBATCH --output={os.path.join(job_dir, 'slurm-%j.out')}",
             f"#SBATCH --chdir={os.getcwd()}",
+            # how the meshes share the nodes, in order (monarch.tools.commands.info reads it)
+            "#SBATCH --comment=danaus-meshes="
+            + ",".join(f"{name}:{n}" for name, n in self._meshes.items()),
         ]
         options = {
             "time": self._time_limit,
@@ -338,6 +388,10 @@ class SlurmJob(JobTrait):
                 self._step = agents[0][3]
             addrs = [a for a, _, _, _ in agents]
             key_file = os.path.join(self._job_dir, "key")
+            if self._out_of_cluster or self._attach_to is not None:
+                from ..mesh import attach
+
+                attach(self._attach_to or addrs[0], key_file=key_file)
             hosts: dict[str, HostMesh] = {}
             first = 0
             for name, n in self._meshes.items():
@@ -397,3 +451,10 @@ class SlurmJob(JobTrait):
             self._kill()
         except Exception as e:  # at exit: say so, do not mask the program's own exit
             log.warning("could not cancel SLURM job %s at exit: %s", self._slurm_job_id, e)
+
+
+def _check_mesh(name: str, n: object) -> None:
+    if not name.isidentifier():
+        raise ValueError(f"mesh name {name!r} must be an identifier (job.state().{name})")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"mesh {name!r} needs a positive number of nodes, not {n!r}")

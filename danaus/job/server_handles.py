@@ -13,8 +13,9 @@ scheduler, whose app id is the SLURM job id (``slurm:///1234``) or, as Monarch's
 Everything comes from ``squeue``: this cluster keeps no accounting, so a job SLURM has
 forgotten (``MinJobAge`` after it ended) is not found (``None``), as Monarch's ``info``
 says of jobs that exited long ago. ``SlurmJob`` submits one batch job for all its meshes
-and SLURM does not know how they share its nodes, so such a job is one mesh, named after
-the job, with all its nodes; a heterogeneous job is one mesh per component name.
+and records in the job's comment how they share its nodes, in order, so such a job has
+its meshes, each with its nodes; another plain job is one mesh, named after the job, with
+all its nodes; a heterogeneous job is one mesh per component name.
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ _DEFAULT_PORT = 26600  # Monarch's remote allocator port; danaus's agents choose
 _HANDLE = re.compile(r"(?P<scheduler>.+)://(?P<namespace>.*)/(?P<app_id>.+)")
 _JOB_ID = re.compile(r"\d+(_\d+)?")
 #: squeue's fields, in this order: job id (``J+K`` in a heterogeneous job), state, node
-#: list, node count, and last the name (which may hold a ``|``).
-_FORMAT = "%i|%T|%N|%D|%j"
+#: list, node count, comment (where ``SlurmJob`` records its meshes:
+#: ``danaus-meshes=trainers:2,loaders:1``), and last the name (which may hold a ``|``).
+_FORMAT = "%i|%T|%N|%D|%k|%j"
 #: Polls of ``kill_and_confirm``: the first, and the longest gap (s).
 _FIRST_POLL = 0.1
 _MAX_POLL = 2.0
@@ -248,7 +250,10 @@ def _squeue_lines(args: list[str]) -> list[list[str]]:
         if "Invalid job id" in out.stderr:
             return []
         raise RuntimeError(f"squeue {' '.join(args)} failed: {out.stderr.strip()}")
-    return [line.split("|", 4) for line in out.stdout.splitlines() if line.count("|") >= 4]
+    return [line.split("|", 5) for line in out.stdout.splitlines() if line.count("|") >= 5]
+
+
+_MESHES = re.compile(r"danaus-meshes=([A-Za-z_][A-Za-z0-9_]*:\d+(?:,[A-Za-z_][A-Za-z0-9_]*:\d+)*)")
 
 
 def _job_id(app_id: str) -> str | None:
@@ -260,7 +265,7 @@ def _job_id(app_id: str) -> str | None:
     jobs = {
         line[0].split("+")[0]: SLURM_STATES.get(line[1], AppState.UNKNOWN)
         for line in lines
-        if line[4] == app_id
+        if line[5] == app_id
     }
     if not jobs:
         return None
@@ -271,10 +276,32 @@ def _hostnames(nodes: str) -> list[str]:
     return expand_hostlist(nodes) if nodes and nodes != "(null)" else []
 
 
+def _danaus_meshes(line: list[str]) -> list[MeshSpec] | None:
+    """The meshes a ``SlurmJob`` recorded in its job's comment, each with its share of
+    the nodes, in order; None for a job that recorded none."""
+    m = _MESHES.search(line[4])
+    if m is None:
+        return None
+    state = SLURM_STATES.get(line[1], AppState.UNKNOWN)
+    hosts = _hostnames(line[2]) if state == AppState.RUNNING else []
+    meshes, first = [], 0
+    for part in m.group(1).split(","):
+        name, n = part.split(":")
+        share = hosts[first : first + int(n)]
+        meshes.append(MeshSpec(name=name, num_hosts=int(n), hostnames=share, state=state))
+        first += int(n)
+    return meshes
+
+
 def _meshes(lines: list[list[str]]) -> list[MeshSpec]:
-    """One mesh per job name, in component order (a plain job: one line, one mesh)."""
+    """The meshes a ``SlurmJob`` recorded (one line), else one mesh per job name, in
+    component order (a plain job: one line, one mesh)."""
+    if len(lines) == 1:
+        recorded = _danaus_meshes(lines[0])
+        if recorded is not None:
+            return recorded
     meshes: dict[str, MeshSpec] = {}
-    for _, slurm_state, nodes, count, name in lines:
+    for _, slurm_state, nodes, count, _, name in lines:
         state = SLURM_STATES.get(slurm_state, AppState.UNKNOWN)
         hosts = _hostnames(nodes) if state == AppState.RUNNING else []
         num = int(count) if count.isdigit() else len(hosts)
@@ -327,7 +354,7 @@ def info(server_handle: str) -> ServerSpec | None:
         meshes=_meshes(lines),
         scheduler=SCHEDULER,
         namespace=namespace,
-        metadata={"slurm/job_name": leader[4]},
+        metadata={"slurm/job_name": leader[5]},
     )
 
 

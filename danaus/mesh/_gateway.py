@@ -61,6 +61,8 @@ log = logging.getLogger("danaus.gateway")
 
 #: The gateway's actor key in a host agent's runtime.
 GATEWAY = "__gateway__"
+#: the agent this process is attached through (``attach``), once it is
+_attached: str | None = None
 
 
 class _Reservation:
@@ -260,7 +262,7 @@ class _Route:
             to_there = cast("Port[Message]", joined)
             await self._relay(there, to_there, inbox)
             here.setblocking(False)
-            await self.rt.accept_socket(here)
+            await self.rt.accept_socket(here, tag_as_tcp=self.rt.addr.startswith("tcp://"))
         except Exception as e:  # that peer's connection only: the others go on
             here.close()
             there.close()
@@ -283,20 +285,31 @@ def attach(addr: str, *, key_file: str | None = None) -> None:
     of others its host can reach); ``this_host()`` is still this machine. The key is as
     for ``attach_to_hosts``: ``key_file``, ``DANAUS_AUTH_KEY``, else this user's default.
 
+    Attaching again through the same agent does nothing (a job's ``state()`` may ask).
+
     Raises:
-        RuntimeError: danaus already runs in this process (call ``attach`` first).
+        RuntimeError: danaus already runs in this process (call ``attach`` first), or
+            it is attached through another agent.
         ValueError: ``addr`` is not a host agent's address.
         ConnectionError: no host agent answers at ``addr`` (within ``attach_timeout``),
             or it refuses the key.
     """
     from ._host_agent import agent_address, read_key_file, use_key, user_key
 
+    global _attached
+    agent = agent_address(addr)
+    if _attached is not None:
+        if _attached == agent:
+            return  # attached there already (a job's state() asks again)
+        raise RuntimeError(
+            f"attach({addr!r}): this process is attached through {_attached} already; "
+            "detaching is not possible: attach elsewhere from a new process"
+        )
     if any(not rt.closed for rt in all_runtimes()):
         raise RuntimeError(
             "danaus already runs in this process; call attach(addr) before anything else "
-            "of danaus (the first context(), this_host(), this_proc(), spawn or call)"
+            "of danaus (the first spawn, call or other message)"
         )
-    agent = agent_address(addr)
     if key_file is not None:
         use_key(read_key_file(key_file))
     elif not config.auth_key:
@@ -319,6 +332,7 @@ def attach(addr: str, *, key_file: str | None = None) -> None:
         rt.spawn_task(route.accepting(receiver))
 
     run_on(rt, install)
+    _attached = agent
 
 
 async def _reserve(agent: str) -> tuple[str, str]:

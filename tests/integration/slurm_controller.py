@@ -25,18 +25,35 @@ def main() -> None:
     parser.add_argument("--cached", default=None)
     parser.add_argument("--wait", action="store_true")
     parser.add_argument("--kill", action="store_true")
+    parser.add_argument("--out-of-cluster", action="store_true")
     ns = parser.parse_args()
     job = SlurmJob(
-        meshes={"hosts": 2},
+        meshes={"hosts": 1},
+        out_of_cluster=ns.out_of_cluster,
         exclusive=False,
         log_dir=ns.log_dir,
         job_start_timeout=30,
         idle_timeout=60,
         env={"PYTHONPATH": os.getcwd()},
     )
+    job.add_mesh("others", 1)  # (Monarch's add_mesh: the same two nodes as {"hosts": 2})
     state = job.state(cached_path=ns.cached)
-    procs = state.hosts.spawn_procs(per_host={"procs": 1})
-    where = procs.spawn("node", Node).where.call().get(timeout=30).values()
+    hosts = state.hosts
+    others = state.others
+    where = []
+    for mesh in (hosts, others):
+        procs = mesh.spawn_procs(per_host={"procs": 1})
+        where += procs.spawn("node", Node).where.call().get(timeout=30).values()
+    gateway = {}
+    if ns.out_of_cluster:
+        from danaus.actors._api import current_runtime
+        from danaus.mesh import Shape
+        from danaus.mesh._api import mesh_ref
+        from danaus.mesh._gateway import GATEWAY, Gateway
+
+        first = job.agents[0][0]
+        counts = mesh_ref(GATEWAY, Gateway, Shape.from_sizes({}), {0: first}).counts
+        gateway = {"counts": counts.call_one().get(timeout=30), "addr": current_runtime().addr}
     print(
         json.dumps(
             {
@@ -44,6 +61,8 @@ def main() -> None:
                 "agents": [pid for _, _, pid, _ in job.agents],
                 "nodes": [w["node"] for w in where],
                 "procs": [w["pid"] for w in where],
+                "agent_addrs": [a for a, _, _, _ in job.agents],
+                "gateway": gateway,
             }
         ),
         flush=True,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
 import subprocess
 import sys
 import textwrap
@@ -58,10 +59,14 @@ CONTROLLER = textwrap.dedent(
     key = "unix:" + agent[len("ipc://"):] if agent.startswith("ipc://") else agent
     stats = mesh_ref(GATEWAY, Gateway, Shape.from_sizes({}), {0: key}).counts.call_one()
     print("STATS", stats.get(timeout=30), flush=True)
+    # relayed connections to TCP peers tag their frames, as the peers' sockets are TCP
+    relayed = [c for c in rt.conns.values() if c.tag_as_tcp is not None]
+    print("TAGGED", sorted({(c.peer.split(":")[0], c._tag_frames) for c in relayed}), flush=True)
+    attach(agent)  # the same agent again: nothing to do
     try:
-        attach(agent)
+        attach("ipc:///elsewhere")
     except RuntimeError as e:
-        print("AGAIN", e, flush=True)
+        print("ELSEWHERE", e, flush=True)
     for m in (remote, local):
         m.stop().get(timeout=30)
     print("DONE", flush=True)
@@ -119,9 +124,16 @@ class Agent:
         self.proc.stdout.close()
 
 
-@pytest.fixture
-def agent(tmp_path: Path) -> Iterator[Agent]:
-    a = Agent(f"ipc://{tmp_path / 'agent0'}")
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(params=["ipc", "tcp"])
+def agent(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Agent]:
+    where = f"ipc://{tmp_path / 'agent0'}" if request.param == "ipc" else None
+    a = Agent(where or f"tcp://127.0.0.1:{free_port()}")
     try:
         a.wait_line("listening on")
         yield a
@@ -148,7 +160,7 @@ def test_a_controller_reaches_and_is_reached_by_its_job_through_the_gateway(
     stats = eval(lines["STATS"])  # a dict printed by the program
     # the controller dialed the agent's three procs through it, and was dialed through it
     assert stats["dialed"] >= 3 and stats["accepted"] >= 1 and stats["reserved"] == 1
-    assert "call attach(addr) before anything else" in lines["AGAIN"]
+    assert "attached through" in lines["ELSEWHERE"] and "new process" in lines["ELSEWHERE"]
     assert "DONE" in out.stdout
     # the controller is gone: the agent closes its address (and kills its procs)
     assert lines["ADDR"] in agent.wait_line("is gone: closing its address")
@@ -156,13 +168,14 @@ def test_a_controller_reaches_and_is_reached_by_its_job_through_the_gateway(
 
 def test_a_reservation_nobody_claims_closes(agent: Agent) -> None:
     addr = agent.addr
+    key = "unix:" + addr[len("ipc://") :] if addr.startswith("ipc://") else addr
     program = textwrap.dedent(
         f"""
         import asyncio
         from danaus.mesh._gateway import _reserve
         from danaus.mesh._host_agent import use_key, user_key
         use_key(user_key()[0])  # (as attach does)
-        print("RESERVED", asyncio.run(_reserve("unix:{addr[len("ipc://") :]}"))[0], flush=True)
+        print("RESERVED", asyncio.run(_reserve("{key}"))[0], flush=True)
         """
     )
     out = subprocess.run(
@@ -178,11 +191,17 @@ def test_attach_refuses_what_is_no_host_agent(tmp_path: Path) -> None:
     program = textwrap.dedent(
         f"""
         from danaus import attach
+        from danaus.actors._api import current_runtime
         for addr in ("http://nowhere", "ipc://{tmp_path}/nobody"):
             try:
                 attach(addr)
             except Exception as e:
                 print("REFUSED", type(e).__name__, str(e).splitlines()[0], flush=True)
+        current_runtime()  # danaus runs now (as after a first spawn or call): too late
+        try:
+            attach("ipc://{tmp_path}/late")
+        except RuntimeError as e:
+            print("LATE", e, flush=True)
         """
     )
     out = subprocess.run(
@@ -197,3 +216,4 @@ def test_attach_refuses_what_is_no_host_agent(tmp_path: Path) -> None:
     assert len(refused) == 2, out.stdout
     assert "ValueError" in refused[0] and "host agent" in refused[0]
     assert "nobody" in refused[1]
+    assert "call attach(addr) before anything else" in out.stdout

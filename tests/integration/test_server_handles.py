@@ -184,11 +184,14 @@ def test_a_slurm_job_of_danaus_is_found_by_its_handle(slurm: Cluster, tmp_path: 
         spec = info(f"slurm:///{job.job_id}")
         assert isinstance(spec, ServerSpec) and spec.is_running
         assert info(f"slurm:///{name}") == spec
-        # one batch job for both meshes: SLURM knows it as one mesh, named after the job,
-        # whose hosts are in the order danaus's meshes take them
-        [mesh] = spec.meshes
-        assert (mesh.name, mesh.num_hosts) == (name, 2)
-        assert mesh.hostnames == [a.node for a in job.agents] == slurm.nodes
+        # one batch job for both meshes, which it records: each mesh with its nodes, in
+        # the order danaus's meshes take them
+        assert spec.get_mesh_names() == ["trainers", "loaders"]
+        nodes = [a.node for a in job.agents]
+        assert nodes == slurm.nodes
+        for i, mesh in enumerate(spec.meshes):
+            assert (mesh.num_hosts, mesh.hostnames, mesh.state) == (1, [nodes[i]], AppState.RUNNING)
+        assert spec.host0("loaders") == nodes[1]
         assert state.trainers.sizes == {"hosts": 1}
         kill_and_confirm(spec.server_handle, timeout_after_kill=30)
         after = info(spec.server_handle)

@@ -391,3 +391,61 @@ def test_the_job_verbs_drive_a_slurm_job(slurm: Cluster, tmp_path: Any) -> None:
     finally:
         if not ended(job_id):
             subprocess.run(["scancel", job_id], timeout=30, env=slurm.env())
+
+
+@loopback_only
+def test_an_out_of_cluster_controller_reaches_its_job_through_the_first_node(
+    slurm: Cluster, tmp_path: Any
+) -> None:
+    p, info = _controller(slurm, tmp_path, "--out-of-cluster", "--kill")
+    try:
+        assert p.wait(timeout=60) == 0
+        assert info["nodes"] == slurm.nodes  # the meshes {"hosts": 1} and add_mesh's
+        gateway = info["gateway"]
+        first = info["agent_addrs"][0]
+        host = first[len("tcp://") :].rpartition(":")[0]
+        # the controller is known by an address on the first node, where its gateway is
+        assert gateway["addr"].startswith(f"tcp://{host}:")
+        # it dialed both nodes' procs through the first node's agent
+        assert gateway["counts"]["dialed"] >= 2 and gateway["counts"]["reserved"] == 1
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+        for f in (p.stdin, p.stdout):
+            if f is not None:
+                f.close()
+        if not ended(info["job"]):
+            subprocess.run(["scancel", info["job"]], timeout=30, env=slurm.env())
+
+
+def test_share_node_takes_a_share_of_a_node_of_the_partition(slurm: Cluster, tmp_path: Any) -> None:
+    job = new_job(tmp_path)
+    job.share_node(tasks_per_node=2, gpus_per_task=0, partition="debug")
+    script = job.batch_script(str(tmp_path))
+    assert "--exclusive" not in script and "#SBATCH --partition=debug" in script
+    out = subprocess.run(
+        ["sinfo", "-h", "-p", "debug", "-o", "%c|%m"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=slurm.env(),
+    )
+    cpus, mem = out.stdout.split()[0].split("|")
+    assert f"#SBATCH --cpus-per-task={max(1, int(cpus) // 2)}" in script
+    assert f"#SBATCH --mem={max(1, int(mem) // 2)}M" in script
+    with pytest.raises(ValueError, match="not known to sinfo"):
+        job.share_node(tasks_per_node=1, gpus_per_task=0, partition="nosuchpartition")
+
+
+def test_add_mesh_after_apply_is_refused(job: SlurmJob) -> None:
+    job.add_mesh("extra", 1)
+    assert job.nodes == 3
+    with pytest.raises(ValueError, match="positive number of nodes"):
+        job.add_mesh("bad", 0)
+    job._slurm_job_id = "1"
+    try:
+        with pytest.raises(RuntimeError, match="before apply"):
+            job.add_mesh("late", 1)
+    finally:
+        job._slurm_job_id = None
