@@ -53,7 +53,8 @@ class ActorError(DanausError):
         rank: the actor's rank in named coordinates, as text (``{'procs': 1/2}``).
         exc_type: qualified name of the remote exception's type.
         message: ``str()`` of the remote exception.
-        remote_traceback: the formatted remote traceback.
+        remote_traceback: the formatted remote traceback (``exception_formatted``: the
+            same, in Monarch's words).
         exception: the remote exception object (without its traceback), or ``None``
             when it could not travel (not picklable there, or not importable here).
     """
@@ -76,6 +77,15 @@ class ActorError(DanausError):
         self.remote_traceback = remote_traceback
         self.exception = exception
         super().__init__(actor, rank, exc_type, message, remote_traceback)
+
+    @property
+    def exception_formatted(self) -> str:
+        """The remote traceback as Monarch's ``ActorError.exception_formatted`` gives it:
+        its first line says it is where the remote call failed."""
+        return self.remote_traceback.replace(
+            "Traceback (most recent call last):",
+            "Traceback of where the remote call failed (most recent call last):",
+        )
 
     def __str__(self) -> str:
         return (

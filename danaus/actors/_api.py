@@ -61,6 +61,8 @@ from ._loops import (
     runtime_here,
     start_background_runtime,
 )
+from ._ndslice import NDSlice, Selection, set_region_shape
+from ._ndslice import Region as NDRegion
 from ._peers import (
     peer_exit_reason,
     peer_exited,
@@ -153,6 +155,8 @@ __all__ = [
     "Future",
     "Gathered",
     "Handler",
+    "NDRegion",
+    "NDSlice",
     "Point",
     "Port",
     "PortReceiver",
@@ -162,6 +166,7 @@ __all__ = [
     "Region",
     "Result",
     "Runtime",
+    "Selection",
     "SkipOnLoss",
     "Spawn",
     "StackEntry",
@@ -209,6 +214,7 @@ __all__ = [
     "run_task",
     "runtime_here",
     "set_job_key",
+    "set_region_shape",
     "spawn_creators",
     "start_background_runtime",
     "waiting_actor",

@@ -7,6 +7,9 @@ import operator
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from ._ndslice import NDSlice
+from ._ndslice import Region as NDRegion
+
 if TYPE_CHECKING:
     from ._wire import Region
 
@@ -54,6 +57,11 @@ class Extent(Mapping[str, int]):
     def sizes(self) -> list[int]:
         """The size of each dim, outermost first."""
         return list(self._sizes)
+
+    @property
+    def region(self) -> NDRegion:
+        """These dims over ranks ``0 .. nelements - 1``, row-major (Monarch's)."""
+        return NDRegion(self._labels, NDSlice.new_row_major(self._sizes))
 
     @property
     def nelements(self) -> int:

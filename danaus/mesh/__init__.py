@@ -1,6 +1,16 @@
 """Meshes: hosts, procs and actors laid out as named multi-dimensional meshes."""
 
-from ..actors._api import Cast, Failure, Gathered, Stuck, on_every_heartbeat, register_handlers
+from ..actors._api import (
+    Cast,
+    Failure,
+    Gathered,
+    NDSlice,
+    Selection,
+    Stuck,
+    on_every_heartbeat,
+    register_handlers,
+    set_region_shape,
+)
 from ._actor_endpoint import ActorEndpoint
 from ._actor_mesh import ActorMesh
 from ._admin import AdminClient, AdminError, AdminServer, serve_admin
@@ -17,7 +27,6 @@ from ._host_agent import run_worker_loop_forever
 from ._host_mesh import HostMesh, attach_to_hosts, attach_to_workers, hosts_from_config, this_host
 from ._inspect import mesh_stacks, mesh_stats
 from ._metrics import MetricsServer, serve_metrics
-from ._ndslice import NDSlice, Selection
 from ._proc_group import handle_failure
 from ._proc_mesh import ProcMesh, shutdown_context, this_proc
 from ._shape import Shape
@@ -34,6 +43,7 @@ register_handlers(
         **_DEBUG_HANDLERS,
     }
 )
+set_region_shape(Shape.from_region)  # Region.as_shape: a region of a mesh
 on_every_heartbeat(_debug_sweep)  # debuggers that went away let their sessions go on
 
 __all__ = [

@@ -240,6 +240,12 @@ class ProcGroup:
         """Every global rank of the mesh."""
         return [h.rank for h in self.handles]
 
+    def agent_of(self, rank: int) -> str | None:
+        """The address of the host agent that started ``rank``'s proc; None for a proc
+        this process started itself."""
+        h = self.handles[rank]
+        return h.agent if isinstance(h, RemoteProcHandle) else None
+
     def host_addr(self, rank: int) -> str:
         """Where this process reaches the host of ``rank``'s proc: its host agent's
         address, or (a local proc) the proc's own."""

@@ -13,7 +13,7 @@ from collections.abc import Coroutine, Generator, Sequence
 from concurrent.futures import Future as ThreadFuture
 from contextlib import AbstractContextManager
 from types import EllipsisType, TracebackType
-from typing import Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from ..actors._api import (
     Actor,
@@ -41,6 +41,9 @@ from ._shaped import Shaped
 from ._supervision import current_owner, resolved
 from ._tensor_engine_hook import tensor_engine
 from ._value_mesh import ValueMesh
+
+if TYPE_CHECKING:
+    from ._host_mesh import HostMesh
 
 __all__ = [
     "ProcMesh",
@@ -126,6 +129,40 @@ class ProcMesh(Shaped):
         """The state this mesh shares with the rest of its mesh (its procs, failures and
         actor meshes), for the layers above."""
         return self._group
+
+    @property
+    def host_mesh(self) -> HostMesh:
+        """The host of this proc mesh's one proc, as a host mesh of no dims (Monarch's
+        ``ProcMesh.host_mesh``, for a proc mesh of one proc): this host for a local proc
+        (``this_host()``), else its host agent's, where ``spawn_procs`` starts more procs.
+
+        Raises:
+            NotImplementedError: the mesh has more than one proc (as Monarch's).
+        """
+        from ._host_agent import HostAgent, agent_ref
+        from ._host_mesh import HostMesh, this_host
+
+        if len(self._shape) != 1:
+            raise NotImplementedError(
+                f"ProcMesh.host_mesh is for a proc mesh of one proc; this one has "
+                f"{len(self._shape)} (slice it first: procs.slice(...))"
+            )
+        (rank,) = self._shape.global_ranks()
+        agent = self._group.agent_of(rank)
+        if agent is None:
+            return this_host()
+        agents: ActorMesh[HostAgent] = agent_ref(agent)
+        return HostMesh(Shape.from_sizes({}), f"host of {self.name}", agents)
+
+    def rank_tensor(self, dim: str | Sequence[str]) -> object:
+        """A tensor of the tensor engine whose shard on each proc is its rank along
+        ``dim`` (row-major over several dims), as Monarch's ``rank_tensor``."""
+        names = (dim,) if isinstance(dim, str) else tuple(dim)
+        return tensor_engine().rank_tensor(self, names)
+
+    def rank_tensors(self) -> dict[str, object]:
+        """:meth:`rank_tensor` of each dim, by name."""
+        return {d: self.rank_tensor(d) for d in self._shape.labels}
 
     def process_group(self, dims: str | Sequence[str]) -> object:
         """The process group of ``dims`` of these procs, for ``@remote`` functions of the

@@ -7,9 +7,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from itertools import pairwise
 from typing import NoReturn, SupportsIndex, TypeAlias
 
-from danaus.actors._api import Extent, Point
+from danaus.actors._api import Extent, NDRegion, NDSlice, Point
 
-from ._ndslice import NDSlice
 from ._split import row_major as _row_major
 from ._split import split_dim, split_monarch
 
@@ -142,6 +141,16 @@ class Shape:
     def ndslice(self) -> NDSlice:
         """The ranks of this shape without the dim names (Monarch's ``shape.ndslice``)."""
         return NDSlice(offset=self._offset, sizes=self._sizes, strides=self._strides)
+
+    @property
+    def region(self) -> NDRegion:
+        """The labels over :attr:`ndslice` (Monarch's ``shape.region``)."""
+        return NDRegion(self._labels, self.ndslice)
+
+    @classmethod
+    def from_region(cls, region: NDRegion) -> Shape:
+        """The shape of a :class:`Region` (``region.as_shape()``)."""
+        return cls(region.labels, region.slice())
 
     @property
     def ndim(self) -> int:

@@ -28,6 +28,8 @@ class TensorEngine(NamedTuple):
     rref: Callable[[ActorEndpoint[object], tuple[object, ...], dict[str, object]], object]
     #: ``procs.process_group(dims)``: a ``RemoteProcessGroup`` of those dims
     process_group: Callable[[ProcMesh, tuple[str, ...]], object]
+    #: ``procs.rank_tensor(dims)``: a DTensor of each proc's rank along those dims
+    rank_tensor: Callable[[ProcMesh, tuple[str, ...]], object]
 
 
 _engine: TensorEngine | None = None

@@ -324,8 +324,35 @@ def _activate(procs: ProcMesh) -> contextlib.AbstractContextManager[Any]:
     return activate(procs)
 
 
+def _rank_tensor(procs: ProcMesh, dims: tuple[str, ...]) -> Any:
+    """A DTensor (int64, no dims) whose shard on each proc of ``procs`` is its rank along
+    ``dims``, row-major (Monarch's ``DeviceMesh.rank``)."""
+    unknown = [d for d in dims if d not in procs.sizes]
+    if unknown or not dims:
+        raise ValueError(f"rank_tensor: dims {list(dims)} are not dims of {procs!r}")
+    sizes = dict(procs.sizes)
+    with activate(procs):
+        return _rank_on_worker(dims, sizes)
+
+
+def _rank_of(dims: tuple[str, ...], sizes: dict[str, int]) -> torch.Tensor:
+    from ..actors import current_rank
+
+    point = current_rank()
+    rank = 0
+    for d in dims:
+        rank = rank * sizes[d] + point[d]
+    return torch.tensor(rank, dtype=torch.int64)
+
+
+_rank_on_worker = remote(_rank_of, propagate=lambda dims, sizes: torch.zeros((), dtype=torch.int64))
+
+
 set_tensor_engine(
     TensorEngine(
-        activate=_activate, rref=_rref, process_group=lambda p, d: RemoteProcessGroup(d, p)
+        activate=_activate,
+        rref=_rref,
+        process_group=lambda p, d: RemoteProcessGroup(d, p),
+        rank_tensor=_rank_tensor,
     )
 )

@@ -151,3 +151,23 @@ async def test_configure_reaches_host_agents_at_attach_and_their_procs() -> None
         await state.hosts.stop()
     finally:
         await asyncio.to_thread(job.kill)
+
+
+async def test_a_remote_procs_host_mesh_starts_procs_beside_it() -> None:
+    job = ProcessJob({"hosts": 2})
+    state = await asyncio.to_thread(job.state)
+    try:
+        workers = [p.pid for p in job._workers.values()]
+        async with state.hosts.spawn_procs(per_host={"procs": 1}) as procs:
+            host = procs.slice(hosts=1).host_mesh  # Monarch's: the host of one proc
+            async with host.spawn_procs(per_host={"more": 1}) as more:
+                where = await more.spawn("where", Where)
+                [(_, pid)] = list((await where.where.call()).values())
+                first = await procs.slice(hosts=1).spawn("where1", Where)
+                [(_, beside)] = list((await first.where.call()).values())
+                # both children of the same worker (the second host's agent)
+                parents = {w for w in workers if _descends_from(pid, {w})}
+                assert parents == {w for w in workers if _descends_from(beside, {w})}
+                assert len(parents) == 1 and pid != beside
+    finally:
+        await asyncio.to_thread(job.kill)

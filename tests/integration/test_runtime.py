@@ -104,6 +104,11 @@ async def test_endpoint_error_carries_actor_rank_and_traceback_and_actor_survive
         assert err.rank == "{'procs': 1/2}"
         assert "echo[1]" in err.actor
         assert "raise ValueError(msg)" in err.remote_traceback
+        # Monarch's name for it, with Monarch's first line
+        assert err.exception_formatted.startswith(
+            "Traceback of where the remote call failed (most recent call last):"
+        )
+        assert "raise ValueError(msg)" in err.exception_formatted
         assert "boom" in str(err) and "{'procs': 1/2}" in str(err)
         assert await echo.slice(procs=1).echo.call_one(7) == 7
 

@@ -174,3 +174,26 @@ def test_the_gradient_generator_yields_the_grads_of_dtensors(procs: Any) -> None
     for r in range(2):
         for g, e in zip(got, expected, strict=True):
             torch.testing.assert_close(inspect(g, procs=r), inspect(e, procs=r))
+
+
+def test_rank_tensors_hold_each_procs_rank_along_dims() -> None:
+    with this_host().spawn_procs(per_host={"a": 2, "b": 3}, name="ranks") as p:
+        r = p.rank_tensors()
+        ab = p.rank_tensor(["a", "b"])
+        for a in range(2):
+            for b in range(3):
+                assert inspect(r["a"], a=a, b=b).item() == a
+                assert inspect(r["b"], a=a, b=b).item() == b
+                assert inspect(ab, a=a, b=b).item() == a * 3 + b
+        with pytest.raises(ValueError, match="not dims of"):
+            p.rank_tensor("c")
+
+
+def test_a_one_proc_meshs_host_mesh_spawns_on_its_host() -> None:
+    with this_host().spawn_procs(per_host={"procs": 2}, name="hm") as p:
+        host = p.slice(procs=1).host_mesh
+        assert host.sizes == {}
+        more = host.spawn_procs(per_host={"more": 1}, name="hm_more")
+        more.stop().get(timeout=30)
+        with pytest.raises(NotImplementedError, match="one proc"):
+            _ = p.host_mesh

@@ -103,3 +103,19 @@ def test_selections_compare_print_and_pickle() -> None:
         Selection.from_string(b"*")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="NDSlice or a Shape"):
         a.eval([0, 1])
+
+
+def test_an_extent_and_a_shape_have_their_region() -> None:
+    from danaus import Extent
+
+    region = Extent(["hosts", "gpus"], [2, 3]).region
+    assert region.labels == ["hosts", "gpus"]
+    assert region.slice() == NDSlice.new_row_major([2, 3])
+    assert region.point_of_base_rank(4) == {"hosts": 1, "gpus": 1}
+    assert region.as_shape() == Shape.from_sizes({"hosts": 2, "gpus": 3})
+    sliced = Shape.from_sizes({"hosts": 2, "gpus": 3}).slice(gpus=slice(1, 3))
+    assert sliced.region.slice() == NDSlice(offset=1, sizes=[2, 2], strides=[3, 1])
+    assert sliced.region.as_shape() == sliced
+    assert pickle.loads(pickle.dumps(region)) == region
+    with pytest.raises(ValueError, match="rank 9 is not in"):
+        region.point_of_base_rank(9)

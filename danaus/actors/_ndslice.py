@@ -1,5 +1,6 @@
 """Monarch's ndslice in Python: :class:`NDSlice`, a strided set of flat ranks with no dim
-names, and :class:`Selection`, an expression that picks ranks out of one.
+names, :class:`Region`, one with names (what an ``Extent`` or a mesh covers), and
+:class:`Selection`, an expression that picks ranks out of one.
 
 A :class:`~danaus.Shape` is an ``NDSlice`` with a name per dim (``shape.ndslice``), and
 ``Shape(labels, ndslice)`` builds one as Monarch's does.
@@ -25,11 +26,11 @@ import itertools
 import operator
 import random
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias, overload
 
-__all__ = ["NDSlice", "Selection"]
+__all__ = ["NDSlice", "Region", "Selection", "set_region_shape"]
 
 _Slice: TypeAlias = "slice[int | None, int | None, int | None]"
 
@@ -200,6 +201,63 @@ class NDSlice:
 
 def _make(offset: int, sizes: tuple[int, ...], strides: tuple[int, ...]) -> NDSlice:
     return NDSlice(offset=offset, sizes=sizes, strides=strides)
+
+
+#: ``Region.as_shape``: set by the mesh layer (a ``Shape`` is a region of a mesh)
+shape_of_region: Callable[[Region], object] | None = None
+
+
+def set_region_shape(make: Callable[[Region], object]) -> None:
+    """How ``Region.as_shape`` makes a shape (the mesh layer says, at import)."""
+    global shape_of_region
+    shape_of_region = make
+
+
+class Region:
+    """Named dims over an :class:`NDSlice` of a possibly larger rank space (Monarch's
+    ``Region``): what ``extent.region`` and a mesh's ``region`` cover."""
+
+    __slots__ = ("_labels", "_slice")
+
+    def __init__(self, labels: Sequence[str], slice: NDSlice) -> None:
+        labels_t = tuple(labels)
+        if len(labels_t) != slice.ndim:
+            raise ValueError(f"{len(labels_t)} labels {list(labels_t)} for {slice!r}")
+        if len(set(labels_t)) != len(labels_t):
+            raise ValueError(f"dim names must be unique, got {list(labels_t)}")
+        self._labels, self._slice = labels_t, slice
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self._labels)
+
+    def slice(self) -> NDSlice:
+        return self._slice
+
+    def point_of_base_rank(self, rank: int) -> dict[str, int]:
+        """The coordinates, by dim name, of the base rank ``rank`` (``ValueError`` when
+        the region does not hold it)."""
+        return dict(zip(self._labels, self._slice.coordinates(rank), strict=True))
+
+    def as_shape(self) -> object:
+        """This region as a ``danaus.Shape``."""
+        if shape_of_region is None:
+            raise RuntimeError("Region.as_shape needs danaus.mesh (import danaus)")
+        return shape_of_region(self)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Region):
+            return NotImplemented
+        return (self._labels, self._slice) == (other._labels, other._slice)
+
+    def __hash__(self) -> int:
+        return hash((self._labels, self._slice))
+
+    def __repr__(self) -> str:
+        return f"Region({list(self._labels)}, {self._slice!r})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Region, (self._labels, self._slice))
 
 
 def _coords_of(s: NDSlice, value: int) -> list[int]:
