@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import (
+    bench_attach,
     bench_hops,
     bench_inference,
     bench_mesh,
@@ -28,6 +29,8 @@ def main() -> None:
     bench_stats.main()
     print("\n== the cost of OpenTelemetry tracing: on vs off ==")
     bench_telemetry.main()
+    print("\n== attach: a controller behind one host agent's gateway ==")
+    bench_attach.main()
     print("\n== TCP frame tags ==")
     bench_wire.main()
     print("\n== meshes ==")

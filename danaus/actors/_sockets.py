@@ -11,7 +11,10 @@ runtime owns the connections.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
+import os
 import socket
 from collections.abc import Callable
 from typing import Protocol
@@ -42,6 +45,24 @@ log = logging.getLogger("danaus.runtime")
 conn_log = logging.getLogger("danaus.connection")
 
 
+def _bind_path(sock: socket.socket, path: str) -> None:
+    """Bind a socket file that appears only once it listens: bound and listening under a
+    name of its own, then renamed into place. A peer that waits for the file to appear
+    (a job's worker, found by its socket file) and dials in the moment between
+    ``bind`` and ``listen`` would be refused, and a refused dial means the owner is gone."""
+    if os.path.exists(path):
+        raise OSError(errno.EADDRINUSE, f"{path} exists: another socket is bound there")
+    tmp = f"{path}.{os.getpid()}.binding"
+    sock.bind(tmp)
+    try:
+        sock.listen(512)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def bind(addr: str) -> socket.socket:
     """Bind now, so peers can dial before the server task first runs."""
     family, where = parse_addr(addr)
@@ -51,8 +72,11 @@ def bind(addr: str) -> socket.socket:
         sock = socket.socket(socket.AF_INET6 if ":" in where[0] else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind(where)
-        sock.listen(512)
+        if isinstance(where, str) and not where.startswith("\0"):
+            _bind_path(sock, where)
+        else:
+            sock.bind(where)
+            sock.listen(512)
     except BaseException:
         sock.close()  # e.g. the address is taken: no socket left for the GC to warn about
         raise

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import socket
 import time
 from typing import cast
@@ -100,7 +101,7 @@ class Gateway(Actor):
         if not self._watching:
             rt.on_lost.append(self._owner_lost)
             self._watching = True
-        token = f"{next(self._ids)}-{time.monotonic_ns()}"
+        token = secrets.token_hex(16)  # only the controller that reserved it claims it
         holder: list[_Reservation] = []
 
         async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -325,7 +326,10 @@ def attach(addr: str, *, key_file: str | None = None) -> None:
     gateway = _gateway_ref(agent)
     route = _Route(rt, agent, gateway)
     numbers, receiver = _open_channel(rt)
-    gateway.claim.call_one(reserved, token, numbers).get(timeout=config.attach_timeout)
+    try:
+        gateway.claim.call_one(reserved, token, numbers).get(timeout=config.attach_timeout)
+    except Exception as e:
+        raise ConnectionError(f"attach({addr!r}): the gateway's address was not ours: {e}") from e
 
     def install() -> None:
         rt.via = route

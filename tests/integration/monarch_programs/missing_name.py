@@ -1,1 +1,1 @@
-from monarch.actor import Actor, debug_controller  # noqa: F401 - danaus has no debugger
+from monarch import Simulator  # noqa: F401 - danaus leaves Monarch's simulator out
