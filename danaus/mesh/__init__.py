@@ -17,8 +17,7 @@ from ._admin import AdminClient, AdminError, AdminServer, serve_admin
 from ._bootstrap_cmd import BootstrapCommand, default_bootstrap_cmd
 from ._cast import handle_cast, handle_gathered
 from ._controllers import get_or_spawn_controller
-from ._debug import debug_sessions
-from ._debug_controller import debug_controller
+from ._debug import debug_controller, debug_sessions
 from ._debug_relay import HANDLERS as _DEBUG_HANDLERS
 from ._debug_relay import sweep as _debug_sweep
 from ._endpoint_ops import Accumulator, as_endpoint, send

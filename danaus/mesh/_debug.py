@@ -12,6 +12,10 @@ Whoever types into a session holds it while it keeps polling; a holder silent fo
 :data:`HOLD` seconds (its terminal closed, its process killed) lets go, and the sessions it
 held continue, as pdb's ``continue``, rather than wait for a person who is gone.
 Sessions nobody has touched yet wait to be attached (a person may take a while to come).
+
+Programs and notebooks can ask too, Monarch's way: ``debug_controller()`` is a singleton
+actor in the controller (``get_or_spawn_controller``) that lists the sessions and waits
+for one (``list``, ``wait_pending_session``).
 """
 
 from __future__ import annotations
@@ -20,23 +24,35 @@ import asyncio
 import collections
 import dataclasses
 import enum
+import functools
 import logging
 import threading
 import time
 from typing import TypedDict
 
 from ..actors._api import (
+    Actor,
     Connection,
     DebugDetach,
     DebugInput,
     DebugOpen,
     DebugOutput,
     Runtime,
+    endpoint,
     run_on,
 )
 from ._admin import admin_op
 
-__all__ = ["HOLD", "DebugRegistry", "DebugSession", "debug_sessions", "registry", "unexcuse"]
+__all__ = [
+    "HOLD",
+    "DebugController",
+    "DebugRegistry",
+    "DebugSession",
+    "debug_controller",
+    "debug_sessions",
+    "registry",
+    "unexcuse",
+]
 
 log = logging.getLogger("danaus.debug")
 
@@ -377,3 +393,53 @@ async def _continue(ids: list[int] | None = None) -> dict[str, object]:
 async def _release(client: str) -> dict[str, object]:
     registry.release(str(client))
     return {}
+
+
+# ---------------------------------------------------------------- Monarch's debug controller
+
+
+class DebugController(Actor):
+    """The controller's view of the actors paused in pdb (Monarch's ``DebugController``)."""
+
+    @endpoint
+    async def list(self, print_output: bool = True) -> list[DebugRecord]:
+        """One record per open session (id, mesh, rank, actor, where, state, ...); with
+        ``print_output``, also printed as a table, as Monarch's does."""
+        records = [s.record() for s in registry.sessions()]
+        if print_output:
+            print(_table(records), flush=True)
+        return records
+
+    @endpoint
+    async def wait_pending_session(self, timeout: float = 300.0) -> None:  # noqa: ASYNC109 - the caller's bound, sent with the call
+        """Return once an actor is paused in pdb; ``TimeoutError`` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        cursor = -1
+        while not registry.sessions():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no actor stopped in pdb within {timeout} s")
+            cursor, _, _ = await registry.read(cursor, wait=min(left, 1.0))
+
+
+def _table(records: list[DebugRecord]) -> str:
+    if not records:
+        return "no actor is paused in pdb"
+    rows = [("id", "mesh", "rank", "actor", "where", "state")]
+    rows += [
+        (str(r["id"]), r["mesh"], str(r["rank"]), r["actor"], r["where"], r["state"])
+        for r in records
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows
+    )
+
+
+@functools.cache
+def debug_controller() -> DebugController:
+    """The debug controller (Monarch's ``monarch.actor.debug_controller``): the same
+    singleton actor mesh on every call, from the controller or any actor of its procs."""
+    from ._controllers import get_or_spawn_controller  # (it imports the layer's meshes)
+
+    return get_or_spawn_controller("debug_controller", DebugController).get()
