@@ -31,8 +31,9 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> bool:
-    """Serve until told to stop (True: a graceful stop) or the spawner goes (False)."""
+async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> bool | None:
+    """Serve until told to stop (True: a graceful stop) or the spawner goes (False);
+    None: the spawner could not be reached at all (nobody would ever use this proc)."""
     import socket
 
     from ._loops import install_runtime
@@ -48,7 +49,14 @@ async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> bo
     from . import _debug
 
     _debug.install(rt, parent)  # breakpoint() opens a session at the spawner
-    rt.connection(parent)  # dialing the spawner tells it we are up
+    to_parent = rt.connection(parent)  # dialing the spawner tells it we are up
+    unreachable: asyncio.Future[BaseException | None] = loop.create_future()
+
+    def on_lost(peer: str) -> None:
+        if peer == parent and not to_parent.was_open and not unreachable.done():
+            unreachable.set_result(to_parent.close_reason)
+
+    rt.on_lost.append(on_lost)
     stdin_closed = loop.create_future()
 
     def on_stdin() -> None:
@@ -70,8 +78,16 @@ async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> bo
     # SIGINT (a Ctrl-C reaching the proc's process group) stops it like SIGTERM, so that a
     # KeyboardInterrupt that escapes the loop can only come from an endpoint's own code.
     loop.add_signal_handler(signal.SIGINT, on_sigterm)
-    await asyncio.wait([rt.stop_requested, stdin_closed], return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait(
+        [rt.stop_requested, stdin_closed, unreachable], return_when=asyncio.FIRST_COMPLETED
+    )
     await rt.aclose()
+    if unreachable.done() and not rt.stop_requested.done():
+        # its spawner waits for this dial (within proc_start_timeout): say why, and go now
+        sys.stderr.write(
+            f"danaus proc {addr}: could not reach its spawner at {parent}: {unreachable.result()}\n"
+        )
+        return None
     return rt.stop_requested.done()
 
 
@@ -142,12 +158,17 @@ def run(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> NoRet
                 # task's done callback runs when the loop resumes), not the proc: its
                 # other actors go on serving. The runtime stops a proc through main_task.
                 continue
-        if not main_task.cancelled() and main_task.exception() is None and main_task.result():
+        outcome = (
+            main_task.result()
+            if not main_task.cancelled() and main_task.exception() is None
+            else False
+        )
+        if outcome:
             _finalize()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-    os._exit(0)
+    os._exit(1 if outcome is None else 0)
 
 
 def _finalize() -> None:

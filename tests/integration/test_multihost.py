@@ -442,3 +442,24 @@ async def test_a_new_agent_at_a_lost_agents_address_is_reached(
             async with attach_to_hosts([again]).spawn_procs(per_host={"procs": 1}) as procs:
                 echo = procs.spawn("echo", Echo)
                 assert (await asyncio.wait_for(echo.whoami.call(), 30)).values()
+
+
+async def test_procs_that_cannot_reach_their_agent_exit_saying_why(
+    tmp_path: Any, failures: Failures
+) -> None:
+    """A proc whose spawner cannot be dialed (its host agent's socket file removed) exits
+    once dialing gives up (``connect_timeout``, 2 s here), saying so, and the spawn fails
+    then, instead of when the agent's ``proc_start_timeout`` (60 s) kills the proc."""
+    sock = f"{tmp_path}/agent.sock"
+    env = dict(os.environ, DANAUS_AUTH_KEY=KEY, PYTHONPATH=os.getcwd(), DANAUS_CONNECT_TIMEOUT="2")
+    with controller_key(KEY):
+        with host_agents([f"unix:{sock}"], [env]) as [(addr, _)]:
+            hosts = attach_to_hosts([addr])
+            await hosts.initialized
+            os.unlink(sock)  # the agent's procs dial it there: nobody can any more
+            procs = hosts.spawn_procs(per_host={"procs": 1})
+            echo = procs.spawn("echo", Echo)
+            with pytest.raises(SupervisionError, match="exited with code 1") as info:
+                await asyncio.wait_for(echo.whoami.call(), 30)  # (well under 60 s)
+            assert "never started" in str(info.value)
+            await failures.first(30)  # (reported as unhandled, which is expected here)
