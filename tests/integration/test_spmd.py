@@ -98,15 +98,22 @@ def test_elastic_env_of_a_point() -> None:
     assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == ("8", "4", "2")
 
 
-def _train(tmp: Path, how: list[str], *extra: str) -> dict[str, object]:
+def _train(tmp: Path, how: list[str], *extra: str, reference: bool = False) -> dict[str, object]:
+    """Run the training script as ``how`` says; its result. ``reference``: the run is the
+    floor (torchrun), run again once if torch's own teardown aborted a rank after the
+    result was written ("terminate called without an active exception", seen rarely
+    from gloo under torchrun): that is torch's flake, not what the test checks."""
     out = tmp / f"out{len(list(tmp.iterdir()))}.json"
-    r = subprocess.run(
-        [*how, SCRIPT, "--out", str(out), *extra],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_env(),
-    )
+    for _ in range(2 if reference else 1):
+        r = subprocess.run(
+            [*how, SCRIPT, "--out", str(out), *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=_env(),
+        )
+        if r.returncode == 0 or "terminate called without an active exception" not in r.stderr:
+            break
     assert r.returncode == 0, r.stderr[-3000:]
     return dict(json.loads(out.read_text()))
 
@@ -123,7 +130,7 @@ def test_ddp_under_danaus_run_equals_torchrun_and_one_process(tmp_path: Path) ->
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     one = _train(tmp_path, [sys.executable])
     ours = _train(tmp_path, [sys.executable, "-m", "danaus", "run", "--nproc-per-node", "2"])
-    theirs = _train(tmp_path, [torchrun, "--nproc-per-node", "2"])
+    theirs = _train(tmp_path, [torchrun, "--nproc-per-node", "2"], reference=True)
     assert (one["world"], ours["world"], theirs["world"]) == (1, 2, 2)
     assert _max_diff(ours, theirs) < 1e-5
     assert _max_diff(ours, one) < 1e-5
