@@ -151,11 +151,13 @@ def measure_model(
     loss_fn: LossFn,
     optimizer: OptimizerFactory,
     sizes: list[int],
-    repeats: int = 3,
+    repeats: int = 5,
 ) -> ModelCost:
     """Time and size each part of ``model`` on microbatches of each of ``sizes`` samples
     cut from ``sample``. Blocks run one at a time on detached inputs, so each one's
-    backward is timed apart from the others'."""
+    backward is timed apart from the others'. Each time is the median of ``repeats``
+    passes after a warm-up one (with 3, a block on a busy 2-core machine once came out
+    17% off in a full test run, enough to choose a worse split)."""
     dev = device()
     model = model.to(dev).train()
     inputs, target = split_batch(sample)

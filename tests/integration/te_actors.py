@@ -28,8 +28,9 @@ class LinearActor(Actor):
     """Monarch's getting-started rref pattern: an actor making its own DTensor shards."""
 
     def __init__(self) -> None:
-        torch.manual_seed(7)
-        self.w = torch.rand(3, 3)
+        # A generator of its own: the proc's default one is also the tensor engine
+        # worker's (seeded as it starts, and per random op), on another thread
+        self.w = torch.rand(3, 3, generator=torch.Generator().manual_seed(7))
         self.calls = 0
 
     @endpoint(propagate=lambda x: x)
