@@ -59,6 +59,7 @@ from ._loops import (
     run_on,
     run_task,
     runtime_here,
+    runtime_started,
     start_background_runtime,
 )
 from ._ndslice import NDSlice, Selection, set_region_shape
@@ -213,6 +214,7 @@ __all__ = [
     "run_proc",
     "run_task",
     "runtime_here",
+    "runtime_started",
     "set_job_key",
     "set_region_shape",
     "spawn_creators",

@@ -221,6 +221,11 @@ def all_runtimes() -> list[Runtime]:
         return list(_runtimes.values())
 
 
+def runtime_started() -> bool:
+    """Whether a runtime of this process listens (danaus has begun here)."""
+    return any(not rt.closed for rt in all_runtimes())
+
+
 def enable_transport(transport: object) -> None:
     """Choose how this process and the procs it starts here listen (Monarch's
     ``enable_transport``): a ``ChannelTransport``, Monarch's short names (``"tcp"``,
@@ -237,7 +242,7 @@ def enable_transport(transport: object) -> None:
     from ..config import configure, transport_text
 
     text = transport_text(transport)
-    if any(not rt.closed for rt in all_runtimes()):
+    if runtime_started():
         if text == config.transport:
             return
         raise RuntimeError(

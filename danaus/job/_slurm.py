@@ -197,11 +197,9 @@ class SlurmJob(JobTrait):
                 f"{out.stderr.strip() or 'no nodes'}"
             )
         cpus, mem_mb, gres = lines[0].split("|", 2)
-        gpus = sum(
-            int(part.split(":")[-1].split("(")[0])
-            for part in gres.split(",")
-            if part.startswith("gpu") and part.split(":")[-1].split("(")[0].isdigit()
-        )
+        # gres like "gpu:8" or "gpu:a100:8(S:0-1)": the count is the last field
+        counts = [p.split(":")[-1].split("(")[0] for p in gres.split(",") if p.startswith("gpu")]
+        gpus = sum(int(c) for c in counts if c.isdigit())
         share = gpus_per_task / gpus if gpus and gpus_per_task else 1 / tasks_per_node
         self._exclusive = False
         self._partition = partition

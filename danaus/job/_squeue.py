@@ -30,15 +30,17 @@ COMMAND_TIMEOUT = 60.0
 
 
 def slurm_command(
-    args: Sequence[str], input: str | None = None
+    args: Sequence[str], input: str | None = None, *, who: str = "SlurmJob needs"
 ) -> subprocess.CompletedProcess[str]:
+    """Run a SLURM client command, bounded by ``COMMAND_TIMEOUT``; a missing one is a
+    ``RuntimeError`` saying what needs it (``who``)."""
     try:
         return subprocess.run(
             list(args), input=input, capture_output=True, text=True, timeout=COMMAND_TIMEOUT
         )
     except FileNotFoundError:
         raise RuntimeError(
-            f"{args[0]} is not installed here: SlurmJob needs SLURM's client commands"
+            f"{args[0]} is not installed here: {who} SLURM's client commands"
         ) from None
 
 

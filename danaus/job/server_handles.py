@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..mesh._api import expand_hostlist
-from ._squeue import COMMAND_TIMEOUT
+from ._squeue import COMMAND_TIMEOUT, slurm_command
 
 __all__ = [
     "TIMEOUT_AFTER_KILL",
@@ -217,12 +217,7 @@ class ServerSpec:
 def _squeue_command(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
     """Run a SLURM client command with a bound; errors name the command."""
     try:
-        return subprocess.run(list(args), capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
-    except FileNotFoundError:
-        raise RuntimeError(
-            f"{args[0]} is not installed here: danaus's slurm:/// server handles need "
-            "SLURM's client commands (squeue, scancel)"
-        ) from None
+        return slurm_command(args, who="danaus's slurm:/// server handles need")
     except subprocess.TimeoutExpired:
         raise TimeoutError(f"{' '.join(args)} did not answer within {COMMAND_TIMEOUT} s") from None
 

@@ -34,7 +34,6 @@ import itertools
 import logging
 import secrets
 import socket
-import time
 from typing import cast
 
 from ..actors._api import (
@@ -43,11 +42,11 @@ from ..actors._api import (
     Port,
     PortReceiver,
     Runtime,
-    all_runtimes,
     current_runtime,
     endpoint,
     parse_addr,
     run_on,
+    runtime_started,
     start_background_runtime,
 )
 from ..config import config
@@ -76,7 +75,6 @@ class _Reservation:
         self.notify: Port[int] | None = None  # the owner's, once claimed
         self.relays = Relays()
         self.waiting: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
-        self.made = time.monotonic()
 
 
 class Gateway(Actor):
@@ -295,7 +293,7 @@ def attach(addr: str, *, key_file: str | None = None) -> None:
         ConnectionError: no host agent answers at ``addr`` (within ``attach_timeout``),
             or it refuses the key.
     """
-    from ._host_agent import agent_address, read_key_file, use_key, user_key
+    from ._host_agent import agent_address, use_agents_key
 
     global _attached
     agent = agent_address(addr)
@@ -306,15 +304,12 @@ def attach(addr: str, *, key_file: str | None = None) -> None:
             f"attach({addr!r}): this process is attached through {_attached} already; "
             "detaching is not possible: attach elsewhere from a new process"
         )
-    if any(not rt.closed for rt in all_runtimes()):
+    if runtime_started():
         raise RuntimeError(
             "danaus already runs in this process; call attach(addr) before anything else "
             "of danaus (the first spawn, call or other message)"
         )
-    if key_file is not None:
-        use_key(read_key_file(key_file))
-    elif not config.auth_key:
-        use_key(user_key()[0])
+    use_agents_key([agent], key_file)
     try:
         reserved, token = asyncio.run(_reserve(agent))
     except Exception as e:

@@ -364,6 +364,15 @@ def use_key(key: bytes, agents: Sequence[str] = ()) -> None:
         peer_keys[addr] = key
 
 
+def use_agents_key(agents: Sequence[str], key_file: str | None) -> None:
+    """The key to authenticate to these host agents with (:func:`use_key`): the one in
+    ``key_file``, else ``DANAUS_AUTH_KEY`` (nothing to do), else this user's default."""
+    if key_file is not None:
+        use_key(read_key_file(key_file), agents)
+    elif not config.auth_key:
+        use_key(user_key()[0], agents)
+
+
 def agent_address(addr: str) -> str:
     """A host agent's address as danaus writes it: ``tcp://ADDR:PORT``, or a Unix socket
     for agents on this machine (``unix:/path``; Monarch's ``ipc:///path`` is the same).

@@ -393,15 +393,12 @@ def attach_to_hosts(
         PermissionError: no key given, and the default key's file or folder is not
             private to this user.
     """
-    from ._host_agent import agent_addrs, read_key_file, use_key, user_key
+    from ._host_agent import agent_addrs, use_agents_key
 
     addrs = agent_addrs(addrs)
     if not addrs:
         raise ValueError("attach_to_hosts needs at least one host agent address")
-    if key_file is not None:
-        use_key(read_key_file(key_file), addrs)
-    elif not config.auth_key:
-        use_key(user_key()[0], addrs)
+    use_agents_key(addrs, key_file)
     shape = Shape.from_sizes({"hosts": len(addrs)})
     rt = current_runtime()
     for addr in addrs:  # an agent there now, whatever was lost at that address before

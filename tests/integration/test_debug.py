@@ -80,11 +80,11 @@ class Job:
             assert time.monotonic() < deadline, f"{len(found)} of {n} paused: {found}"
             cursor = self.admin.call("debug.read", cursor=cursor, wait=1.0)["cursor"]
 
-    def debugger(self) -> pexpect.spawn:
-        """``danaus debug`` in a terminal, at its prompt."""
+    def debugger(self, *argv: str) -> pexpect.spawn:
+        """``danaus debug`` (or ``python argv...``) in a terminal, at its prompt."""
         dbg = pexpect.spawn(
             sys.executable,
-            ["-m", "danaus", "debug"],
+            list(argv) or ["-m", "danaus", "debug"],
             env=self.env,
             cwd=str(ROOT),
             encoding="utf-8",
@@ -292,16 +292,7 @@ def test_monarchs_debug_command_reaches_a_controller_by_host_and_port(job: Any) 
         port = s.getsockname()[1]
     j = job("sync_point", DANAUS_ADMIN=f"tcp://127.0.0.1:{port}")
     j.wait_paused(2)
-    dbg = pexpect.spawn(
-        sys.executable,
-        ["-c", f"from danaus.tools.debug import debug; debug('127.0.0.1', {port})"],
-        env=j.env,
-        cwd=str(ROOT),
-        encoding="utf-8",
-        timeout=30,
-    )
-    j.debuggers.append(dbg)
-    dbg.expect(PROMPT)
+    dbg = j.debugger("-c", f"from danaus.tools.debug import debug; debug('127.0.0.1', {port})")
     dbg.sendline("continue")
     dbg.expect(PROMPT)
     assert "continued 2 paused actor(s)" in str(dbg.before)

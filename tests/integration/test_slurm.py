@@ -143,6 +143,21 @@ def test_scancel_fails_calls_with_supervision_error(job: SlurmJob) -> None:
     procs.stop().get(timeout=30)
 
 
+def _end_controllers(slurm: Cluster, job_id: str, *procs: object) -> None:
+    """Kill what is left of these controller programs, close their pipes, and cancel the
+    job if it still runs."""
+    for p in procs:
+        if isinstance(p, subprocess.Popen):
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+            for f in (p.stdin, p.stdout):
+                if f is not None:
+                    f.close()
+    if not ended(job_id):
+        subprocess.run(["scancel", job_id], timeout=30, env=slurm.env())
+
+
 def _controller(
     slurm: Cluster, log_dir: Any, *args: str, wait: bool = False
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
@@ -182,15 +197,7 @@ def test_a_killed_controller_takes_its_job_down(slurm: Cluster, tmp_path: Any) -
         wait_for(lambda: not leftovers(info["agents"], info["procs"]), 15, "nothing left")
         print(f"controller SIGKILL -> procs gone {procs_gone:.2f} s, job ended {job_gone:.2f} s")
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(timeout=30)
-        if p.stdin is not None:
-            p.stdin.close()
-        if p.stdout is not None:
-            p.stdout.close()
-        if not ended(info["job"]):
-            subprocess.run(["scancel", info["job"]], timeout=30, env=slurm.env())
+        _end_controllers(slurm, info["job"], p)
 
 
 @loopback_only
@@ -211,16 +218,7 @@ def test_a_saved_job_serves_the_next_controller(slurm: Cluster, tmp_path: Any) -
         assert set(two["procs"]).isdisjoint(one["procs"])
         wait_for(lambda: ended(one["job"]), 15, "the second controller's kill() ends the job")
     finally:
-        for p in (first, locals().get("second")):
-            if isinstance(p, subprocess.Popen):
-                if p.poll() is None:
-                    p.kill()
-                    p.wait(timeout=30)
-                for f in (p.stdin, p.stdout):
-                    if f is not None:
-                        f.close()
-        if not ended(one["job"]):
-            subprocess.run(["scancel", one["job"]], timeout=30, env=slurm.env())
+        _end_controllers(slurm, one["job"], first, locals().get("second"))
 
 
 @loopback_only
@@ -409,14 +407,7 @@ def test_an_out_of_cluster_controller_reaches_its_job_through_the_first_node(
         # it dialed both nodes' procs through the first node's agent
         assert gateway["counts"]["dialed"] >= 2 and gateway["counts"]["reserved"] == 1
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(timeout=30)
-        for f in (p.stdin, p.stdout):
-            if f is not None:
-                f.close()
-        if not ended(info["job"]):
-            subprocess.run(["scancel", info["job"]], timeout=30, env=slurm.env())
+        _end_controllers(slurm, info["job"], p)
 
 
 def test_share_node_takes_a_share_of_a_node_of_the_partition(slurm: Cluster, tmp_path: Any) -> None:
