@@ -457,9 +457,12 @@ async def test_procs_that_cannot_reach_their_agent_exit_saying_why(
             hosts = attach_to_hosts([addr])
             await hosts.initialized
             os.unlink(sock)  # the agent's procs dial it there: nobody can any more
-            procs = hosts.spawn_procs(per_host={"procs": 1})
-            echo = procs.spawn("echo", Echo)
-            with pytest.raises(SupervisionError, match="exited with code 1") as info:
-                await asyncio.wait_for(echo.whoami.call(), 30)  # (well under 60 s)
-            assert "never started" in str(info.value)
-            await failures.first(30)  # (reported as unhandled, which is expected here)
+            procs = hosts.spawn_procs(per_host={"procs": 1}, name="unreachable")
+            try:
+                echo = procs.spawn("echo", Echo)
+                with pytest.raises(SupervisionError, match="exited with code 1") as info:
+                    await asyncio.wait_for(echo.whoami.call(), 30)  # (well under 60 s)
+                assert "never started" in str(info.value)
+                await failures.first(30)  # (reported as unhandled, which is expected here)
+            finally:
+                await procs.stop()

@@ -25,7 +25,7 @@ async def _until(get: Callable[[], Any], cond: Callable[[Any], bool], within: fl
 
 
 async def test_stats_count_messages_and_failures_per_endpoint() -> None:
-    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+    async with this_host().spawn_procs(per_host={"procs": 2}, name="procs") as procs:
         busy = await procs.spawn("busy", Busy)
         for _ in range(3):
             await busy.ok.call()
@@ -46,7 +46,7 @@ async def test_stats_count_messages_and_failures_per_endpoint() -> None:
 
 
 async def test_a_blocked_sync_endpoint_shows_in_stats_and_stacks() -> None:
-    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+    async with this_host().spawn_procs(per_host={"procs": 1}, name="procs") as procs:
         busy = await procs.spawn("busy", Busy)
         other = await procs.spawn("other", Busy)  # in the same proc: it releases busy
         blocked = busy.block.call_one()  # runs on the actor's thread, waiting
@@ -70,7 +70,7 @@ async def test_a_blocked_sync_endpoint_shows_in_stats_and_stacks() -> None:
 
 
 async def test_a_waiting_async_endpoint_shows_as_a_task_and_proc_stats_list_actors() -> None:
-    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+    async with this_host().spawn_procs(per_host={"procs": 1}, name="procs") as procs:
         busy = await procs.spawn("busy", Busy)
         other = await procs.spawn("other", Busy)
         waiting = busy.asleep.call_one()
@@ -94,7 +94,7 @@ async def test_an_actors_own_stats_endpoint_wins_and_mesh_stats_still_reaches_th
 
     from .obs_actors import OwnStats
 
-    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+    async with this_host().spawn_procs(per_host={"procs": 1}, name="procs") as procs:
         own = await procs.spawn("own", OwnStats)  # not refused as shadowing ActorMesh.stats
         assert await own.stats.call_one() == "mine"
         record = (await mesh_stats(own)).values()[0]
@@ -121,7 +121,7 @@ async def test_an_endpoint_running_too_long_is_reported_on_the_controller_with_i
     logging.getLogger("danaus.supervision").addHandler(catch)
     try:
         env = {"DANAUS_STUCK_WARN_AFTER": "0.5", "DANAUS_HEARTBEAT_INTERVAL": "0.25"}
-        async with this_host().spawn_procs(per_host={"procs": 1}, env=env) as procs:
+        async with this_host().spawn_procs(per_host={"procs": 1}, env=env, name="procs") as procs:
             busy = await procs.spawn("busy", Busy)
             other = await procs.spawn("other", Busy)
             blocked = busy.block.call_one()
@@ -183,7 +183,7 @@ async def test_serve_metrics_exposes_actor_and_proc_figures_to_prometheus() -> N
 
 async def test_stats_can_be_switched_off_per_proc() -> None:
     env = {"DANAUS_ACTOR_STATS": "0"}
-    async with this_host().spawn_procs(per_host={"procs": 1}, env=env) as procs:
+    async with this_host().spawn_procs(per_host={"procs": 1}, env=env, name="procs") as procs:
         busy = await procs.spawn("busy", Busy)
         await busy.ok.call()
         with pytest.raises(ActorError):
