@@ -1,19 +1,17 @@
 """The actor runtime of one proc: actors, endpoints, ports, futures, context."""
 
-from . import _handlers
 from ._actor import Actor, Endpoint, concurrent_endpoint, endpoint
 from ._context import Context, context, current_actor_name, current_rank, current_size
 from ._future import Future
+from ._handlers import check_stuck as _check_stuck
 from ._ids import ProcId, Uid
 from ._loops import enable_transport
 from ._point import Extent, Point
 from ._port import Channel, Port, PortReceiver, RankedPortReceiver
 from ._runtime import on_every_heartbeat as _on_every_heartbeat
-from ._runtime import register_handlers as _register
 from ._telemetry import get_meter, span, traced
 
-_register(_handlers.HANDLERS)  # the message types the actor layer handles
-_on_every_heartbeat(_handlers.check_stuck)  # endpoints running too long are reported
+_on_every_heartbeat(_check_stuck)  # endpoints running too long are reported
 
 __all__ = [
     "Actor",

@@ -26,8 +26,8 @@ from ..config import config
 from ._context import current
 
 if TYPE_CHECKING:
-    from ._connection import Connection
     from ._instance import ActorInstance
+    from ._replier import ReplySink
     from ._runtime import Runtime
     from ._wire import Call
 
@@ -96,7 +96,7 @@ class Job:
 
     def __init__(
         self,
-        conn: Connection,
+        conn: ReplySink,
         msg: Call,
         fn: JobFn,
         args: tuple[object, ...],
@@ -139,7 +139,7 @@ class InitJob(Job):
         kwargs: dict[str, object],
         then: Callable[[InitJob], None],
     ) -> None:
-        super().__init__(cast("Connection", None), cast("Call", None), fn, args, kwargs)
+        super().__init__(cast("ReplySink", None), cast("Call", None), fn, args, kwargs)
         self.then = then
 
 

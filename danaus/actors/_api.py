@@ -28,6 +28,7 @@ from ._address import (
 from ._auth import (
     set_job_key,
 )
+from ._cast import handle_cast, handle_gathered
 from ._connection import (
     Connection,
 )
@@ -47,7 +48,16 @@ from ._errinfo import (
 from ._future import (
     Future,
 )
-from ._handlers import ProcControl, install_actor
+from ._handlers import (
+    ProcControl,
+    install_actor,
+    on_call,
+    on_cancel,
+    on_seq_skip,
+    on_spawn,
+    on_stop_actor,
+    on_stop_proc,
+)
 from ._loops import (
     all_runtimes,
     background_runtime,
@@ -80,12 +90,15 @@ from ._port import (
     PortReceiver,
     forward,
 )
-from ._results import SkipOnLoss
+from ._results import on_result
 from ._runtime import (
     Handler,
     Runtime,
+    install_handlers,
     on_every_heartbeat,
-    register_handlers,
+    on_paused,
+    on_ping,
+    on_pong,
 )
 from ._serialize import (
     dumps,
@@ -121,8 +134,12 @@ from ._wire import (
     ErrorInfo,
     Failure,
     Gathered,
+    Paused,
+    Ping,
+    Pong,
     Region,
     Result,
+    SeqSkip,
     Spawn,
     StopActor,
     StopProc,
@@ -158,7 +175,10 @@ __all__ = [
     "Handler",
     "NDRegion",
     "NDSlice",
+    "Paused",
+    "Ping",
     "Point",
+    "Pong",
     "Port",
     "PortReceiver",
     "ProcControl",
@@ -168,7 +188,7 @@ __all__ = [
     "Result",
     "Runtime",
     "Selection",
-    "SkipOnLoss",
+    "SeqSkip",
     "Spawn",
     "StackEntry",
     "StopActor",
@@ -193,13 +213,26 @@ __all__ = [
     "endpoints_of",
     "error_from_info",
     "forward",
+    "handle_cast",
+    "handle_gathered",
     "info_from_error",
     "install_actor",
+    "install_handlers",
     "install_runtime",
     "listen_address",
     "loads",
     "new_event_loop",
+    "on_call",
+    "on_cancel",
     "on_every_heartbeat",
+    "on_paused",
+    "on_ping",
+    "on_pong",
+    "on_result",
+    "on_seq_skip",
+    "on_spawn",
+    "on_stop_actor",
+    "on_stop_proc",
     "otlp_traces_url",
     "outgoing_trace",
     "parse_addr",
@@ -209,7 +242,6 @@ __all__ = [
     "proc_parent",
     "proc_ready",
     "process_uptime",
-    "register_handlers",
     "run_on",
     "run_proc",
     "run_task",

@@ -1,7 +1,7 @@
-"""Where the actor layer's messages are handled: ``Call``, ``Spawn``, ``StopActor``,
-``StopProc``, ``Cancel`` and ``SeqSkip`` (:data:`HANDLERS`, registered with the runtime by
-``danaus.actors``); every proc's control actor (:class:`ProcControl`); and the check
-that reports endpoints running too long."""
+"""Where the messages to actors are handled: ``Call``, ``Spawn``, ``StopActor``,
+``StopProc``, ``Cancel`` and ``SeqSkip`` (the ``on_*`` functions, which the one handler
+table, ``danaus/mesh/_handler_table.py``, names); every proc's control actor
+(:class:`ProcControl`); and the check that reports endpoints running too long."""
 
 from __future__ import annotations
 
@@ -38,11 +38,23 @@ from ._wire import (
 )
 
 if TYPE_CHECKING:
-    from ._runtime import Handler, Runtime
+    from ._replier import ReplySink
+    from ._runtime import Runtime
 
 T = TypeVar("T")
 
-__all__ = ["HANDLERS", "ProcControl", "check_stuck", "install_actor", "spawn_actor"]
+__all__ = [
+    "ProcControl",
+    "check_stuck",
+    "install_actor",
+    "on_call",
+    "on_cancel",
+    "on_seq_skip",
+    "on_spawn",
+    "on_stop_actor",
+    "on_stop_proc",
+    "spawn_actor",
+]
 
 
 class _FailedActor:
@@ -64,14 +76,14 @@ class _FailedActor:
         self.stopped = False
 
     def deliver(
-        self, conn: Connection, msg: Call, parts: list[object], sender: str | None = None
+        self, conn: ReplySink, msg: Call, parts: list[object], sender: str | None = None
     ) -> None:
         self.rt.reply_error(conn, msg.reply, self.rank, self.info)
 
     def skip(self, sender: str, seq: int) -> None:
         pass
 
-    def cancel(self, conn: Connection, reply: int) -> None:
+    def cancel(self, conn: ReplySink, reply: int) -> None:
         pass
 
     async def stop(self) -> None:
@@ -271,7 +283,8 @@ def _spawn_failed(
 # ---------------------------------------------------------------- message handlers
 
 
-def _on_call(rt: Runtime, conn: Connection, msg: Call, parts: list[Buffer]) -> None:
+def on_call(rt: Runtime, conn: Connection, msg: Call, parts: list[Buffer]) -> None:
+    """A call to one actor here: into its mailbox (held if it is not spawned yet)."""
     actor = rt.actors.get(msg.actor)
     if actor is None:
         if not rt.arrivals.await_actor(msg.actor, lambda: rt.dispatch(conn, msg, parts)):
@@ -280,25 +293,30 @@ def _on_call(rt: Runtime, conn: Connection, msg: Call, parts: list[Buffer]) -> N
         actor.deliver(conn, msg, parts)
 
 
-def _on_spawn(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) -> None:
+def on_spawn(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) -> None:
+    """Spawn an actor here (see :func:`spawn_actor`)."""
     spawn_actor(rt, conn, msg, parts)
 
 
-def _on_stop_actor(rt: Runtime, conn: Connection, msg: StopActor, parts: list[object]) -> None:
+def on_stop_actor(rt: Runtime, conn: Connection, msg: StopActor, parts: list[object]) -> None:
+    """Stop one actor here; answer once it has stopped."""
     rt.spawn_task(_stop_actor(rt, conn, msg))
 
 
-def _on_stop_proc(rt: Runtime, conn: Connection, msg: StopProc, parts: list[object]) -> None:
+def on_stop_proc(rt: Runtime, conn: Connection, msg: StopProc, parts: list[object]) -> None:
+    """Stop every actor here, answer, and end the proc."""
     rt.spawn_task(_stop_proc(rt, conn, msg))
 
 
-def _on_cancel(rt: Runtime, conn: Connection, msg: Cancel, parts: list[object]) -> None:
+def on_cancel(rt: Runtime, conn: Connection, msg: Cancel, parts: list[object]) -> None:
+    """The caller gave up on a call: drop it from the mailbox, or cancel it if running."""
     actor = rt.actors.get(msg.actor)
     if actor is not None:
         actor.cancel(conn, msg.reply)
 
 
-def _on_seq_skip(rt: Runtime, conn: Connection, msg: SeqSkip, parts: list[object]) -> None:
+def on_seq_skip(rt: Runtime, conn: Connection, msg: SeqSkip, parts: list[object]) -> None:
+    """A message a sender's cast lost will never come: stop waiting for its number."""
     actor = rt.actors.get(msg.actor)
     if actor is not None:
         actor.skip(msg.sender or conn.peer or "", msg.seq)
@@ -322,17 +340,6 @@ async def _stop_proc(rt: Runtime, conn: Connection, msg: StopProc) -> None:
     conn.flush()
     if not rt.stop_requested.done():
         rt.stop_requested.set_result(None)
-
-
-#: The message types the actor layer handles (registered by ``danaus.actors``).
-HANDLERS: dict[type, Handler] = {
-    Call: _on_call,
-    Spawn: _on_spawn,
-    StopActor: _on_stop_actor,
-    StopProc: _on_stop_proc,
-    Cancel: _on_cancel,
-    SeqSkip: _on_seq_skip,
-}
 
 
 def _rt_here() -> Runtime:

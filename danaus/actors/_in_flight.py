@@ -12,15 +12,15 @@ import collections
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from ..config import config
 from ._actor_thread import ActorThread, Job
-from ._connection import Connection
 from ._wire import Call
 
 if TYPE_CHECKING:
     from ._instance import ActorInstance
+    from ._replier import ReplySink
     from ._runtime import Runtime
 
 __all__ = ["InFlight", "Mine"]
@@ -28,7 +28,7 @@ __all__ = ["InFlight", "Mine"]
 log = logging.getLogger("danaus.actor")
 
 #: Is the message sent on this connection this one (the one a caller gave up on)?
-Mine = Callable[[Connection, Call], bool]
+Mine: TypeAlias = "Callable[[ReplySink, Call], bool]"
 
 
 class InFlight:
@@ -49,10 +49,10 @@ class InFlight:
         self._on_jobs_done = on_jobs_done
         #: the async message (or ``__supervise__``) running now; it holds the mailbox
         self.task: asyncio.Task[object] | None = None
-        self._task_call: tuple[Connection, Call] | None = None
+        self._task_call: tuple[ReplySink, Call] | None = None
         self._caller_cancelled = False
         #: concurrent endpoints running now (they do not hold the mailbox)
-        self._concurrent: dict[asyncio.Task[object], tuple[Connection, Call]] = {}
+        self._concurrent: dict[asyncio.Task[object], tuple[ReplySink, Call]] = {}
         self._concurrent_cancelled: set[asyncio.Task[object]] = set()
         #: when each async message running now started (time.monotonic())
         self._since: dict[asyncio.Task[object], float] = {}
@@ -101,7 +101,7 @@ class InFlight:
     def start(
         self,
         task: asyncio.Task[object],
-        conn: Connection,
+        conn: ReplySink,
         msg: Call,
         concurrent: bool,
         done: Callable[[asyncio.Task[object]], object],
@@ -179,7 +179,7 @@ class InFlight:
 
     # ------------------------------------------------------------ what it is doing
 
-    def _call_of(self, task: asyncio.Task[object]) -> tuple[Connection, Call] | None:
+    def _call_of(self, task: asyncio.Task[object]) -> tuple[ReplySink, Call] | None:
         return self._concurrent.get(task) or (self._task_call if task is self.task else None)
 
     def running_calls(self) -> list[tuple[str, float]]:

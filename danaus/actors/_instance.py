@@ -20,11 +20,10 @@ from ..config import config
 from ..errors import SerializationError, SupervisionError, actor_failed
 from ._actor import AS_ENDPOINT, Endpoint, describe_endpoints, endpoints_of
 from ._actor_thread import InitJob, Job, JobFn
-from ._connection import Connection
 from ._context import ActorContext, Context, current
 from ._in_flight import InFlight
 from ._mailbox import Mailbox
-from ._replier import Describe, Replier, ResponsePort, error_info
+from ._replier import Describe, Replier, ReplySink, ResponsePort, error_info
 from ._serialize import loads_args
 from ._stats import ActorStats
 from ._telemetry import await_in_span, run_in_span
@@ -175,7 +174,7 @@ class ActorInstance:
         ep = self.endpoint(msg.method)
         return ep is not None and not ep.is_async and not self.inline_sync
 
-    def start(self, conn: Connection, msg: Call, parts: Sequence[Buffer]) -> None:
+    def start(self, conn: ReplySink, msg: Call, parts: Sequence[Buffer]) -> None:
         """Run ``msg``, whose turn has come."""
         if self.failed is not None:
             self.replier.supervision(conn, msg, self.gone(""))
@@ -289,14 +288,14 @@ class ActorInstance:
         return bool(eps) and not self.inline_sync and not any(ep.is_async for ep in eps)
 
     def _async_done(
-        self, conn: Connection, msg: Call, ep: RunnableEndpoint, task: asyncio.Task[object]
+        self, conn: ReplySink, msg: Call, ep: RunnableEndpoint, task: asyncio.Task[object]
     ) -> None:
         by_caller = self.in_flight.task_done(task)
         self.replier.task_done(conn, msg, ep, task, by_caller)
         self.mailbox.drain()
 
     def _concurrent_done(
-        self, conn: Connection, msg: Call, ep: RunnableEndpoint, task: asyncio.Task[object]
+        self, conn: ReplySink, msg: Call, ep: RunnableEndpoint, task: asyncio.Task[object]
     ) -> None:
         by_caller = self.in_flight.concurrent_done(task)
         self.replier.task_done(conn, msg, ep, task, by_caller)
@@ -319,12 +318,12 @@ class ActorInstance:
         """Messages waiting to run (queued, or handed to its thread and not started)."""
         return len(self.mailbox) + self.in_flight.not_started()
 
-    def cancel(self, conn: Connection, reply: int) -> None:
+    def cancel(self, conn: ReplySink, reply: int) -> None:
         """The caller of the message whose reply goes to ``reply`` on ``conn``'s peer gave
         up: drop it if queued, cancel it if it runs async, drop the result if it runs sync."""
         peer = getattr(conn, "peer", None)
 
-        def mine(c: Connection, m: Call) -> bool:
+        def mine(c: ReplySink, m: Call) -> bool:
             return m.reply == reply and (
                 c is conn or (peer is not None and getattr(c, "peer", None) == peer)
             )
@@ -386,7 +385,7 @@ class ActorInstance:
             self.rt.spawn_task(self.stop())
 
     def _refuse(
-        self, conn: Connection, msg: Call, parts: Sequence[Buffer], sender: str | None = None
+        self, conn: ReplySink, msg: Call, parts: Sequence[Buffer], sender: str | None = None
     ) -> None:
         """Take a message once the actor failed: it fails at once."""
         if msg.reply:

@@ -11,11 +11,14 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable, Sequence, Sized
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ..config import config
 from ._connection import Connection
 from ._wire import Buffer, Call
+
+if TYPE_CHECKING:
+    from ._replier import ReplySink
 
 __all__ = ["Event", "Letter", "Mailbox", "MailboxOwner", "Running"]
 
@@ -25,7 +28,7 @@ log = logging.getLogger("danaus.actor")
 class Letter(NamedTuple):
     """A message waiting in the mailbox, with where it came from and its frame's parts."""
 
-    conn: Connection
+    conn: ReplySink
     msg: Call
     parts: Sequence[Buffer]
 
@@ -66,7 +69,7 @@ class MailboxOwner(Protocol):
     def may_start(self, msg: Call) -> bool:
         """May ``msg`` start now, with nothing queued before it?"""
 
-    def start(self, conn: Connection, msg: Call, parts: Sequence[Buffer]) -> None:
+    def start(self, conn: ReplySink, msg: Call, parts: Sequence[Buffer]) -> None:
         """Run ``msg`` now (its turn has come)."""
 
 
@@ -94,7 +97,7 @@ class Mailbox:
         return f"<Mailbox {self._name} queued={len(self.queue)} held={len(self.held)}>"
 
     def deliver(
-        self, conn: Connection, msg: Call, parts: Sequence[Buffer], sender: str | None = None
+        self, conn: ReplySink, msg: Call, parts: Sequence[Buffer], sender: str | None = None
     ) -> None:
         """Take a message; ``sender`` (default: the connection's peer) orders it by ``msg.seq``."""
         seq = msg.seq
@@ -155,7 +158,7 @@ class Mailbox:
             nxt += 1
         self.expect[sender] = nxt
 
-    def accept(self, conn: Connection, msg: Call, parts: Sequence[Buffer]) -> None:
+    def accept(self, conn: ReplySink, msg: Call, parts: Sequence[Buffer]) -> None:
         """A message whose turn among its sender's has come: start it, or queue it."""
         owner = self._owner
         if not self.queue:
@@ -203,7 +206,7 @@ class Mailbox:
                 c.release_reading(self)
             self.holding.clear()
 
-    def remove(self, mine: Callable[[Connection, Call], bool]) -> bool:
+    def remove(self, mine: Callable[[ReplySink, Call], bool]) -> bool:
         """Drop the first queued message that is ``mine``; False if none is."""
         for i, item in enumerate(self.queue):
             if isinstance(item, Letter) and mine(item.conn, item.msg):

@@ -17,7 +17,7 @@ from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING
 
 from ..errors import AuthenticationError, ProtocolError, SupervisionError, actor_failed
-from ._results import SkipOnLoss
+from ._cast import SkipOnLoss
 from ._wire import ERROR
 
 if TYPE_CHECKING:

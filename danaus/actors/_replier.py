@@ -12,8 +12,9 @@ import asyncio
 import logging
 import os
 import traceback
+from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
@@ -30,9 +31,22 @@ from ._wire import ERROR, NIL, OK, Buffer, Call, ErrorInfo, Result
 if TYPE_CHECKING:
     from ._instance import ActorInstance, RunnableEndpoint
 
-__all__ = ["Describe", "Replier", "ResponsePort", "error_info"]
+__all__ = ["Describe", "Replier", "ReplySink", "ResponsePort", "error_info"]
 
 log = logging.getLogger("danaus.actor")
+
+
+class ReplySink(Protocol):
+    """Where the reply to a call goes: the connection it came on, or, for the local target
+    of a cast, its tree node in this proc (``_cast``), which gathers it with the rest."""
+
+    @property
+    def peer(self) -> str | None:
+        """Who sent the call (orders it by its sequence number), if known."""
+        ...
+
+    def send(self, msg: Result, parts: Sequence[Buffer] = ()) -> bool: ...
+
 
 _plain_encode = msgspec.msgpack.Encoder().encode
 
@@ -77,12 +91,12 @@ class Replier:
     def __repr__(self) -> str:
         return f"<Replier {self._actor.ctx.actor_id}>"
 
-    def returned(self, conn: Connection, msg: Call, ep: RunnableEndpoint, result: object) -> None:
+    def returned(self, conn: ReplySink, msg: Call, ep: RunnableEndpoint, result: object) -> None:
         """``msg`` returned ``result`` (an explicit-response-port endpoint answers itself)."""
         if msg.reply and not ep.explicit_response_port:
             self.value(conn, msg, result)
 
-    def value(self, conn: Connection, msg: Call, result: object) -> None:
+    def value(self, conn: ReplySink, msg: Call, result: object) -> None:
         """Answer ``msg`` with ``result``: plain msgpack when it is a small atom, else a
         pickle with out-of-band parts (a ``SerializationError`` if it cannot be)."""
         a = self._actor
@@ -103,7 +117,7 @@ class Replier:
             return
         conn.send(Result(msg.reply, OK, raw, pickled, a.rank), parts)
 
-    def raised(self, conn: Connection, msg: Call, ep: RunnableEndpoint, exc: BaseException) -> None:
+    def raised(self, conn: ReplySink, msg: Call, ep: RunnableEndpoint, exc: BaseException) -> None:
         """The endpoint that ran ``msg`` raised ``exc``.
 
         An ``Exception`` is its caller's to handle, and the actor serves on. As in Monarch,
@@ -131,13 +145,13 @@ class Replier:
         if msg.reply:
             self.supervision(conn, msg, actor_failed(a.ctx.display_name, report))
 
-    def supervision(self, conn: Connection, msg: Call, why: str, tb: str = "") -> None:
+    def supervision(self, conn: ReplySink, msg: Call, why: str, tb: str = "") -> None:
         """Fail ``msg`` with ``SupervisionError``: the actor failed or stopped (``why``)."""
         a = self._actor
         info = ErrorInfo("supervision", a.ctx.actor_id, a.rank_text, "SupervisionError", why, tb)
         self.error(conn, msg, info)
 
-    def error(self, conn: Connection, msg: Call, info: ErrorInfo) -> None:
+    def error(self, conn: ReplySink, msg: Call, info: ErrorInfo) -> None:
         a = self._actor
         if msg.reply:
             a.rt.reply_error(conn, msg.reply, a.rank, info)
@@ -179,7 +193,7 @@ class Replier:
 
     def task_done(
         self,
-        conn: Connection,
+        conn: ReplySink,
         msg: Call,
         ep: RunnableEndpoint,
         task: asyncio.Task[object],
@@ -242,7 +256,7 @@ class ResponsePort(Port[object]):
 
     __slots__ = ("_actor", "_conn", "_rank")
 
-    def __init__(self, actor: ActorInstance, conn: Connection, msg: Call) -> None:
+    def __init__(self, actor: ActorInstance, conn: ReplySink, msg: Call) -> None:
         super().__init__(getattr(conn, "peer", None) or "", msg.reply)
         self._actor = actor
         self._conn = conn

@@ -1,12 +1,11 @@
 """What comes back to a runtime's ports: the shapes of port owners, and replies decoded.
 
 A port is owned by a :class:`PortHandler` (every value it gets, until it says it is
-finished), by a :class:`~danaus.actors._future.Future` (one reply settles it), or, for a
-cast tree node in this proc, by a :class:`GatherNode`. This module owns those shapes,
-the settling of a future port, the turning of a :class:`~danaus.actors._wire.Result`
-off the wire into a value or an exception (:func:`on_result`, the runtime's handler of
-``Result``), and :class:`SkipOnLoss`, the ranks of a cast subtree whose sequence numbers
-are skipped if their connection is lost. The runtime owns the port table itself.
+finished) or by a :class:`~danaus.actors._future.Future` (one reply settles it); a cast
+tree node in this proc waits for its subtrees elsewhere (``_cast``). This module owns
+those shapes, the settling of a future port, and the turning of a
+:class:`~danaus.actors._wire.Result` off the wire into a value or an exception
+(:func:`on_result`, the handler of ``Result``). The runtime owns the port table itself.
 """
 
 from __future__ import annotations
@@ -20,13 +19,13 @@ from ..errors import SerializationError
 from ._errinfo import error_decode, error_from_info
 from ._future import Future
 from ._serialize import loads
-from ._wire import ERROR, OK, Buffer, Gathered, Result, SeqSkip
+from ._wire import ERROR, OK, Buffer, Result
 
 if TYPE_CHECKING:
     from ._connection import Connection
     from ._runtime import Runtime
 
-__all__ = ["GatherNode", "PortHandler", "PortOwner", "SkipOnLoss", "on_result", "settle"]
+__all__ = ["PortHandler", "PortOwner", "on_result", "settle"]
 
 
 class PortHandler(Protocol):
@@ -38,29 +37,6 @@ class PortHandler(Protocol):
 #: What a port delivers to: a handler of every value, or a future for one reply (its
 #: value comes off the wire untyped, so the port table holds it as ``Future[object]``).
 PortOwner: TypeAlias = "PortHandler | Future[object]"
-
-
-class GatherNode(Protocol):
-    """A cast tree node in this proc, waiting on a port for the results of a subtree."""
-
-    def add_gathered(self, msg: Gathered, parts: list[bytes | bytearray | memoryview]) -> None: ...
-
-
-class SkipOnLoss(list[int]):
-    """The ranks of a cast subtree waiting on one connection. If it is lost, the actors
-    of that subtree that are still alive are told not to wait for the lost message's
-    sequence number (else they would hold every later message from that sender)."""
-
-    def __init__(self, actor: str, sender: str, targets: Sequence[tuple[int, str, int]]) -> None:
-        super().__init__(r for r, _, _ in targets)
-        self.actor = actor
-        self.sender = sender
-        self.targets = list(targets)
-
-    def send_skips(self, rt: Runtime) -> None:
-        for _, addr, seq in self.targets:
-            if seq:
-                rt.connection(addr).send(SeqSkip(self.actor, seq, self.sender))
 
 
 def _A_REPLY() -> str:

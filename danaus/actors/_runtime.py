@@ -26,6 +26,7 @@ from ..errors import AuthenticationError, ClosedError, ProtocolError, Supervisio
 from . import _auth
 from ._address import listen_address
 from ._arrivals import ActorArrivals
+from ._cast import send_tree
 from ._connection import Connection
 from ._errinfo import encode_error
 from ._frame_writer import CLOSED, HANDSHAKE, OPEN
@@ -39,12 +40,26 @@ from ._peers import (
     peer_lost_error,
     proc_ready,
 )
-from ._results import GatherNode, PortHandler, PortOwner, on_result, settle
+from ._results import PortHandler, PortOwner, settle
 from ._sockets import Listener, Via, dial
-from ._wire import ERROR, Buffer, Call, ErrorInfo, Message, Paused, Ping, Pong, Region, Result
+from ._wire import (
+    CAST_NONE,
+    ERROR,
+    Buffer,
+    Call,
+    ErrorInfo,
+    Message,
+    Paused,
+    Ping,
+    Pong,
+    Region,
+    Result,
+)
 
 if TYPE_CHECKING:
+    from ._cast import GatherNode
     from ._instance import ActorInstance
+    from ._replier import ReplySink
 
 log = logging.getLogger("danaus.runtime")
 T = TypeVar("T")
@@ -65,9 +80,9 @@ Handler: TypeAlias = "Callable[[Runtime, Connection, Never, Never], None]"
 #: A handler as the runtime calls it: with the message it is registered for.
 _Dispatch: TypeAlias = "Callable[[Runtime, Connection, Message, Sequence[object]], None]"
 
-#: The handler of each message type, registered in one call by the layer that owns the
-#: type: the runtime's own below, the actor layer's (``danaus.actors``), the mesh
-#: layer's (``danaus.mesh``). A test checks that every type has one in a fresh proc.
+#: The handler of each message type: the one table in ``danaus/mesh/_handler_table.py``
+#: (the lowest layer that sees every handler), installed when ``danaus.mesh`` is imported.
+#: A test checks that it covers every type of the wire union.
 _handlers: dict[type, _Dispatch] = {}
 #: checks every runtime runs on its heartbeat (``register_handlers``' companion)
 _on_heartbeat: list[Callable[[Runtime], None]] = []
@@ -87,14 +102,10 @@ def _table(handlers: Mapping[type, Handler]) -> Mapping[type, _Dispatch]:
     return cast("Mapping[type, _Dispatch]", handlers)
 
 
-def register_handlers(handlers: Mapping[type, Handler]) -> None:
-    """Handle these message types (in every runtime, present and future)."""
-    from ._loops import all_runtimes
-
-    table = _table(handlers)
-    _handlers.update(table)
-    for rt in all_runtimes():
-        rt.handlers.update(table)
+def install_handlers(handlers: Mapping[type, Handler]) -> None:
+    """Make ``handlers`` the table every runtime, present and future, dispatches by."""
+    _handlers.clear()
+    _handlers.update(_table(handlers))
 
 
 class Runtime:
@@ -126,12 +137,12 @@ class Runtime:
         self.lost: dict[str, BaseException | None] = {}
         #: messages held for actors not spawned yet; actors known gone
         self.arrivals = ActorArrivals(self)
-        #: cast tree nodes in this proc waiting for a subtree, by port
+        #: cast tree nodes in this proc waiting for a subtree, by port (``_cast``'s)
         self.gathers: dict[int, GatherNode] = {}
-        #: last sequence number sent, per proc address and actor
-        self.seqs: dict[str, dict[str, int]] = {}
-        #: the handler of each message type (see ``register_handlers``)
-        self.handlers: dict[type, _Dispatch] = dict(_handlers)
+        #: last sequence number sent, per proc address and actor (see ``next_seq``)
+        self._seqs: dict[str, dict[str, int]] = {}
+        #: the handler of each message type (the one table, see ``install_handlers``)
+        self.handlers: dict[type, _Dispatch] = _handlers
         self._tasks: set[_Task] = set()
         self._all_conns: set[Connection] = set()
         #: how peers not dialed directly are reached (``attach``'s gateway); None: all are
@@ -406,7 +417,7 @@ class Runtime:
             raise ProtocolError(f"no handler for message {type(msg).__name__} from {conn.peer}")
         handler(self, conn, msg, parts)
 
-    def reply_error(self, conn: Connection, port: int, rank: int, info: ErrorInfo) -> None:
+    def reply_error(self, conn: ReplySink, port: int, rank: int, info: ErrorInfo) -> None:
         if port:
             conn.send(Result(port, ERROR, encode_error(info), False, rank))
         else:
@@ -433,16 +444,65 @@ class Runtime:
         ``region``: the slice called, when not the actor's whole mesh (its message rank);
         ``trace``: the caller's span, with telemetry on."""
         conn = self.connection(addr)
-        seqs = self.seqs.get(addr)
-        if seqs is None:
-            seqs = self.seqs[addr] = {}
-        seq = seqs[actor] = seqs.get(actor, 0) + 1
+        seq = self.next_seq(addr, actor)
         if not conn.send(Call(actor, method, reply, args, pickled, seq, region, trace), parts):
             if reply:
                 self.deliver(reply, rank, ERROR, self.peer_lost_error(addr, conn.close_reason))
             return
         if reply:
             conn.pending[reply] = rank
+
+    def send_cast(
+        self,
+        actor: str,
+        method: str,
+        targets: Sequence[tuple[int, str]],
+        reply: int,
+        mode: int,
+        args: msgspec.Raw,
+        pickled: bool,
+        parts: Sequence[Buffer],
+        reducer: tuple[msgspec.Raw, bool] | None = None,
+        region: Region | None = None,
+        trace: str = "",
+    ) -> None:
+        """Send one call to ``actor`` in each of ``targets`` (rank, proc address): one by
+        one, or down a casting tree (``_cast``) when they are more than
+        ``config.cast_fanout``. Their replies (if ``reply``) come to that port, gathered
+        by ``mode`` (``CAST_GATHER``: each rank's; ``CAST_REDUCE``: combined by
+        ``reducer``, the accumulator's (identity, combine) encoded)."""
+        fanout = config.cast_fanout
+        if not fanout or len(targets) <= fanout:
+            for rank, addr in targets:
+                self.send_call(
+                    addr, actor, method, reply, rank, args, pickled, parts, region, trace
+                )
+            return
+        tree = [(rank, addr, self.next_seq(addr, actor)) for rank, addr in targets]
+        send_tree(
+            self,
+            actor,
+            method,
+            tree,
+            reply,
+            mode if reply else CAST_NONE,
+            fanout,
+            args,
+            pickled,
+            parts,
+            reducer,
+            region,
+            trace,
+        )
+
+    def next_seq(self, addr: str, actor: str) -> int:
+        """The sequence number of the next message to ``actor`` at ``addr`` (its mailbox
+        takes each sender's messages in this order, however they travel)."""
+        seqs = self._seqs.get(addr)
+        if seqs is None:
+            seqs = self._seqs[addr] = {}
+        seq = seqs[actor] = seqs.get(actor, 0) + 1
+        return seq
 
     # ------------------------------------------------------------ pauses
 
@@ -495,18 +555,15 @@ class Runtime:
             self.deliver(pid, -1, ERROR, ClosedError(f"runtime {self.addr} closed"))
 
 
-def _on_ping(rt: Runtime, conn: Connection, msg: Ping, parts: Sequence[object]) -> None:
+def on_ping(rt: Runtime, conn: Connection, msg: Ping, parts: Sequence[object]) -> None:
+    """A peer checks we are alive: answer at once."""
     conn.send(_PONG)
 
 
-def _on_pong(rt: Runtime, conn: Connection, msg: Pong, parts: Sequence[object]) -> None:
-    pass  # its arrival counted as a read
+def on_pong(rt: Runtime, conn: Connection, msg: Pong, parts: Sequence[object]) -> None:
+    """The answer to our ping: its arrival counted as a read, nothing more to do."""
 
 
-def _on_paused(rt: Runtime, conn: Connection, msg: Paused, parts: Sequence[object]) -> None:
+def on_paused(rt: Runtime, conn: Connection, msg: Paused, parts: Sequence[object]) -> None:
+    """The peer's loop stops in a debugger prompt, or goes on: excuse its silence."""
     conn.set_peer_paused(msg.paused)
-
-
-_handlers.update(
-    _table({Result: on_result, Ping: _on_ping, Pong: _on_pong, Paused: _on_paused})
-)  # no runtime yet

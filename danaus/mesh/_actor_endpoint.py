@@ -31,7 +31,6 @@ from ..actors._api import (
 )
 from ..config import config
 from ..errors import SupervisionError, actor_failed
-from ._cast import Part, send_cast
 from ._tensor_engine_hook import tensor_engine
 from ._value_mesh import ValueMesh
 
@@ -45,7 +44,7 @@ R_co = TypeVar("R_co", covariant=True)
 T = TypeVar("T")
 
 #: a call's arguments, encoded: (header value, pickled?, out-of-band parts)
-Encoded: TypeAlias = tuple[msgspec.Raw, bool, list[Part]]
+Encoded: TypeAlias = tuple[msgspec.Raw, bool, list[bytes | bytearray | memoryview]]
 
 
 class ActorEndpoint(Generic[R_co]):
@@ -131,7 +130,6 @@ class ActorEndpoint(Generic[R_co]):
         if ready and len(ranks) == 1 and here and (addr := mesh.addr_of(ranks[0])):
             rt.send_call(addr, actor, method, port, ranks[0], raw, pickled, parts, region, trace)
             return
-        fanout = config.cast_fanout
 
         def go() -> None:
             targets = []
@@ -149,32 +147,9 @@ class ActorEndpoint(Generic[R_co]):
                             + mesh.why_not_started(r)
                         ),
                     )
-            if fanout and len(targets) > fanout:
-                tree = []
-                for rank, addr in targets:
-                    seqs = rt.seqs.setdefault(addr, {})
-                    seq = seqs[actor] = seqs.get(actor, 0) + 1
-                    tree.append((rank, addr, seq))
-                send_cast(
-                    rt,
-                    actor,
-                    method,
-                    tree,
-                    port,
-                    mode if port else CAST_NONE,
-                    fanout,
-                    raw,
-                    pickled,
-                    parts,
-                    reducer,
-                    region,
-                    trace,
-                )
-            else:
-                for rank, addr in targets:
-                    rt.send_call(
-                        addr, actor, method, port, rank, raw, pickled, parts, region, trace
-                    )
+            rt.send_cast(
+                actor, method, targets, port, mode, raw, pickled, parts, reducer, region, trace
+            )
 
         if ready:
             run_on(rt, go)

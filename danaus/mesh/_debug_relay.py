@@ -21,14 +21,19 @@ from ..actors._api import (
     DebugInput,
     DebugOpen,
     DebugOutput,
-    Handler,
     Runtime,
     context_state,
     proc_parent,
 )
 from ._debug import registry, unexcuse
 
-__all__ = ["HANDLERS", "sweep"]
+__all__ = [
+    "handle_debug_close",
+    "handle_debug_down",
+    "handle_debug_open",
+    "handle_debug_output",
+    "sweep",
+]
 
 
 # ---------------------------------------------------------------- relaying (in a proc)
@@ -150,12 +155,3 @@ def handle_debug_down(
 def sweep(rt: Runtime) -> None:
     """On every heartbeat: holders that went away let their sessions continue."""
     registry.sweep()
-
-
-HANDLERS: dict[type, Handler] = {
-    DebugOpen: handle_debug_open,
-    DebugOutput: handle_debug_output,
-    DebugClose: handle_debug_close,
-    DebugInput: handle_debug_down,
-    DebugDetach: handle_debug_down,
-}

@@ -1,51 +1,56 @@
-"""Casting down a fan-out tree of procs, and gathering (or reducing) on the way back up.
+"""Casting: one call sent to many actors, down a fan-out tree of procs, and its results
+gathered (or reduced) on the way back up. The whole of it lives here, in the actor layer;
+the mesh layer asks :meth:`Runtime.send_cast <danaus.actors._runtime.Runtime.send_cast>`
+and touches none of this state.
 
 A call on a mesh of N actors costs the sender at most ``fanout`` sends: each proc that
-receives a :class:`Cast` handles its own actor and forwards the rest of its subtree,
-split into at most ``fanout`` parts. Replies come back up the same tree: each proc sends
-its parent one :class:`Gathered` with its whole subtree's results (or, for an
-``Accumulator``, one reduced value), never decoding user values on the way unless it
-has to reduce them. Per-sender order is kept by sequence numbers (see ``ActorInstance``).
+receives a :class:`Cast` (:func:`handle_cast`) handles its own actor and forwards the rest
+of its subtree, split into at most ``fanout`` parts. Replies come back up the same tree:
+each proc sends its parent one :class:`Gathered` (:func:`handle_gathered`) with its whole
+subtree's results (or, for an ``Accumulator``, one reduced value), never decoding user
+values on the way unless it has to reduce them. Per-sender order is kept by sequence
+numbers, which the runtime numbers (``Runtime.next_seq``) for direct calls and casts alike;
+a subtree whose connection is lost has its numbers skipped (:class:`SkipOnLoss`).
+
+This module owns the tree nodes waiting in this proc (:class:`Gathers`, one per runtime).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeAlias, cast
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from ..actors._api import (
+from ..errors import ProtocolError, SerializationError
+from ._errinfo import encode_error, error_decode, error_from_info, info_from_error
+from ._serialize import dumps, loads
+from ._wire import (
     CAST_NONE,
     CAST_REDUCE,
     ERROR,
     NIL,
     OK,
+    Buffer,
     Call,
     Cast,
-    Connection,
-    ErrorInfo,
     Gathered,
     Region,
     Result,
-    Runtime,
-    SkipOnLoss,
-    dumps,
-    encode_error,
-    error_from_info,
-    info_from_error,
-    loads,
+    SeqSkip,
 )
-from ..errors import ProtocolError, SerializationError
+
+if TYPE_CHECKING:
+    from ._connection import Connection
+    from ._replier import ReplySink
+    from ._runtime import Runtime
+
+__all__ = ["GatherNode", "SkipOnLoss", "Target", "handle_cast", "handle_gathered", "send_tree"]
 
 log = logging.getLogger("danaus.cast")
 
 Target = tuple[int, str, int]  # (rank, proc address, sequence number)
-#: an out-of-band part of a frame (the actor layer's ``Buffer``, which ``_api`` does not
-#: export)
-Part: TypeAlias = bytes | bytearray | memoryview
-_error_decode = msgspec.msgpack.Decoder(ErrorInfo).decode
 
 
 def split(targets: Sequence[Target], fanout: int) -> list[list[Target]]:
@@ -61,7 +66,7 @@ def split(targets: Sequence[Target], fanout: int) -> list[list[Target]]:
     return out
 
 
-def send_cast(
+def send_tree(
     rt: Runtime,
     actor: str,
     method: str,
@@ -71,14 +76,14 @@ def send_cast(
     fanout: int,
     args: msgspec.Raw,
     pickled: bool,
-    parts: Sequence[Part],
+    parts: Sequence[Buffer],
     reducer: tuple[msgspec.Raw, bool] | None = None,
     region: Region | None = None,
     trace: str = "",
 ) -> None:
-    """From the sender: start a cast over ``targets`` (results to local ``port``);
-    ``region``: the slice called, when not the actors' whole mesh; ``trace``: the
-    caller's span, with telemetry on."""
+    """From the sender: start a cast over ``targets``, numbered already (results to local
+    ``port``); ``region``: the slice called, when not the actors' whole mesh; ``trace``:
+    the caller's span, with telemetry on. Use ``Runtime.send_cast``, which numbers them."""
     red_raw, red_pickled = reducer or (NIL, False)
     for chunk in split(targets, fanout):
         _send_subtree(
@@ -106,7 +111,7 @@ def send_cast(
 
 
 def _send_subtree(
-    rt: Runtime, chunk: list[Target], port: int, msg: Cast, parts: Sequence[Part]
+    rt: Runtime, chunk: list[Target], port: int, msg: Cast, parts: Sequence[Buffer]
 ) -> None:
     """Send ``msg`` to the head of ``chunk``; its results (or, if the head cannot be reached
     or is lost, an error per rank and a skip of the lost sequence numbers) go to ``port``."""
@@ -122,6 +127,23 @@ def _send_subtree(
         conn.pending[port] = lost
 
 
+class SkipOnLoss(list[int]):
+    """The ranks of a cast subtree waiting on one connection. If it is lost, the actors
+    of that subtree that are still alive are told not to wait for the lost message's
+    sequence number (else they would hold every later message from that sender)."""
+
+    def __init__(self, actor: str, sender: str, targets: Sequence[Target]) -> None:
+        super().__init__(r for r, _, _ in targets)
+        self.actor = actor
+        self.sender = sender
+        self.targets = list(targets)
+
+    def send_skips(self, rt: Runtime) -> None:
+        for _, addr, seq in self.targets:
+            if seq:
+                rt.connection(addr).send(SeqSkip(self.actor, seq, self.sender))
+
+
 def _combine_of(reducer: object) -> Callable[[object, object], object]:
     """The combine function of a reduce's ``(identity, combine)``, checked for its shape.
 
@@ -135,26 +157,28 @@ def _combine_of(reducer: object) -> Callable[[object, object], object]:
     raise ProtocolError(f"a reducer is {type(reducer).__name__}, not (identity, combine)")
 
 
-class ReplySink(Protocol):
-    """Where an actor's reply to a call goes: its connection, or a cast's tree node."""
-
-    def send(self, msg: Result, parts: Sequence[Part] = ()) -> bool: ...
-
-
 class _Reply:
-    """Stands in for a connection: catches the local actor's reply to a cast."""
+    """A reply sink standing in for a connection: catches the local actor's reply to a
+    cast for its tree node."""
 
-    def __init__(self, node: _Node, peer: str) -> None:
+    __slots__ = ("node", "sender")
+
+    def __init__(self, node: GatherNode, sender: str) -> None:
         self.node = node
-        self.peer = peer
+        self.sender = sender
 
-    def send(self, msg: Result, parts: Sequence[Part] = ()) -> bool:
+    @property
+    def peer(self) -> str:
+        return self.sender
+
+    def send(self, msg: Result, parts: Sequence[Buffer] = ()) -> bool:
         self.node.add(msg.rank, msg.status, msg.value, msg.pickled, list(parts))
         return True
 
 
-class _Node:
-    """One proc's part of a cast: its own actor's result plus its subtrees'."""
+class GatherNode:
+    """One proc's part of a cast: its own actor's result plus its subtrees'; waits in
+    ``Runtime.gathers`` (by port) for each subtree's :class:`Gathered`."""
 
     def __init__(self, rt: Runtime, conn: Connection, msg: Cast, expected: int) -> None:
         self.rt = rt
@@ -162,14 +186,14 @@ class _Node:
         self.msg = msg
         self.left = expected
         self.entries: list[tuple[int, int, msgspec.Raw, bool, int]] = []
-        self.parts: list[Part] = []
+        self.parts: list[Buffer] = []
         #: the reduced value so far (the user's), or _NOTHING
         self.acc: object = _NOTHING
         self.error: tuple[int, msgspec.Raw] | None = None
         self._combine: Callable[[object, object], object] | None = None
 
     def add(
-        self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Part]
+        self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Buffer]
     ) -> None:
         if self.msg.mode == CAST_REDUCE:
             self._reduce(rank, status, value, pickled, parts)
@@ -180,7 +204,7 @@ class _Node:
         if self.left == 0:
             self._finish()
 
-    def add_gathered(self, msg: Gathered, parts: list[Part]) -> None:
+    def add_gathered(self, msg: Gathered, parts: list[Buffer]) -> None:
         i = 0
         for rank, status, value, pickled, n in msg.entries:
             if self.msg.mode == CAST_REDUCE:
@@ -208,7 +232,7 @@ class _Node:
             self._finish()
 
     def _reduce(
-        self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Part]
+        self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Buffer]
     ) -> None:
         if self.error is not None:
             return
@@ -239,7 +263,7 @@ class _Node:
             if self.error is not None:
                 rank, raw = self.error
                 entries = [(rank, ERROR, raw, False, 0)]
-                parts: list[Part] = []
+                parts: list[Buffer] = []
             else:
                 try:
                     raw, pickled, parts = dumps(self.acc, lambda: f"reduced result of {msg.method}")
@@ -261,7 +285,7 @@ class _Node:
 _NOTHING = object()
 
 
-def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Part]) -> None:
+def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Buffer]) -> None:
     """In a proc: handle our own target of ``msg`` and forward the rest down the tree."""
     if msg.actor not in rt.actors and rt.arrivals.await_actor(
         msg.actor, lambda: handle_cast(rt, conn, msg, parts)
@@ -269,9 +293,9 @@ def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Part]) -> 
         return  # the cast overtook the actor's Spawn: handle it once the actor exists
     rank, _, seq = msg.targets[0]
     subtrees = split(msg.targets[1:], msg.fanout)
-    node: _Node | None = None
+    node: GatherNode | None = None
     if msg.mode != CAST_NONE and msg.reply:
-        node = _Node(rt, conn, msg, 1 + len(subtrees))
+        node = GatherNode(rt, conn, msg, 1 + len(subtrees))
     for chunk in subtrees:
         child_port = 0
         if node is not None:
@@ -311,15 +335,14 @@ def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Part]) -> 
         if node is not None:
             node.add(rank, ERROR, encode_error(rt.arrivals.no_actor(msg.actor)), False, [])
         return
-    # The actor layer types the reply sink as a Connection; it only calls send() on it.
-    actor.deliver(cast(Connection, reply_to), call, parts, msg.sender)
+    actor.deliver(reply_to, call, parts, msg.sender)
 
 
 class _SubtreeLoss:
     """Port handler at a tree node for one subtree: called per rank if its connection drops
     (its results, when they come, arrive as one Gathered, handled by handle_gathered)."""
 
-    def __init__(self, rt: Runtime, node: _Node, ranks: int) -> None:
+    def __init__(self, rt: Runtime, node: GatherNode, ranks: int) -> None:
         self.rt = rt
         self.node = node
         self.ranks = ranks
@@ -337,7 +360,7 @@ class _SubtreeLoss:
         return False
 
 
-def handle_gathered(rt: Runtime, conn: Connection, msg: Gathered, parts: list[Part]) -> None:
+def handle_gathered(rt: Runtime, conn: Connection, msg: Gathered, parts: list[Buffer]) -> None:
     """Results of a subtree: into a tree node's gather, or the sender's port."""
     conn.pending.pop(msg.port, None)
     node = rt.gathers.pop(msg.port, None)
@@ -351,7 +374,7 @@ def handle_gathered(rt: Runtime, conn: Connection, msg: Gathered, parts: list[Pa
             if status == OK:
                 value = loads(raw, pickled, parts[i : i + n], lambda: "a reply")
             else:
-                value = error_from_info(_error_decode(raw))
+                value = error_from_info(error_decode(raw))
         except (SerializationError, msgspec.DecodeError) as e:
             status, value = ERROR, SerializationError(str(e))
         i += n
