@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import (
     bench_attach,
+    bench_calls,
     bench_hops,
     bench_inference,
     bench_mesh,
@@ -25,6 +26,8 @@ def main() -> None:
     bench_runtime.main()
     print("\n== the thread hand-overs of one call_one ==")
     bench_hops.main()
+    print("\n== Python calls per call_one, each side ==")
+    bench_calls.main()
     print("\n== the cost of per-actor stats: on vs off ==")
     bench_stats.main()
     print("\n== the cost of OpenTelemetry tracing: on vs off ==")

@@ -230,7 +230,10 @@ class ActorMesh(Shaped, Generic[A_co]):
                 f"{self._cls.__name__} has no endpoint {name!r}; its endpoints are: "
                 f"{describe_endpoints(self._cls)}"
             )
-        return ActorEndpoint(self, name)
+        ep: ActorEndpoint[object] = ActorEndpoint(self, name)
+        # Kept: ``mesh.step.call()`` in a loop finds it as a plain attribute from now on.
+        self.__dict__[name] = ep
+        return ep
 
     def _with_shape(self, shape: Shape) -> ActorMesh[A_co]:
         return ActorMesh(
