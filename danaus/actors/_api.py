@@ -40,11 +40,6 @@ from ._context import (
 from ._debug import (
     proc_parent,
 )
-from ._errinfo import (
-    encode_error,
-    error_from_info,
-    info_from_error,
-)
 from ._future import (
     Future,
 )
@@ -63,7 +58,6 @@ from ._loops import (
     background_runtime,
     call_in_loop,
     current_runtime,
-    enable_transport,
     install_runtime,
     new_event_loop,
     run_on,
@@ -103,7 +97,6 @@ from ._runtime import (
 from ._serialize import (
     dumps,
     dumps_args,
-    loads,
 )
 from ._stats import (
     ActorRecord,
@@ -121,7 +114,6 @@ from ._wire import (
     CAST_NONE,
     CAST_REDUCE,
     ERROR,
-    NIL,
     OK,
     Call,
     Cancel,
@@ -131,7 +123,6 @@ from ._wire import (
     DebugInput,
     DebugOpen,
     DebugOutput,
-    ErrorInfo,
     Failure,
     Gathered,
     Paused,
@@ -152,7 +143,6 @@ __all__ = [
     "CAST_NONE",
     "CAST_REDUCE",
     "ERROR",
-    "NIL",
     "OK",
     "Actor",
     "ActorRecord",
@@ -167,7 +157,6 @@ __all__ = [
     "DebugOpen",
     "DebugOutput",
     "Endpoint",
-    "ErrorInfo",
     "Extent",
     "Failure",
     "Future",
@@ -207,20 +196,15 @@ __all__ = [
     "die_with_parent",
     "dumps",
     "dumps_args",
-    "enable_transport",
-    "encode_error",
     "endpoint",
     "endpoints_of",
-    "error_from_info",
     "forward",
     "handle_cast",
     "handle_gathered",
-    "info_from_error",
     "install_actor",
     "install_handlers",
     "install_runtime",
     "listen_address",
-    "loads",
     "new_event_loop",
     "on_call",
     "on_cancel",
