@@ -27,9 +27,8 @@ from . import _auth
 from ._address import listen_address
 from ._arrivals import ActorArrivals
 from ._cast import send_tree
-from ._connection import Connection
+from ._connection import CLOSED, HANDSHAKE, OPEN, Connection
 from ._errinfo import encode_error
-from ._frame_writer import CLOSED, HANDSHAKE, OPEN
 from ._future import Future
 from ._part_pool import trim_part_pool
 from ._peers import (

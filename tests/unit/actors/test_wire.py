@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from danaus.actors._auth import proof, verify
-from danaus.actors._frame_writer import State
+from danaus.actors._connection import State
 from danaus.actors._runtime import Runtime
 from danaus.actors._serialize import encode_plain
 from danaus.actors._wire import (
