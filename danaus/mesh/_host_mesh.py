@@ -26,7 +26,7 @@ from ..actors._api import (
     Runtime,
     current_runtime,
     listen_address,
-    peer_keys,
+    peers,
     run_on,
     run_task,
 )
@@ -338,10 +338,10 @@ class HostMesh(Shaped):
             _, group = by_host[i]
             exc = fut.exception()
             if exc is None:
-                key = peer_keys.get(by_host[i][0])
+                key = peers.key_of(by_host[i][0])
                 for handle, (addr, pid) in zip(group, fut.result(), strict=True):
                     if key is not None:  # its agent's key, not ours: so is the proc's
-                        peer_keys[addr] = key
+                        peers.set_key(addr, key)
                     rt.new_peer_at(addr)  # (its port may have been a lost proc's)
                     handle.started(addr, pid)
             else:

@@ -35,10 +35,10 @@ from collections.abc import Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..actors._api import ERROR, Connection, Failure, Runtime, StopActor, current_runtime
+from ..actors._api import ERROR, Connection, Failure, Runtime, StopActor, current_runtime, peers
 from ..config import config
 from ..errors import SerializationError, SupervisionError
-from ._local_procs import forget, stop_procs, wait_exited
+from ._local_procs import stop_procs, wait_exited
 from ._logs import LogOptions
 from ._proc_handles import Proc, ProcHandle, RefProcHandle, RemoteProcHandle, SelfProcHandle
 from ._shape import Shape
@@ -336,7 +336,7 @@ class ProcGroup:
         # Only procs this process started are forgotten: another group here may hold the
         # addresses of a this_proc() or reference mesh.
         addrs = [h.addr for h in self.handles if h.addr and isinstance(h, _STARTED_HERE)]
-        forget(addrs)
+        peers.forget(addrs)
         for addr in addrs:
             _by_addr.pop(addr, None)
         for wire in list(self._actors):
