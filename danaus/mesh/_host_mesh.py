@@ -8,11 +8,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import itertools
 import os
 import shutil
-import threading
-import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING
@@ -35,6 +32,7 @@ from ..errors import SupervisionError
 from ._actor_mesh import ActorMesh, mesh_ref
 from ._bootstrap_cmd import BootstrapCommand, cpu_set, resolve_commands
 from ._host_agent import AGENT, HostAgent, agent_ref
+from ._live_meshes import live_meshes
 from ._local_procs import start_proc
 from ._logs import LogOptions, printer
 from ._proc_group import ProcGroup
@@ -247,7 +245,7 @@ class HostMesh(Shaped):
             env: extra environment variables for the procs.
         """
         if name is None:
-            name = _default_name()
+            name = live_meshes.default_name()
         elif not isinstance(name, str) or not name or "." in name or "[" in name:
             raise ValueError(f"proc mesh name {name!r} must be a non-empty str without '.' or '['")
         if bootstrap is not None and not callable(bootstrap):
@@ -259,12 +257,12 @@ class HostMesh(Shaped):
             )
         mesh = self._spawn_procs(per_host, name, env, proc_bind, bootstrap_command)
         group = group_of(mesh)
-        _live_names[name] = group
+        live_meshes.named(name, group)
         # Stopped meshes need no shutdown: forget them, so a long-lived host mesh stays small.
         self._spawned[:] = [g for g in self._spawned if not g.stopped]
         self._spawned.append(group)
         if bootstrap is not None:
-            group.bootstrap = mesh.spawn_mesh("bootstrap", _Bootstrap, bootstrap)
+            group.set_bootstrap(mesh.spawn_mesh("bootstrap", _Bootstrap, bootstrap))
         return mesh
 
     def _spawn_procs(
@@ -457,22 +455,6 @@ def this_host() -> HostMesh:
     """The host the controller runs on, as a mesh with no dims. In a proc started with
     ``with_python_executable``, procs spawned on it run that Python too (Monarch's)."""
     return HostMesh(Shape.from_sizes({}), python=os.environ.get(PROC_PYTHON_ENV) or None)
-
-
-#: the procs of proc meshes spawned here, by mesh name (for default names)
-_live_names: weakref.WeakValueDictionary[str, ProcGroup] = weakref.WeakValueDictionary()
-_names_lock = threading.Lock()
-
-
-def _default_name() -> str:
-    """``"procs"``, or ``"procsN"`` while a mesh of that name still runs here."""
-    with _names_lock:
-        for n in itertools.count(1):
-            name = "procs" if n == 1 else f"procs{n}"
-            group = _live_names.get(name)
-            if group is None or group.stopped:
-                return name
-    raise AssertionError("unreachable")
 
 
 class _Bootstrap(Actor):
