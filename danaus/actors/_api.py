@@ -68,12 +68,7 @@ from ._loops import (
 )
 from ._ndslice import NDSlice, Selection, set_region_shape
 from ._ndslice import Region as NDRegion
-from ._peers import (
-    peer_exit_reason,
-    peer_exited,
-    peer_keys,
-    proc_ready,
-)
+from ._peers import peers
 from ._point import (
     Extent,
     Point,
@@ -220,11 +215,8 @@ __all__ = [
     "otlp_traces_url",
     "outgoing_trace",
     "parse_addr",
-    "peer_exit_reason",
-    "peer_exited",
-    "peer_keys",
+    "peers",
     "proc_parent",
-    "proc_ready",
     "process_uptime",
     "run_on",
     "run_proc",

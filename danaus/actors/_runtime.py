@@ -31,14 +31,7 @@ from ._connection import CLOSED, HANDSHAKE, OPEN, Connection
 from ._errinfo import encode_error
 from ._future import Future
 from ._part_pool import trim_part_pool
-from ._peers import (
-    fail_pending,
-    fail_pending_after_exit,
-    peer_exited,
-    peer_keys,
-    peer_lost_error,
-    proc_ready,
-)
+from ._peers import fail_pending, fail_pending_after_exit, peer_lost_error, peers
 from ._results import PortHandler, PortOwner, settle
 from ._sockets import Listener, Via, dial
 from ._wire import (
@@ -294,8 +287,9 @@ class Runtime:
 
     def key_for(self, peer: str) -> bytes:
         """The key connections with ``peer`` authenticate with: this runtime's, unless the
-        peer was given another one (:data:`peer_keys`)."""
-        return peer_keys.get(peer, self.key)
+        peer was given another one (``peers.set_key``, :mod:`~danaus.actors._peers`)."""
+        key = peers.key_of(peer)
+        return self.key if key is None else key
 
     def _dialer(self, addr: str) -> Connection:
         key = self.key_for(addr)
@@ -339,9 +333,7 @@ class Runtime:
             self.conns[conn.peer] = conn
         elif old is None or old.state is CLOSED:
             self.conns[conn.peer] = conn
-        ready = proc_ready.get(conn.peer)
-        if ready is not None and not ready.done():
-            ready.set_result(None)
+        peers.ready(conn.peer)
 
     def connection_lost(self, conn: Connection) -> None:
         self._all_conns.discard(conn)
@@ -356,7 +348,7 @@ class Runtime:
                     callback(conn.peer)
         if conn.pending:
             pending, conn.pending = conn.pending, {}
-            exited = peer_exited.get(conn.peer or "")
+            exited = peers.exit_status(conn.peer or "")
             if isinstance(conn.close_reason, SupervisionError):
                 fail_pending(self, conn, pending)  # we gave up on it (no heartbeat): say so
             elif exited is not None and not exited.done():

@@ -22,7 +22,7 @@ from typing import Protocol
 from ..config import config
 from ._address import parse_addr, tls_context
 from ._connection import Connection
-from ._peers import proc_ready
+from ._peers import peers
 
 __all__ = ["Listener", "Via", "bind", "dial"]
 
@@ -167,9 +167,7 @@ async def dial(loop: asyncio.AbstractEventLoop, conn: Connection) -> None:
     that cannot be reached closes ``conn`` (:meth:`Connection.never_opened`)."""
     assert conn.peer is not None
     try:
-        ready = proc_ready.get(conn.peer)
-        if ready is not None and not ready.done():
-            await asyncio.wrap_future(ready)
+        await peers.wait_ready(conn.peer)
         _, where = parse_addr(conn.peer)
         # Every address is listening before anyone learns it (runtimes bind as they
         # are made; a proc's socket is bound by its spawner and handed to it), so a

@@ -30,13 +30,13 @@ from ..actors._api import (
     install_runtime,
     new_event_loop,
     parse_addr,
-    peer_keys,
+    peers,
     set_job_key,
 )
 from ..config import config
 from ..errors import SupervisionError
 from ._gateway import GATEWAY, Gateway
-from ._local_procs import forget, start_proc, stop_procs, wait_exited
+from ._local_procs import start_proc, stop_procs, wait_exited
 from ._logs import LineSink
 from ._proc_handles import ProcHandle, RemoteProcHandle
 
@@ -142,7 +142,7 @@ class HostAgent(Actor):
         await stop_procs(current_runtime(), handles, config.stop_timeout)
         for owned in self.owners.values():
             owned.difference_update(addrs)
-        forget(addrs)
+        peers.forget(addrs)
 
     @endpoint
     async def kill_procs(self, addrs: list[str]) -> None:
@@ -154,7 +154,7 @@ class HostAgent(Actor):
         await asyncio.gather(*(wait_exited(h, config.stop_timeout) for h in handles))
         for owned in self.owners.values():
             owned.difference_update(addrs)
-        forget(addrs)
+        peers.forget(addrs)
 
     @endpoint
     def info(self) -> AgentInfo:
@@ -361,7 +361,7 @@ def use_key(key: bytes, agents: Sequence[str] = ()) -> None:
         set_job_key(key)
         return
     for addr in agents:
-        peer_keys[addr] = key
+        peers.set_key(addr, key)
 
 
 def use_agents_key(agents: Sequence[str], key_file: str | None) -> None:

@@ -8,11 +8,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import itertools
 import os
 import shutil
-import threading
-import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING
@@ -26,7 +23,7 @@ from ..actors._api import (
     Runtime,
     current_runtime,
     listen_address,
-    peer_keys,
+    peers,
     run_on,
     run_task,
 )
@@ -35,6 +32,7 @@ from ..errors import SupervisionError
 from ._actor_mesh import ActorMesh, mesh_ref
 from ._bootstrap_cmd import BootstrapCommand, cpu_set, resolve_commands
 from ._host_agent import AGENT, HostAgent, agent_ref
+from ._live_meshes import live_meshes
 from ._local_procs import start_proc
 from ._logs import LogOptions, printer
 from ._proc_group import ProcGroup
@@ -247,7 +245,7 @@ class HostMesh(Shaped):
             env: extra environment variables for the procs.
         """
         if name is None:
-            name = _default_name()
+            name = live_meshes.default_name()
         elif not isinstance(name, str) or not name or "." in name or "[" in name:
             raise ValueError(f"proc mesh name {name!r} must be a non-empty str without '.' or '['")
         if bootstrap is not None and not callable(bootstrap):
@@ -259,12 +257,12 @@ class HostMesh(Shaped):
             )
         mesh = self._spawn_procs(per_host, name, env, proc_bind, bootstrap_command)
         group = group_of(mesh)
-        _live_names[name] = group
+        live_meshes.named(name, group)
         # Stopped meshes need no shutdown: forget them, so a long-lived host mesh stays small.
         self._spawned[:] = [g for g in self._spawned if not g.stopped]
         self._spawned.append(group)
         if bootstrap is not None:
-            group.bootstrap = mesh.spawn_mesh("bootstrap", _Bootstrap, bootstrap)
+            group.set_bootstrap(mesh.spawn_mesh("bootstrap", _Bootstrap, bootstrap))
         return mesh
 
     def _spawn_procs(
@@ -338,10 +336,10 @@ class HostMesh(Shaped):
             _, group = by_host[i]
             exc = fut.exception()
             if exc is None:
-                key = peer_keys.get(by_host[i][0])
+                key = peers.key_of(by_host[i][0])
                 for handle, (addr, pid) in zip(group, fut.result(), strict=True):
                     if key is not None:  # its agent's key, not ours: so is the proc's
-                        peer_keys[addr] = key
+                        peers.set_key(addr, key)
                     rt.new_peer_at(addr)  # (its port may have been a lost proc's)
                     handle.started(addr, pid)
             else:
@@ -457,22 +455,6 @@ def this_host() -> HostMesh:
     """The host the controller runs on, as a mesh with no dims. In a proc started with
     ``with_python_executable``, procs spawned on it run that Python too (Monarch's)."""
     return HostMesh(Shape.from_sizes({}), python=os.environ.get(PROC_PYTHON_ENV) or None)
-
-
-#: the procs of proc meshes spawned here, by mesh name (for default names)
-_live_names: weakref.WeakValueDictionary[str, ProcGroup] = weakref.WeakValueDictionary()
-_names_lock = threading.Lock()
-
-
-def _default_name() -> str:
-    """``"procs"``, or ``"procsN"`` while a mesh of that name still runs here."""
-    with _names_lock:
-        for n in itertools.count(1):
-            name = "procs" if n == 1 else f"procs{n}"
-            group = _live_names.get(name)
-            if group is None or group.stopped:
-                return name
-    raise AssertionError("unreachable")
 
 
 class _Bootstrap(Actor):

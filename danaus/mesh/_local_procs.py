@@ -8,6 +8,11 @@ that up. Every proc is
 also killed by an ``atexit`` hook, so none outlives the controller; procs killed that way
 (or by a mesh's ``stop``) are stopped, not failed, and their exits are not reported.
 
+This module owns the handles of the local procs not reaped yet (``_live``: added as they
+start, dropped as they are reaped, killed at exit; :func:`started_here` asks it). What the
+runtimes know of them (readiness, exit status) is :data:`~danaus.actors._peers.peers`'s,
+told as each starts; which proc mesh each is in is its ``ProcGroup``'s.
+
 A proc's listening socket is bound here, under a name nobody can predict, and handed to
 the proc: abstract socket names are visible to every local process (``/proc/net/unix``),
 so a name derived from a counter could be taken by another process before the proc binds
@@ -30,7 +35,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 
-from ..actors._api import Runtime, StopProc, peer_exit_reason, peer_exited, proc_ready, run_on
+from ..actors._api import Runtime, StopProc, peers, run_on
 from ..config import config
 from ..errors import SupervisionError
 from ._forkserver import ForkedPopen, fork_server, python_path, stop_fork_server
@@ -123,7 +128,7 @@ def _start_proc(
     proc_env["PYTHONPATH"] = python_path()
     if env:
         proc_env.update(env)
-    proc_ready[addr] = ThreadFuture()
+    ready = peers.expect(addr)
     popen: subprocess.Popen[bytes] | ForkedPopen
     python = executable or sys.executable
     other_python = os.path.realpath(python) != os.path.realpath(sys.executable)
@@ -142,11 +147,10 @@ def _start_proc(
     assert popen.stdin is not None
     popen.stdin.write(rt.key.hex().encode() + b"\n")
     popen.stdin.flush()
-    handle = ProcHandle(addr, rank, popen)
+    handle = ProcHandle(addr, rank, popen, ready)
     with _live_lock:
         _live.add(handle)
-    peer_exit_reason[addr] = handle.exit_reason
-    peer_exited[addr] = handle.exited
+    peers.spawned(addr, handle.exited, handle.exit_reason)
     run_on(rt, _watch, rt, handle, sink)
     return handle
 
@@ -294,14 +298,6 @@ async def stop_procs(rt: Runtime, handles: Sequence[ProcHandle], grace: float) -
             log.warning("proc %s did not stop within %s s; killing it", h.addr, grace)
             h.kill()
     await asyncio.gather(*(wait_exited(h, grace) for h in handles))
-
-
-def forget(addrs: list[str]) -> None:
-    """Drop the bookkeeping of procs that are gone for good (their mesh was stopped)."""
-    for addr in addrs:
-        proc_ready.pop(addr, None)
-        peer_exit_reason.pop(addr, None)
-        peer_exited.pop(addr, None)
 
 
 def fresh_name() -> str:

@@ -1,26 +1,33 @@
 """``ProcGroup``: the one owner of a proc mesh's state.
 
-A proc mesh and every slice of it share one group. The group alone holds and changes:
+A proc mesh and every slice of it share one group. The group alone changes, through its
+methods:
 
-- the procs: one handle per global rank (``handles``, each a :class:`Proc`), and
-  ``started``, which resolves once every proc's address is known (a host agent's procs
-  learn theirs when the agent answers);
-- the proc mesh's failure state (``state``, a :class:`MeshState`) and whether it was
-  stopped;
+- its procs' failures and whether it was stopped (``state``, a :class:`MeshState`, and
+  ``phase``): :meth:`~ProcGroup.proc_failed`, :meth:`~ProcGroup.stop_all`,
+  :meth:`~ProcGroup.failed_procs` to ask;
 - **the list of actor meshes spawned on the proc mesh**: ``add`` / ``remove`` /
-  ``states_at`` / ``stop_all``. No other list of them exists. The same methods keep a
-  process-wide index by actor wire name, where :func:`handle_failure` finds the mesh a
-  ``Failure`` message names (one dict lookup);
-- the index of this process's procs by address, through which a lost connection
-  becomes a proc failure (:func:`on_peer_lost`);
+  ``states`` / ``states_at`` / ``stop_all``. It keeps this process's registry of live
+  meshes (:data:`~danaus.mesh._live_meshes.live_meshes`) told of its procs, by address,
+  through which a lost connection becomes a proc failure (:func:`on_peer_lost`), and of
+  its actor meshes, by wire name, where :func:`handle_failure` finds the mesh a
+  ``Failure`` message names;
+- who owns it (``owner``: :meth:`~ProcGroup.claim`) and the actors that ran its
+  bootstrap function (``bootstrap``: :meth:`~ProcGroup.set_bootstrap`);
 - what a proc mesh pickles to (:meth:`ProcGroup.reference`, a :class:`GroupRef`: the
   procs' addresses and what is known of them), and the group it is unpickled as
   (:meth:`ProcGroup.from_reference`): this process's own group of those procs, or a
   reference group (``RefProcHandle`` procs, never stopped or killed from there).
 
-``ProcMesh`` creates a group and asks it; ``ActorMesh``, the inspectors, the metrics,
-the snapshot (admin endpoint) and the tensor engine go through the methods below, never
-through its fields.
+Set when it is made and never replaced: ``name``, ``shape``, the procs (``handles``, one
+:class:`Proc` per global rank, each the owner of its own readiness and exit),
+``started`` (resolves once every proc's address is known: a host agent's procs learn
+theirs when the agent answers), ``log`` (the procs' output options, which
+``ProcMesh.logging_option`` sets) and ``is_reference``.
+
+``ProcMesh`` creates a group; it, ``ActorMesh``, the inspectors, the metrics, the
+snapshot (admin endpoint) and the tensor engine read those attributes and ask the
+methods below; none changes a group but through them.
 """
 
 from __future__ import annotations
@@ -29,16 +36,16 @@ import asyncio
 import enum
 import functools
 import logging
-import weakref
 from asyncio.events import _get_running_loop
 from collections.abc import Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..actors._api import ERROR, Connection, Failure, Runtime, StopActor, current_runtime
+from ..actors._api import ERROR, Connection, Failure, Runtime, StopActor, current_runtime, peers
 from ..config import config
 from ..errors import SerializationError, SupervisionError
-from ._local_procs import forget, stop_procs, wait_exited
+from ._live_meshes import live_meshes
+from ._local_procs import stop_procs, wait_exited
 from ._logs import LogOptions
 from ._proc_handles import Proc, ProcHandle, RefProcHandle, RemoteProcHandle, SelfProcHandle
 from ._shape import Shape
@@ -53,20 +60,11 @@ __all__ = [
     "GroupState",
     "ProcGroup",
     "handle_failure",
-    "live_groups",
     "remove_actor_mesh",
 ]
 
 log = logging.getLogger("danaus.mesh")
 supervision_log = logging.getLogger("danaus.supervision")
-
-#: the actor meshes of every group, by wire name: where Failure messages find theirs.
-#: (Their group is held weakly: a mesh nobody stopped or holds goes, as before, and
-#: with it the default name it reserved.)
-_by_wire: dict[str, tuple[weakref.ref[ProcGroup], MeshState]] = {}
-#: the procs this process started (itself or through a host agent), by address: which
-#: group and rank (for lost connections); gone once their group is stopped
-_by_addr: dict[str, tuple[ProcGroup, int]] = {}
 
 
 class GroupState(enum.Enum):
@@ -126,9 +124,7 @@ class ProcGroup:
         #: who spawned the mesh (an ActorInstance, or None for the controller)
         self.owner = None if reference else current_owner()
         self.state = MeshState(name, shape, self.owner)
-        #: the actors that ran the ``spawn_procs(bootstrap=...)`` function, if any (set
-        #: once, by ``spawn_procs``): the procs count as initialized after them
-        self.bootstrap: ActorMesh[_Bootstrap] | None = None
+        self._bootstrap: ActorMesh[_Bootstrap] | None = None
         self._phase = GroupState.RUNNING
         self._actors: dict[str, MeshState] = {}  # by wire name, in spawn order
         if reference:
@@ -138,7 +134,7 @@ class ProcGroup:
             rt.on_lost.append(on_peer_lost)
         for h in self.handles:
             if isinstance(h, ProcHandle):
-                _by_addr[h.addr] = (self, h.rank)
+                live_meshes.add_proc(h.addr, self, h.rank)
                 h.exit_callbacks.append(functools.partial(self._proc_exited, h.rank))
             elif isinstance(h, RemoteProcHandle):
                 h.on_started.append(self._index_remote)
@@ -159,6 +155,17 @@ class ProcGroup:
         """True from the moment ``stop_all`` starts."""
         return self._phase is not GroupState.RUNNING
 
+    @property
+    def bootstrap(self) -> ActorMesh[_Bootstrap] | None:
+        """The actors that ran the ``spawn_procs(bootstrap=...)`` function, if any: the
+        procs count as initialized after them."""
+        return self._bootstrap
+
+    def set_bootstrap(self, actors: ActorMesh[_Bootstrap]) -> None:
+        """``actors`` run the ``spawn_procs(bootstrap=...)`` function (set once, by
+        ``spawn_procs``)."""
+        self._bootstrap = actors
+
     # pickling
     def reference(self) -> GroupRef:
         """What a proc mesh of this group pickles to.
@@ -177,7 +184,7 @@ class ProcGroup:
             except Exception:
                 pass  # the procs that never started are reported below
         addrs = tuple(self.addrs())
-        failed = dict(self.state.failed)
+        failed = self.failed_procs()
         for rank, addr in enumerate(addrs):
             if addr or rank in failed:
                 continue
@@ -196,7 +203,7 @@ class ProcGroup:
     def from_reference(cls, ref: GroupRef) -> ProcGroup:
         """The group a pickled proc mesh stands for here: this process's own group of
         those procs if it started them and they run, else a reference group."""
-        mine = _by_addr.get(ref.addrs[0]) if ref.addrs else None
+        mine = live_meshes.proc_at(ref.addrs[0]) if ref.addrs else None
         if mine is not None:
             group = mine[0]
             if group.name == ref.name and tuple(group.addrs()) == ref.addrs:
@@ -232,6 +239,10 @@ class ProcGroup:
             return ready.exception()
         return None
 
+    def failed_procs(self) -> dict[int, str]:
+        """Why each proc known to have failed did, by global rank (a copy)."""
+        return dict(self.state.failed)
+
     def addrs(self) -> list[str]:
         """The address of every proc, by global rank (see :meth:`addr_of`)."""
         return [h.addr or "" for h in self.handles]
@@ -263,14 +274,14 @@ class ProcGroup:
         """Record an actor mesh spawned on these procs under its wire name; its ranks
         whose procs failed already are failed from the start."""
         self._actors[wire] = state
-        _by_wire[wire] = (weakref.ref(self), state)
+        live_meshes.add_actor_mesh(wire, self, state)
         for r, why in self.state.failed.items():
             state.failed[r] = why
 
     def remove(self, wire: str) -> None:
         """Forget the actor mesh ``wire`` (it was stopped)."""
         self._actors.pop(wire, None)
-        _by_wire.pop(wire, None)
+        live_meshes.remove_actor_mesh(wire)
 
     def states(self) -> list[MeshState]:
         """The actor meshes on these procs (not stopped by their own ``stop``), oldest
@@ -300,7 +311,7 @@ class ProcGroup:
 
     def _index_remote(self, h: RemoteProcHandle) -> None:
         if h.addr is not None:
-            _by_addr[h.addr] = (self, h.rank)
+            live_meshes.add_proc(h.addr, self, h.rank)
 
     # stopping
     async def stop_all(self, reason: str) -> None:
@@ -336,9 +347,8 @@ class ProcGroup:
         # Only procs this process started are forgotten: another group here may hold the
         # addresses of a this_proc() or reference mesh.
         addrs = [h.addr for h in self.handles if h.addr and isinstance(h, _STARTED_HERE)]
-        forget(addrs)
-        for addr in addrs:
-            _by_addr.pop(addr, None)
+        peers.forget(addrs)
+        live_meshes.forget_procs(addrs)
         for wire in list(self._actors):
             self.remove(wire)
         if self.log.aggregator is not None:  # the procs' last lines, before we return
@@ -371,37 +381,27 @@ _STARTED_HERE = (ProcHandle, RemoteProcHandle)
 
 def remove_actor_mesh(wire: str) -> None:
     """Forget the actor mesh ``wire`` (it was stopped), whichever group it is on."""
-    entry = _by_wire.pop(wire, None)
-    group = entry[0]() if entry is not None else None
+    group = live_meshes.remove_actor_mesh(wire)
     if group is not None:
         group.remove(wire)
 
 
-def live_groups() -> list[ProcGroup]:
-    """The groups of procs this process started and has not stopped."""
-    groups: list[ProcGroup] = []
-    for group, _ in list(_by_addr.values()):
-        if not group.stopped and group not in groups:
-            groups.append(group)
-    return groups
-
-
 def handle_failure(rt: Runtime, conn: Connection, msg: Failure, parts: list[object]) -> None:
     """A proc reports that actors of one of our actor meshes failed."""
-    entry = _by_wire.get(msg.actor)
-    if entry is None:
+    state = live_meshes.actor_mesh(msg.actor)
+    if state is None:
         supervision_log.error(
             "failure of unknown mesh %s (%s): %s", msg.mesh, msg.actor, msg.report
         )
         return
-    entry[1].fail(msg.ranks, msg.report, msg.kind)
+    state.fail(msg.ranks, msg.report, msg.kind)
 
 
 def on_peer_lost(addr: str) -> None:
     """A connection to ``addr`` was lost: if it was one of our procs (or a host agent),
     those procs failed. A local proc that is still alive (frozen: it stopped answering
     heartbeats) is killed, so it cannot come back as a zombie member of the mesh."""
-    entry = _by_addr.pop(addr, None)
+    entry = live_meshes.take_proc(addr)
     if entry is not None:
         group, rank = entry
         h = group.handles[rank]
@@ -414,11 +414,11 @@ def on_peer_lost(addr: str) -> None:
         return
     via_agent = [
         (a, group, rank)
-        for a, (group, rank) in _by_addr.items()
+        for a, group, rank in live_meshes.procs()
         if isinstance(h := group.handles[rank], RemoteProcHandle) and h.agent == addr
     ]
     for a, group, rank in via_agent:
-        _by_addr.pop(a, None)
+        live_meshes.take_proc(a)
         group.proc_failed(rank, f"its host agent {addr} is gone")
 
 

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from concurrent.futures import Future as ThreadFuture
 from typing import Protocol
 
-from ..actors._api import proc_ready
 from ._forkserver import ForkedPopen
 
 
@@ -64,11 +63,19 @@ class ProcHandle:
     """One proc process: its address, ``Popen`` (or the same for a forked proc),
     readiness and exit."""
 
-    def __init__(self, addr: str, rank: int, popen: subprocess.Popen[bytes] | ForkedPopen) -> None:
+    def __init__(
+        self,
+        addr: str,
+        rank: int,
+        popen: subprocess.Popen[bytes] | ForkedPopen,
+        ready: ThreadFuture[None],
+    ) -> None:
         self.addr = addr
         self.rank = rank
         self.popen = popen
-        self.ready: ThreadFuture[None] = proc_ready.setdefault(addr, ThreadFuture())
+        #: resolves once it is up: the future ``peers.expect(addr)`` gave its spawner,
+        #: which dials to it wait for
+        self.ready = ready
         self.exited: ThreadFuture[int] = ThreadFuture()
         #: called (on the spawning loop) with the exit description when the proc exits,
         #: unless danaus stopped the proc itself (see ``stopping``)

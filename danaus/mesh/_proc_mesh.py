@@ -32,8 +32,9 @@ from ._actor_spawn import spawn_actor_mesh
 from ._admin import maybe_start_admin
 from ._forkserver import note_actor_module
 from ._inspect import unless_endpoint
+from ._live_meshes import live_meshes
 from ._logs import LogOptions
-from ._proc_group import GroupRef, ProcGroup, live_groups
+from ._proc_group import GroupRef, ProcGroup
 from ._proc_handles import Proc, RefProcHandle, SelfProcHandle
 from ._records import ProcStats, StackEntry
 from ._shape import Shape
@@ -267,10 +268,10 @@ class ProcMesh(Shaped):
     @property
     def failed_ranks(self) -> dict[str, str]:
         """Failed procs of this mesh: ``{str(point): reason}``."""
-        state = self._group.state
+        sizes = self._group.shape.sizes
         return {
-            str(state.point(r)): why
-            for r, why in state.failed.items()
+            str(Point.from_rank(r, sizes)): why
+            for r, why in self._group.failed_procs().items()
             if r in set(self._shape.global_ranks())
         }
 
@@ -397,7 +398,7 @@ def shutdown_context() -> Future[None]:
     """Stop every proc mesh this process spawned and has not stopped (Monarch's
     ``shutdown_context``); idempotent. Also done at interpreter exit, where procs still
     running are killed."""
-    groups = live_groups()
+    groups = live_meshes.groups()
 
     async def stop_all() -> None:
         await asyncio.gather(*(g.stop_all("the controller shut down") for g in groups))
@@ -429,7 +430,7 @@ def _rebuild(ref: GroupRef, shape: Shape) -> ProcMesh:
 
 def live_proc_meshes() -> list[ProcMesh]:
     """Every proc mesh this process spawned and has not stopped, whole."""
-    return [ProcMesh(g.shape, g) for g in live_groups()]
+    return [ProcMesh(g.shape, g) for g in live_meshes.groups()]
 
 
 def group_of(procs: ProcMesh) -> ProcGroup:

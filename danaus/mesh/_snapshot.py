@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Literal, Required, TypedDict
 
 from ..actors._api import ProcControl, process_uptime
 from ..errors import ProtocolError
+from ._live_meshes import live_meshes
 from ._records import ActorRecord, ProcReply, StackEntry, proc_reply, stack_entries
 from ._shape import Shape
 
@@ -147,11 +148,9 @@ def _labelled() -> list[tuple[str, ProcGroup]]:
     """Each live proc mesh with the name tools know it by: its own, or ``name#2``, ... for
     later ones while an older mesh of the same name still runs (names need not be
     unique; a tool's question about one must reach that one)."""
-    from ._proc_group import live_groups
-
     seen: dict[str, int] = {}
     out = []
-    for group in live_groups():
+    for group in live_meshes.groups():
         n = seen[group.name] = seen.get(group.name, 0) + 1
         out.append((group.name if n == 1 else f"{group.name}#{n}", group))
     return out
@@ -213,7 +212,7 @@ async def _proc_mesh_picture(
 ) -> tuple[ProcMeshPicture, list[PlacedActor]]:
     handles = group.handles
     points = list(group.shape.points())
-    failed = dict(group.state.failed)
+    failed = group.failed_procs()
     paused = {d["proc"]: d for d in debug}
     answers = await asyncio.gather(
         *(
