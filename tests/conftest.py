@@ -21,7 +21,7 @@ def _children() -> list[int]:
 
     A fork server forks a proc some time after ``spawn_procs`` returned: procs asked for
     before now are waited for, so that they are not counted as a later test's."""
-    from danaus.mesh import _forkserver
+    from danaus.mesh._procs import forkserver as _forkserver
 
     server = _forkserver._server
     if server is not None:
@@ -36,7 +36,7 @@ def no_leftover_procs() -> Iterator[None]:
     yield
     left = set(_children()) - before
     if left:
-        from danaus.mesh._local_procs import _kill_all
+        from danaus.mesh._procs.local import _kill_all
 
         _kill_all()
         pytest.fail(f"test left procs running: {sorted(left)}")

@@ -80,7 +80,7 @@ def danaus_procs(spawner: int, servers: bool = False) -> list[int]:
     forked = {
         p: pp
         for p, pp, st, cmd in rows
-        if st != "Z" and b"danaus.mesh._forkserver" in cmd and tag in cmd
+        if st != "Z" and b"danaus.mesh._procs.forkserver" in cmd and tag in cmd
     }
     # A fork server's children run its command line too: the server is the one whose
     # parent is not a fork server of the same spawner.

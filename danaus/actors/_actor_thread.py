@@ -145,7 +145,7 @@ class InitJob(Job):
 
 def _stop_at_error(exc: BaseException, actor: ActorInstance) -> None:
     """``config.debug_on_error``: pdb at the frame that raised, before the caller hears."""
-    from . import _debug
+    from ._debugging import hook as _debug
 
     if _debug.wants_post_mortem(exc):
         _debug.post_mortem(exc, actor)

@@ -37,7 +37,7 @@ from ._context import (
     current_rank,
     spawn_creators,
 )
-from ._debug import (
+from ._debugging.hook import (
     proc_parent,
 )
 from ._future import (

@@ -368,7 +368,7 @@ def check_stuck(rt: Runtime) -> None:
     after = config.stuck_warn_after
     if after <= 0:
         return
-    from . import _debug
+    from ._debugging import hook as _debug
 
     now = time.monotonic()
     seen = set()

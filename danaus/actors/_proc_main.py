@@ -46,7 +46,7 @@ async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> bo
     from ._handlers import ProcControl, install_actor
 
     install_actor(rt, "__proc__", ProcControl())
-    from . import _debug
+    from ._debugging import hook as _debug
 
     _debug.install(rt, parent)  # breakpoint() opens a session at the spawner
     to_parent = rt.connection(parent)  # dialing the spawner tells it we are up

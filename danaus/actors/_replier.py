@@ -223,7 +223,7 @@ class Replier:
             if by_caller and isinstance(exc, asyncio.CancelledError):
                 return
             if config.debug_on_error and not by_caller:
-                from . import _debug
+                from ._debugging import hook as _debug
 
                 if _debug.wants_post_mortem(exc):
                     _debug.post_mortem(exc, a)  # (on the loop: its peers are told)

@@ -4,18 +4,18 @@ from ..actors._api import NDSlice, Selection, on_every_heartbeat, set_region_sha
 from . import _handler_table
 from ._actor_endpoint import ActorEndpoint
 from ._actor_mesh import ActorMesh
-from ._admin import AdminClient, AdminError, AdminServer, serve_admin
-from ._bootstrap_cmd import BootstrapCommand, default_bootstrap_cmd
+from ._admin.inspect import mesh_stacks, mesh_stats
+from ._admin.metrics import MetricsServer, serve_metrics
+from ._admin.server import AdminClient, AdminError, AdminServer, serve_admin
 from ._controllers import get_or_spawn_controller
-from ._debug import debug_controller, debug_sessions
-from ._debug_relay import sweep as _debug_sweep
+from ._debugging.relay import sweep as _debug_sweep
+from ._debugging.sessions import debug_controller, debug_sessions
 from ._endpoint_ops import Accumulator, as_endpoint, send
 from ._gateway import attach
-from ._host_agent import run_worker_loop_forever
 from ._host_mesh import HostMesh, attach_to_hosts, attach_to_workers, hosts_from_config, this_host
-from ._inspect import mesh_stacks, mesh_stats
-from ._metrics import MetricsServer, serve_metrics
 from ._proc_mesh import ProcMesh, shutdown_context, this_proc
+from ._procs.bootstrap_cmd import BootstrapCommand, default_bootstrap_cmd
+from ._procs.host_agent import run_worker_loop_forever
 from ._shape import Shape
 from ._supervision import MeshFailure, exit_on_fault, set_unhandled_fault_hook
 from ._value_mesh import ValueMesh

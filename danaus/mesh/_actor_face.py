@@ -15,7 +15,7 @@ from typing import Generic, ParamSpec, Self, TypeVar, overload
 
 from ..actors._api import Endpoint, Extent, Future
 from ._actor_endpoint import ActorEndpoint, Stream
-from ._records import ActorStats, GoneActorStats, StackEntry
+from ._admin.records import ActorStats, GoneActorStats, StackEntry
 from ._shape import Selector, Shape
 from ._value_mesh import ValueMesh
 

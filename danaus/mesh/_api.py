@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from ._actor_face import ActorFace, TypedEndpoint
 from ._actor_mesh import mesh_ref
-from ._admin import set_dashboard_starter, start_dashboard
-from ._admin_wire import find_controllers, runtime_dir
+from ._admin.server import set_dashboard_starter, start_dashboard
+from ._admin.snapshot import proc_stacks, snapshot
+from ._admin.wire import find_controllers, runtime_dir
 from ._byte_relay import CLOSE_TIMEOUT, Message, Relays, close_writer
-from ._host_agent import agent_ref, main_host_agent, read_key_file, serve
 from ._proc_mesh import group_of
+from ._procs.host_agent import agent_ref, main_host_agent, read_key_file, serve
 from ._slurm import expand_hostlist
-from ._snapshot import proc_stacks, snapshot
 from ._supervision import default_fault_hook, exit_on_fault
 from ._tensor_engine_hook import TensorEngine, set_tensor_engine, set_tensor_engine_loader
 from ._workspace import Workspace

@@ -52,7 +52,7 @@ from ..actors._api import (
 from ..config import config
 from ._actor_mesh import ActorMesh, mesh_ref
 from ._byte_relay import Message, Relays, close_writer
-from ._local_procs import bind_abstract, started_here
+from ._procs.local import bind_abstract, started_here
 from ._shape import Shape
 
 __all__ = ["GATEWAY", "Gateway", "attach"]
@@ -293,7 +293,7 @@ def attach(addr: str, *, key_file: str | None = None) -> None:
         ConnectionError: no host agent answers at ``addr`` (within ``attach_timeout``),
             or it refuses the key.
     """
-    from ._host_agent import agent_address, use_agents_key
+    from ._procs.host_agent import agent_address, use_agents_key
 
     global _attached
     agent = agent_address(addr)

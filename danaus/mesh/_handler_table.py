@@ -45,7 +45,7 @@ from ..actors._api import (
     on_stop_actor,
     on_stop_proc,
 )
-from ._debug_relay import (
+from ._debugging.relay import (
     handle_debug_close,
     handle_debug_down,
     handle_debug_open,
@@ -75,7 +75,7 @@ HANDLERS: dict[type, Handler] = {
     # supervision, to the owner of an actor mesh
     Failure: handle_failure,  # danaus/mesh/_proc_group.py
     Stuck: handle_stuck,  # danaus/mesh/_supervision.py
-    # debugger sessions relayed up to the controller and back: danaus/mesh/_debug_relay.py
+    # debugger sessions relayed up to the controller and back: danaus/mesh/_debugging/relay.py
     DebugOpen: handle_debug_open,
     DebugOutput: handle_debug_output,
     DebugClose: handle_debug_close,

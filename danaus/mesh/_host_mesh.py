@@ -30,17 +30,17 @@ from ..actors._api import (
 from ..config import config, get_runtime_config, runtime_env
 from ..errors import SupervisionError
 from ._actor_mesh import ActorMesh, mesh_ref
-from ._bootstrap_cmd import BootstrapCommand, cpu_set, resolve_commands
-from ._host_agent import AGENT, HostAgent, agent_ref
 from ._live_meshes import live_meshes
-from ._local_procs import start_proc
-from ._logs import LogOptions, printer
 from ._proc_group import ProcGroup
-from ._proc_handles import Proc, RemoteProcHandle
 from ._proc_mesh import ProcMesh, group_of, new_proc_mesh
+from ._procs.bootstrap_cmd import BootstrapCommand, cpu_set, resolve_commands
+from ._procs.handles import Proc, RemoteProcHandle
+from ._procs.host_agent import AGENT, HostAgent, agent_ref
+from ._procs.local import start_proc
+from ._procs.logs import LogOptions, printer
 from ._shape import Shape
-from ._shaped import Shaped
 from ._supervision import resolved
+from ._views import Shaped
 
 if TYPE_CHECKING:
     from ._workspace import Workspace
@@ -381,7 +381,7 @@ def attach_to_hosts(
     Every connection authenticates with the agents' key: set ``DANAUS_AUTH_KEY`` (hex)
     in the controller's environment, or pass ``key_file`` (a file holding the key as hex,
     as ``danaus new-key`` writes it). With neither, it is this user's default key on this
-    machine (:func:`~danaus.mesh._host_agent.user_key`), which agents given no key use
+    machine (:func:`~danaus.mesh._procs.host_agent.user_key`), which agents given no key use
     too: one user's agents and controllers on one machine need no setup. A key used
     after local procs already run (with this job's own key) is used for the agents and
     their procs only.
@@ -391,7 +391,7 @@ def attach_to_hosts(
         PermissionError: no key given, and the default key's file or folder is not
             private to this user.
     """
-    from ._host_agent import agent_addrs, use_agents_key
+    from ._procs.host_agent import agent_addrs, use_agents_key
 
     addrs = agent_addrs(addrs)
     if not addrs:

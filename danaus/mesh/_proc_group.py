@@ -45,9 +45,9 @@ from ..actors._api import ERROR, Connection, Failure, Runtime, StopActor, curren
 from ..config import config
 from ..errors import SerializationError, SupervisionError
 from ._live_meshes import live_meshes
-from ._local_procs import stop_procs, wait_exited
-from ._logs import LogOptions
-from ._proc_handles import Proc, ProcHandle, RefProcHandle, RemoteProcHandle, SelfProcHandle
+from ._procs.handles import Proc, ProcHandle, RefProcHandle, RemoteProcHandle, SelfProcHandle
+from ._procs.local import stop_procs, wait_exited
+from ._procs.logs import LogOptions
 from ._shape import Shape
 from ._supervision import MeshState, Owner, current_owner, resolved
 
@@ -327,7 +327,7 @@ class ProcGroup:
         local = [h for h in self.handles if isinstance(h, ProcHandle)]
         remote = [h for h in self.handles if isinstance(h, RemoteProcHandle)]
         if remote:
-            from ._host_agent import stop_remote_procs
+            from ._procs.host_agent import stop_remote_procs
 
             await asyncio.wrap_future(self.started)
             await stop_remote_procs(remote)
@@ -432,7 +432,7 @@ def _lost_remote(group: ProcGroup, rank: int, h: RemoteProcHandle, addr: str) ->
     else:
         text = f"proc {addr} is unreachable: connection lost ({type(why).__name__}: {why})"
     group.proc_failed(rank, f"{text}; fenced: its host agent {h.agent} kills it")
-    from ._host_agent import kill_remote_proc
+    from ._procs.host_agent import kill_remote_proc
 
     current_runtime().spawn_task(kill_remote_proc(h))
 

@@ -29,19 +29,19 @@ from ..actors._api import context_state as _context_module
 from ..errors import ClosedError
 from ._actor_mesh import ActorMesh
 from ._actor_spawn import spawn_actor_mesh
-from ._admin import maybe_start_admin
-from ._forkserver import note_actor_module
-from ._inspect import unless_endpoint
+from ._admin.inspect import unless_endpoint
+from ._admin.records import ProcStats, StackEntry
+from ._admin.server import maybe_start_admin
 from ._live_meshes import live_meshes
-from ._logs import LogOptions
 from ._proc_group import GroupRef, ProcGroup
-from ._proc_handles import Proc, RefProcHandle, SelfProcHandle
-from ._records import ProcStats, StackEntry
+from ._procs.forkserver import note_actor_module
+from ._procs.handles import Proc, RefProcHandle, SelfProcHandle
+from ._procs.logs import LogOptions
 from ._shape import Shape
-from ._shaped import Shaped
 from ._supervision import current_owner, resolved
 from ._tensor_engine_hook import tensor_engine
 from ._value_mesh import ValueMesh
+from ._views import Shaped
 
 if TYPE_CHECKING:
     from ._host_mesh import HostMesh
@@ -140,8 +140,8 @@ class ProcMesh(Shaped):
         Raises:
             NotImplementedError: the mesh has more than one proc (as Monarch's).
         """
-        from ._host_agent import HostAgent, agent_ref
         from ._host_mesh import HostMesh, this_host
+        from ._procs.host_agent import HostAgent, agent_ref
 
         if len(self._shape) != 1:
             raise NotImplementedError(
@@ -244,13 +244,13 @@ class ProcMesh(Shaped):
     def stats(self) -> Future[ValueMesh[ProcStats]]:
         """Each proc's record (pid, host, CPU %, RSS, connections, bytes in and out),
         with the records of the actors in it (``"actors"``; see ``ActorMesh.stats``)."""
-        from ._inspect import proc_mesh_stats
+        from ._admin.inspect import proc_mesh_stats
 
         return run_task(current_runtime(), lambda: proc_mesh_stats(self._group, self._shape))
 
     def stacks(self) -> Future[ValueMesh[list[StackEntry]]]:
         """The Python stack of every thread and running async endpoint of each proc."""
-        from ._inspect import proc_mesh_stacks
+        from ._admin.inspect import proc_mesh_stacks
 
         return run_task(current_runtime(), lambda: proc_mesh_stacks(self._group, self._shape))
 

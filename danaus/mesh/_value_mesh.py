@@ -7,7 +7,7 @@ from typing import Generic, TypeVar
 
 from danaus.actors._api import Point
 from danaus.mesh._shape import Shape
-from danaus.mesh._shaped import Shaped
+from danaus.mesh._views import Shaped
 
 T = TypeVar("T")
 

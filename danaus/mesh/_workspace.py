@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..actors._api import Actor, endpoint
-from ._inspect import ask_procs
+from ._admin.inspect import ask_procs
 
 if TYPE_CHECKING:
     from ._host_mesh import HostMesh

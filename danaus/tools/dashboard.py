@@ -39,7 +39,7 @@ class Source(Protocol):
     raises ``LookupError`` for a proc mesh or rank that does not exist."""
 
     def snapshot(self) -> dict[str, Any]:
-        """Everything the controller runs now (``danaus.mesh._snapshot.snapshot``)."""
+        """Everything the controller runs now (``danaus.mesh._admin.snapshot.snapshot``)."""
         ...
 
     def stacks(self, procs: str, rank: int) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ def console(monkeypatch: pytest.MonkeyPatch) -> Console:
     around each test phase, so the forwarding module's view of ``sys`` is replaced)."""
     import types
 
-    import danaus.mesh._logs as logs
+    import danaus.mesh._procs.logs as logs
 
     c = Console()
     monkeypatch.setattr(logs, "sys", types.SimpleNamespace(stdout=c, stderr=c))

@@ -15,7 +15,7 @@ import pytest
 
 from danaus import set_unhandled_fault_hook, this_host
 from danaus.mesh import AdminClient, AdminError
-from danaus.mesh._admin import HELLO, admin_server, find_controllers
+from danaus.mesh._admin.server import HELLO, admin_server, find_controllers
 
 from .obs_actors import Busy
 
@@ -58,7 +58,7 @@ async def test_a_tool_finds_the_controller_and_sees_its_procs_and_actors() -> No
 
 
 def _admin_files() -> list:
-    from danaus.mesh._admin import runtime_dir
+    from danaus.mesh._admin.server import runtime_dir
 
     return list(runtime_dir().glob("admin-*.json"))
 

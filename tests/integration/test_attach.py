@@ -173,7 +173,7 @@ def test_a_reservation_nobody_claims_closes(agent: Agent) -> None:
         f"""
         import asyncio
         from danaus.mesh._gateway import _reserve
-        from danaus.mesh._host_agent import use_key, user_key
+        from danaus.mesh._procs.host_agent import use_key, user_key
         use_key(user_key()[0])  # (as attach does)
         print("RESERVED", asyncio.run(_reserve("{key}"))[0], flush=True)
         """

@@ -26,7 +26,7 @@ import pytest
 import danaus
 from danaus import config, dashboard, set_unhandled_fault_hook, this_host
 from danaus.actors._api import auth
-from danaus.mesh._admin import admin_server
+from danaus.mesh._admin.server import admin_server
 
 from .obs_actors import Busy
 

@@ -24,7 +24,7 @@ import pexpect
 import pytest
 
 from danaus.mesh import AdminClient
-from danaus.mesh._debug import HOLD
+from danaus.mesh._debugging.sessions import HOLD
 
 ROOT = Path(__file__).resolve().parents[2]
 ACTORS = Path(__file__).with_name("debug_actors.py")

@@ -18,7 +18,7 @@ import pytest
 
 from danaus import this_host
 from danaus.config import config
-from danaus.mesh import _forkserver
+from danaus.mesh._procs import forkserver as _forkserver
 
 from ..faults import danaus_procs
 from .fork_actors import CudaProbe, Probe, _socket_inodes
@@ -217,7 +217,7 @@ _CONTROLLER = textwrap.dedent(
     """
     import json, sys
     from danaus import this_host
-    from danaus.mesh import _forkserver
+    from danaus.mesh._procs import forkserver as _forkserver
     from tests.integration.fork_actors import Probe
 
     procs = this_host().spawn_procs(per_host={"procs": 2})

@@ -22,8 +22,9 @@ import pytest
 from danaus import SupervisionError, this_host
 from danaus.actors import _auth
 from danaus.config import config
-from danaus.mesh import _local_procs, set_unhandled_fault_hook
+from danaus.mesh import set_unhandled_fault_hook
 from danaus.mesh._proc_mesh import group_of
+from danaus.mesh._procs import local as _local_procs
 
 from ..faults import Failures, danaus_children, danaus_procs
 from .actors_lib import Echo
@@ -259,7 +260,7 @@ async def test_a_controller_killed_with_spawns_queued_leaves_no_procs_on_the_age
     # after everything the dead controller had sent, so its answer means the agent has
     # dealt with all of it.
     from danaus.mesh._actor_mesh import mesh_ref
-    from danaus.mesh._host_agent import AGENT, HostAgent
+    from danaus.mesh._procs.host_agent import AGENT, HostAgent
     from danaus.mesh._shape import Shape
 
     one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: addr})

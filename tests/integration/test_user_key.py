@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from danaus.config import config
-from danaus.mesh._host_agent import USER_KEY_FILE, user_key
+from danaus.mesh._procs.host_agent import USER_KEY_FILE, user_key
 
 from .agents_kit import host_agents
 

@@ -15,7 +15,7 @@ import sys
 
 from danaus import this_host
 from danaus.actors._auth import job_key
-from danaus.mesh._admin import admin_server
+from danaus.mesh._admin.server import admin_server
 
 from .obs_actors import Busy
 

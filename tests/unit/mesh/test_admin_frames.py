@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from danaus.mesh._admin_wire import AdminError, _normalize, _open, _seal, _session_keys
+from danaus.mesh._admin.wire import AdminError, _normalize, _open, _seal, _session_keys
 
 KEY = b"k" * 32
 

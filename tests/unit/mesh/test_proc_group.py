@@ -13,9 +13,9 @@ import pytest
 from danaus import Actor, ClosedError, SerializationError
 from danaus.actors._loops import all_runtimes
 from danaus.mesh import ProcMesh, Shape
-from danaus.mesh._logs import LogOptions
 from danaus.mesh._proc_group import GroupRef, GroupState, ProcGroup
-from danaus.mesh._proc_handles import RemoteProcHandle
+from danaus.mesh._procs.handles import RemoteProcHandle
+from danaus.mesh._procs.logs import LogOptions
 
 SHAPE = Shape.from_sizes({"x": 2, "y": 2})
 ADDRS = tuple(f"unix:@danaus-test-{r}" for r in range(4))

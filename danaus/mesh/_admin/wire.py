@@ -18,8 +18,8 @@ from typing import TypedDict, cast
 
 import msgspec
 
-from ..actors._api import auth
-from ..config import config
+from ...actors._api import auth
+from ...config import config
 
 __all__ = [
     "HELLO",

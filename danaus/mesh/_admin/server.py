@@ -32,10 +32,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, TypeVar
 
-from ..actors._api import auth, background_runtime, context_state, run_task
-from ..config import config
-from ._admin_client import AdminClient
-from ._admin_wire import (
+from ...actors._api import auth, background_runtime, context_state, run_task
+from ...config import config
+from .client import AdminClient
+from .wire import (
     _MAC,
     _NONCE,
     HELLO,
@@ -52,8 +52,8 @@ from ._admin_wire import (
 )
 
 if TYPE_CHECKING:
-    from ._records import StackEntry
-    from ._snapshot import Snapshot
+    from .records import StackEntry
+    from .snapshot import Snapshot
 
 log = logging.getLogger("danaus.admin")
 
@@ -125,14 +125,14 @@ async def _hello() -> Hello:
 
 @admin_op("snapshot")
 async def _snapshot() -> Snapshot:
-    from ._snapshot import snapshot
+    from .snapshot import snapshot
 
     return await snapshot()
 
 
 @admin_op("stacks")
 async def _stacks(procs: str, rank: int) -> list[StackEntry]:
-    from ._snapshot import proc_stacks
+    from .snapshot import proc_stacks
 
     return await proc_stacks(procs, int(rank))
 

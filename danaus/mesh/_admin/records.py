@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict, cast
 
-from ..actors._api import ActorRecord, ProcFields, ProcRecord, StackEntry
-from ..errors import ProtocolError
+from ...actors._api import ActorRecord, ProcFields, ProcRecord, StackEntry
+from ...errors import ProtocolError
 
 __all__ = [
     "ActorRecord",

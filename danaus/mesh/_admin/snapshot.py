@@ -18,16 +18,16 @@ import sys
 import time
 from typing import TYPE_CHECKING, Literal, Required, TypedDict
 
-from ..actors._api import ProcControl, process_uptime
-from ..errors import ProtocolError
-from ._live_meshes import live_meshes
-from ._records import ActorRecord, ProcReply, StackEntry, proc_reply, stack_entries
-from ._shape import Shape
+from ...actors._api import ProcControl, process_uptime
+from ...errors import ProtocolError
+from .._live_meshes import live_meshes
+from .._shape import Shape
+from .records import ActorRecord, ProcReply, StackEntry, proc_reply, stack_entries
 
 if TYPE_CHECKING:
-    from ._debug import DebugRecord
-    from ._proc_group import ProcGroup
-    from ._supervision import FailureReport
+    from .._debugging.sessions import DebugRecord
+    from .._proc_group import ProcGroup
+    from .._supervision import FailureReport
 
 __all__ = [
     "ActorPicture",
@@ -170,7 +170,7 @@ async def _ask(
     answer_within: float = ASK_TIMEOUT,
 ) -> object:
     """Ask the control actor of the proc at ``addr``; the exception if it cannot answer."""
-    from ._actor_mesh import mesh_ref
+    from .._actor_mesh import mesh_ref
 
     if addr is None:  # failed (not asked: nothing listens), or not started yet
         return ConnectionError("no address to ask")
@@ -300,9 +300,9 @@ def _actor_health(
 
 async def snapshot() -> Snapshot:
     """Everything this controller runs, now (see the module's docstring)."""
-    from ..config import config
-    from ._debug import debug_sessions
-    from ._supervision import failure_reports, stuck_reports
+    from ...config import config
+    from .._debugging.sessions import debug_sessions
+    from .._supervision import failure_reports, stuck_reports
 
     debug = debug_sessions()
     pictures = await asyncio.gather(

@@ -2,11 +2,11 @@
 (through the admin endpoint) or a notebook does with them.
 
 An actor that hits ``breakpoint()`` (or raises, with ``config.debug_on_error``) opens a
-session to its spawner (see :mod:`danaus.actors._remote_pdb`). In the controller each
+session to its spawner (see :mod:`danaus.actors._debugging.remote_pdb`). In the controller each
 session joins :data:`registry`: its output is kept, numbered, for readers that poll with
 a cursor (``debug.read``, a long poll), and lines typed go back to it (``debug.send``).
 In a proc (an actor that spawned a mesh of its own) sessions are relayed to that proc's
-own parent instead (:mod:`danaus.mesh._debug_relay`), so they all reach the controller.
+own parent instead (:mod:`danaus.mesh._debugging.relay`), so they all reach the controller.
 
 Whoever types into a session holds it while it keeps polling; a holder silent for
 :data:`HOLD` seconds (its terminal closed, its process killed) lets go, and the sessions it
@@ -30,7 +30,7 @@ import threading
 import time
 from typing import TypedDict
 
-from ..actors._api import (
+from ...actors._api import (
     Actor,
     Connection,
     DebugDetach,
@@ -41,7 +41,7 @@ from ..actors._api import (
     endpoint,
     run_on,
 )
-from ._admin import admin_op
+from .._admin.server import admin_op
 
 __all__ = [
     "HOLD",
@@ -440,6 +440,6 @@ def _table(records: list[DebugRecord]) -> str:
 def debug_controller() -> DebugController:
     """The debug controller (Monarch's ``monarch.actor.debug_controller``): the same
     singleton actor mesh on every call, from the controller or any actor of its procs."""
-    from ._controllers import get_or_spawn_controller  # (it imports the layer's meshes)
+    from .._controllers import get_or_spawn_controller  # (it imports the layer's meshes)
 
     return get_or_spawn_controller("debug_controller", DebugController).get()

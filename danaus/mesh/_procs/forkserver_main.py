@@ -1,5 +1,5 @@
 """The fork server's own process: it imports, then forks procs on request (see
-``_forkserver``, the spawner's side, for the design and the wire)."""
+``forkserver``, the spawner's side, for the design and the wire)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ _MAX_MSG = 1 << 20
 _encode = msgspec.msgpack.Encoder().encode
 _decode_map = msgspec.msgpack.Decoder(dict[str, object]).decode
 
-# The wire (see ``_forkserver``): msgpack maps tagged by ``op``. Requests, to the server:
+# The wire (see ``forkserver``): msgpack maps tagged by ``op``. Requests, to the server:
 
 
 class ForkRequest(TypedDict):
@@ -265,7 +265,7 @@ class _Server:
             for fd in fds:
                 os.close(fd)
             _become(msg["env"], msg["cwd"])
-            from ..actors._api import run_proc
+            from ...actors._api import run_proc
 
             run_proc(msg["addr"], msg["parent"], os.getppid(), listen_fd)
         except BaseException:
@@ -333,13 +333,13 @@ def _become(env: dict[str, str], cwd: str) -> None:
 def _reread_config() -> None:
     """Settings as a fresh interpreter with this environment would read them: the
     server read its own environment when it imported danaus."""
-    from ..config import reread_environment
+    from ...config import reread_environment
 
     reread_environment()
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    from ..actors._api import die_with_parent as die
+    from ...actors._api import die_with_parent as die
 
     die(parent_pid)
 

@@ -6,9 +6,9 @@ import contextlib
 import socket
 import threading
 
-from ..actors._api import auth
-from ..config import config
-from ._admin_wire import (
+from ...actors._api import auth
+from ...config import config
+from .wire import (
     _MAC,
     _NONCE,
     HELLO,

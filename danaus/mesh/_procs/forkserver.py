@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ._forkserver_main import (
+from .forkserver_main import (
     _MAX_MSG,
     SAFE_PRELOAD,
     Answer,
@@ -82,7 +82,7 @@ class ForkedPopen:
         bounded by ``proc_start_timeout``, for the server to fork it (milliseconds, or
         the server's own start on first use); -1 if that failed."""
         if self._pid <= 0 and self.returncode is None:
-            from ..config import config
+            from ...config import config
 
             self.forked.wait(config.proc_start_timeout)
         return self._pid
@@ -179,7 +179,7 @@ class ForkServer:
                 [
                     sys.executable,
                     "-c",  # not -m: the package imports this module before running it
-                    "from danaus.mesh._forkserver_main import serve_main; serve_main()",
+                    "from danaus.mesh._procs.forkserver_main import serve_main; serve_main()",
                     "--control-fd",
                     str(self._child_ctl.fileno()),
                     "--parent-pid",
@@ -413,7 +413,7 @@ _server_lock = threading.Lock()
 def fork_server() -> ForkServer | None:
     """This process's fork server, started on first use; None where procs must start with
     ``exec`` (``config.spawn_method``, no fork on this platform, an unsafe server)."""
-    from ..config import config
+    from ...config import config
 
     global _server
     if config.spawn_method != "fork" or not hasattr(os, "fork"):

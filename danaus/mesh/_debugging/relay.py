@@ -1,5 +1,5 @@
 """Where the debugger's messages arriving at this process go: in the controller, to the
-registry of sessions (:mod:`danaus.mesh._debug`); in a proc (an actor there spawned a
+registry of sessions (:mod:`danaus.mesh._debugging.sessions`); in a proc (an actor there spawned a
 mesh of its own, whose actor is paused), up to the proc's own parent, and so on up to the
 controller, with input and detach relayed back down.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from ..actors._api import (
+from ...actors._api import (
     Connection,
     DebugClose,
     DebugDetach,
@@ -25,7 +25,7 @@ from ..actors._api import (
     context_state,
     proc_parent,
 )
-from ._debug import registry, unexcuse
+from .sessions import registry, unexcuse
 
 __all__ = [
     "handle_debug_close",

@@ -20,7 +20,7 @@ from concurrent.futures import Future as ThreadFuture
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from ..actors._api import (
+from ...actors._api import (
     Actor,
     Port,
     Runtime,
@@ -33,15 +33,15 @@ from ..actors._api import (
     peers,
     set_job_key,
 )
-from ..config import config
-from ..errors import SupervisionError
-from ._gateway import GATEWAY, Gateway
-from ._local_procs import start_proc, stop_procs, wait_exited
-from ._logs import LineSink
-from ._proc_handles import ProcHandle, RemoteProcHandle
+from ...config import config
+from ...errors import SupervisionError
+from .._gateway import GATEWAY, Gateway
+from .handles import ProcHandle, RemoteProcHandle
+from .local import start_proc, stop_procs, wait_exited
+from .logs import LineSink
 
 if TYPE_CHECKING:
-    from ._actor_mesh import ActorMesh
+    from .._actor_mesh import ActorMesh
 
 log = logging.getLogger("danaus.host_agent")
 
@@ -93,7 +93,7 @@ class HostAgent(Actor):
 
         Their output lines go to ``log_port`` as ``(rank, "out" | "err", line)``.
         """
-        from ..actors._api import current_runtime
+        from ...actors._api import current_runtime
 
         rt = current_runtime()
         if not self._watching:
@@ -136,7 +136,7 @@ class HostAgent(Actor):
     @endpoint
     async def stop_procs(self, addrs: list[str]) -> None:
         """Stop these procs (a clean stop, then a kill after ``stop_timeout``) and reap them."""
-        from ..actors._api import current_runtime
+        from ...actors._api import current_runtime
 
         handles = [self.procs.pop(a) for a in addrs if a in self.procs]
         await stop_procs(current_runtime(), handles, config.stop_timeout)
@@ -175,7 +175,7 @@ class HostAgent(Actor):
         config push at attach): this agent's own process runs with them from now on
         (procs get them from the controller with each spawn). Returns every setting
         this agent has had configured."""
-        from ..config import configure, get_runtime_config
+        from ...config import configure, get_runtime_config
 
         configure(**settings)
         return get_runtime_config()
@@ -183,8 +183,8 @@ class HostAgent(Actor):
 
 def agent_ref(addr: str) -> ActorMesh[HostAgent]:
     """The host agent listening at ``addr``, as a mesh of one to call."""
-    from ._actor_mesh import mesh_ref
-    from ._shape import Shape
+    from .._actor_mesh import mesh_ref
+    from .._shape import Shape
 
     return mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: addr})
 
@@ -250,7 +250,7 @@ def user_key() -> tuple[bytes, Path]:
         PermissionError: the directory or the file is not this user's, or others may
             read or change it (someone else may know the key).
     """
-    from ._admin_wire import runtime_dir
+    from .._admin.wire import runtime_dir
 
     folder = runtime_dir()
     _check_private(folder, 0o077, "directory")

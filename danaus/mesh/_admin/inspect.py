@@ -10,9 +10,11 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar, cast, overload
 
-from ..actors._api import Actor, Future, ProcControl, current_runtime, endpoints_of, run_task
-from ._actor_endpoint import ActorEndpoint
-from ._records import (
+from ...actors._api import Actor, Future, ProcControl, current_runtime, endpoints_of, run_task
+from .._actor_endpoint import ActorEndpoint
+from .._shape import Shape
+from .._value_mesh import ValueMesh
+from .records import (
     ActorStats,
     GoneActorStats,
     ProcReply,
@@ -21,12 +23,10 @@ from ._records import (
     proc_reply,
     stack_entries,
 )
-from ._shape import Shape
-from ._value_mesh import ValueMesh
 
 if TYPE_CHECKING:
-    from ._actor_mesh import ActorMesh
-    from ._proc_group import ProcGroup
+    from .._actor_mesh import ActorMesh
+    from .._proc_group import ProcGroup
 
 __all__ = [
     "actor_mesh_stacks",
@@ -52,7 +52,7 @@ async def ask_procs(
     stats, its stacks, or to reload the modules of files (a synced workspace).
 
     One call per proc: a control actor has no rank of its own to tag a reply with."""
-    from ._actor_mesh import mesh_ref
+    from .._actor_mesh import mesh_ref
 
     one = Shape.from_sizes({})
     calls = [

@@ -1,6 +1,6 @@
 """A proc as its spawner holds it: the ``Proc`` protocol and its four kinds (a local
 process, this process, another process's proc, a proc a host agent started), and how a
-proc's exit status reads. Starting and stopping local procs is ``_local_procs``."""
+proc's exit status reads. Starting and stopping local procs is ``local``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import Future as ThreadFuture
 from typing import Protocol
 
-from ._forkserver import ForkedPopen
+from .forkserver import ForkedPopen
 
 
 def describe_exit(returncode: int) -> str:

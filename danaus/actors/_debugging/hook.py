@@ -3,7 +3,7 @@ paused.
 
 A proc sets ``sys.breakpointhook`` (:func:`install`, at its start). ``breakpoint()`` then
 stops the calling thread in pdb whose terminal is the actor's spawner (see
-:mod:`danaus.actors._remote_pdb`, imported only when a session opens); with
+:mod:`danaus.actors._debugging.remote_pdb`, imported only when a session opens); with
 ``config.debug_on_error`` an endpoint that raises stops in pdb at the raising frame
 (:func:`post_mortem`) before its caller gets the error. ``PYTHONBREAKPOINT=0`` turns
 ``breakpoint()`` off; any other value of it is obeyed as Python does.
@@ -22,11 +22,11 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ..config import config
+from ...config import config
 
 if TYPE_CHECKING:
-    from ._instance import ActorInstance
-    from ._runtime import Runtime
+    from .._instance import ActorInstance
+    from .._runtime import Runtime
 
 __all__ = [
     "install",
@@ -71,7 +71,7 @@ def breakpointhook(*args: object, **kwargs: object) -> object:
     hook = os.environ.get("PYTHONBREAKPOINT")
     if hook is not None and hook.strip() not in ("", "pdb.set_trace"):
         return sys.__breakpointhook__(*args, **kwargs)  # "0" (off), or the user's own
-    from ._remote_pdb import set_trace
+    from .remote_pdb import set_trace
 
     set_trace(sys._getframe(1))  # noqa: SLF001 - the stdlib's, as pdb.set_trace uses
     return None
@@ -91,7 +91,7 @@ def wants_post_mortem(exc: BaseException) -> bool:
 def post_mortem(exc: BaseException, actor: ActorInstance) -> None:
     """Stop in pdb at the frame that raised ``exc`` in an endpoint of ``actor`` (an
     ActorInstance) until the user continues (or nobody can attach)."""
-    from ._remote_pdb import post_mortem as pm
+    from .remote_pdb import post_mortem as pm
 
     pm(exc, actor)
 

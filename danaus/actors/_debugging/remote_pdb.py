@@ -1,7 +1,7 @@
 """pdb in a proc whose terminal is the actor's spawner.
 
 :class:`RemotePdb`'s stdin and stdout are a
-:class:`~danaus.actors._debug_channel.DebugChannel` to where the actor's failures go (its
+:class:`~danaus.actors._debugging.channel.DebugChannel` to where the actor's failures go (its
 spawner: the controller, for meshes the controller spawned; else whoever started the
 proc), dialed by the paused thread itself, so that it works when that thread is the
 proc's event loop (an ``async def`` endpoint) as well as an actor's own thread (a sync
@@ -28,16 +28,17 @@ from collections.abc import Iterable
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING
 
-from ..config import config
-from . import _auth, _debug
-from ._context import current
-from ._debug_channel import ChannelState, DebugChannel, Nothing
-from ._wire import DebugClose, DebugOpen, DebugOutput
+from ...config import config
+from .. import _auth
+from .._context import current
+from .._wire import DebugClose, DebugOpen, DebugOutput
+from . import hook as _debug
+from .channel import ChannelState, DebugChannel, Nothing
 
 if TYPE_CHECKING:
     from _typeshed import TraceFunction
 
-    from ._instance import ActorInstance
+    from .._instance import ActorInstance
 
 __all__ = ["RemotePdb", "post_mortem", "set_trace"]
 

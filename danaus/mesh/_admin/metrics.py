@@ -32,8 +32,8 @@ class _Collector:
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        from ._proc_mesh import live_proc_meshes
-        from ._supervision import stuck_reports
+        from .._proc_mesh import live_proc_meshes
+        from .._supervision import stuck_reports
 
         proc_labels = ["procs", "rank", "host", "pid"]
         actor_labels = ["procs", "rank", "mesh", "actor"]

@@ -21,12 +21,12 @@ import time
 
 import msgspec
 
-from ..config import config
-from ._address import parse_addr, tls_context
-from ._frame_reader import FrameReader
-from ._frame_tags import FrameMacs, frame_macs, frame_tag
-from ._handshake import HandshakeMachine
-from ._wire import Buffer, DebugDetach, DebugInput, DebugOpen, Message, Ping, Pong, frame
+from ...config import config
+from .._address import parse_addr, tls_context
+from .._frame_reader import FrameReader
+from .._frame_tags import FrameMacs, frame_macs, frame_tag
+from .._handshake import HandshakeMachine
+from .._wire import Buffer, DebugDetach, DebugInput, DebugOpen, Message, Ping, Pong, frame
 
 __all__ = ["ChannelState", "DebugChannel", "Nothing"]
 

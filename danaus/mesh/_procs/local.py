@@ -1,6 +1,6 @@
 """Starting proc processes on this host, watching them die, and stopping them.
 
-Each proc is forked by this host's fork server (``_forkserver``: milliseconds, with danaus
+Each proc is forked by this host's fork server (``forkserver``: milliseconds, with danaus
 and the heavy modules already imported) or, with ``config.spawn_method = "exec"`` or where
 forking is unsafe, started as ``python -m danaus.actors._proc_main``. Either way it gets the job
 key on stdin and keeps stdin open as a lifeline; the kernel's parent-death signal backs
@@ -35,13 +35,13 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 
-from ..actors._api import Runtime, StopProc, peers, run_on
-from ..config import config
-from ..errors import SupervisionError
-from ._forkserver import ForkedPopen, fork_server, python_path, stop_fork_server
-from ._logs import LineReader, LineSink
-from ._proc_handles import ProcHandle, describe_exit
-from ._supervision import interpreter_exiting
+from ...actors._api import Runtime, StopProc, peers, run_on
+from ...config import config
+from ...errors import SupervisionError
+from .._supervision import interpreter_exiting
+from .forkserver import ForkedPopen, fork_server, python_path, stop_fork_server
+from .handles import ProcHandle, describe_exit
+from .logs import LineReader, LineSink
 
 log = logging.getLogger("danaus.procs")
 
