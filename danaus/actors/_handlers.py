@@ -198,14 +198,8 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) 
     name = msg.actor.split(".", 1)[0]  # the wire key is "name.job.n", unique per spawn
     actor_id = f"{msg.mesh}[{msg.rank}].{name}[{msg.rank}]"
     if msg.actor in rt.actors:
-        info = ErrorInfo(
-            "actor",
-            actor_id,
-            str(point),
-            "ValueError",
-            f"an actor named {msg.actor!r} already lives in proc {rt.addr}",
-            "",
-        )
+        clash = ValueError(f"an actor named {msg.actor!r} already lives in proc {rt.addr}")
+        info = info_from_error(clash, actor_id, str(point))  # (the caller can catch it)
         conn.send(Result(msg.reply, 1, encode_error(info), False, msg.rank))
         return
     inst: ActorInstance | None = None
@@ -332,8 +326,11 @@ async def _stop_actor(rt: Runtime, conn: Connection, msg: StopActor) -> None:
 
 
 async def _stop_proc(rt: Runtime, conn: Connection, msg: StopProc) -> None:
-    actors, rt.actors = list(rt.actors.values()), {}
-    for actor in actors:
+    actors, rt.actors = rt.actors, {}
+    # Calls still arriving before the proc exits fail at once ("it was stopped"), not
+    # after spawn_wait, as for one stopped actor.
+    rt.arrivals.gone_actors.update(actors)
+    for actor in actors.values():
         await actor.stop()
     if msg.reply:
         conn.send(Result(msg.reply, CLOSE, NIL))

@@ -362,7 +362,7 @@ failure_reports: collections.deque[FailureReport] = collections.deque(maxlen=256
 def handle_stuck(rt: Runtime, conn: Connection, msg: Stuck, parts: list[object]) -> None:
     stuck_reports.append((time.time(), msg))
     log.warning(
-        "endpoint %s of %s (mesh %s, rank %s) has been running for %.0f s; its stack:\n%s",
+        "endpoint %s of %s (mesh %s, rank %s) has been running for %.3g s; its stack:\n%s",
         msg.endpoint,
         msg.actor_id,
         msg.mesh,

@@ -162,7 +162,7 @@ async def test_a_spawn_that_cannot_make_its_actor_says_why(
     _, [again] = spawn(caller, [p], Worker, wire=w)
     _, [not_a_class] = spawn(caller, [p], Worker, payload=("Worker", (), {}))
     again_err, payload_err = await settle(again, not_a_class)
-    assert isinstance(again_err, ActorError) and again_err.exc_type == "ValueError"
+    assert isinstance(again_err, ActorError) and isinstance(again_err, ValueError)
     assert f"an actor named {w!r} already lives in proc {p.addr}" in str(again_err)
     assert isinstance(payload_err, ActorError)
     assert "not (class, args, kwargs)" in str(payload_err)
@@ -245,6 +245,10 @@ async def test_stopping_a_proc_stops_its_actors_and_asks_it_to_end(
     assert isinstance(running_err, SupervisionError)
     assert "was stopped while handling hang" in str(running_err)
     await p.stop_requested()  # what a proc's main waits for before it exits
+    # a call that arrives before the proc exits fails at once, not after spawn_wait
+    [late] = await settle(call(caller, p.addr, w, "add", 1, 2).reply)
+    assert isinstance(late, SupervisionError)
+    assert f"no actor named {w!r} in proc {p.addr} (it was stopped)" in str(late)
 
 
 async def test_an_endpoint_that_raises_a_base_exception_fails_its_actor(
