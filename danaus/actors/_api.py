@@ -1,6 +1,30 @@
 """The actor layer's internal API: what the layers above it (meshes, the data plane, the
 tensor engine, SPMD, jobs) may use of it. Everything else under ``danaus.actors._*`` is
-private to the actor layer; upper layers import from here only.
+private to the actor layer; upper layers import from here only (``lint-imports``), and
+everything here is used above (``tests/unit/test_exports.py``). By what it is for:
+
+- **Actors and their values**: ``Actor``, ``Endpoint``, ``endpoint``,
+  ``concurrent_endpoint``, ``AS_ENDPOINT``, ``endpoints_of``, ``describe_endpoints``,
+  ``context``, ``context_state``, ``current_rank``, ``spawn_creators``, ``waiting_actor``,
+  ``Future``, ``Port``, ``PortReceiver``, ``Channel``, ``forward``, ``Extent``, ``Point``,
+  ``NDSlice``, ``NDRegion``, ``Selection``, ``set_region_shape``.
+- **The runtime of a loop**, which meshes send through: ``Runtime`` (``send_call``,
+  ``send_cast``, ports), ``Connection``, ``current_runtime``, ``runtime_here``,
+  ``background_runtime``, ``start_background_runtime``, ``runtime_started``,
+  ``install_runtime``, ``all_runtimes``, ``new_event_loop``, ``run_on``, ``run_task``,
+  ``call_in_loop``, ``on_every_heartbeat``, ``listen_address``, ``parse_addr``, ``auth``,
+  ``set_job_key``, and ``peers`` (what the process knows of its peers).
+- **Being a proc**: ``run_proc``, ``die_with_parent``, ``install_actor``,
+  ``ProcControl``, ``proc_parent``, and what a proc says of itself (``ActorRecord``,
+  ``ProcRecord``, ``ProcFields``, ``StackEntry``, ``process_uptime``).
+- **Encoding, tracing**: ``dumps``, ``dumps_args``, ``outgoing_trace``,
+  ``otlp_traces_url``.
+- **Wire messages the mesh layer sends or handles itself**: ``Spawn``, ``StopActor``,
+  ``StopProc``, ``Cancel``, ``Failure``, ``Stuck``, the ``Debug*`` messages, ``Region``,
+  and the status and cast-mode constants.
+- **For the one handler table** (``danaus/mesh/_handler_table.py``) only: ``Handler``,
+  ``install_handlers``, the actor layer's handlers (``on_*``, ``handle_cast``,
+  ``handle_gathered``) and the message types they take.
 """
 
 from __future__ import annotations

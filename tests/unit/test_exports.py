@@ -71,3 +71,46 @@ def test_the_layers_below_the_tensor_engine_load_neither_it_nor_torch() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def _imported_from(seam: str, outside: str) -> set[str]:
+    """The names that modules outside package ``outside`` import from module ``seam``
+    (absolutely or relatively, at the top or inside functions)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(danaus.__file__).parent
+    names: set[str] = set()
+    for path in root.rglob("*.py"):
+        mod = ".".join(("danaus", *path.relative_to(root).with_suffix("").parts))
+        mod = mod.removesuffix(".__init__")
+        if mod == outside or mod.startswith(outside + "."):
+            continue
+        package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            if target == seam:
+                names.update(a.name for a in node.names)
+    return names
+
+
+@pytest.mark.parametrize(
+    ("seam", "package"),
+    [
+        ("danaus.actors._api", "danaus.actors"),
+        ("danaus.mesh._api", "danaus.mesh"),
+        ("danaus.spmd._api", "danaus.spmd"),
+    ],
+)
+def test_a_seam_exports_only_what_the_layers_above_use(seam: str, package: str) -> None:
+    exported = set(importlib.import_module(seam).__all__)
+    used = _imported_from(seam, package)
+    assert used <= exported, f"imported from {seam} but not in its __all__: {used - exported}"
+    assert exported <= used, f"{seam} exports what nothing above uses: {exported - used}"
