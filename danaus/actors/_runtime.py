@@ -364,6 +364,37 @@ class Runtime:
         """The error of a call to ``rank`` at ``peer``, lost for ``cause``."""
         return peer_lost_error(peer, cause, rank)
 
+    def why_lost(self, addr: str) -> str | None:
+        """Why the peer at ``addr`` was lost (its connection closed and it is gone), or
+        ``None`` while it is not."""
+        if addr not in self.lost:
+            return None
+        return str(self.lost[addr] or "connection lost")
+
+    def watch_lost(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(addr)`` on this loop whenever a peer is lost (once per
+        callback, however often it is asked)."""
+        if callback not in self.on_lost:
+            self.on_lost.append(callback)
+
+    def open_connection(self, addr: str) -> Connection | None:
+        """The connection to ``addr`` if there is one now (never dials, unlike
+        :meth:`connection`)."""
+        return self.conns.get(addr)
+
+    def on_close(self, closer: Callable[[], Awaitable[object]]) -> None:
+        """Run ``closer()`` (a coroutine function) when this runtime closes, after its
+        actors stopped and before its connections close (the RDMA manager's)."""
+        self.closers.append(closer)
+
+    def local_actor(self, key: str) -> ActorInstance | None:
+        """The actor of wire key ``key`` living on this loop, if any."""
+        return self.actors.get(key)
+
+    def local_actors(self) -> list[ActorInstance]:
+        """The actors living on this loop now."""
+        return list(self.actors.values())
+
     def fail_peer(self, addr: str, exc: BaseException) -> None:
         """Fail everything waiting on ``addr`` (e.g. a placeholder whose proc never came up)."""
         conn = self.conns.get(addr)

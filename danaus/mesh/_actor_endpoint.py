@@ -275,7 +275,7 @@ class ActorEndpoint(Generic[R_co]):
         mesh = self._mesh
         for r in mesh.global_ranks():
             addr = mesh.addr_of(r)
-            conn = rt.conns.get(addr) if addr else None
+            conn = rt.open_connection(addr) if addr else None
             if conn is not None and conn.write_paused:
                 await conn.writable()
 
@@ -318,7 +318,7 @@ def _cancel_calls(rt: Runtime, ep: ActorEndpoint[object], port: int, ranks: list
         msg = Cancel(mesh.wire_name, port)
         for r in ranks:
             addr = mesh.addr_of(r)
-            conn = rt.conns.get(addr) if addr else None
+            conn = rt.open_connection(addr) if addr else None
             if conn is not None:
                 conn.pending.pop(port, None)
                 conn.send(msg)

@@ -91,7 +91,7 @@ def _parent_of(rt: Runtime) -> str | None:
     owner = getattr(inst, "owner_addr", "")
     if owner and owner != rt.addr:
         return str(owner)
-    for actor in list(rt.actors.values()):
+    for actor in rt.local_actors():
         owner = getattr(actor, "owner_addr", "")
         if owner and owner != rt.addr:
             return str(owner)
@@ -101,7 +101,7 @@ def _parent_of(rt: Runtime) -> str | None:
 def ensure_controllers(rt: Runtime) -> None:
     """Before ``rt`` spawns actors: host the system actor their requests come to (on
     ``rt``'s loop)."""
-    if CONTROLLERS not in rt.actors:
+    if rt.local_actor(CONTROLLERS) is None:
         install_actor(rt, CONTROLLERS, _Controllers())
 
 

@@ -97,7 +97,7 @@ class Gateway(Actor):
         closes."""
         rt = current_runtime()
         if not self._watching:
-            rt.on_lost.append(self._owner_lost)
+            rt.watch_lost(self._owner_lost)
             self._watching = True
         token = secrets.token_hex(16)  # only the controller that reserved it claims it
         holder: list[_Reservation] = []

@@ -130,8 +130,7 @@ class ProcGroup:
         if reference:
             return  # no proc of this process's: nothing to watch
         rt = current_runtime()
-        if on_peer_lost not in rt.on_lost:
-            rt.on_lost.append(on_peer_lost)
+        rt.watch_lost(on_peer_lost)
         for h in self.handles:
             if isinstance(h, ProcHandle):
                 live_meshes.add_proc(h.addr, self, h.rank)

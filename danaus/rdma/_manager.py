@@ -120,7 +120,7 @@ class RDMAManager:
             except Exception as e:  # a backend that cannot start is unavailable, not fatal
                 self.unavailable[cls.name] = f"failed to start: {type(e).__name__}: {e}"
         install_actor(rt, "__rdma__", _RDMAService(self))
-        rt.closers.append(self.aclose)
+        rt.on_close(self.aclose)
 
     def __repr__(self) -> str:
         return f"<RDMAManager {self.rt.addr} buffers={len(self.buffers)} backends={list(self.backends)}>"
@@ -318,13 +318,8 @@ def _make(cls: type[Backend], mgr: RDMAManager) -> Backend:
 
         rt = mgr.rt
 
-        def lost(owner: str) -> str | None:
-            if owner not in rt.lost:
-                return None
-            return str(rt.lost[owner] or "connection lost")
-
-        ibverbs = make_ibverbs_backend(mgr.exchange, lost)
-        rt.on_lost.append(ibverbs.owner_lost)
+        ibverbs = make_ibverbs_backend(mgr.exchange, rt.why_lost)
+        rt.watch_lost(ibverbs.owner_lost)
         return ibverbs
     return cls(mgr)  # type: ignore[call-arg]
 

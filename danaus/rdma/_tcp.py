@@ -88,7 +88,7 @@ class TcpBackend(Backend):
         self._pools: dict[str, list[socket.socket]] = {}
         self._active: dict[str, set[socket.socket]] = {}  # data connections in use
         self._owner_of: dict[str, str] = {}  # data address -> owner's control address
-        mgr.rt.on_lost.append(self.owner_lost)
+        mgr.rt.watch_lost(self.owner_lost)
         self._tasks: set[asyncio.Task[None]] = set()
         self._serving: set[socket.socket] = set()
         self._accept_task = self.loop.create_task(self._accept_loop())
@@ -209,10 +209,10 @@ class TcpBackend(Backend):
                     pass
 
     def _check_owner(self, handle: BufferHandle) -> None:
-        if handle.owner in self.mgr.rt.lost:
+        why = self.mgr.rt.why_lost(handle.owner)
+        if why is not None:
             raise RDMAOwnerError(
-                f"the owner of buffer {handle.buf_id} ({handle.owner}) is "
-                f"gone: {self.mgr.rt.lost[handle.owner] or 'connection lost'}"
+                f"the owner of buffer {handle.buf_id} ({handle.owner}) is gone: {why}"
             )
 
     async def _one(self, handle: BufferHandle, offset: int, view: memoryview, op: int) -> None:
@@ -226,7 +226,9 @@ class TcpBackend(Backend):
                 f"cannot reach the data server of {handle.owner} "
                 f"({handle.data_addr}) for buffer {handle.buf_id}: {e}"
             ) from None
-        if handle.owner in self.mgr.rt.lost:  # lost while we connected: owner_lost missed it
+        if (
+            self.mgr.rt.why_lost(handle.owner) is not None
+        ):  # lost while we connected: owner_lost missed it
             sock.close()
             self._check_owner(handle)
         active = self._active.setdefault(handle.data_addr, set())

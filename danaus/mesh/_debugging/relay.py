@@ -114,7 +114,7 @@ _watching: weakref.WeakKeyDictionary[Runtime, Callable[[str], None]] = weakref.W
 def _watch(rt: Runtime) -> None:
     if rt not in _watching:
         _watching[rt] = callback = functools.partial(_on_lost, rt)
-        rt.on_lost.append(callback)
+        rt.watch_lost(callback)
 
 
 def _on_lost(rt: Runtime, peer: str) -> None:

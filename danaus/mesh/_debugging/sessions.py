@@ -335,7 +335,7 @@ class DebugRegistry:
 def unexcuse(rt: Runtime, proc: str) -> None:
     """A session's channel broke without its end: its proc may be frozen (stopped while
     paused). If it said its loop is paused, its silence counts again from now."""
-    conn = rt.conns.get(proc)
+    conn = rt.open_connection(proc)
     if conn is not None and conn.peer_paused:
         conn.set_peer_paused(False)
 

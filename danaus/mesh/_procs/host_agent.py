@@ -97,9 +97,9 @@ class HostAgent(Actor):
 
         rt = current_runtime()
         if not self._watching:
-            rt.on_lost.append(self._owner_lost)
+            rt.watch_lost(self._owner_lost)
             self._watching = True
-        if owner in rt.lost:
+        if rt.why_lost(owner) is not None:
             # Its connection closed while this request waited behind others: procs
             # started now would belong to nobody and run for good.
             raise SupervisionError(

@@ -30,6 +30,9 @@ class FakeConn:
     def on_loop(self) -> bool:
         return True  # (the test's own loop)
 
+    def open_connection(self, addr: str) -> Any:
+        return self.conns.get(addr)
+
     def send(self, msg: Any) -> bool:
         self.sent.append(msg)
         return True
