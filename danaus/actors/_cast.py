@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from ..errors import ProtocolError, SerializationError
-from ._errinfo import encode_error, error_decode, error_from_info, info_from_error
+from ._errinfo import encode_error, info_from_error
+from ._results import decode_reply
 from ._serialize import dumps, loads
 from ._wire import (
     CAST_NONE,
@@ -370,12 +371,5 @@ def handle_gathered(rt: Runtime, conn: Connection, msg: Gathered, parts: list[Bu
         return
     i = 0
     for rank, status, raw, pickled, n in msg.entries:
-        try:
-            if status == OK:
-                value = loads(raw, pickled, parts[i : i + n], lambda: "a reply")
-            else:
-                value = error_from_info(error_decode(raw))
-        except (SerializationError, msgspec.DecodeError) as e:
-            status, value = ERROR, SerializationError(str(e))
+        rt.deliver(msg.port, rank, *decode_reply(status, raw, pickled, parts[i : i + n]))
         i += n
-        rt.deliver(msg.port, rank, status, value)

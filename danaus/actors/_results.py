@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ._connection import Connection
     from ._runtime import Runtime
 
-__all__ = ["PortHandler", "PortOwner", "on_result", "settle"]
+__all__ = ["PortHandler", "PortOwner", "decode_reply", "on_result", "settle"]
 
 
 class PortHandler(Protocol):
@@ -52,6 +52,22 @@ def settle(fut: Future[object], status: int, value: object) -> None:
             fut.set_result(value)
 
 
+def decode_reply(
+    status: int, raw: msgspec.Raw, pickled: bool, parts: Sequence[Buffer]
+) -> tuple[int, object]:
+    """One reply off the wire, as its port gets it: ``(OK, value)``, ``(ERROR, the
+    exception it carries)``, or ``(status, None)`` for the others; a reply that does not
+    decode is an ``ERROR`` with the :class:`~danaus.errors.SerializationError` saying why."""
+    try:
+        if status == OK:
+            return status, loads(raw, pickled, parts, _A_REPLY)
+        if status == ERROR:
+            return status, error_from_info(error_decode(raw))
+        return status, None
+    except (SerializationError, msgspec.DecodeError) as e:
+        return ERROR, SerializationError(str(e))
+
+
 def on_result(rt: Runtime, conn: Connection, msg: Result, parts: Sequence[Buffer]) -> None:
     """A reply: decoded (a value, or the exception it carries), to its port in ``rt``."""
     port = msg.port
@@ -59,17 +75,7 @@ def on_result(rt: Runtime, conn: Connection, msg: Result, parts: Sequence[Buffer
     handler = rt.ports.get(port)
     if handler is None:
         return  # a reply nobody waits for any more (e.g. a timed-out call)
-    status = msg.status
-    value: object
-    try:
-        if status == OK:
-            value = loads(msg.value, msg.pickled, parts, _A_REPLY)
-        elif status == ERROR:
-            value = error_from_info(error_decode(msg.value))
-        else:
-            value = None
-    except (SerializationError, msgspec.DecodeError) as e:
-        status, value = ERROR, SerializationError(str(e))
+    status, value = decode_reply(msg.status, msg.value, msg.pickled, parts)
     if isinstance(handler, Future):
         del rt.ports[port]
         settle(handler, status, value)
