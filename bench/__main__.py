@@ -16,6 +16,7 @@ from . import (
     bench_stats,
     bench_supervision,
     bench_telemetry,
+    bench_user,
     bench_tensor_engine,
     bench_wire,
 )
@@ -24,6 +25,8 @@ from . import (
 def main() -> None:
     print("== actor runtime ==")
     bench_runtime.main()
+    print("\n== issue 29's figures in a user's program (actor class in __main__, numpy) ==")
+    bench_user.main()
     print("\n== the thread hand-overs of one call_one ==")
     bench_hops.main()
     print("\n== Python calls per call_one, each side ==")
