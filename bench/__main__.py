@@ -16,8 +16,8 @@ from . import (
     bench_stats,
     bench_supervision,
     bench_telemetry,
-    bench_user,
     bench_tensor_engine,
+    bench_user,
     bench_wire,
 )
 
