@@ -37,6 +37,11 @@ class Future(asyncio.Future[T], Generic[T]):
     _self_wait: tuple[object, str] | None = None
     #: held as long as this future lives (the port receiver it answers from)
     _keepalive: object = None
+    #: settled only through its runtime's port (``_results.settle``), which wakes a
+    #: thread waiting in :meth:`get` through :attr:`thread_waiter` itself
+    settled_by_port = False
+    #: set by :meth:`get` while a thread waits for this future (of a port, see above)
+    thread_waiter: threading.Event | None = None
 
     def get(self, timeout: float | None = None) -> T:
         """Wait for the result from synchronous code (a script, a sync endpoint, a
@@ -68,11 +73,19 @@ class Future(asyncio.Future[T], Generic[T]):
                 "await it inside that loop"
             )
         event = threading.Event()
+        if self.settled_by_port:
+            # Its port wakes us once it is settled: no trip to the loop to arm a callback.
+            # (Either the settling reads this after we set it, or it settled before, and
+            # done() below sees it: each side writes before it reads the other's.)
+            self.thread_waiter = event
+            if self.done():
+                return super().result()
+        else:
 
-        def arm() -> None:
-            self.add_done_callback(lambda _: event.set())
+            def arm() -> None:
+                self.add_done_callback(lambda _: event.set())
 
-        loop.call_soon_threadsafe(arm)
+            loop.call_soon_threadsafe(arm)
         if not event.wait(timeout):
             # The caller stopped waiting: an error that comes later is for a get() called
             # again, not for asyncio's "exception was never retrieved" log.
@@ -123,6 +136,9 @@ class Future(asyncio.Future[T], Generic[T]):
     def cancel(self, msg: object | None = None) -> bool:
         if not super().cancel(msg=msg):
             return False
+        waiter = self.thread_waiter
+        if waiter is not None:
+            waiter.set()
         hook = self._on_cancel
         if hook is not None:
             self._on_cancel = None

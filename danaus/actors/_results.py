@@ -44,12 +44,16 @@ def _A_REPLY() -> str:
 
 
 def settle(fut: Future[object], status: int, value: object) -> None:
-    """Resolve a future port with what arrived: an exception (``ERROR``) or a value."""
+    """Resolve a future port with what arrived: an exception (``ERROR``) or a value; wake
+    the thread waiting in its ``get()``, if any."""
     if not fut.done():
         if status == ERROR:
             fut.set_exception(cast(BaseException, value))  # (an ERROR's value is one)
         else:
             fut.set_result(value)
+        waiter = fut.thread_waiter
+        if waiter is not None:
+            waiter.set()
 
 
 def decode_reply(

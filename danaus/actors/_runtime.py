@@ -420,6 +420,7 @@ class Runtime:
         # Its value comes off the wire untyped: the caller says what it will be. (Not
         # typing.cast: a function call on every call's path.)
         self.ports[pid] = fut  # type: ignore[assignment]
+        fut.settled_by_port = True  # (settle() wakes a thread waiting in its get())
         return pid
 
     def deliver(self, port: int, rank: int, status: int, value: object) -> None:

@@ -21,6 +21,7 @@ from danaus import (
 )
 from danaus.mesh import set_unhandled_fault_hook
 
+from .actors_lib import Echo
 from .exec_actors import Barrier, Caller, Cancellable, Deferred, Ordered, Worker
 
 HEARTBEAT_TIMEOUT = 1.0
@@ -247,3 +248,45 @@ async def test_calls_from_async_code_stay_on_the_applications_loop() -> None:
             assert (await resp.json())["value"] == 1
         here = asyncio.get_running_loop()
         assert loops == [here, here]
+
+
+def test_threads_waiting_in_get_are_each_woken_by_their_reply() -> None:
+    """Many plain threads, each waiting in ``.get()`` for call after call: the reply's
+    port wakes its thread itself, and no wake is lost (a lost one would end in the
+    TimeoutError of that ``get``)."""
+    import threading
+
+    with this_host().spawn_procs(per_host={"procs": 2}, name="waking") as procs:
+        echoes = procs.spawn("echo", Echo)
+        echoes.initialized.get(60)
+        one, two = echoes.slice(procs=0), echoes.slice(procs=1)
+        errors: list[BaseException] = []
+        got: dict[int, list[int]] = {}
+
+        def caller(t: int) -> None:
+            mine = got.setdefault(t, [])
+            try:
+                for i in range(150):
+                    mine.append((one if (t + i) % 2 else two).echo.call_one(t * 1000 + i).get(30))
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=caller, args=(t,)) for t in range(6)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+    assert not errors
+    assert got == {t: [t * 1000 + i for i in range(150)] for t in range(6)}
+
+
+def test_a_call_cancelled_while_a_thread_waits_in_get_wakes_it() -> None:
+    with this_host().spawn_procs(per_host={"procs": 1}, name="cancelwake") as procs:
+        waiter = procs.spawn("cancellable", Cancellable)
+        waiter.initialized.get(60)
+        started, receiver = Channel[str].open()
+        fut = waiter.wait.call_one(started)
+        assert receiver.recv().get(30) == "started"
+        fut.get_loop().call_soon_threadsafe(fut.cancel)
+        with pytest.raises(asyncio.CancelledError):
+            fut.get(30)  # (a wake lost here would end in TimeoutError instead)
