@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from ..ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -122,12 +123,6 @@ class Agent:
         self.reader.join(timeout=30)
         assert self.proc.stdout is not None
         self.proc.stdout.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(params=["ipc", "tcp"])

@@ -26,6 +26,8 @@ import pytest
 from danaus.mesh import AdminClient
 from danaus.mesh._debugging.sessions import HOLD
 
+from ..ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 ACTORS = Path(__file__).with_name("debug_actors.py")
 PROMPT = "danaus_dbg> "
@@ -285,11 +287,7 @@ def test_pythonbreakpoint_0_turns_breakpoints_off(job: Any, endpoint: str) -> No
 
 @pytest.mark.timeout(180)
 def test_monarchs_debug_command_reaches_a_controller_by_host_and_port(job: Any) -> None:
-    import socket
-
-    with socket.socket() as s:  # a free port for the admin endpoint
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # for the admin endpoint
     j = job("sync_point", DANAUS_ADMIN=f"tcp://127.0.0.1:{port}")
     j.wait_paused(2)
     dbg = j.debugger("-c", f"from danaus.tools.debug import debug; debug('127.0.0.1', {port})")
@@ -307,13 +305,9 @@ def test_monarchs_debug_command_reaches_a_controller_by_host_and_port(job: Any) 
 def test_monarchs_debug_command_says_when_nothing_answers(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import socket
-
     from danaus.tools.debug import debug
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nobody listens there
+    port = free_port()  # nobody listens there
     with pytest.raises(RuntimeError, match="ended with status 1"):
         debug("127.0.0.1", port)
     assert "no key for the admin endpoint" in capsys.readouterr().err

@@ -14,18 +14,10 @@ import pytest
 from danaus import SupervisionError, this_host, this_proc
 from danaus.job import PortForwarder
 
+from ..ports import free_ports
+
 pytestmark = pytest.mark.timeout(60)
 HOST = "127.0.0.1"
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind((HOST, 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
