@@ -5,8 +5,12 @@ loop; in the controller, the application's running loop (async code) or danaus's
 background loop (sync code). Messages to a peer go over one connection per peer
 address, in the order sent. Its listening socket and dials are in
 :mod:`~danaus.actors._sockets`, what it knows of peers in :mod:`~danaus.actors._peers`,
-the owners of its ports in :mod:`~danaus.actors._results`, and messages held for
-actors not spawned yet in :mod:`~danaus.actors._arrivals`.
+the owners of its ports in :mod:`~danaus.actors._results`, messages held for actors
+not spawned yet in :mod:`~danaus.actors._arrivals`, and casting to many actors down a
+tree of procs in :mod:`~danaus.actors._cast`. It numbers every message it sends to an
+actor (``next_seq``), and dispatches what arrives by the one handler table
+(``danaus/mesh/_handler_table.py``). The layers above use it through its methods, never
+its tables.
 """
 
 from __future__ import annotations
