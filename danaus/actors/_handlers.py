@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 import traceback
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from ..config import config
@@ -76,7 +77,7 @@ class _FailedActor:
         self.stopped = False
 
     def deliver(
-        self, conn: ReplySink, msg: Call, parts: list[object], sender: str | None = None
+        self, conn: ReplySink, msg: Call, parts: Sequence[Buffer], sender: str | None = None
     ) -> None:
         self.rt.reply_error(conn, msg.reply, self.rank, self.info)
 
@@ -147,7 +148,7 @@ class ProcControl(Actor):
         records = {}
         for key in keys:
             inst = rt.actors.get(key)
-            if inst is not None and hasattr(inst, "stats"):
+            if isinstance(inst, ActorInstance):  # (not one whose __init__ raised)
                 records[key] = actor_record(inst, now)
         return {"proc": proc_record(rt), "actors": records}
 
@@ -158,7 +159,9 @@ class ProcControl(Actor):
         out = thread_stacks(rt)
         now = time.monotonic()
         for inst in list(rt.actors.values()):
-            for task, method, since in getattr(inst, "running_tasks", lambda: [])():
+            if not isinstance(inst, ActorInstance):
+                continue  # one whose __init__ raised: it runs nothing
+            for task, method, since in inst.running_tasks():
                 out.append(
                     {
                         "task": task.get_name(),
@@ -265,7 +268,7 @@ def _spawn_failed(
         info = ErrorInfo(
             "actor", actor_id, str(point), info.exc_type, info.message, tb, "", info.exception
         )
-    rt.actors[msg.actor] = _FailedActor(rt, actor_id, msg.rank, info, display)  # type: ignore[assignment]
+    rt.actors[msg.actor] = _FailedActor(rt, actor_id, msg.rank, info, display)
     if inst is not None:
         if inst.owned:  # what it spawned before raising stops (Monarch)
             rt.spawn_task(inst.stop_owned())
@@ -368,7 +371,7 @@ def check_stuck(rt: Runtime) -> None:
     from ._debugging import hook as _debug
 
     now = time.monotonic()
-    seen = set()
+    seen: set[tuple[int, str, str, float]] = set()
     for key, inst in list(rt.actors.items()):
         if not isinstance(inst, ActorInstance) or not inst.owner_addr:
             continue  # a system actor, or one nobody spawned from afar

@@ -54,13 +54,28 @@ from ._wire import (
 
 if TYPE_CHECKING:
     from ._cast import GatherNode
-    from ._instance import ActorInstance
     from ._replier import ReplySink
 
 log = logging.getLogger("danaus.runtime")
 T = TypeVar("T")
 
 _PONG = Pong()
+
+
+class LocalActor(Protocol):
+    """What the runtime and the handlers ask of an actor living on this loop: an
+    :class:`~danaus.actors._instance.ActorInstance`, or the stand-in for one whose
+    ``__init__`` raised (``_handlers``), which fails every call with the reason."""
+
+    def deliver(
+        self, conn: ReplySink, msg: Call, parts: Sequence[Buffer], sender: str | None = None
+    ) -> None: ...
+
+    def skip(self, sender: str, seq: int) -> None: ...
+
+    def cancel(self, conn: ReplySink, reply: int) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 class _Task(Protocol):
@@ -123,7 +138,7 @@ class Runtime:
         self.addr = addr or listen_address(proc=False)
         self.conns: dict[str, Connection] = {}
         self.ports: dict[int, PortOwner] = {}
-        self.actors: dict[str, ActorInstance] = {}
+        self.actors: dict[str, LocalActor] = {}
         self.closed = False
         #: a runtime on an application's own loop (made on first use, not by danaus)
         self.borrowed = False
@@ -391,11 +406,11 @@ class Runtime:
         actors stopped and before its connections close (the RDMA manager's)."""
         self.closers.append(closer)
 
-    def local_actor(self, key: str) -> ActorInstance | None:
+    def local_actor(self, key: str) -> LocalActor | None:
         """The actor of wire key ``key`` living on this loop, if any."""
         return self.actors.get(key)
 
-    def local_actors(self) -> list[ActorInstance]:
+    def local_actors(self) -> list[LocalActor]:
         """The actors living on this loop now."""
         return list(self.actors.values())
 

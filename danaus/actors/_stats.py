@@ -179,8 +179,12 @@ def thread_stacks(rt: Runtime) -> list[StackEntry]:
     running an actor's endpoint says which (``actor``, ``endpoint``, ``seconds``)."""
     now = time.monotonic()
     running: dict[int, tuple[str, str, float]] = {}
+    from ._instance import ActorInstance  # (it imports this module)
+
     for inst in list(rt.actors.values()):
-        for ident, method, since in getattr(inst, "running_threads", lambda: [])():
+        if not isinstance(inst, ActorInstance):
+            continue  # one whose __init__ raised: it runs nothing
+        for ident, method, since in inst.running_threads():
             running[ident] = (inst.ctx.actor_id, method, round(now - since, 6))
     names = {t.ident: t.name for t in threading.enumerate()}
     out: list[StackEntry] = []
