@@ -50,7 +50,7 @@ def main() -> None:
             "target": f"<= {target}x",
         }
 
-    rows = [
+    rows: list[dict[str, object]] = [
         rtt("call_one 16 B, sync endpoint, .get() from a plain thread", "sync_get", 2.0),
         rtt("call_one, sync endpoint, await", "await_sync", 1.6),
         rtt("call_one, async endpoint, await", "await_async", 1.3),
