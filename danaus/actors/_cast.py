@@ -12,12 +12,12 @@ values on the way unless it has to reduce them. Per-sender order is kept by sequ
 numbers, which the runtime numbers (``Runtime.next_seq``) for direct calls and casts alike;
 a subtree whose connection is lost has its numbers skipped (:class:`SkipOnLoss`).
 
-This module owns the tree nodes waiting in this proc (:class:`Gathers`, one per runtime).
+This module owns the tree nodes waiting in this proc for their subtrees (by port, in
+``Runtime.gathers``), and is the only one that touches them.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -48,8 +48,6 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
 
 __all__ = ["GatherNode", "SkipOnLoss", "Target", "handle_cast", "handle_gathered", "send_tree"]
-
-log = logging.getLogger("danaus.cast")
 
 Target = tuple[int, str, int]  # (rank, proc address, sequence number)
 
@@ -196,27 +194,26 @@ class GatherNode:
     def add(
         self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Buffer]
     ) -> None:
+        """The local actor's result."""
+        self._take(rank, status, value, pickled, parts)
+        self.subtree_done()
+
+    def add_gathered(self, msg: Gathered, parts: list[Buffer]) -> None:
+        """A subtree's results."""
+        i = 0
+        for rank, status, value, pickled, n in msg.entries:
+            self._take(rank, status, value, pickled, parts[i : i + n])
+            i += n
+        self.subtree_done()
+
+    def _take(
+        self, rank: int, status: int, value: msgspec.Raw, pickled: bool, parts: list[Buffer]
+    ) -> None:
         if self.msg.mode == CAST_REDUCE:
             self._reduce(rank, status, value, pickled, parts)
         else:
             self.entries.append((rank, status, value, pickled, len(parts)))
             self.parts.extend(parts)
-        self.left -= 1
-        if self.left == 0:
-            self._finish()
-
-    def add_gathered(self, msg: Gathered, parts: list[Buffer]) -> None:
-        i = 0
-        for rank, status, value, pickled, n in msg.entries:
-            if self.msg.mode == CAST_REDUCE:
-                self._reduce(rank, status, value, pickled, parts[i : i + n])
-            else:
-                self.entries.append((rank, status, value, pickled, n))
-                self.parts.extend(parts[i : i + n])
-            i += n
-        self.left -= 1
-        if self.left == 0:
-            self._finish()
 
     def add_failure(self, rank: int, exc: BaseException) -> None:
         """One rank of a lost subtree (its connection dropped): record its error."""
@@ -227,7 +224,9 @@ class GatherNode:
         else:
             self.entries.append((rank, ERROR, raw, False, 0))
 
-    def subtree_lost(self) -> None:
+    def subtree_done(self) -> None:
+        """One of the parts it waits for (its own actor, or a subtree, answered or lost)
+        is in: once all are, send the whole up."""
         self.left -= 1
         if self.left == 0:
             self._finish()
@@ -356,7 +355,7 @@ class _SubtreeLoss:
         self.ranks -= 1
         if self.ranks == 0:
             self.rt.gathers.pop(self.port, None)  # a late Gathered must not count again
-            self.node.subtree_lost()
+            self.node.subtree_done()
             return True
         return False
 
