@@ -87,7 +87,6 @@ class Gateway(Actor):
         self.reserved: dict[str, _Reservation] = {}  # by address
         self.dialed = Relays()
         self._ids = itertools.count(1)
-        self._watching = False
         self._counts = {"dialed": 0, "accepted": 0}
 
     @endpoint
@@ -96,9 +95,7 @@ class Gateway(Actor):
         address and the secret that claims it. Unclaimed after ``attach_timeout`` s, it
         closes."""
         rt = current_runtime()
-        if not self._watching:
-            rt.watch_lost(self._owner_lost)
-            self._watching = True
+        rt.watch_lost(self._owner_lost)  # (once: the runtime keeps one of each)
         token = secrets.token_hex(16)  # only the controller that reserved it claims it
         holder: list[_Reservation] = []
 

@@ -72,7 +72,6 @@ class HostAgent(Actor):
         self.proc_listen = proc_listen or f"tcp://{host}:0"
         self.procs: dict[str, ProcHandle] = {}  # by address
         self.owners: dict[str, set[str]] = {}  # controller address -> proc addresses
-        self._watching = False
 
     def _owner_lost(self, owner: str) -> None:
         for addr in self.owners.pop(owner, set()):
@@ -96,9 +95,7 @@ class HostAgent(Actor):
         from ...actors._api import current_runtime
 
         rt = current_runtime()
-        if not self._watching:
-            rt.watch_lost(self._owner_lost)
-            self._watching = True
+        rt.watch_lost(self._owner_lost)  # (once: the runtime keeps one of each)
         if rt.why_lost(owner) is not None:
             # Its connection closed while this request waited behind others: procs
             # started now would belong to nobody and run for good.
