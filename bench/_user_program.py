@@ -6,16 +6,17 @@ travels to the procs by value), which imports numpy, as user code does; the endp
 
 from __future__ import annotations
 
-import asyncio
 import json
-import statistics
 import sys
-import time
 from typing import Any
 
 import numpy as np  # noqa: F401  (user code imports numpy: its import cost is in every proc)
 import uvloop
 
+from bench import _floors  # the timers and floors of the rest of make bench
+from bench.bench_hops import _sync_rtt
+from bench.bench_mesh import _call_latency
+from bench.bench_runtime import _latency, _throughput
 from danaus import Actor, endpoint, this_host
 
 N = 2000
@@ -32,53 +33,12 @@ class Echo(Actor):
         return x
 
 
-def _median_us(samples: list[float]) -> float:
-    return statistics.median(samples) * 1e6
-
-
 def sync_get() -> float:
     """``echo.f.call_one(x).get()`` from this plain thread (no event loop): median µs."""
     with this_host().spawn_procs(per_host={"procs": 1}, name="user_sync") as procs:
         echo = procs.spawn("echo", Echo)
         echo.initialized.get(60)
-        for _ in range(300):
-            echo.f.call_one(PAYLOAD).get(30)
-        samples = []
-        for _ in range(N):
-            t = time.perf_counter()
-            echo.f.call_one(PAYLOAD).get(30)
-            samples.append(time.perf_counter() - t)
-    return _median_us(samples)
-
-
-async def _rtt(ep: Any) -> float:
-    for _ in range(300):
-        await ep.call_one(PAYLOAD)
-    samples = []
-    for _ in range(N):
-        t = time.perf_counter()
-        await ep.call_one(PAYLOAD)
-        samples.append(time.perf_counter() - t)
-    return _median_us(samples)
-
-
-async def _in_flight(ep: Any, batches: int = 30, inflight: int = 1000) -> float:
-    await asyncio.gather(*(ep.call_one(PAYLOAD) for _ in range(inflight)))
-    t = time.perf_counter()
-    for _ in range(batches):
-        await asyncio.gather(*(ep.call_one(PAYLOAD) for _ in range(inflight)))
-    return batches * inflight / (time.perf_counter() - t)
-
-
-async def _mesh_call(ep: Any, n: int = 500) -> float:
-    for _ in range(50):
-        await ep.call(PAYLOAD)
-    samples = []
-    for _ in range(n):
-        t = time.perf_counter()
-        await ep.call(PAYLOAD)
-        samples.append(time.perf_counter() - t)
-    return _median_us(samples)
+        return _sync_rtt(echo.f, N)
 
 
 async def awaited() -> dict[str, float]:
@@ -86,20 +46,18 @@ async def awaited() -> dict[str, float]:
         echo = procs.spawn("echo", Echo)
         await echo.initialized
         out = {
-            "await_sync": await _rtt(echo.f),
-            "await_async": await _rtt(echo.af),
-            "in_flight": await _in_flight(echo.f),
+            "await_sync": (await _latency(echo.f, N)).median_us,
+            "await_async": (await _latency(echo.af, N)).median_us,
+            "in_flight": await _throughput(echo.f, 30),
         }
     async with this_host().spawn_procs(per_host={"procs": 8}, name="user_eight") as procs:
         echoes = procs.spawn("echo", Echo)
         await echoes.initialized
-        out["call_8"] = await _mesh_call(echoes.f)
+        out["call_8"] = (await _call_latency(echoes, 500, "f", PAYLOAD)).median_us
     return out
 
 
 def main() -> None:
-    from bench import _floors  # (the same floors as the rest of make bench)
-
     floor = _floors.uvloop_pingpong(3000).median_us
     pipelined = _floors.uvloop_pipelined(50_000, 1000)
     got = {"floor_pingpong_us": floor, "floor_pipelined_per_s": pipelined}

@@ -19,13 +19,15 @@ from ._actors import Ping  # a light module: each proc imports it (this one impo
 from ._stats import Stats, format_table, summarize
 
 
-async def _call_latency(mesh: Any, n: int) -> Stats:
+async def _call_latency(mesh: Any, n: int, endpoint: str = "ping", arg: object = 1) -> Stats:
+    """``await mesh.<endpoint>.call(arg)``, after 50 to warm up: ``n`` round trips."""
+    ep = getattr(mesh, endpoint)
     for _ in range(50):
-        await mesh.ping.call(1)
+        await ep.call(arg)
     samples = []
     for _ in range(n):
         t = time.perf_counter()
-        await mesh.ping.call(1)
+        await ep.call(arg)
         samples.append(time.perf_counter() - t)
     return summarize(samples)
 
