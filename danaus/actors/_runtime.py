@@ -95,7 +95,7 @@ _Dispatch: TypeAlias = "Callable[[Runtime, Connection, Message, Sequence[object]
 #: (the lowest layer that sees every handler), installed when ``danaus.mesh`` is imported.
 #: A test checks that it covers every type of the wire union.
 _handlers: dict[type, _Dispatch] = {}
-#: checks every runtime runs on its heartbeat (``register_handlers``' companion)
+#: checks every runtime runs on its heartbeat (see ``on_every_heartbeat``)
 _on_heartbeat: list[Callable[[Runtime], None]] = []
 
 
