@@ -10,6 +10,12 @@ during one loop iteration go out in one ``writelines`` call (or at once past
 ``config.flush_bytes``), frames queued while the handshake runs wait in a backlog (with
 hooks that report them if they never go out), frames on TCP without TLS carry session
 tags, and the transport's write flow control pauses senders that outrun the peer.
+
+One write comes from other threads: a call sent from a thread that is not the loop's
+(a plain thread's ``.get()``, a sync endpoint calling another actor) is written to the
+socket by that thread itself when nothing is queued before it (:meth:`write_from_thread`),
+instead of waking the loop to write it. Every write to the socket, the loop's included,
+holds the runtime's ``send_lock``, so frames never interleave.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import asyncio
 import enum
 import functools
 import logging
+import os
 import select
 import socket
 from collections.abc import Callable, Sequence
@@ -40,6 +47,9 @@ __all__ = ["CLOSED", "HANDSHAKE", "OPEN", "Connection", "State"]
 log = logging.getLogger("danaus.connection")
 
 _PING = Ping()
+#: the most buffers one frame written from another thread may have (writev's limit is
+#: 1,024 on Linux): more go through the loop
+_MAX_IOV = 256
 
 
 class State(enum.Enum):
@@ -99,6 +109,14 @@ class Connection(asyncio.BufferedProtocol):
         #: number of the next frame
         self._mac_out: FrameMacs | None = None
         self._seq_out = 0
+        #: held by every write to the socket: the loop's, and another thread's
+        #: (:meth:`write_from_thread`); the runtime's, as its sequence numbers are
+        self._wlock = runtime.send_lock
+        #: a Unix socket's descriptor, which other threads may write to (-1: none may)
+        self._sock_fd = -1
+        #: their own duplicate of it, made at their first write and closed with the
+        #: connection (the loop closing its descriptor cannot make theirs name another file)
+        self._thread_fd = -1
         # Messages go straight to the runtime: no call through this class per frame.
         self._reader = FrameReader(
             functools.partial(runtime.dispatch, self), self._on_handshake, self._peer_name
@@ -156,6 +174,8 @@ class Connection(asyncio.BufferedProtocol):
             and transport.get_extra_info("sslcontext") is None
         ):
             self._tag_frames = True  # TCP without TLS: bind each frame to this session
+        if sock is not None and sock.family == socket.AF_UNIX:
+            self._sock_fd = sock.fileno()
         if self.dialer:
             self._write_now(self._hs.start())
         # Both sides: a peer that accepts (or dials) and then says nothing is dropped.
@@ -189,10 +209,16 @@ class Connection(asyncio.BufferedProtocol):
         if self._hs_timer is not None:
             self._hs_timer.cancel()
         self._reader.paused = True
-        if self.state is not CLOSED:
-            self.state = CLOSED
-            if self.close_reason is None:
-                self.close_reason = exc or ConnectionResetError(f"connection to {self.peer} closed")
+        with self._wlock:  # (no thread is writing, or registering a reply, from here on)
+            if self.state is not CLOSED:
+                self.state = CLOSED
+                if self.close_reason is None:
+                    self.close_reason = exc or ConnectionResetError(
+                        f"connection to {self.peer} closed"
+                    )
+            if self._thread_fd >= 0:
+                os.close(self._thread_fd)
+                self._thread_fd = -1
         self._reader.close()
         if self._reset_before_a_word() and self.rt.redial(self):
             return  # a new dial took over its frames and awaited replies
@@ -240,7 +266,8 @@ class Connection(asyncio.BufferedProtocol):
             log.error("refused connection: %s", exc)
         elif isinstance(exc, ProtocolError):
             log.error("closing connection from %s: %s", self._peer_name(), exc)
-        self.state = CLOSED
+        with self._wlock:
+            self.state = CLOSED
         self._reader.paused = True  # (no more frames from the buffer)
         self.close_reason = exc
         if self.transport is not None:
@@ -443,8 +470,9 @@ class Connection(asyncio.BufferedProtocol):
                 if not self._wq and not self.pending and not self._reading:
                     # A lone message (nothing queued, nothing in flight): send it now
                     # rather than a loop turn later. Bursts still go out batched.
-                    self.transport.write(data)  # type: ignore[union-attr]
-                    self.bytes_out += len(data)
+                    with self._wlock:
+                        self.transport.write(data)  # type: ignore[union-attr]
+                        self.bytes_out += len(data)
                     return True
                 self._wq.append(data)
                 self._wbytes += len(data)
@@ -493,15 +521,61 @@ class Connection(asyncio.BufferedProtocol):
     def flush(self) -> None:
         """Write what is queued now."""
         self._flush_handle = None
-        wq = self._wq
-        if wq and self.transport is not None and self.state is not CLOSED:
-            self.bytes_out += self._wbytes
-            if len(wq) == 1:
-                self.transport.write(wq[0])  # one buffer: write() is cheaper than writelines()
-            else:
-                self.transport.writelines(wq)
-        self._wq = []
-        self._wbytes = 0
+        with self._wlock:
+            wq = self._wq
+            if wq and self.transport is not None and self.state is not CLOSED:
+                self.bytes_out += self._wbytes
+                if len(wq) == 1:
+                    self.transport.write(wq[0])  # one buffer: cheaper than writelines()
+                else:
+                    self.transport.writelines(wq)
+            self._wq = []
+            self._wbytes = 0
+
+    def write_from_thread(self, bufs: list[Buffer]) -> bool:
+        """Write one frame from a thread that is not the loop's, the caller holding the
+        runtime's ``send_lock``: only on an open Unix socket with nothing queued before
+        it (here or in the transport), so that it goes out in order. What the socket
+        does not take at once is queued for the loop to write. False (nothing written)
+        where it may not: the caller hands the message to the loop instead."""
+        transport = self.transport
+        if (
+            self._sock_fd < 0
+            or self.state is not OPEN
+            or self._wq
+            or transport is None
+            or transport.is_closing()
+            or transport.get_write_buffer_size()
+            or len(bufs) > _MAX_IOV
+        ):
+            return False
+        fd = self._thread_fd
+        if fd < 0:
+            fd = self._thread_fd = os.dup(self._sock_fd)
+        size = sum(memoryview(b).nbytes for b in bufs)
+        try:
+            n = os.writev(fd, bufs) if len(bufs) > 1 else os.write(fd, bufs[0])
+        except BlockingIOError:
+            n = 0
+        except OSError as e:  # the peer is gone: the loop fails the connection, and the
+            # calls pending on it (this one's included) with the reason
+            self.loop.call_soon_threadsafe(self.fail, ConnectionResetError(f"write failed: {e}"))
+            return True
+        self.bytes_out += n
+        if n < size:  # the rest, in order before anything sent after it: the loop's to write
+            rest: list[Buffer] = []
+            skip = n
+            for b in bufs:
+                view = memoryview(b).cast("B")
+                if skip >= view.nbytes:
+                    skip -= view.nbytes
+                    continue
+                rest.append(view[skip:])
+                skip = 0
+            self._wq = rest
+            self._wbytes = size - n  # (counted in bytes_out when the loop writes them)
+            self.loop.call_soon_threadsafe(self.flush)
+        return True
 
     def _write_now(self, bufs: list[Buffer]) -> None:
         assert self.transport is not None

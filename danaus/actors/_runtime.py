@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import logging
 import socket
+import threading
 from asyncio.events import _get_running_loop
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Never, Protocol, TypeAlias, TypeVar, cast
@@ -50,6 +51,7 @@ from ._wire import (
     Pong,
     Region,
     Result,
+    frame,
 )
 
 if TYPE_CHECKING:
@@ -57,6 +59,10 @@ if TYPE_CHECKING:
     from ._replier import ReplySink
 
 log = logging.getLogger("danaus.runtime")
+
+#: encodes the calls other threads send themselves (msgspec's module-level encoder: an
+#: ``Encoder`` of the loop's may be encoding at the same moment)
+_thread_encode = msgspec.msgpack.encode
 T = TypeVar("T")
 
 _PONG = Pong()
@@ -152,6 +158,9 @@ class Runtime:
         self.gathers: dict[int, GatherNode] = {}
         #: last sequence number sent, per proc address and actor (see ``next_seq``)
         self._seqs: dict[str, dict[str, int]] = {}
+        #: held to number a message and put it on its connection, and by every write to
+        #: a socket: other threads send some calls themselves (``send_call_from_thread``)
+        self.send_lock = threading.RLock()
         #: the handler of each message type (the one table, see ``install_handlers``)
         self.handlers: dict[type, _Dispatch] = _handlers
         self._tasks: set[_Task] = set()
@@ -366,7 +375,8 @@ class Runtime:
                 for callback in self.on_lost:
                     callback(conn.peer)
         if conn.pending:
-            pending, conn.pending = conn.pending, {}
+            with self.send_lock:  # (a thread registers replies under it: see send_call_from_thread)
+                pending, conn.pending = conn.pending, {}
             exited = peers.exit_status(conn.peer or "")
             if isinstance(conn.close_reason, SupervisionError):
                 fail_pending(self, conn, pending)  # we gave up on it (no heartbeat): say so
@@ -487,13 +497,47 @@ class Runtime:
         ``region``: the slice called, when not the actor's whole mesh (its message rank);
         ``trace``: the caller's span, with telemetry on."""
         conn = self.connection(addr)
-        seq = self.next_seq(addr, actor)
-        if not conn.send(Call(actor, method, reply, args, pickled, seq, region, trace), parts):
+        with self.send_lock:  # (numbered and queued in one step: see send_call_from_thread)
+            seq = self.next_seq(addr, actor)
+            sent = conn.send(Call(actor, method, reply, args, pickled, seq, region, trace), parts)
+        if not sent:
             if reply:
                 self.deliver(reply, rank, ERROR, self.peer_lost_error(addr, conn.close_reason))
             return
         if reply:
             conn.pending[reply] = rank
+
+    def send_call_from_thread(
+        self,
+        addr: str,
+        actor: str,
+        method: str,
+        reply: int,
+        rank: int,
+        args: msgspec.Raw,
+        pickled: bool,
+        parts: Sequence[Buffer],
+        region: Region | None = None,
+        trace: str = "",
+    ) -> bool:
+        """:meth:`send_call` from a thread that is not this loop's, written by that thread
+        itself, without waking the loop: where the connection to ``addr`` is open on a
+        Unix socket with nothing queued (``Connection.write_from_thread``). False, with
+        nothing sent, where it is not: the caller hands the send to the loop."""
+        conn = self.conns.get(addr)
+        if conn is None or conn.state is not OPEN:
+            return False
+        with self.send_lock:
+            seq = self.next_seq(addr, actor)
+            header = _thread_encode(Call(actor, method, reply, args, pickled, seq, region, trace))
+            if reply:  # (before the write: the reply may come back at once)
+                conn.pending[reply] = rank
+            if conn.write_from_thread(frame(header, parts)):
+                return True
+            if reply:
+                del conn.pending[reply]
+            self._seqs[addr][actor] = seq - 1  # (nobody numbered since: we hold the lock)
+            return False
 
     def send_cast(
         self,
@@ -521,7 +565,8 @@ class Runtime:
                     addr, actor, method, reply, rank, args, pickled, parts, region, trace
                 )
             return
-        tree = [(rank, addr, self.next_seq(addr, actor)) for rank, addr in targets]
+        with self.send_lock:
+            tree = [(rank, addr, self.next_seq(addr, actor)) for rank, addr in targets]
         send_tree(
             self,
             actor,

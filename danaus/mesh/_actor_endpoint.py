@@ -127,9 +127,18 @@ class ActorEndpoint(Generic[R_co]):
             return
         gate = mesh.call_gate(rt, here)
         ready = gate.done()
-        if ready and len(ranks) == 1 and here and (addr := mesh.addr_of(ranks[0])):
-            rt.send_call(addr, actor, method, port, ranks[0], raw, pickled, parts, region, trace)
-            return
+        if ready and len(ranks) == 1 and (addr := mesh.addr_of(ranks[0])):
+            if here:
+                rt.send_call(
+                    addr, actor, method, port, ranks[0], raw, pickled, parts, region, trace
+                )
+                return
+            # Another thread (a plain thread's call, a sync endpoint's): it writes the
+            # call itself where it can, without waking the loop to do it.
+            if rt.send_call_from_thread(
+                addr, actor, method, port, ranks[0], raw, pickled, parts, region, trace
+            ):
+                return
 
         def go() -> None:
             targets = []

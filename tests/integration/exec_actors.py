@@ -83,6 +83,11 @@ class Caller(Actor):
         return self.value
 
     @endpoint
+    def call_many(self, other: Any, n: int) -> int:
+        """``n`` calls from this actor's thread, each waited for: their replies' sum."""
+        return sum(other.incr.call_one(1).get(timeout=30) for _ in range(n))
+
+    @endpoint
     def sum_of_others(self, me: Any) -> int:
         """``.get()`` on the other ranks of this actor's own mesh."""
         mine = context().actor_instance.rank.rank
@@ -228,3 +233,20 @@ class Holder(Actor):
 
         self.data = torch.arange(n, dtype=torch.uint8)
         return RDMABuffer(self.data)
+
+
+class Recorder(Actor):
+    """Notes who sent what, in the order its calls run (a sync endpoint)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, int]] = []
+
+    @endpoint
+    def note(self, sender: str, i: int, payload: Any = None) -> int:
+        size = 0 if payload is None else int(getattr(payload, "nbytes", None) or len(payload))
+        self.seen.append((sender, i, size))
+        return i
+
+    @endpoint
+    def log(self) -> list[tuple[str, int, int]]:
+        return list(self.seen)
