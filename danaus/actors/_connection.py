@@ -534,13 +534,15 @@ class Connection(asyncio.BufferedProtocol):
 
     def write_from_thread(self, bufs: list[Buffer]) -> bool:
         """Write one frame from a thread that is not the loop's, the caller holding the
-        runtime's ``send_lock``: only on an open Unix socket with nothing queued before
-        it (here or in the transport), so that it goes out in order. What the socket
-        does not take at once is queued for the loop to write. False (nothing written)
-        where it may not: the caller hands the message to the loop instead."""
+        runtime's ``send_lock``: only on an open Unix socket whose frames carry no
+        session tags, with nothing queued before it (here or in the transport), so that
+        it goes out in order. What the socket does not take at once is queued for the
+        loop to write. False (nothing written) where it may not: the caller hands the
+        message to the loop instead."""
         transport = self.transport
         if (
             self._sock_fd < 0
+            or self._mac_out is not None  # (frames bound to the session: the loop's to tag)
             or self.state is not OPEN
             or self._wq
             or transport is None

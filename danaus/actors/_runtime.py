@@ -161,6 +161,9 @@ class Runtime:
         #: held to number a message and put it on its connection, and by every write to
         #: a socket: other threads send some calls themselves (``send_call_from_thread``)
         self.send_lock = threading.RLock()
+        #: calls other threads handed to this loop that it has not numbered yet: while
+        #: any are, those threads write none themselves (it would overtake them)
+        self._handed_calls = 0
         #: the handler of each message type (the one table, see ``install_handlers``)
         self.handlers: dict[type, _Dispatch] = _handlers
         self._tasks: set[_Task] = set()
@@ -528,6 +531,8 @@ class Runtime:
         if conn is None or conn.state is not OPEN:
             return False
         with self.send_lock:
+            if self._handed_calls:
+                return False
             seq = self.next_seq(addr, actor)
             header = _thread_encode(Call(actor, method, reply, args, pickled, seq, region, trace))
             if reply:  # (before the write: the reply may come back at once)
@@ -538,6 +543,23 @@ class Runtime:
                 del conn.pending[reply]
             self._seqs[addr][actor] = seq - 1  # (nobody numbered since: we hold the lock)
             return False
+
+    def hand_call_to_loop(self, send: Callable[[], None]) -> Callable[[], None]:
+        """For a thread that is not this loop's, handing the loop ``send`` (sending some
+        calls): ``send`` as the loop is to run it. Until it has run, calls from other
+        threads go through the loop too, behind it (see :meth:`send_call_from_thread`),
+        so that a thread's calls keep their order whichever way each travels."""
+        with self.send_lock:
+            self._handed_calls += 1
+
+        def handed() -> None:
+            try:
+                send()
+            finally:
+                with self.send_lock:
+                    self._handed_calls -= 1
+
+        return handed
 
     def send_cast(
         self,

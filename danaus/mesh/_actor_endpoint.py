@@ -160,10 +160,11 @@ class ActorEndpoint(Generic[R_co]):
                 actor, method, targets, port, mode, raw, pickled, parts, reducer, region, trace
             )
 
+        send = go if here else rt.hand_call_to_loop(go)
         if ready:
-            run_on(rt, go)
+            run_on(rt, send)
         else:
-            gate.add_done_callback(lambda _: run_on(rt, go))
+            gate.add_done_callback(lambda _: run_on(rt, send))
 
     def rref(self, *args: object, **kwargs: object) -> object:
         """Call the endpoint on every actor with DTensor arguments (each actor gets its

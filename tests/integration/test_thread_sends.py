@@ -108,3 +108,20 @@ async def test_a_sync_endpoint_calling_another_actor_writes_from_its_thread() ->
         callee = await procs.slice(procs=1).spawn("worker", Worker)
         caller = await procs.slice(procs=0).spawn("caller", Caller)
         assert await caller.call_many.call_one(callee, 100) == sum(range(1, 101))
+
+
+def test_a_threads_calls_keep_their_order_when_some_go_through_the_loop() -> None:
+    """Calls to the whole mesh go through the loop (a cast); those to one actor the
+    thread may write itself: interleaved, rank 0 still runs them in the order sent."""
+    with this_host().spawn_procs(per_host={"procs": 2}, name="mixedsends") as procs:
+        recs = procs.spawn("rec", Recorder)
+        recs.initialized.get(60)
+        one = recs.slice(procs=0)
+        futs = [
+            recs.note.call("main", i) if i % 3 == 0 else one.note.call_one("main", i)
+            for i in range(300)
+        ]
+        for f in futs:
+            f.get(60)
+        seen = one.log.call_one().get(60)
+    assert [i for _, i, _ in seen] == list(range(300))
