@@ -6,6 +6,9 @@ here instead: one thread per actor, started at its first sync message, running t
 actor's sync jobs one at a time, in the order handed over. The loop hands over a run of
 consecutive sync messages at once and takes the finished jobs back in batches (one
 wake-up of the loop per batch, not per job), so a stream of small calls stays pipelined.
+A job that returns a small atom (an ``int``, a short ``str``...) sends its reply from
+here at once (``Replier.reply_from_thread``), unless something sent earlier is still on
+its way through the loop: the loop's wake-up is then off the caller's path.
 
 Code running here may call other actors and wait with ``.get()``: its calls go out
 through the proc's own runtime (see :func:`thread_home`).
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import logging
 import queue
 import threading
 import time
@@ -32,6 +36,8 @@ if TYPE_CHECKING:
     from ._wire import Call
 
 __all__ = ["ActorThread", "InitJob", "Job", "JobFn", "thread_home", "waiting_actor"]
+
+log = logging.getLogger("danaus.actor")
 
 
 class _Local(threading.local):
@@ -89,6 +95,7 @@ class Job:
         "kwargs",
         "msg",
         "ok",
+        "replied",
         "started",
         "started_at",
         "value",
@@ -111,6 +118,7 @@ class Job:
         self.value: object = None
         self.error: BaseException | None = None
         self.cancelled = False  # the caller gave up: skip it, or drop its result
+        self.replied = False  # its reply went out from the actor's thread
         self.started = False
         self.started_at = 0.0  # (time.monotonic())
 
@@ -171,6 +179,10 @@ class ActorThread:
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._done: collections.deque[Job] = collections.deque()
         self._wake_pending = False
+        #: jobs handed back to the loop (this thread's count), and those the loop has
+        #: answered (the loop's): equal, no earlier reply is still to go out
+        self._handed_back = 0
+        self._answered = 0
         self.closed = False
         self.current: Job | None = None
         self._thread = threading.Thread(target=self._main, name=f"danaus-actor {name}", daemon=True)
@@ -215,14 +227,32 @@ class ActorThread:
                     if not isinstance(e, Exception):
                         self.closed = True  # it fails the actor: the jobs behind never run
                 self.current = None
+                if (
+                    job.ok
+                    and self._handed_back == self._answered
+                    and type(job) is Job
+                    and not job.cancelled
+                    and not self.closed
+                ):
+                    # Its reply, from here: the loop's wake-up (for the next message)
+                    # is then off its caller's path.
+                    job.replied = self._reply_from_here(job)
             job.args = job.kwargs = None  # type: ignore[assignment]  # free them now
             self._done.append(job)
+            self._handed_back += 1
             if not self._wake_pending:
                 self._wake_pending = True
                 try:
                     self._loop.call_soon_threadsafe(self._flush)
                 except RuntimeError:  # the loop closed: the proc is exiting
                     return
+
+    def _reply_from_here(self, job: Job) -> bool:
+        try:
+            return self._actor.replier.reply_from_thread(job)
+        except Exception:  # (a fault of ours: the loop replies instead, as it can)
+            log.exception("replying from %s failed; the loop replies", self._thread.name)
+            return False
 
     def _flush(self) -> None:
         self._wake_pending = False  # before draining: a job finished after this wakes us again
@@ -232,3 +262,4 @@ class ActorThread:
             jobs.append(done.popleft())
         if jobs:
             self._on_done(jobs)
+            self._answered += len(jobs)

@@ -233,8 +233,8 @@ class ActorContext:
             raise RuntimeError(f"{self.actor_id} is not a running actor of this process")
         if a.rt.on_loop():
             act(a)
-        else:  # a sync endpoint, on the actor's thread
-            a.rt.loop.call_soon_threadsafe(act, a)
+        else:  # a sync endpoint, on the actor's thread (its reply waits behind this)
+            a.rt.loop.call_soon_threadsafe(a.rt.hand_over(act, a))
 
     def __reduce__(self) -> NoReturn:
         raise TypeError(

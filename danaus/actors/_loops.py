@@ -254,11 +254,13 @@ def enable_transport(transport: object) -> None:
 
 
 def run_on(rt: Runtime, fn: Callable[[*Ts], object], *args: *Ts) -> None:
-    """Call ``fn(*args)`` on ``rt``'s loop: now if we are on it, else thread-safely."""
+    """Call ``fn(*args)`` on ``rt``'s loop: now if we are on it, else thread-safely (and
+    until it has run there, this runtime's threads write no frame themselves: see
+    ``Runtime.hand_over``)."""
     if rt.on_loop():
         fn(*args)
     else:
-        rt.loop.call_soon_threadsafe(fn, *args)
+        rt.loop.call_soon_threadsafe(rt.hand_over(fn, *args))
 
 
 def call_in_loop(rt: Runtime, fn: Callable[[*Ts], T], *args: *Ts) -> T:

@@ -26,7 +26,7 @@ from ._errinfo import encode_error, info_from_error
 from ._loops import run_on
 from ._port import Port
 from ._serialize import _ATOMS, dumps
-from ._wire import ERROR, NIL, OK, Buffer, Call, ErrorInfo, Result
+from ._wire import ERROR, NIL, OK, Buffer, Call, ErrorInfo, Result, frame
 
 if TYPE_CHECKING:
     from ._instance import ActorInstance, RunnableEndpoint
@@ -49,6 +49,9 @@ class ReplySink(Protocol):
 
 
 _plain_encode = msgspec.msgpack.Encoder().encode
+#: the encoder of replies written from an actor's thread (msgspec's module-level one: the
+#: loop's ``Encoder`` may be encoding at the same moment)
+_thread_encode = msgspec.msgpack.encode
 
 
 #: Where the frames of the runtime itself and of the event loop come from.
@@ -117,6 +120,33 @@ class Replier:
             return
         conn.send(Result(msg.reply, OK, raw, pickled, a.rank), parts)
 
+    def reply_from_thread(self, job: Job) -> bool:
+        """On the actor's thread, as soon as ``job``'s sync endpoint returned: write the
+        reply from there, so that it does not wait for the loop to wake up. Only a small
+        atom (an ``int``, a ``str``, short ``bytes``...: no pickling off the loop), to a
+        caller on a connection, from an endpoint that does not answer through its own
+        port; False (nothing written) otherwise, or where the socket cannot take it in
+        order now: the loop replies, as it does to every other outcome."""
+        conn, msg = job.conn, job.msg
+        if not msg.reply or type(conn) is not Connection:
+            return False
+        result = job.value
+        t = type(result)
+        if not (t in _ATOMS or (t is bytes and len(result) < 4096)):  # type: ignore[arg-type]
+            return False
+        a = self._actor
+        ep = a.endpoint(msg.method)
+        if ep is None or ep.explicit_response_port:
+            return False
+        try:
+            raw = msgspec.Raw(_thread_encode(result))
+        except (OverflowError, UnicodeEncodeError):
+            return False  # (the loop pickles it)
+        if len(raw) > config.oob_threshold:
+            return False
+        header = _thread_encode(Result(msg.reply, OK, raw, False, a.rank))
+        return a.rt.send_from_thread(conn, frame(header))
+
     def raised(self, conn: ReplySink, msg: Call, ep: RunnableEndpoint, exc: BaseException) -> None:
         """The endpoint that ran ``msg`` raised ``exc``.
 
@@ -176,8 +206,8 @@ class Replier:
                     batched.append(c)
         for job in jobs:
             conn, msg = job.conn, job.msg
-            if job.cancelled:
-                continue  # its caller gave up: the result goes nowhere
+            if job.cancelled or job.replied:
+                continue  # its caller gave up (the result goes nowhere), or has its reply
             ep = a.endpoint(msg.method)
             assert ep is not None  # it ran, so it was found
             if not job.started:

@@ -22,7 +22,7 @@ import socket
 import threading
 from asyncio.events import _get_running_loop
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import TYPE_CHECKING, Never, Protocol, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Never, Protocol, TypeAlias, TypeVar, TypeVarTuple, cast
 
 import msgspec
 
@@ -64,6 +64,7 @@ log = logging.getLogger("danaus.runtime")
 #: ``Encoder`` of the loop's may be encoding at the same moment)
 _thread_encode = msgspec.msgpack.encode
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 _PONG = Pong()
 
@@ -161,9 +162,9 @@ class Runtime:
         #: held to number a message and put it on its connection, and by every write to
         #: a socket: other threads send some calls themselves (``send_call_from_thread``)
         self.send_lock = threading.RLock()
-        #: calls other threads handed to this loop that it has not numbered yet: while
-        #: any are, those threads write none themselves (it would overtake them)
-        self._handed_calls = 0
+        #: what other threads handed to this loop that it has not run yet: while any is
+        #: waiting, those threads write nothing themselves (it would overtake it)
+        self._handed = 0
         #: the handler of each message type (the one table, see ``install_handlers``)
         self.handlers: dict[type, _Dispatch] = _handlers
         self._tasks: set[_Task] = set()
@@ -531,7 +532,7 @@ class Runtime:
         if conn is None or conn.state is not OPEN:
             return False
         with self.send_lock:
-            if self._handed_calls:
+            if self._handed:
                 return False
             seq = self.next_seq(addr, actor)
             header = _thread_encode(Call(actor, method, reply, args, pickled, seq, region, trace))
@@ -544,22 +545,29 @@ class Runtime:
             self._seqs[addr][actor] = seq - 1  # (nobody numbered since: we hold the lock)
             return False
 
-    def hand_call_to_loop(self, send: Callable[[], None]) -> Callable[[], None]:
-        """For a thread that is not this loop's, handing the loop ``send`` (sending some
-        calls): ``send`` as the loop is to run it. Until it has run, calls from other
-        threads go through the loop too, behind it (see :meth:`send_call_from_thread`),
-        so that a thread's calls keep their order whichever way each travels."""
+    def hand_over(self, fn: Callable[[*Ts], object], *args: *Ts) -> Callable[[], None]:
+        """For a thread that is not this loop's, about to have the loop call ``fn(*args)``
+        (``run_on``, or a call waiting at a gate): that call as the loop is to run it.
+        Until it has run, no thread writes a frame itself (:meth:`send_from_thread`), so
+        that nothing a thread sends overtakes what it handed the loop before."""
         with self.send_lock:
-            self._handed_calls += 1
+            self._handed += 1
 
         def handed() -> None:
             try:
-                send()
+                fn(*args)
             finally:
                 with self.send_lock:
-                    self._handed_calls -= 1
+                    self._handed -= 1
 
         return handed
+
+    def send_from_thread(self, conn: Connection, bufs: list[Buffer]) -> bool:
+        """Write one frame on ``conn`` from a thread that is not this loop's (see
+        ``Connection.write_from_thread``), unless something handed to the loop is still
+        to run; False, with nothing written, where it may not."""
+        with self.send_lock:
+            return not self._handed and conn.write_from_thread(bufs)
 
     def send_cast(
         self,

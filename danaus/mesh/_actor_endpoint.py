@@ -160,11 +160,19 @@ class ActorEndpoint(Generic[R_co]):
                 actor, method, targets, port, mode, raw, pickled, parts, reducer, region, trace
             )
 
-        send = go if here else rt.hand_call_to_loop(go)
+        if here:
+            if ready:
+                go()
+            else:
+                gate.add_done_callback(lambda _: run_on(rt, go))
+            return
+        # From another thread: counted as handed to the loop from now, so that this
+        # thread's later calls, written by itself, cannot overtake it.
+        send = rt.hand_over(go)
         if ready:
-            run_on(rt, send)
+            rt.loop.call_soon_threadsafe(send)
         else:
-            gate.add_done_callback(lambda _: run_on(rt, send))
+            gate.add_done_callback(lambda _: rt.loop.call_soon_threadsafe(send))
 
     def rref(self, *args: object, **kwargs: object) -> object:
         """Call the endpoint on every actor with DTensor arguments (each actor gets its

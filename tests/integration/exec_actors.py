@@ -250,3 +250,14 @@ class Recorder(Actor):
     @endpoint
     def log(self) -> list[tuple[str, int, int]]:
         return list(self.seen)
+
+    @endpoint
+    def send_then_return(self, port: Port[int], n: int) -> int:
+        for i in range(n):
+            port.send(i)
+        return n
+
+    @endpoint
+    def small_or_not(self, i: int) -> Any:
+        """A small atom (replied from the actor's thread) or a list (pickled: the loop's)."""
+        return i if i % 3 else [i]

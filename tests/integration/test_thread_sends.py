@@ -1,11 +1,13 @@
-"""Calls sent from threads that are not the runtime's loop (a plain thread's ``.get()``,
-a sync endpoint's calls): the thread writes the frame itself where the connection is
-open with nothing queued, and hands it to the loop where not. Either way each sender's
-calls arrive in order, a frame the socket takes only in part is finished by the loop,
-and a peer that dies fails the calls instead of leaving them waiting."""
+"""Frames written by threads that are not the runtime's loop: calls (a plain thread's
+``.get()``, a sync endpoint's calls) and a sync endpoint's small replies. The thread
+writes the frame itself where nothing could be overtaken, and hands it to the loop where
+not. Either way each sender's messages arrive in order, a frame the socket takes only in
+part is finished by the loop, and a peer that dies fails the calls instead of leaving
+them waiting."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -13,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 
-from danaus import SupervisionError, this_host
+from danaus import Channel, SupervisionError, this_host
 
 from .exec_actors import Caller, Recorder, Worker
 
@@ -125,3 +127,33 @@ def test_a_threads_calls_keep_their_order_when_some_go_through_the_loop() -> Non
             f.get(60)
         seen = one.log.call_one().get(60)
     assert [i for _, i, _ in seen] == list(range(300))
+
+
+async def test_what_a_sync_endpoint_sent_before_returning_arrives_before_its_reply() -> None:
+    """Its port sends go through the loop; its small reply could go from its thread, but
+    waits behind them: when the call returns, the values are there."""
+    async with this_host().spawn_procs(per_host={"procs": 1}, name="sendfirst") as procs:
+        rec = await procs.spawn("rec", Recorder)
+        for attempt in range(50):
+            port, receiver = Channel[int].open()
+            assert await rec.send_then_return.call_one(port, 3) == 3
+            got = [receiver.recv() for _ in range(3)]
+            assert all(f.done() for f in got), f"attempt {attempt}: the reply came first"
+            assert [f.result() for f in got] == [0, 1, 2]
+            receiver.close()
+
+
+async def test_replies_from_the_thread_and_from_the_loop_settle_in_call_order() -> None:
+    """Pipelined calls to a sync endpoint whose replies are small atoms (written by the
+    actor's thread) or lists (pickled by the loop): they settle in the order called."""
+    async with this_host().spawn_procs(per_host={"procs": 1}, name="replyorder") as procs:
+        rec = await procs.spawn("rec", Recorder)
+        settled: list[int] = []
+        futs = []
+        for i in range(600):
+            fut = rec.small_or_not.call_one(i)
+            fut.add_done_callback(lambda _, i=i: settled.append(i))
+            futs.append(fut)
+        values = await asyncio.gather(*futs)
+    assert values == [i if i % 3 else [i] for i in range(600)]
+    assert settled == list(range(600))
