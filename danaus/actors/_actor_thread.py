@@ -6,9 +6,10 @@ here instead: one thread per actor, started at its first sync message, running t
 actor's sync jobs one at a time, in the order handed over. The loop hands over a run of
 consecutive sync messages at once and takes the finished jobs back in batches (one
 wake-up of the loop per batch, not per job), so a stream of small calls stays pipelined.
-A job that returns a small atom (an ``int``, a short ``str``...) sends its reply from
-here at once (``Replier.reply_from_thread``), unless something sent earlier is still on
-its way through the loop: the loop's wake-up is then off the caller's path.
+A job that returns a small atom (an ``int``, a short ``str``...) with no job queued behind
+it sends its reply from here at once (``Replier.reply_from_thread``), unless something
+sent earlier is still on its way through the loop: the loop's wake-up is then off the
+caller's path. Behind a queue of jobs, the loop batches their replies as before.
 
 Code running here may call other actors and wait with ``.get()``: its calls go out
 through the proc's own runtime (see :func:`thread_home`).
@@ -230,6 +231,7 @@ class ActorThread:
                 if (
                     job.ok
                     and self._handed_back == self._answered
+                    and self._jobs.empty()  # (a stream of calls: the loop batches replies)
                     and type(job) is Job
                     and not job.cancelled
                     and not self.closed
