@@ -356,18 +356,19 @@ class Connection(asyncio.BufferedProtocol):
         self._adopt_backlog(placeholder)
 
     def _open(self) -> None:
-        self.state = OPEN
-        self.was_open = True
-        if self._hs_timer is not None:
-            self._hs_timer.cancel()
-            self._hs_timer = None
-        if self._tag_frames:
-            out_key, in_key = self._hs.frame_keys()
-            self._start_tagging(frame_macs(out_key))
-            self._reader.open(frame_macs(in_key))
-        else:
-            self._reader.open()
-        self._send_backlog()
+        with self._wlock:  # (other threads write to an open connection: the backlog first)
+            self.state = OPEN
+            self.was_open = True
+            if self._hs_timer is not None:
+                self._hs_timer.cancel()
+                self._hs_timer = None
+            if self._tag_frames:
+                out_key, in_key = self._hs.frame_keys()
+                self._start_tagging(frame_macs(out_key))
+                self._reader.open(frame_macs(in_key))
+            else:
+                self._reader.open()
+            self._send_backlog()
         self.rt.connection_open(self)
 
     # ------------------------------------------------------------ reading
@@ -453,34 +454,36 @@ class Connection(asyncio.BufferedProtocol):
         """Queue one already-encoded header (shared by sends of one cast)."""
         state = self.state
         if state is OPEN:
-            if (
-                self._mac_out is not None
-                and not parts
-                and not self._wq
-                and not self.pending
-                and not self._reading
-            ):
-                self._enqueue(header, parts)  # a lone message: out now, as below
-                self.flush()
-                return True
-            if parts or self._mac_out is not None:
-                self._enqueue(header, parts)
-            else:
-                data = PREFIX.pack(MAGIC, len(header), 0) + header
-                if not self._wq and not self.pending and not self._reading:
-                    # A lone message (nothing queued, nothing in flight): send it now
-                    # rather than a loop turn later. Bursts still go out batched.
-                    with self._wlock:
+            # Under the lock: another thread may write a frame meanwhile, or queue the
+            # rest of one the socket took only in part (see write_from_thread).
+            with self._wlock:
+                if (
+                    self._mac_out is not None
+                    and not parts
+                    and not self._wq
+                    and not self.pending
+                    and not self._reading
+                ):
+                    self._enqueue(header, parts)  # a lone message: out now, as below
+                    self.flush()
+                    return True
+                if parts or self._mac_out is not None:
+                    self._enqueue(header, parts)
+                else:
+                    data = PREFIX.pack(MAGIC, len(header), 0) + header
+                    if not self._wq and not self.pending and not self._reading:
+                        # A lone message (nothing queued, nothing in flight): send it now
+                        # rather than a loop turn later. Bursts still go out batched.
                         self.transport.write(data)  # type: ignore[union-attr]
                         self.bytes_out += len(data)
-                    return True
-                self._wq.append(data)
-                self._wbytes += len(data)
-            if self._wbytes >= config.flush_bytes:
-                self.flush()
-            elif self._flush_handle is None and not self._reading:
-                self._flush_handle = self.loop.call_soon(self.flush)
-            return True
+                        return True
+                    self._wq.append(data)
+                    self._wbytes += len(data)
+                if self._wbytes >= config.flush_bytes:
+                    self.flush()
+                elif self._flush_handle is None and not self._reading:
+                    self._flush_handle = self.loop.call_soon(self.flush)
+                return True
         if state is HANDSHAKE:
             self._backlog.append((header, parts))
             self._backlog_msgs += 1
@@ -610,8 +613,9 @@ class Connection(asyncio.BufferedProtocol):
             placeholder._undelivered = []
             return
         if placeholder._backlog:
-            for header, parts in placeholder._backlog:
-                self._enqueue(header, parts)
+            with self._wlock:  # (see send_encoded)
+                for header, parts in placeholder._backlog:
+                    self._enqueue(header, parts)
             placeholder._backlog = []
             placeholder._backlog_msgs = 0
             self._schedule_flush()
