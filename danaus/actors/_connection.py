@@ -114,9 +114,12 @@ class Connection(asyncio.BufferedProtocol):
         self._wlock = runtime.send_lock
         #: a Unix socket's descriptor, which other threads may write to (-1: none may)
         self._sock_fd = -1
-        #: their own duplicate of it, made at their first write and closed with the
-        #: connection (the loop closing its descriptor cannot make theirs name another file)
+        #: their own duplicate of it, made on the loop as the connection opens and closed
+        #: with it (the loop closing its descriptor cannot make theirs name another file)
         self._thread_fd = -1
+        #: a thread is inside write_from_thread (a call made from a finalizer or a signal
+        #: handler in the middle of it must not write into its frame: the lock is re-entrant)
+        self._thread_writing = False
         # Messages go straight to the runtime: no call through this class per frame.
         self._reader = FrameReader(
             functools.partial(runtime.dispatch, self), self._on_handshake, self._peer_name
@@ -217,8 +220,11 @@ class Connection(asyncio.BufferedProtocol):
                         f"connection to {self.peer} closed"
                     )
             if self._thread_fd >= 0:
-                os.close(self._thread_fd)
-                self._thread_fd = -1
+                fd, self._thread_fd = self._thread_fd, -1
+                try:
+                    os.close(fd)
+                except OSError:  # (already gone: nothing to release)
+                    pass
         self._reader.close()
         if self._reset_before_a_word() and self.rt.redial(self):
             return  # a new dial took over its frames and awaited replies
@@ -320,9 +326,10 @@ class Connection(asyncio.BufferedProtocol):
 
     def close(self) -> None:
         """Flush what is queued, then close."""
-        self.flush()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+        with self._wlock:  # (no thread's frame between the flush and the close)
+            self.flush()
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.close()
 
     # ------------------------------------------------------------ holding reads
 
@@ -368,6 +375,11 @@ class Connection(asyncio.BufferedProtocol):
                 self._reader.open(frame_macs(in_key))
             else:
                 self._reader.open()
+                if self._sock_fd >= 0:  # a Unix socket: other threads may write to it
+                    try:
+                        self._thread_fd = os.dup(self._sock_fd)
+                    except OSError:  # (out of descriptors: they hand their frames over)
+                        self._thread_fd = -1
             self._send_backlog()
         self.rt.connection_open(self)
 
@@ -543,20 +555,27 @@ class Connection(asyncio.BufferedProtocol):
         loop to write. False (nothing written) where it may not: the caller hands the
         message to the loop instead."""
         transport = self.transport
+        fd = self._thread_fd
         if (
-            self._sock_fd < 0
-            or self._mac_out is not None  # (frames bound to the session: the loop's to tag)
+            fd < 0  # (not a Unix socket, or its frames carry session tags)
+            or self._thread_writing
             or self.state is not OPEN
             or self._wq
             or transport is None
             or transport.is_closing()
             or transport.get_write_buffer_size()
             or len(bufs) > _MAX_IOV
+            or self.loop.is_closed()
         ):
             return False
-        fd = self._thread_fd
-        if fd < 0:
-            fd = self._thread_fd = os.dup(self._sock_fd)
+        self._thread_writing = True
+        try:
+            self._write_on(fd, bufs)
+        finally:
+            self._thread_writing = False
+        return True
+
+    def _write_on(self, fd: int, bufs: list[Buffer]) -> None:
         size = sum(memoryview(b).nbytes for b in bufs)
         try:
             n = os.writev(fd, bufs) if len(bufs) > 1 else os.write(fd, bufs[0])
@@ -565,7 +584,7 @@ class Connection(asyncio.BufferedProtocol):
         except OSError as e:  # the peer is gone: the loop fails the connection, and the
             # calls pending on it (this one's included) with the reason
             self.loop.call_soon_threadsafe(self.fail, ConnectionResetError(f"write failed: {e}"))
-            return True
+            return
         self.bytes_out += n
         if n < size:  # the rest, in order before anything sent after it: the loop's to write
             rest: list[Buffer] = []
@@ -580,7 +599,6 @@ class Connection(asyncio.BufferedProtocol):
             self._wq = rest
             self._wbytes = size - n  # (counted in bytes_out when the loop writes them)
             self.loop.call_soon_threadsafe(self.flush)
-        return True
 
     def _write_now(self, bufs: list[Buffer]) -> None:
         assert self.transport is not None

@@ -234,7 +234,7 @@ class ActorContext:
         if a.rt.on_loop():
             act(a)
         else:  # a sync endpoint, on the actor's thread (its reply waits behind this)
-            a.rt.loop.call_soon_threadsafe(a.rt.hand_over(act, a))
+            a.rt.call_soon_handed(act, a)
 
     def __reduce__(self) -> NoReturn:
         raise TypeError(

@@ -260,7 +260,7 @@ def run_on(rt: Runtime, fn: Callable[[*Ts], object], *args: *Ts) -> None:
     if rt.on_loop():
         fn(*args)
     else:
-        rt.loop.call_soon_threadsafe(rt.hand_over(fn, *args))
+        rt.call_soon_handed(fn, *args)
 
 
 def call_in_loop(rt: Runtime, fn: Callable[[*Ts], T], *args: *Ts) -> T:

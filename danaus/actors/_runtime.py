@@ -538,12 +538,15 @@ class Runtime:
             header = _thread_encode(Call(actor, method, reply, args, pickled, seq, region, trace))
             if reply:  # (before the write: the reply may come back at once)
                 conn.pending[reply] = rank
-            if conn.write_from_thread(frame(header, parts)):
-                return True
-            if reply:
-                del conn.pending[reply]
-            self._seqs[addr][actor] = seq - 1  # (nobody numbered since: we hold the lock)
-            return False
+            written = False
+            try:
+                written = conn.write_from_thread(frame(header, parts))
+            finally:  # (not written, or raised: unnumbered and unregistered again)
+                if not written:
+                    if reply:
+                        conn.pending.pop(reply, None)
+                    self._seqs[addr][actor] = seq - 1  # (nobody numbered since: we hold it)
+            return written
 
     def hand_over(self, fn: Callable[[*Ts], object], *args: *Ts) -> Callable[[], None]:
         """For a thread that is not this loop's, about to have the loop call ``fn(*args)``
@@ -561,6 +564,17 @@ class Runtime:
                     self._handed -= 1
 
         return handed
+
+    def call_soon_handed(self, fn: Callable[[*Ts], object], *args: *Ts) -> None:
+        """From a thread that is not this loop's: have the loop call ``fn(*args)``,
+        counted as handed over (:meth:`hand_over`) until it has run."""
+        handed = self.hand_over(fn, *args)
+        try:
+            self.loop.call_soon_threadsafe(handed)
+        except BaseException:  # (the loop closed): it will never run, so it waits for nothing
+            with self.send_lock:
+                self._handed -= 1
+            raise
 
     def send_from_thread(self, conn: Connection, bufs: list[Buffer]) -> bool:
         """Write one frame on ``conn`` from a thread that is not this loop's (see

@@ -168,10 +168,10 @@ class ActorEndpoint(Generic[R_co]):
             return
         # From another thread: counted as handed to the loop from now, so that this
         # thread's later calls, written by itself, cannot overtake it.
-        send = rt.hand_over(go)
         if ready:
-            rt.loop.call_soon_threadsafe(send)
+            rt.call_soon_handed(go)
         else:
+            send = rt.hand_over(go)
             gate.add_done_callback(lambda _: rt.loop.call_soon_threadsafe(send))
 
     def rref(self, *args: object, **kwargs: object) -> object:

@@ -182,12 +182,12 @@ async def test_drop_connection_fails_pending_calls_and_the_proc(failures: Failur
 
 
 async def test_failures_reach_only_the_meshes_with_a_member_there(failures: Failures) -> None:
-    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+    async with this_host().spawn_procs(per_host={"procs": 2}, name="memberthere") as procs:
         only_one = await procs.slice(procs=1).spawn("onlyone", Echo)
         stopped = await procs.spawn("stopped", Echo)
         await stopped.stop()
         faults.kill(procs, 0)
         f = await failures.first()
         # Not "onlyone" (no actor in proc 0), not "stopped": the proc mesh's owner hears.
-        assert f.mesh == "procs" and [str(r) for r in f.ranks] == ["{'procs': 0/2}"]
+        assert f.mesh == "memberthere" and [str(r) for r in f.ranks] == ["{'procs': 0/2}"]
         assert await only_one.echo.call_one(3) == 3
