@@ -245,9 +245,26 @@ class HostMesh(Shaped):
             env: extra environment variables for the procs.
         """
         if name is None:
-            name = live_meshes.default_name()
-        elif not isinstance(name, str) or not name or "." in name or "[" in name:
+            name = live_meshes.default_name()  # (reserved until named below)
+            try:
+                return self._spawn_named(
+                    per_host, name, bootstrap, proc_bind, bootstrap_command, env
+                )
+            finally:
+                live_meshes.release(name)  # (named by now, or never spawned)
+        if not isinstance(name, str) or not name or "." in name or "[" in name:
             raise ValueError(f"proc mesh name {name!r} must be a non-empty str without '.' or '['")
+        return self._spawn_named(per_host, name, bootstrap, proc_bind, bootstrap_command, env)
+
+    def _spawn_named(
+        self,
+        per_host: Mapping[str, int] | None,
+        name: str,
+        bootstrap: Callable[[], None] | Callable[[], Awaitable[None]] | None,
+        proc_bind: Sequence[Mapping[str, str]] | None,
+        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None,
+        env: Mapping[str, str] | None,
+    ) -> ProcMesh:
         if bootstrap is not None and not callable(bootstrap):
             raise TypeError(f"bootstrap must be a function run in each proc, got {bootstrap!r}")
         if (proc_bind is not None or bootstrap_command is not None) and self._agents is not None:

@@ -44,6 +44,8 @@ class LiveMeshes:
         self._actor_meshes: dict[str, tuple[weakref.ref[ProcGroup], MeshState]] = {}
         #: name -> the group of a proc mesh spawned here under that name
         self._names: weakref.WeakValueDictionary[str, ProcGroup] = weakref.WeakValueDictionary()
+        #: default names handed out whose meshes are still being spawned
+        self._reserved: set[str] = set()
 
     def __repr__(self) -> str:
         return (
@@ -111,16 +113,25 @@ class LiveMeshes:
         """``group`` is a proc mesh spawned here as ``name``."""
         with self._lock:
             self._names[name] = group
+            self._reserved.discard(name)
 
     def default_name(self) -> str:
-        """``"procs"``, or ``"procsN"`` while a mesh of that name still runs here."""
+        """``"procs"``, or ``"procsN"`` while a mesh of that name still runs here, or is
+        being spawned: the name is reserved until :meth:`named` (or :meth:`release`),
+        so that two threads spawning at once get two names."""
         with self._lock:
             for n in itertools.count(1):
                 name = "procs" if n == 1 else f"procs{n}"
                 group = self._names.get(name)
-                if group is None or group.stopped:
+                if name not in self._reserved and (group is None or group.stopped):
+                    self._reserved.add(name)
                     return name
         raise AssertionError("unreachable")
+
+    def release(self, name: str) -> None:
+        """The mesh given the default ``name`` was never spawned: the name is free."""
+        with self._lock:
+            self._reserved.discard(name)
 
 
 #: The one :class:`LiveMeshes` of this process.

@@ -201,3 +201,31 @@ async def test_labels_give_rank_zeros_coordinates_as_monarchs_examples_read_them
         pids = (await asyncio.wait_for(echo.pid.call(), 60)).values()
         assert await echo.slice(**first).pid.call_one() == pids[0]
         assert echo.slice(hosts=1)._labels == ["gpus"]
+
+
+def test_two_threads_spawning_unnamed_meshes_at_once_get_two_names() -> None:
+    import threading
+
+    barrier = threading.Barrier(2)
+    meshes: list[object] = []
+    errors: list[BaseException] = []
+
+    def spawn() -> None:
+        try:
+            barrier.wait(30)
+            meshes.append(this_host().spawn_procs(per_host={"procs": 1}))
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=spawn) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    try:
+        assert not errors
+        names = {m.name for m in meshes}  # type: ignore[attr-defined]
+        assert len(names) == 2, names
+    finally:
+        for m in meshes:
+            m.stop().get(60)  # type: ignore[attr-defined]

@@ -32,3 +32,17 @@ def test_an_unpickled_local_host_refuses_to_start_procs_on_another_host() -> Non
     back = pickle.loads(pickle.dumps(elsewhere))
     with pytest.raises(RuntimeError, match="has no host agent: its procs can be started only"):
         back.spawn_procs(per_host={"procs": 1})
+
+
+def test_a_default_name_is_reserved_until_its_mesh_is_named_or_released() -> None:
+    from danaus.mesh._live_meshes import LiveMeshes
+
+    names = LiveMeshes()
+    first, second = names.default_name(), names.default_name()
+    assert (first, second) == ("procs", "procs2")  # two spawns at once: two names
+    names.release(first)  # (its spawn failed)
+    assert names.default_name() == "procs"
+    group = cast(ProcGroup, type("Group", (), {"stopped": False})())
+    names.named("procs", group)
+    names.release("procs2")
+    assert names.default_name() == "procs2"  # "procs" runs; "procs2" was freed
