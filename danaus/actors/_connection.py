@@ -112,10 +112,9 @@ class Connection(asyncio.BufferedProtocol):
         #: held by every write to the socket: the loop's, and another thread's
         #: (:meth:`write_from_thread`); the runtime's, as its sequence numbers are
         self._wlock = runtime.send_lock
-        #: a Unix socket's descriptor, which other threads may write to (-1: none may)
-        self._sock_fd = -1
-        #: their own duplicate of it, made on the loop as the connection opens and closed
-        #: with it (the loop closing its descriptor cannot make theirs name another file)
+        #: other threads' own duplicate of a Unix socket's descriptor, made on the loop
+        #: with the connection and closed with it (the loop closing its descriptor cannot
+        #: make theirs name another file); -1: they may not write here
         self._thread_fd = -1
         #: a thread is inside write_from_thread (a call made from a finalizer or a signal
         #: handler in the middle of it must not write into its frame: the lock is re-entrant)
@@ -177,8 +176,11 @@ class Connection(asyncio.BufferedProtocol):
             and transport.get_extra_info("sslcontext") is None
         ):
             self._tag_frames = True  # TCP without TLS: bind each frame to this session
-        if sock is not None and sock.family == socket.AF_UNIX:
-            self._sock_fd = sock.fileno()
+        if sock is not None and sock.family == socket.AF_UNIX and not self._tag_frames:
+            try:  # (untagged frames on a Unix socket: other threads may write them)
+                self._thread_fd = os.dup(sock.fileno())
+            except OSError:  # (out of descriptors: they hand their frames over)
+                self._thread_fd = -1
         if self.dialer:
             self._write_now(self._hs.start())
         # Both sides: a peer that accepts (or dials) and then says nothing is dropped.
@@ -375,11 +377,6 @@ class Connection(asyncio.BufferedProtocol):
                 self._reader.open(frame_macs(in_key))
             else:
                 self._reader.open()
-                if self._sock_fd >= 0:  # a Unix socket: other threads may write to it
-                    try:
-                        self._thread_fd = os.dup(self._sock_fd)
-                    except OSError:  # (out of descriptors: they hand their frames over)
-                        self._thread_fd = -1
             self._send_backlog()
         self.rt.connection_open(self)
 
