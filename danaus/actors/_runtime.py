@@ -59,10 +59,6 @@ if TYPE_CHECKING:
     from ._replier import ReplySink
 
 log = logging.getLogger("danaus.runtime")
-
-#: encodes the calls other threads send themselves (msgspec's module-level encoder: an
-#: ``Encoder`` of the loop's may be encoding at the same moment)
-_thread_encode = msgspec.msgpack.encode
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
@@ -529,18 +525,18 @@ class Runtime:
         Unix socket with nothing queued (``Connection.write_from_thread``). False, with
         nothing sent, where it is not: the caller hands the send to the loop."""
         conn = self.conns.get(addr)
-        if conn is None or conn.state is not OPEN:
+        if conn is None:
             return False
         with self.send_lock:
-            if self._handed:
-                return False
             seq = self.next_seq(addr, actor)
-            header = _thread_encode(Call(actor, method, reply, args, pickled, seq, region, trace))
+            # (msgspec's module-level encoder: the loop's may be encoding at this moment)
+            call = Call(actor, method, reply, args, pickled, seq, region, trace)
+            header = msgspec.msgpack.encode(call)
             if reply:  # (before the write: the reply may come back at once)
                 conn.pending[reply] = rank
             written = False
             try:
-                written = conn.write_from_thread(frame(header, parts))
+                written = self.send_from_thread(conn, frame(header, parts))
             finally:  # (not written, or raised: unnumbered and unregistered again)
                 if not written:
                     if reply:
