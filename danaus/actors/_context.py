@@ -231,10 +231,9 @@ class ActorContext:
         a = self.runtime_actor
         if a is None:
             raise RuntimeError(f"{self.actor_id} is not a running actor of this process")
-        if a.rt.on_loop():
-            act(a)
-        else:  # a sync endpoint, on the actor's thread (its reply waits behind this)
-            a.rt.call_soon_handed(act, a)
+        from ._loops import run_on  # (here: _loops imports this module)
+
+        run_on(a.rt, act, a)  # (from a sync endpoint's thread, its reply waits behind it)
 
     def __reduce__(self) -> NoReturn:
         raise TypeError(
