@@ -25,7 +25,7 @@ from ._connection import Connection
 from ._errinfo import encode_error, info_from_error
 from ._loops import run_on
 from ._port import Port
-from ._serialize import _ATOMS, dumps
+from ._serialize import _ATOMS, _PLAIN_BYTES, dumps
 from ._wire import ERROR, NIL, OK, Buffer, Call, ErrorInfo, Result, frame
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class ReplySink(Protocol):
 
 _plain_encode = msgspec.msgpack.Encoder().encode
 #: the encoder of replies written from an actor's thread (msgspec's module-level one: the
-#: loop's ``Encoder`` may be encoding at the same moment)
+#: loop's ``_plain_encode`` may be encoding at the same moment)
 _thread_encode = msgspec.msgpack.encode
 
 
@@ -104,7 +104,7 @@ class Replier:
         pickle with out-of-band parts (a ``SerializationError`` if it cannot be)."""
         a = self._actor
         t = type(result)
-        if t in _ATOMS or (t is bytes and isinstance(result, bytes) and len(result) < 4096):
+        if t in _ATOMS or (t is bytes and isinstance(result, bytes) and len(result) < _PLAIN_BYTES):
             try:  # no pickle, no checks
                 raw = msgspec.Raw(_plain_encode(result))
             except (OverflowError, UnicodeEncodeError):
@@ -131,8 +131,8 @@ class Replier:
         if not msg.reply or type(conn) is not Connection:
             return False
         result = job.value
-        t = type(result)
-        if not (t in _ATOMS or (t is bytes and len(result) < 4096)):  # type: ignore[arg-type]
+        t = type(result)  # (value()'s plain path, which keeps its test inline: the hot path)
+        if not (t in _ATOMS or (t is bytes and len(result) < _PLAIN_BYTES)):  # type: ignore[arg-type]
             return False
         a = self._actor
         ep = a.endpoint(msg.method)

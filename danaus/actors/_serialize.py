@@ -34,6 +34,8 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
 
 _ATOMS = frozenset({str, int, float, bool, type(None)})
+#: bytes shorter than this travel as plain msgpack; longer ones are pickled out of band
+_PLAIN_BYTES = 4096
 
 
 def _is_plain(obj: object, depth: int = 0) -> bool:
@@ -57,7 +59,7 @@ def _is_plain(obj: object, depth: int = 0) -> bool:
                 return False
         return True
     if t is bytes:
-        return len(obj) < 4096  # type: ignore[arg-type]
+        return len(obj) < _PLAIN_BYTES  # type: ignore[arg-type]
     return False
 
 
