@@ -244,27 +244,10 @@ class HostMesh(Shaped):
                 ``env`` is added to the proc's. Local procs only.
             env: extra environment variables for the procs.
         """
-        if name is None:
-            name = live_meshes.default_name()  # (reserved until named below)
-            try:
-                return self._spawn_named(
-                    per_host, name, bootstrap, proc_bind, bootstrap_command, env
-                )
-            finally:
-                live_meshes.release(name)  # (named by now, or never spawned)
-        if not isinstance(name, str) or not name or "." in name or "[" in name:
+        if name is not None and (
+            not isinstance(name, str) or not name or "." in name or "[" in name
+        ):
             raise ValueError(f"proc mesh name {name!r} must be a non-empty str without '.' or '['")
-        return self._spawn_named(per_host, name, bootstrap, proc_bind, bootstrap_command, env)
-
-    def _spawn_named(
-        self,
-        per_host: Mapping[str, int] | None,
-        name: str,
-        bootstrap: Callable[[], None] | Callable[[], Awaitable[None]] | None,
-        proc_bind: Sequence[Mapping[str, str]] | None,
-        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None,
-        env: Mapping[str, str] | None,
-    ) -> ProcMesh:
         if bootstrap is not None and not callable(bootstrap):
             raise TypeError(f"bootstrap must be a function run in each proc, got {bootstrap!r}")
         if (proc_bind is not None or bootstrap_command is not None) and self._agents is not None:
@@ -272,9 +255,16 @@ class HostMesh(Shaped):
                 "proc_bind and bootstrap_command apply to this host's procs; a host agent "
                 "starts procs with its own Python (start the agent as wanted instead)"
             )
-        mesh = self._spawn_procs(per_host, name, env, proc_bind, bootstrap_command)
-        group = group_of(mesh)
-        live_meshes.named(name, group)
+        reserved = name is None
+        if name is None:
+            name = live_meshes.default_name()  # (reserved until it is named below)
+        try:
+            mesh = self._spawn_procs(per_host, name, env, proc_bind, bootstrap_command)
+            group = group_of(mesh)
+            live_meshes.named(name, group)
+        finally:
+            if reserved:
+                live_meshes.release(name)  # (named by now, or never spawned)
         # Stopped meshes need no shutdown: forget them, so a long-lived host mesh stays small.
         self._spawned[:] = [g for g in self._spawned if not g.stopped]
         self._spawned.append(group)

@@ -113,12 +113,11 @@ class LiveMeshes:
         """``group`` is a proc mesh spawned here as ``name``."""
         with self._lock:
             self._names[name] = group
-            self._reserved.discard(name)
 
     def default_name(self) -> str:
         """``"procs"``, or ``"procsN"`` while a mesh of that name still runs here, or is
-        being spawned: the name is reserved until :meth:`named` (or :meth:`release`),
-        so that two threads spawning at once get two names."""
+        being spawned: the name is reserved until :meth:`release` (its mesh named by then,
+        or never spawned), so that two threads spawning at once get two names."""
         with self._lock:
             for n in itertools.count(1):
                 name = "procs" if n == 1 else f"procs{n}"
@@ -129,7 +128,8 @@ class LiveMeshes:
         raise AssertionError("unreachable")
 
     def release(self, name: str) -> None:
-        """The mesh given the default ``name`` was never spawned: the name is free."""
+        """The spawn given the default ``name`` is over: the name is taken by its mesh
+        (see :meth:`named`), or free again if it failed."""
         with self._lock:
             self._reserved.discard(name)
 

@@ -34,7 +34,7 @@ def test_an_unpickled_local_host_refuses_to_start_procs_on_another_host() -> Non
         back.spawn_procs(per_host={"procs": 1})
 
 
-def test_a_default_name_is_reserved_until_its_mesh_is_named_or_released() -> None:
+def test_a_default_name_is_reserved_until_its_spawn_is_over_and_then_taken_or_free() -> None:
     from danaus.mesh._live_meshes import LiveMeshes
 
     names = LiveMeshes()
@@ -44,5 +44,6 @@ def test_a_default_name_is_reserved_until_its_mesh_is_named_or_released() -> Non
     assert names.default_name() == "procs"
     group = cast(ProcGroup, type("Group", (), {"stopped": False})())
     names.named("procs", group)
+    names.release("procs")  # (its spawn is over: the mesh now holds the name)
     names.release("procs2")
     assert names.default_name() == "procs2"  # "procs" runs; "procs2" was freed
