@@ -71,7 +71,14 @@ class Connection(asyncio.BufferedProtocol):
     acceptor routes messages for that address over this same connection.
     """
 
-    def __init__(self, runtime: Runtime, *, dialer: bool, peer: str | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        dialer: bool,
+        peer: str | None = None,
+        key: bytes | None = None,
+    ) -> None:
         self.rt = runtime
         self.loop = runtime.loop
         self.dialer = dialer
@@ -126,7 +133,7 @@ class Connection(asyncio.BufferedProtocol):
         # The transport fills the reader's buffers with no call through this class.
         self.get_buffer = self._reader.get_buffer  # type: ignore[method-assign]
         self._hs = HandshakeMachine(
-            runtime.key, dialer=dialer, addr=runtime.addr, peer_name=self._peer_name
+            runtime.key if key is None else key, dialer=dialer, addr=runtime.addr, peer_name=self._peer_name
         )
         self._hs_timer: asyncio.TimerHandle | None = None
         #: a dialer's first try, and how many times it dialed again after a reset

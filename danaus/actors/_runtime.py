@@ -133,7 +133,9 @@ class Runtime:
         sock: socket.socket | None = None,
     ) -> None:
         self.loop = loop
-        self.key = key if key is not None else _auth.job_key()
+        #: a key of this runtime's own; None: the process's job key, whatever it is when
+        #: a connection is made (so that a key adopted later reaches every runtime)
+        self._own_key = key
         # By default (config.transport "unix") a name nobody can predict: abstract socket
         # names are listed to every local process (/proc/net/unix), and one made of the
         # job id, the pid and a counter could be bound by another process before this
@@ -313,6 +315,11 @@ class Runtime:
         self.spawn_task(later())
         return True
 
+    @property
+    def key(self) -> bytes:
+        """The key this runtime's connections authenticate with, unless a peer has its own."""
+        return self._own_key if self._own_key is not None else _auth.job_key()
+
     def key_for(self, peer: str) -> bytes:
         """The key connections with ``peer`` authenticate with: this runtime's, unless the
         peer was given another one (``peers.set_key``, :mod:`~danaus.actors._peers`)."""
@@ -320,16 +327,7 @@ class Runtime:
         return self.key if key is None else key
 
     def _dialer(self, addr: str) -> Connection:
-        key = self.key_for(addr)
-        if key == self.key:
-            return Connection(self, dialer=True, peer=addr)
-        # A Connection takes its runtime's key when it is made (on this loop's thread,
-        # like every use of the key): this peer's, for this connection only.
-        own, self.key = self.key, key
-        try:
-            return Connection(self, dialer=True, peer=addr)
-        finally:
-            self.key = own
+        return Connection(self, dialer=True, peer=addr, key=self.key_for(addr))
 
     def new_peer_at(self, addr: str) -> None:
         """A new peer lives at ``addr``, where an earlier one may have been lost: a TCP

@@ -101,6 +101,25 @@ async def test_wrong_key_is_refused_by_the_agent(
             await asyncio.wait_for(procs.initialized, 30)
 
 
+def test_a_key_adopted_after_the_background_runtime_started_is_the_one_it_dials_with() -> None:
+    """The background runtime (sync calls go through it) lives as long as the process; a
+    job key adopted later, as a job's agents take it, is the one its new connections prove,
+    and the earlier key again once that is restored."""
+    first = this_host().spawn_procs(per_host={"procs": 1})  # the background runtime exists
+    assert first.spawn("echo", Echo).whoami.call_one().get(timeout=30)["rank"]
+    key = os.urandom(32).hex()
+    env = dict(os.environ, DANAUS_AUTH_KEY=key, PYTHONPATH=os.getcwd())
+    with host_agents(["tcp://127.0.0.2:0"], [env]) as agents, controller_key(key):
+        procs = attach_to_hosts([a for a, _ in agents]).spawn_procs(per_host={"procs": 1})
+        who = procs.spawn("echo", Echo).whoami.call_one().get(timeout=30)
+        assert who["rank"] == "{'hosts': 0/1, 'procs': 0/1}"
+        procs.stop().get(timeout=30)
+    again = this_host().spawn_procs(per_host={"procs": 1})
+    assert again.spawn("echo", Echo).whoami.call_one().get(timeout=30)["rank"]
+    again.stop().get(timeout=30)
+    first.stop().get(timeout=30)
+
+
 CONTROLLER = """
 import asyncio, os, sys
 from danaus import attach_to_hosts
