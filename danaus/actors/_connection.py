@@ -133,7 +133,10 @@ class Connection(asyncio.BufferedProtocol):
         # The transport fills the reader's buffers with no call through this class.
         self.get_buffer = self._reader.get_buffer  # type: ignore[method-assign]
         self._hs = HandshakeMachine(
-            runtime.key if key is None else key, dialer=dialer, addr=runtime.addr, peer_name=self._peer_name
+            runtime.key if key is None else key,
+            dialer=dialer,
+            addr=runtime.addr,
+            peer_name=self._peer_name,
         )
         self._hs_timer: asyncio.TimerHandle | None = None
         #: a dialer's first try, and how many times it dialed again after a reset
