@@ -195,6 +195,7 @@ def estimate(cand: Candidate, cost: ModelCost, mesh: MeshFacts, batch: int, cap:
     contention = max(1.0, mesh.procs_per_host / max(1, mesh.cores_per_host))
     k_costs = _Costs(cost, mesh, s, c.tp, contention)
     bw, lat = mesh.collective_bw, mesh.collective_latency_s
+    hop = mesh.hop_latency_s
     state = 2.0 + cost.opt_ratio  # weights, grads, optimizer state per byte of weights
 
     def stage(k: int, i: int, j: int) -> tuple[float, int, float]:
@@ -213,7 +214,7 @@ def estimate(cand: Candidate, cost: ModelCost, mesh: MeshFacts, batch: int, cap:
             act += cost.head.act_bytes[s]
         t = t * contention + k_costs.t[j] - k_costs.t[i]
         if not last:  # activations to the next stage, gradients back
-            t += 2 * (k_costs.out[j - 1] / bw + lat)
+            t += 2 * (k_costs.out[j - 1] / bw + hop)
         inflight = (
             1
             if c.pp == 1
@@ -324,8 +325,14 @@ def choose(
         f"{cap / 2**20:.1f} MiB per proc); measured on {mesh.procs} procs, "
         f"{mesh.procs_per_host} per host on {mesh.cores_per_host} cores; data plane "
         f"{mesh.bandwidth / 1e9:.2f} GB/s between procs, all-reduce "
-        f"{mesh.collective_bw / 1e9:.2f} GB/s (bus), {mesh.collective_latency_s * 1e6:.0f} µs"
+        f"{mesh.collective_bw / 1e9:.2f} GB/s (bus), {mesh.collective_latency_s * 1e6:.0f} µs, "
+        f"a send {mesh.hop_latency_s * 1e6:.0f} µs"
     )
+    if cost.passes:
+        why += (
+            f"; each part timed as the fastest of {cost.passes} passes (the median was up "
+            f"to {cost.noise:.0%} slower{': a busy machine' if cost.noise > 0.1 else ''})"
+        )
     if len(fits) < len(ests):
         over = min((e for e in ests if e.peak > cap), key=_rank)
         why += (

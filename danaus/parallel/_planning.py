@@ -83,13 +83,13 @@ async def _measure_mesh(
         await setup_torch_elastic_env_async(procs)
         probes = (await profilers.collective.call(PROBE_BYTES, tp)).values()
         cbw = min(p[0] for p in probes)
-        clat, gather, scatter = (max(p[i] for p in probes) for i in (1, 2, 3))
+        clat, gather, scatter, hop = (max(p[i] for p in probes) for i in (1, 2, 3, 5))
         tp_s = {  # the slowest rank's time, at each degree and size
             d: {s: max(p[4][d][s] for p in probes) for s in sizes}
             for d, sizes in probes_sizes(tp).items()
         }
     else:
-        bw, lat, cbw, clat, gather, scatter, tp_s = 1e12, 0.0, 1e12, 0.0, 0.0, 0.0, {}
+        bw, lat, cbw, clat, gather, scatter, hop, tp_s = 1e12, 0.0, 1e12, 0.0, 0.0, 0.0, 0.0, {}
     facts_ = MeshFacts(
         procs=n,
         procs_per_host=max(per_host.values()),
@@ -102,6 +102,7 @@ async def _measure_mesh(
         collective_latency_s=clat,
         gather_s_per_byte=gather,
         scatter_s_per_byte=scatter,
+        hop_latency_s=hop,
     )
     return facts_, tp_s
 

@@ -55,6 +55,11 @@ class ModelCost:
     #: backward split that many ways, run on every proc at once (its all-reduces, the
     #: DTensor work and the procs' contention for the cores all included)
     tp_block_s: dict[int, dict[int, float]] = field(default_factory=dict)
+    #: passes each part was timed over (after a warm-up), the most of any size
+    passes: int = 0
+    #: how much slower than its fastest pass a part's median pass was, the worst part's
+    #: (0.03: 3%): what the machine's other work added while it was measured
+    noise: float = 0.0
 
 
 @dataclass
@@ -88,6 +93,10 @@ class MeshFacts:
     #: over every proc: what FSDP's replicas pay
     gather_s_per_byte: float = 0.0
     scatter_s_per_byte: float = 0.0
+    #: seconds of one small send from a proc to the next through that backend: what a
+    #: pipeline stage's boundary costs beyond its bytes (an all-reduce's latency is
+    #: several such hops)
+    hop_latency_s: float = 0.0
 
 
 def _available_ram() -> int:
@@ -155,9 +164,13 @@ def measure_model(
 ) -> ModelCost:
     """Time and size each part of ``model`` on microbatches of each of ``sizes`` samples
     cut from ``sample``. Blocks run one at a time on detached inputs, so each one's
-    backward is timed apart from the others'. Each time is the median of ``repeats``
-    passes after a warm-up one (with 3, a block on a busy 2-core machine once came out
-    17% off in a full test run, enough to choose a worse split)."""
+    backward is timed apart from the others'.
+
+    Each time is the fastest of at least ``repeats`` passes after a warm-up one: other
+    work on the machine only ever adds time, so the fastest pass is the part's own cost
+    (the median of 5 once came out 17% off on a busy 2-core machine, enough to choose a
+    worse split). Passes go on, up to ``4 * repeats``, until every part's two fastest
+    agree within ``STABLE``; ``ModelCost.noise`` says how far the median was off."""
     dev = device()
     model = model.to(dev).train()
     inputs, target = split_batch(sample)
@@ -180,19 +193,40 @@ def measure_model(
     for s in sizes:
         x, y = inputs[:s], target[:s]
         runs: list[list[float]] = []
-        for r in range(repeats + 1):  # the first run warms up
+        one_pass(model, parts, blocks, x, y, loss_fn, params)  # warms up
+        while len(runs) < repeats or (len(runs) < 4 * repeats and not _stable(runs)):
             times, acts, outs = one_pass(model, parts, blocks, x, y, loss_fn, params)
-            if r:
-                runs.append(times)
+            runs.append(times)
         n = len(blocks)
+        best = [min(run[i] for run in runs) for i in range(n + 2)]
         med = [statistics.median(run[i] for run in runs) for i in range(n + 2)]
-        cost.embed.time_s[s], cost.head.time_s[s] = med[0], med[n + 1]
+        cost.passes = max(cost.passes, len(runs))
+        cost.noise = max(
+            [cost.noise, *(m / b - 1 for m, b in zip(med, best, strict=True) if b > 0)]
+        )
+        cost.embed.time_s[s], cost.head.time_s[s] = best[0], best[n + 1]
         cost.embed.act_bytes[s], cost.head.act_bytes[s] = acts[0], acts[n + 1]
         cost.embed.out_bytes[s], cost.head.out_bytes[s] = outs[0], outs[n + 1]
         for i, b in enumerate(cost.blocks):
-            b.time_s[s], b.act_bytes[s], b.out_bytes[s] = med[i + 1], acts[i + 1], outs[i + 1]
+            b.time_s[s], b.act_bytes[s], b.out_bytes[s] = best[i + 1], acts[i + 1], outs[i + 1]
     _measure_optimizer(model, optimizer, cost)
     return cost
+
+
+#: two passes of a part agree when the slower is at most this much slower
+STABLE = 0.05
+
+
+def _stable(runs: list[list[float]]) -> bool:
+    """Every part's two fastest passes agree within ``STABLE`` (one pass agrees with
+    nothing yet)."""
+    if len(runs) < 2:
+        return False
+    for i in range(len(runs[0])):
+        a, b = sorted(run[i] for run in runs)[:2]
+        if b > a * (1 + STABLE) and b - a > 1e-4:  # parts under 0.1 ms are noise-bound
+            return False
+    return True
 
 
 def _one_pass(
@@ -385,13 +419,17 @@ class Profiler(Actor):
 
     @endpoint
     def collective(
-        self, nbytes: int, tp: TPProbe | None = None, repeats: int = 3
-    ) -> tuple[float, float, float, float, dict[int, dict[int, float]]]:
+        self, nbytes: int, tp: TPProbe | None = None, repeats: int = 3, small: int = 15
+    ) -> tuple[float, float, float, float, dict[int, dict[int, float]], float]:
         """All-reduce, all-gather and reduce-scatter ``nbytes`` over every proc of the
         mesh through the backend the trainer will use (the environment set by
         ``danaus.spmd``), and time a tensor-parallel block where ``tp`` asks: (all-reduce
         bus bytes/s, seconds of a small all-reduce, seconds per byte of an all-gather, of
-        a reduce-scatter, :attr:`ModelCost.tp_block_s`). Call every proc of the mesh."""
+        a reduce-scatter, :attr:`ModelCost.tp_block_s`, seconds of a small send to the
+        next proc). Call every proc of the mesh.
+
+        Small messages cost the machine's wake-ups more than their bytes, and another
+        program's work only ever adds to that: their times are the fastest of ``small``."""
         import torch.distributed as dist
 
         dev = device()
@@ -403,7 +441,8 @@ class Profiler(Actor):
             little = torch.zeros(1, dtype=torch.float32, device=dev)
             dist.all_reduce(big)  # warm up: connections, pages
             t = min(timed(lambda: dist.all_reduce(big)) for _ in range(repeats))
-            lat = min(timed(lambda: dist.all_reduce(little)) for _ in range(repeats))
+            lat = min(timed(lambda: dist.all_reduce(little)) for _ in range(small))
+            hop = _hop_latency(little, small)
             shard = torch.zeros(big.numel() // n, dtype=big.dtype, device=dev)
             whole = shard.new_zeros(shard.numel() * n)
             # torch 2.13 renamed them (the old names warn); older releases have only those
@@ -414,9 +453,33 @@ class Profiler(Actor):
             scatter_(shard, whole)
             scatter = min(timed(lambda: scatter_(shard, whole)) for _ in range(repeats))
             size = whole.numel() * whole.element_size()
-            return nbytes * 2 * (n - 1) / n / t, lat, gather / size, scatter / size, tp_s
+            return nbytes * 2 * (n - 1) / n / t, lat, gather / size, scatter / size, tp_s, hop
         finally:
             dist.destroy_process_group()
+
+
+def _hop_latency(little: torch.Tensor, repeats: int) -> float:
+    """Seconds of one small send between neighbouring ranks (the fastest of ``repeats``
+    ping-pongs, halved): even ranks ping the rank after them (an odd count leaves the
+    last rank out, and it reports 0)."""
+    import torch.distributed as dist
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    peer = rank + 1 if rank % 2 == 0 else rank - 1
+    if peer >= n:
+        return 0.0
+    ping = rank % 2 == 0
+
+    def once() -> None:
+        if ping:
+            dist.send(little, peer)
+            dist.recv(little, peer)
+        else:
+            dist.recv(little, peer)
+            dist.send(little, peer)
+
+    once()  # warm up the pair's connection
+    return min(timed(once) for _ in range(repeats)) / 2
 
 
 @dataclass
