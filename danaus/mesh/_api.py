@@ -12,6 +12,7 @@ from ._admin.server import set_dashboard_starter, start_dashboard
 from ._admin.snapshot import proc_stacks, snapshot
 from ._admin.wire import find_controllers, runtime_dir
 from ._byte_relay import CLOSE_TIMEOUT, Message, Relays, close_writer
+from ._host_mesh import check_per_host
 from ._proc_mesh import group_of
 from ._procs.host_agent import agent_ref, main_host_agent, read_key_file, serve
 from ._slurm import expand_hostlist
@@ -28,6 +29,7 @@ __all__ = [
     "TypedEndpoint",
     "Workspace",
     "agent_ref",
+    "check_per_host",
     "close_writer",
     "default_fault_hook",
     "exit_on_fault",

@@ -10,7 +10,7 @@ import functools
 import inspect
 import os
 import shutil
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING
 
@@ -28,7 +28,7 @@ from ..actors._api import (
     run_task,
 )
 from ..config import config, get_runtime_config, runtime_env
-from ..errors import SupervisionError
+from ..errors import SupervisionError, a_type
 from ._actor_mesh import ActorMesh, mesh_ref
 from ._live_meshes import live_meshes
 from ._proc_group import ProcGroup
@@ -46,6 +46,32 @@ if TYPE_CHECKING:
     from ._workspace import Workspace
 
 __all__ = ["HostMesh", "attach_to_hosts", "attach_to_workers", "hosts_from_config", "this_host"]
+
+
+def check_per_host(per_host: object, host_dims: Collection[str]) -> dict[str, int]:
+    """``per_host`` as ``spawn_procs`` takes it (a mapping of new dim names to a positive
+    number of procs per host; ``{"procs": 1}`` when None), checked against the host
+    mesh's dims.
+
+    Raises:
+        TypeError: it is not such a mapping.
+        ValueError: a size is not a positive int, or a dim is one of the hosts'.
+    """
+    if per_host is None:
+        return {"procs": 1}
+    if not isinstance(per_host, Mapping):
+        raise TypeError(
+            f"per_host takes a mapping of dim names to procs per host, like "
+            f'{{"gpus": 4}}; got {a_type(per_host)}: {per_host!r}'
+        )
+    for dim, size in per_host.items():
+        if not isinstance(dim, str) or not dim:
+            raise TypeError(f"per_host's dim names are non-empty strs; got {dim!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"per_host[{dim!r}] must be a positive int, got {size!r}")
+        if dim in host_dims:
+            raise ValueError(f"dim {dim!r} is already a dim of the host mesh")
+    return dict(per_host)
 
 
 class HostMesh(Shaped):
@@ -287,12 +313,7 @@ class HostMesh(Shaped):
                 f"can be started only there, not on {here!r} (run a host agent there and "
                 "use attach_to_hosts(...) instead)"
             )
-        per_host = dict(per_host or {"procs": 1})
-        for dim, size in per_host.items():
-            if not isinstance(size, int) or size < 1:
-                raise ValueError(f"per_host[{dim!r}] must be a positive int, got {size!r}")
-            if dim in self._shape.sizes:
-                raise ValueError(f"dim {dim!r} is already a dim of the host mesh")
+        per_host = check_per_host(per_host, self._shape.sizes)
         host_sizes = self._shape.sizes
         shape = Shape.from_sizes({**host_sizes, **per_host})
         rt = current_runtime()

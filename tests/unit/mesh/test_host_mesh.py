@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import threading
 from typing import cast
 
@@ -47,3 +48,26 @@ def test_a_default_name_is_reserved_until_its_spawn_is_over_and_then_taken_or_fr
     names.release("procs")  # (its spawn is over: the mesh now holds the name)
     names.release("procs2")
     assert names.default_name() == "procs2"  # "procs" runs; "procs2" was freed
+
+
+@pytest.mark.parametrize(
+    ("per_host", "error", "says"),
+    [
+        ("x", TypeError, "per_host takes a mapping of dim names to procs per host, like "
+         "{\"gpus\": 4}; got a str: 'x'"),
+        (3, TypeError, "per_host takes a mapping of dim names to procs per host, like "
+         "{\"gpus\": 4}; got an int: 3"),
+        ({"gpus": 0}, ValueError, "per_host['gpus'] must be a positive int, got 0"),
+        ({"gpus": True}, ValueError, "per_host['gpus'] must be a positive int, got True"),
+        ({"gpus": "2"}, ValueError, "per_host['gpus'] must be a positive int, got '2'"),
+        ({3: 1}, TypeError, "per_host's dim names are non-empty strs; got 3"),
+        ({"hosts": 2}, ValueError, "dim 'hosts' is already a dim of the host mesh"),
+    ],
+)  # fmt: skip
+def test_a_bad_per_host_is_named_before_anything_starts(
+    per_host: object, error: type[Exception], says: str
+) -> None:
+    hosts = HostMesh(Shape.from_sizes({"hosts": 2}), "hosts")
+    with pytest.raises(error, match=f"^{re.escape(says)}$"):
+        hosts.spawn_procs(per_host=per_host)  # type: ignore[arg-type]
+    assert hosts.spawned_groups() == []
