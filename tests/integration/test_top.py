@@ -296,3 +296,46 @@ def test_no_controller_is_said_and_exits_nonzero(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "cannot reach the admin endpoint unix:@danaus-admin-nobody-here" in done.stderr
+
+
+def test_admin_files_of_dead_controllers_are_removed_zombies_included(tmp_path: Path) -> None:
+    """A SIGKILLed controller that its parent has not reaped yet (a zombie) is gone:
+    ``danaus top`` says no controller runs, and its admin file goes."""
+    runtime_dir = tmp_path / "runtime"
+    runtime_dir.mkdir(mode=0o700)
+    controller = Controller(runtime_dir, tmp_path / "controller.log")
+    try:
+        pid = controller.proc.pid
+        files = list(runtime_dir.glob("admin-*.json"))
+        assert [f.name for f in files] == [f"admin-{pid}.json"]
+        os.kill(pid, signal.SIGKILL)
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # dead, and left unreaped
+        with open(f"/proc/{pid}/stat") as f:
+            assert f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        done = _top(runtime_dir=runtime_dir)
+        assert done.returncode == 1
+        assert "no running danaus controller found" in done.stderr
+        assert list(runtime_dir.glob("admin-*.json")) == []
+    finally:
+        controller.close()
+
+
+def test_a_file_whose_pid_another_process_took_is_not_a_controller(tmp_path: Path) -> None:
+    """An admin file written before the process with its pid started (the pid was reused)
+    names no controller."""
+    from danaus.config import config
+    from danaus.mesh._admin.wire import find_controllers
+
+    runtime_dir = tmp_path / "runtime"
+    runtime_dir.mkdir(mode=0o700)
+    stale = runtime_dir / f"admin-{os.getpid()}.json"
+    stale.write_text(
+        json.dumps(
+            {"addr": "unix:@x", "key": "ab", "pid": os.getpid(), "host": "h", "argv": [],
+             "started": time.time() - 10 * 24 * 3600}
+        )
+    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(config, "runtime_dir", str(runtime_dir))
+        assert find_controllers() == []
+    assert not stale.exists()

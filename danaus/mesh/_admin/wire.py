@@ -129,6 +129,7 @@ def runtime_dir() -> Path:
 
 
 def _write_runtime_file(addr: str, key: bytes) -> Path:
+    find_controllers()  # the files of controllers that died go, so that none pile up
     path = runtime_dir() / f"admin-{os.getpid()}.json"
     body: ControllerInfo = {
         "addr": addr,
@@ -144,8 +145,32 @@ def _write_runtime_file(addr: str, key: bytes) -> Path:
     return path
 
 
-def _alive(pid: int) -> bool:
+#: how much later than its admin file's ``started`` a process may have started and still
+#: be the controller that wrote it (the kernel counts a process's start in clock ticks
+#: from a boot time given in whole seconds)
+_START_SLACK = 2.0
+
+
+def _alive(pid: int, started: float) -> bool:
+    """Whether the controller ``pid`` that wrote its admin file at ``started`` still
+    runs: not a zombie (a SIGKILLed controller whose parent has not reaped it), and not
+    another process that got its pid since (it started after the file was written)."""
     try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return False  # /proc is there, the process is not
+    except (OSError, IndexError, ValueError, StopIteration):
+        pass
+    else:
+        if fields[0] in (b"Z", b"X"):  # dead, waiting for its parent to reap it
+            return False
+        began = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return began <= started + _START_SLACK
+    try:  # no /proc: the pid answers or not
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
@@ -163,11 +188,12 @@ def find_controllers() -> list[ControllerInfo]:
         try:
             info = json.loads(path.read_text())
             pid = int(info["pid"])
+            started = float(info.get("started", 0.0))
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if not (isinstance(info.get("addr"), str) and isinstance(info.get("key"), str)):
             continue
-        if _alive(pid):
+        if _alive(pid, started):
             found.append(cast(ControllerInfo, info))
         else:
             with contextlib.suppress(OSError):
