@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 
@@ -17,6 +18,18 @@ def main(argv: list[str] | None = None) -> None:
             "danaus, unmodified."
         )
         sys.exit(0 if args else 2)
+    try:  # as `python nosuch.py` answers: one line, status 2
+        with open(args[0], "rb"):
+            pass
+    except IsADirectoryError:
+        pass  # a folder with a __main__.py runs as python runs it
+    except OSError as e:
+        print(
+            f"python -m danaus.monarch: can't open file {os.path.abspath(args[0])!r}: "
+            f"[Errno {e.errno}] {e.strerror}",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     install()
     sys.argv = list(args)
     runpy.run_path(args[0], run_name="__main__")

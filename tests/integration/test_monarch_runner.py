@@ -83,3 +83,13 @@ def test_monarch_job_serves_the_job_family_and_names_what_it_leaves_out() -> Non
     assert first == ".monarch/job_state.pkl 0"
     assert "does not provide the module monarch.job.kubernetes" in second
     assert "not a package" not in second and "KubernetesJob is left out" in second
+
+
+def test_a_missing_program_is_one_line_and_status_2(tmp_path: Path) -> None:
+    missing = tmp_path / "nosuch.py"
+    out = _run("-m", "danaus.monarch", str(missing))
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [
+        f"python -m danaus.monarch: can't open file '{missing}': "
+        "[Errno 2] No such file or directory"
+    ]
