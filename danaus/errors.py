@@ -160,6 +160,12 @@ def actor_failed(actor: str, why: str) -> str:
     return f"The actor {actor} and all its descendants have failed:\n  " + why.replace("\n", "\n  ")
 
 
+def a_type(value: object) -> str:
+    """The type of ``value`` with its article, for messages: ``"an int"``, ``"a str"``."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 class ClosedError(DanausError):
     """Your code's fault: the object (mesh, port, runtime) was already closed or stopped."""
 

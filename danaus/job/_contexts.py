@@ -17,6 +17,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from ..errors import a_type
 from ._job import DEFAULT_JOB_PATH, JobTrait, job_load
 
 __all__ = [
@@ -130,7 +131,7 @@ def _import_job(module_path: str) -> JobTrait:
     if job is None:
         raise AttributeError(f"module {mod_name!r} has no {attr!r}")
     if not isinstance(job, JobTrait):
-        raise TypeError(f"{module_path} is a {type(job).__name__}, not a job (a JobTrait)")
+        raise TypeError(f"{module_path} is {a_type(job)}, not a job (a JobTrait)")
     return job
 
 
@@ -140,7 +141,18 @@ def context_create(name: str) -> None:
 
 
 def context_use(name: str) -> None:
-    """Make ``name`` the active context (created if new)."""
+    """Make ``name`` the active context.
+
+    Raises:
+        ValueError: there is no context ``name`` (``context_create`` makes one); the
+            active context stays as it was.
+    """
+    if not _context_dir(name).is_dir():
+        known = ", ".join(n for n, _ in context_ls()) or "none yet"
+        raise ValueError(
+            f"no context named {name!r} (its contexts: {known}); "
+            f"'danaus context create {name}' makes it"
+        )
     _link_to(name)
 
 

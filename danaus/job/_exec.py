@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, TypedDict
 
 from ..actors._api import Actor, Future, context, current_runtime, endpoint, run_task
+from ..mesh._api import check_per_host
 
 if TYPE_CHECKING:
     from ..mesh import HostMesh
@@ -102,6 +103,20 @@ class CommandActor(Actor):
         }
 
 
+def _point_of(rank: int, sizes: Mapping[str, int]) -> dict[str, int]:
+    """The point of flat ``rank`` in a mesh of ``sizes`` (row-major, as ``flatten``)."""
+    total = 1
+    for n in sizes.values():
+        total *= n
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < total:
+        raise IndexError(f"rank {rank!r} is out of range for a mesh of {total} ({sizes})")
+    coords: list[int] = []
+    for n in reversed(list(sizes.values())):
+        rank, i = divmod(rank, n)
+        coords.append(i)
+    return dict(zip(sizes, reversed(coords), strict=True))
+
+
 def exec_command(
     host_mesh: HostMesh,
     cmd: Sequence[str],
@@ -122,8 +137,15 @@ def exec_command(
     it to files on the hosts. A Future of the highest exit status of all runs (0: every
     one succeeded); ``.get()`` it, or ``await`` it.
 
+    Each run sees ``MONARCH_RANK_<DIM>`` and ``MONARCH_SIZE_<DIM>`` for each dim of its
+    rank, the host mesh's dims that ``point`` or ``rank`` chose included.
+
+    Raises:
+        ValueError: ``rank`` and ``point`` given together, an empty command, a dim the
+            mesh does not have, or a bad ``per_host``.
+        IndexError: ``rank`` or a coordinate of ``point`` is out of range.
+
     Raises (through the Future):
-        ValueError: ``rank`` and ``point`` given together, or an empty command.
         subprocess.TimeoutExpired: a run took longer than ``timeout`` seconds.
     """
     if rank is not None and point is not None:
@@ -131,20 +153,27 @@ def exec_command(
     argv = list(cmd)
     if not argv:
         raise ValueError("exec_command: the command is empty")
-    if point is not None:
-        target = host_mesh.slice(**point)
-    elif rank is not None:
-        target = host_mesh.flatten("rank").slice(rank=rank)
-    else:
-        target = host_mesh
+    sizes = host_mesh.sizes
+    if rank is not None:
+        point = _point_of(rank, sizes)
+    target = host_mesh.slice(**point) if point else host_mesh
+    procs_per_host = check_per_host(per_host, target.sizes)
+    # The dims the point took away stay in each run's environment: a run on host 1 of 2
+    # sees MONARCH_RANK_hosts=1 and MONARCH_SIZE_hosts=2, as it would running on all.
+    chosen = {d: i % sizes[d] for d, i in (point or {}).items()}
+    run_env = {
+        **{f"MONARCH_RANK_{d}": str(i) for d, i in chosen.items()},
+        **{f"MONARCH_SIZE_{d}": str(sizes[d]) for d in chosen},
+        **(env or {}),
+    }
     client_cwd = os.getcwd()
 
     async def run() -> int:
-        procs = target.spawn_procs(per_host=dict(per_host or {"procs": 1}), name="exec")
+        procs = target.spawn_procs(per_host=procs_per_host, name="exec")
         try:
             runners = await procs.spawn("exec_command", CommandActor)
             results = await runners.run.call(
-                argv, dict(env or {}), workdir, client_cwd, output_dir, timeout
+                argv, run_env, workdir, client_cwd, output_dir, timeout
             )
         finally:
             await procs.stop()

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Self
 
+from ..errors import a_type
 from ._services import MeshAdminConfig, Services, TelemetryConfig
 
 if TYPE_CHECKING:
@@ -238,6 +239,13 @@ class JobTrait(ABC):
             return None
         return job
 
+    def mesh_sizes(self) -> dict[str, dict[str, int]] | None:
+        """The host meshes this spec asks for, each as its dims' sizes
+        (``{"trainers": {"hosts": 2}}``), known without applying the job: what a command
+        aimed at the job is checked against before anything starts. None where the spec
+        does not say (a subclass that does not tell)."""
+        return None
+
     def _keep(self) -> None:  # noqa: B027 - optional hook
         """The job was saved for later controllers: let it outlive this one."""
 
@@ -263,7 +271,7 @@ def job_load(filename: str = DEFAULT_JOB_PATH) -> JobTrait:
     with open(filename, "rb") as f:
         job = pickle.load(f)
     if not isinstance(job, JobTrait):
-        raise TypeError(f"{filename} holds a {type(job).__name__}, not a saved job")
+        raise TypeError(f"{filename} holds {a_type(job)}, not a saved job")
     return job
 
 
@@ -271,5 +279,5 @@ def job_loads(data: bytes) -> JobTrait:
     """A job saved by :meth:`JobTrait.dumps`."""
     job = pickle.loads(data)
     if not isinstance(job, JobTrait):
-        raise TypeError(f"the data holds a {type(job).__name__}, not a saved job")
+        raise TypeError(f"the data holds {a_type(job)}, not a saved job")
     return job

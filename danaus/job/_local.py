@@ -28,6 +28,9 @@ class LocalJob(JobTrait):
                 raise ValueError(f"LocalJob's host mesh names are identifiers; got {name!r}")
         self._host_names = tuple(hosts)
 
+    def mesh_sizes(self) -> dict[str, dict[str, int]]:
+        return {name: {} for name in self._host_names}  # this_host(): no dims
+
     def _create(self) -> None:
         pass  # this machine is always there
 

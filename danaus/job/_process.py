@@ -75,6 +75,9 @@ class ProcessJob(JobTrait):
         # saved for a later controller in this session: the workers' pids and addresses
         return {**self.__dict__, "_workers": {}}
 
+    def mesh_sizes(self) -> dict[str, dict[str, int]]:
+        return {name: {"hosts": n} for name, n in self._meshes.items()}
+
     def _create(self) -> None:
         self._folder = tempfile.mkdtemp(prefix="danaus-process-job-")
         env = {**os.environ, **self._env}

@@ -165,6 +165,9 @@ class SlurmJob(JobTrait):
         self._srun: subprocess.Popen[bytes] | None = None
         self._exit_hook = False
 
+    def mesh_sizes(self) -> dict[str, dict[str, int]]:
+        return {name: {"hosts": n} for name, n in self._meshes.items()}
+
     @property
     def nodes(self) -> int:
         """Nodes the job needs: the sum over its meshes."""

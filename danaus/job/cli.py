@@ -20,7 +20,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import DanausError
+from ..errors import DanausError, a_type
+from ..mesh import Shape
+from ..mesh._api import check_per_host
 from . import _contexts
 from ._contexts import (
     current_context,
@@ -30,7 +32,7 @@ from ._contexts import (
     set_current_job,
 )
 from ._exec import exec_command
-from ._job import DEFAULT_JOB_PATH, JobState, JobTrait, job_load
+from ._job import DEFAULT_JOB_PATH, JobState, JobStatus, JobTrait, job_load
 from ._local import LocalJob
 from ._shell import shell
 
@@ -88,11 +90,63 @@ def _parse_env(items: Sequence[str] | None) -> dict[str, str]:
     return env
 
 
-def _hosts_of(job: JobTrait) -> dict[str, HostMesh]:
+def _hosts_of(job: JobTrait, verb: str | None = None) -> dict[str, HostMesh]:
+    """The job's host meshes, applying the job if it does not run; ``verb`` (a command
+    that is not ``apply``) says so on stderr when it did."""
     hosts = _connect(job)._hosts  # noqa: SLF001 - this package's own
     if not hosts:
         raise ValueError("the job has no host meshes")
+    if verb is not None and job.status is JobStatus.RUNNING and not isinstance(job, LocalJob):
+        context = current_context() or "default"
+        print(
+            f"danaus {verb}: the job of context {context!r} was not running: started it "
+            f"({_describe(hosts)}); it keeps running until 'danaus kill'",
+            file=sys.stderr,
+        )
     return hosts
+
+
+def _describe(hosts: Mapping[str, HostMesh]) -> str:
+    return ", ".join(f"{name} ({_hosts_count(len(mesh))})" for name, mesh in hosts.items())
+
+
+def _hosts_count(n: int) -> str:
+    return f"{n} host{'' if n == 1 else 's'}"
+
+
+def _check_target(
+    job: JobTrait,
+    mesh_names: Sequence[str] | None,
+    point: Mapping[str, int] | None,
+    per_host: Mapping[str, int] | None,
+) -> None:
+    """Check a command's target against the job's spec before anything starts: the
+    meshes named (None: the first), the point (on the first of them) and ``per_host``.
+
+    Raises:
+        ValueError: a mesh the job does not have, or a bad point or ``per_host``.
+    """
+    meshes = job.mesh_sizes()
+    if meshes is None:  # the spec does not say: the mesh checks these once it runs
+        return
+    if not meshes:
+        raise ValueError("the job has no host meshes")
+    for name in mesh_names or ():
+        if name not in meshes:
+            raise ValueError(f"no mesh {name!r} in the job; its meshes: {', '.join(meshes)}")
+    names = list(mesh_names) if mesh_names else [next(iter(meshes))]
+    if point is not None:
+        try:
+            Shape.from_sizes(meshes[names[0]]).slice(**point)
+        except (IndexError, ValueError) as e:
+            raise ValueError(f"--point {_show_point(point)}: {e}") from None
+    if per_host is not None:
+        for name in names:
+            check_per_host(per_host, meshes[name])
+
+
+def _show_point(point: Mapping[str, int]) -> str:
+    return ",".join(f"{d}={i}" for d, i in point.items())
 
 
 def _end(job: JobTrait) -> None:
@@ -117,8 +171,7 @@ def apply_job(module_path: str | None = None) -> None:
     rc = exec_command(next(iter(hosts.values())), ["true"]).get(timeout=300)
     if rc != 0:
         raise RuntimeError(f"the job's hosts did not run a command (exit {rc})")
-    names = ", ".join(f"{name} ({len(mesh)} hosts)" for name, mesh in hosts.items())
-    print(f"Job is ready ({time.monotonic() - started:.1f} s): {names}")
+    print(f"Job is ready ({time.monotonic() - started:.1f} s): {_describe(hosts)}")
 
 
 def exec_on_job(
@@ -150,7 +203,12 @@ def exec_on_job(
     point = _parse_point(point_str) if point_str is not None else None
     variables = _parse_env(env)
     job = load_current_job()
-    hosts = _hosts_of(job)
+    meshes = job.mesh_sizes()
+    if run_all and meshes is not None:
+        _check_target(job, list(meshes), None, per_host)
+    else:
+        _check_target(job, None if mesh_name is None else [mesh_name], point, per_host)
+    hosts = _hosts_of(job, "exec")
     rank: int | None = None
     output_dir: str | None = None
     if run_all or mesh_name is not None:
@@ -196,7 +254,8 @@ def shell_on_job(
     point = _parse_point(point_str) if point_str is not None else None
     variables = _parse_env(env)
     job = load_current_job()
-    hosts = _hosts_of(job)
+    _check_target(job, None if mesh_name is None else [mesh_name], point, None)
+    hosts = _hosts_of(job, "shell")
     name = mesh_name if mesh_name is not None else next(iter(hosts))
     if name not in hosts:
         raise ValueError(f"no mesh {name!r} in the job; its meshes: {', '.join(hosts)}")
@@ -238,7 +297,7 @@ def _info(ns: argparse.Namespace) -> int:
     except FileNotFoundError:
         print("spec: (none: run 'danaus apply <module.attr>')")
         return 1
-    print(f"spec: {current_spec()} (a {type(spec).__name__})")
+    print(f"spec: {current_spec()} ({a_type(spec)})")
     try:
         saved = job_load(DEFAULT_JOB_PATH)
     except FileNotFoundError:
@@ -249,7 +308,7 @@ def _info(ns: argparse.Namespace) -> int:
     print(f"job: {'running' if running else 'ended'} (apply id {saved.apply_id})")
     if running:
         for name, mesh in _connect(spec)._hosts.items():  # noqa: SLF001 - this package's own
-            print(f"  {name}: {len(mesh)} hosts")
+            print(f"  {name}: {_hosts_count(len(mesh))}")
     return 0
 
 
@@ -363,7 +422,14 @@ def main(ns: argparse.Namespace) -> int:
     """Run the verb ``ns`` was parsed for; errors a user made end with their text."""
     try:
         code: int = ns.verb(ns)
-    except (FileNotFoundError, ValueError, TypeError, AttributeError, ImportError) as e:
+    except (
+        FileNotFoundError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        ImportError,
+        IndexError,
+    ) as e:
         print(f"danaus {ns.cmd}: {e}", file=sys.stderr)
         return 2
     except (DanausError, RuntimeError) as e:  # a host or proc lost; hosts not ready

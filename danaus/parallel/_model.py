@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import a_type
 from ._errors import PlanError
 
 Batch = Any  # a dict of tensors (Hugging Face style) or an (inputs, target) tuple
@@ -237,7 +238,7 @@ def find_parts(model: nn.Module, layers: str | None = None) -> ModelParts:
             raise PlanError(f"layers={layers!r}: the model has no submodule of that name") from e
         if not isinstance(container, (nn.ModuleList, nn.Sequential)) or len(container) == 0:
             raise PlanError(
-                f"layers={layers!r} is a {type(container).__name__}; it must name a "
+                f"layers={layers!r} is {a_type(container)}; it must name a "
                 "non-empty nn.ModuleList or nn.Sequential of blocks"
             )
     if isinstance(model, nn.Sequential) and not layers:

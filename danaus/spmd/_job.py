@@ -102,6 +102,10 @@ class SPMDJob(JobTrait):
         """The script and its arguments (``["train.py", ...]`` or ``["-m", "pkg", ...]``)."""
         return list(self._script)
 
+    def mesh_sizes(self) -> dict[str, dict[str, int]] | None:
+        inner = self._job.mesh_sizes()
+        return None if inner is None or "workers" not in inner else {"workers": inner["workers"]}
+
     def _create(self) -> None:
         self._job.apply()
 

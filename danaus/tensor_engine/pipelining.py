@@ -55,6 +55,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from ..errors import a_type
 from ..mesh import ProcMesh
 from . import fetch_shard, remote
 from ._client import activate, client_for
@@ -732,7 +733,7 @@ def _stage_module(stage: Any, i: int) -> Any:
             )
         stage = stage[0]
     if not isinstance(stage, nn.Module) and not _is_opaque(stage):
-        raise TypeError(f"stage {i} is a {type(stage).__name__}: give an nn.Module or an OpaqueRef")
+        raise TypeError(f"stage {i} is {a_type(stage)}: give an nn.Module or an OpaqueRef")
     return stage
 
 

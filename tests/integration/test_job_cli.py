@@ -13,7 +13,15 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from danaus.job import LocalJob, ProcessJob, exec_command, job_load, load_current_job, shell
+from danaus.job import (
+    LocalJob,
+    ProcessJob,
+    exec_command,
+    job_load,
+    load_current_job,
+    set_current_job,
+    shell,
+)
 
 from .test_robustness import _wait_gone
 
@@ -60,7 +68,7 @@ def test_apply_exec_info_and_kill_a_job_of_local_hosts(project: Path) -> None:
     applied = danaus(project, "apply", "myjob.job")
     assert applied.returncode == 0, applied.stderr
     assert (
-        "Job is ready" in applied.stdout and "hosts (2 hosts), workers (1 hosts)" in applied.stdout
+        "Job is ready" in applied.stdout and "hosts (2 hosts), workers (1 host)" in applied.stdout
     )
     pids = worker_pids(project)
     try:
@@ -156,7 +164,7 @@ def test_contexts_keep_one_job_each(project: Path, monkeypatch: pytest.MonkeyPat
     [
         (["apply", "nosuchmodule.job"], "No module named 'nosuchmodule'"),
         (["apply", "myjob.absent"], "has no 'absent'"),
-        (["apply", "myjob.not_a_job"], "is a int, not a job"),
+        (["apply", "myjob.not_a_job"], "is an int, not a job"),
         (["apply", "nodot"], "is 'module.attr'"),
         (["exec", "true"], "run 'danaus apply <module.attr>' first"),
         (["context", "create", "../outside"], "one plain folder name"),
@@ -169,6 +177,104 @@ def test_mistakes_are_named(project: Path, args: list[str], says: str) -> None:
     assert done.returncode != 0
     assert says in done.stderr
     assert not (project.parent / "outside").exists()
+
+
+def workers_running() -> set[int]:
+    """Pids of the ProcessJob workers running on this machine, whoever started them."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if (
+                entry.name.isdigit()
+                and b"run_worker_loop_forever" in (entry / "cmdline").read_bytes()
+            ):
+                found.add(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.fixture
+def spec_only(project: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project whose spec is recorded and whose job does not run (as after
+    ``danaus apply myjob.job; danaus kill``)."""
+    monkeypatch.chdir(project)
+    monkeypatch.syspath_prepend(str(project))
+    set_current_job("myjob.job")
+    return project
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--mesh", "nope"], "no mesh 'nope' in the job; its meshes: hosts, workers"),
+        (["--per-host", "gpus=0"], "per_host['gpus'] must be a positive int, got 0"),
+        (["--per-host", "hosts=2"], "dim 'hosts' is already a dim of the host mesh"),
+        (["--all", "--per-host", "gpus=-1"], "per_host['gpus'] must be a positive int, got -1"),
+        (["--point", "hosts=7"],
+         "--point hosts=7: index 7 is out of range for dim 'hosts' of size 2"),
+        (["--point", "gpus=0"],
+         "--point gpus=0: unknown dims ['gpus']; Shape({'hosts': 2}) has dims ['hosts']"),
+    ],
+)  # fmt: skip
+def test_exec_names_a_bad_target_in_one_line_and_starts_nothing(
+    spec_only: Path, args: list[str], says: str
+) -> None:
+    before = workers_running()
+    done = danaus(spec_only, "exec", *args, "hostname")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"danaus exec: {says}"]
+    assert "job: not applied" in danaus(spec_only, "info").stdout
+    assert workers_running() - before == set()
+
+
+def test_exec_says_when_it_starts_the_job_and_a_host_sees_its_rank(spec_only: Path) -> None:
+    done = danaus(
+        spec_only, "exec", "--point", "hosts=1", "sh", "-c",
+        "echo $MONARCH_RANK_hosts/$MONARCH_SIZE_hosts $MONARCH_RANK_procs/$MONARCH_SIZE_procs",
+    )  # fmt: skip
+    try:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "1/2 0/1\n"  # host 1 of 2, as a run on every host sees it
+        assert done.stderr.splitlines() == [
+            "danaus exec: the job of context 'default' was not running: started it "
+            "(hosts (2 hosts), workers (1 host)); it keeps running until 'danaus kill'"
+        ]
+        assert "job: running" in danaus(spec_only, "info").stdout
+        again = danaus(spec_only, "exec", "true")  # running now: nothing to say
+        assert again.returncode == 0 and again.stderr == ""
+    finally:
+        assert danaus(spec_only, "kill").returncode == 0
+
+
+def test_context_use_refuses_an_unknown_context(project: Path) -> None:
+    assert danaus(project, "context", "create", "exp").returncode == 0
+    assert danaus(project, "context", "use", "exp").returncode == 0
+    done = danaus(project, "context", "use", "nosuch")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "danaus context: no context named 'nosuch' (its contexts: exp); "
+        "'danaus context create nosuch' makes it"
+    ]
+    assert danaus(project, "context", "ls").stdout.splitlines() == ["* exp"]
+    assert not (project / ".monarch" / "nosuch").exists()
+
+
+async def test_exec_command_on_a_flat_rank_sees_the_rank_of_each_dim(tmp_path: Path) -> None:
+    job = ProcessJob({"hosts": 2})
+    try:
+        hosts = job.state().hosts
+        out = tmp_path / "out"
+        rc = await exec_command(
+            hosts, ["sh", "-c", "echo $MONARCH_RANK_hosts/$MONARCH_SIZE_hosts"], rank=1,
+            output_dir=f"{out}/$SUBDIR",
+        )  # fmt: skip
+        assert rc == 0
+        assert [p.read_text() for p in out.glob("*/stdout.txt")] == ["1/2\n"]
+        with pytest.raises(IndexError, match="rank 2 is out of range for a mesh of 2"):
+            exec_command(hosts, ["true"], rank=2)
+    finally:
+        job.kill()
 
 
 async def test_exec_command_reports_each_runs_outcome(tmp_path: Path) -> None:
