@@ -123,9 +123,12 @@ from tests.integration.actors_lib import Fragile
 procs = this_host().spawn_procs(per_host={{"procs": 1}})
 fragile = procs.spawn("fragile", Fragile)
 fragile.pid.call().get()
-fragile.raise_plain.broadcast()  # no caller: it fails the actor, nobody handles it
 try:
-    threading.Event().wait({wait})  # nothing sets it: the hook's KeyboardInterrupt ends it
+    # No caller: it fails the actor, nobody handles it. The hook's KeyboardInterrupt may
+    # come while broadcast() still returns (its frame is on its way), or during the wait,
+    # which nothing else ends.
+    fragile.raise_plain.broadcast()
+    threading.Event().wait({wait})
 finally:
     print("finally ran", flush=True)
 print("not interrupted")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from danaus.config import (
@@ -83,30 +85,55 @@ def test_bad_settings_name_what_is_wrong(caplog: pytest.LogCaptureFixture) -> No
 
 
 # Monarch's pytest helpers (monarch.config.parametrize_config[_pointwise]), which its own
-# RDMA tests use: each run inside configured(...), settings restored after.
-_seen: list[tuple[object, ...]] = []
+# RDMA tests use: each run inside configured(...), settings restored after. Each run checks
+# itself, whatever order the tests run in.
+@pytest.fixture
+def left_none_behind() -> Iterator[None]:
+    """After the test (and the helper's configured(...) around it): the defaults again."""
+    yield
+    assert (config.stop_timeout, config.mailbox_limit, config.rdma_disable_ibverbs) == (
+        Config().stop_timeout,
+        Config().mailbox_limit,
+        Config().rdma_disable_ibverbs,
+    )
+    assert get_runtime_config() == {}
+
+
+def _runs_of(request: pytest.FixtureRequest) -> list[dict[str, object]]:
+    """The settings of every run pytest collected of this test function."""
+    name = request.node.originalname
+    return [
+        item.callspec.params["_config_overrides"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == name
+    ]
 
 
 @parametrize_config(stop_timeout={1.0, 2.0}, mailbox_limit={10, 20})
-def test_parametrize_config_runs_every_combination(tmp_path: object) -> None:
-    _seen.append(("cross", config.stop_timeout, config.mailbox_limit))
+def test_parametrize_config_runs_every_combination(
+    tmp_path: object, request: pytest.FixtureRequest, left_none_behind: None
+) -> None:
+    mine = request.node.callspec.params["_config_overrides"]
+    assert (config.stop_timeout, config.mailbox_limit) == (
+        mine["stop_timeout"],
+        mine["mailbox_limit"],
+    )
     assert tmp_path is not None  # fixtures still arrive
+    runs = sorted((r["stop_timeout"], r["mailbox_limit"]) for r in _runs_of(request))
+    assert runs == [(1.0, 10), (1.0, 20), (2.0, 10), (2.0, 20)]
 
 
 @parametrize_config_pointwise(stop_timeout=[1.0, 2.0], rdma_disable_ibverbs=[True, False])
-async def test_parametrize_config_pointwise_runs_in_lockstep() -> None:
-    _seen.append(("zip", config.stop_timeout, config.rdma_disable_ibverbs))
-
-
-def test_the_parametrized_runs_saw_their_settings_and_left_none_behind() -> None:
-    assert sorted(s for s in _seen if s[0] == "cross") == [
-        ("cross", 1.0, 10),
-        ("cross", 1.0, 20),
-        ("cross", 2.0, 10),
-        ("cross", 2.0, 20),
-    ]
-    assert [s for s in _seen if s[0] == "zip"] == [("zip", 1.0, True), ("zip", 2.0, False)]
-    assert config.stop_timeout == Config().stop_timeout
+async def test_parametrize_config_pointwise_runs_in_lockstep(
+    request: pytest.FixtureRequest, left_none_behind: None
+) -> None:
+    mine = request.node.callspec.params["_config_overrides"]
+    assert (config.stop_timeout, config.rdma_disable_ibverbs) == (
+        mine["stop_timeout"],
+        mine["rdma_disable_ibverbs"],
+    )
+    runs = sorted((r["stop_timeout"], r["rdma_disable_ibverbs"]) for r in _runs_of(request))
+    assert runs == [(1.0, True), (2.0, False)]  # the i-th values together, not crossed
 
 
 def test_pointwise_needs_as_many_values_for_every_setting() -> None:
