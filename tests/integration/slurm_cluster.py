@@ -94,7 +94,9 @@ def stop_cluster(cluster: Cluster) -> None:
     )
 
 
-@pytest.fixture(scope="module", params=["loopback", "netns"])
+# netns (each node its own address and hostname) is what a real cluster looks like, and
+# costs a cluster of its own: make test runs loopback, make test-all both
+@pytest.fixture(scope="module", params=["loopback", pytest.param("netns", marks=pytest.mark.slow)])
 def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     """A 2-node cluster per mode, started once for the module that uses it (one module
     does) and stopped at its end, not the session's: a machine runs one netns cluster

@@ -46,7 +46,16 @@ def failures() -> Iterator[list[object]]:
     set_unhandled_fault_hook(None)
 
 
-@pytest.mark.parametrize("how", ["sleep", "spin", "matmul"])
+# make test keeps "spin" (pure Python, contending for the GIL: the hardest of the three);
+# the others run in make test-all
+@pytest.mark.parametrize(
+    "how",
+    [
+        pytest.param("sleep", marks=pytest.mark.slow),
+        "spin",
+        pytest.param("matmul", marks=pytest.mark.slow),
+    ],
+)
 async def test_a_sync_endpoint_may_block_for_three_heartbeat_timeouts(
     fast_heartbeat: None, how: str
 ) -> None:

@@ -116,6 +116,7 @@ async def test_random_generators_differ_per_proc(fresh_server: None) -> None:
         assert len({d[kind] for d in draws}) == 3, draws
 
 
+@pytest.mark.slow  # an exec-started proc imports torch afresh (5 s); make test-all runs it
 async def test_torch_threads_and_signals_match_an_exec_started_proc(fresh_server: None) -> None:
     config.preload = ["numpy", "torch"]
     seen: dict[str, Any] = {}
