@@ -52,8 +52,14 @@ def _adamw(ps: Iterator[torch.nn.Parameter]) -> torch.optim.Optimizer:
 
 
 def _batch() -> dict[str, torch.Tensor]:
-    ids = torch.randint(0, 2048, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
-    return {"input_ids": ids, "labels": ids}
+    """A fine-tuning batch: rows of 16 to 64 tokens, right-padded, labels -100 on the
+    padding."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 2048, (BATCH, SEQ), generator=g)
+    lengths = torch.randint(SEQ // 4, SEQ + 1, (BATCH, 1), generator=g)
+    mask = (torch.arange(SEQ) < lengths).long()
+    labels = ids.masked_fill(mask == 0, -100)
+    return {"input_ids": ids.masked_fill(mask == 0, 0), "attention_mask": mask, "labels": labels}
 
 
 def one_process(batch: dict[str, Any]) -> float:
@@ -71,8 +77,16 @@ def one_process(batch: dict[str, Any]) -> float:
     return statistics.median(times)
 
 
-async def strategies(batch: dict[str, Any]) -> list[tuple[str, float, float, str]]:
-    rows = []
+def _bytes_out() -> int:
+    """Bytes this controller has written to its connections so far."""
+    from danaus.actors._api import current_runtime
+    from danaus.actors._stats import proc_record
+
+    return int(proc_record(current_runtime())["bytes_out"])
+
+
+async def strategies(batch: dict[str, Any]) -> list[tuple[str, float, float, str, float]]:
+    rows: list[tuple[str, float, float, str, float]] = []
     async with this_host().spawn_procs(per_host={"procs": PROCS}) as procs:
         for name, dims in STRATEGIES:
             p = await plan(
@@ -88,30 +102,35 @@ async def strategies(batch: dict[str, Any]) -> list[tuple[str, float, float, str
             for _ in range(2):  # set up, warm up
                 await trainer.step(batch)
             times = []
+            before = _bytes_out()
             for _ in range(STEPS):
                 t = time.perf_counter()
                 await trainer.step(batch)
                 times.append(time.perf_counter() - t)
+            sent = (_bytes_out() - before) / STEPS
             await trainer.stop()
-            rows.append((name, statistics.median(times), p.estimated_step_s, p.strategy))
+            rows.append((name, statistics.median(times), p.estimated_step_s, p.strategy, sent))
     return rows
 
 
 def main() -> None:
     batch = _batch()
-    tokens = BATCH * SEQ
+    tokens = int(batch["attention_mask"].sum())
     rows = asyncio.run(strategies(batch))
     floor = one_process(batch)  # after the procs are gone: it has the cores to itself
     print(
-        f"Llama, 8 layers, hidden 256, batch {BATCH}x{SEQ}, AdamW, fp32, CPU (gloo), "
+        f"Llama, 8 layers, hidden 256, batch {BATCH}x{SEQ} padded ({tokens} tokens), AdamW, "
+        f"fp32, CPU (gloo), "
         f"{PROCS} procs on {len(__import__('os').sched_getaffinity(0))} cores"
     )
     print(f"one process: {tokens / floor:,.0f} tokens/s ({floor * 1e3:.0f} ms/step)")
-    for name, step, est, strategy in rows:
+    whole = sum(t.numel() * t.element_size() for t in batch.values())
+    for name, step, est, strategy, sent in rows:
         print(
             f"{name:>17}: {tokens / step:>8,.0f} tokens/s ({step * 1e3:4.0f} ms/step), "
             f"{floor / step:.2f}x one process; planner estimated {est * 1e3:.0f} ms "
-            f"(measured / estimated {step / est:.2f})"
+            f"(measured / estimated {step / est:.2f}); the controller sent "
+            f"{sent / 1024:.0f} KiB/step ({sent / whole:.2f}x the batch)"
             + (f" [chose {strategy}]" if name == "planner's choice" else "")
         )
 

@@ -31,6 +31,10 @@ from ._errors import PlanError
 
 Batch = Any  # a dict of tensors (Hugging Face style) or an (inputs, target) tuple
 LossFn = Callable[[Any, Any], torch.Tensor]
+#: a loss that also takes ``num_items_in_batch`` (the model's own, Hugging Face's)
+TokenLoss = Callable[..., torch.Tensor]
+#: what a label is not counted by, in Hugging Face's losses
+IGNORE_INDEX = -100
 
 #: Families whose forward around the blocks danaus runs itself (so it can pipeline them).
 PIPELINE_FAMILIES = ("sequential", "gpt2", "llama")
@@ -88,12 +92,20 @@ class ModelParts:
 
     # --- the model's forward, part by part -------------------------------------------
 
-    def embed(self, model: nn.Module, inputs: Any) -> torch.Tensor:
+    def embed(
+        self,
+        model: nn.Module,
+        inputs: Any,
+        position_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The first stage's work before its blocks: token ids to hidden states."""
         if self.family == "gpt2":
             t = _get(model, "transformer")
-            pos = torch.arange(inputs.shape[-1], device=inputs.device).unsqueeze(0)
+            pos = _positions(inputs.shape[-1], inputs.device, position_ids)
             h = t.get_submodule("wte")(inputs) + t.get_submodule("wpe")(pos)
+            if token_type_ids is not None:
+                h = h + t.get_submodule("wte")(token_type_ids)
             out: torch.Tensor = t.get_submodule("drop")(h)
             return out
         if self.family == "llama":
@@ -101,24 +113,45 @@ class ModelParts:
             return emb
         return inputs  # type: ignore[no-any-return]
 
-    def run_blocks(self, model: nn.Module, first: int, last: int, h: Any) -> Any:
-        """Blocks ``first``..``last`` (inclusive) on hidden states ``h``."""
+    def run_blocks(
+        self,
+        model: nn.Module,
+        first: int,
+        last: int,
+        h: Any,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> Any:
+        """Blocks ``first``..``last`` (inclusive) on hidden states ``h``; a Hugging Face
+        model's blocks with the batch's padding mask and positions, as its forward runs
+        them."""
         blocks = self.blocks(model)
         if self.family in ("gpt2", "llama"):
-            return self._run_hf_blocks(model, blocks, first, last, h)
+            return self._run_hf_blocks(model, blocks, first, last, h, attention_mask, position_ids)
         for i in range(first, last + 1):
             h = blocks[i](h)
         return h
 
     def _run_hf_blocks(
-        self, model: nn.Module, blocks: list[nn.Module], first: int, last: int, h: torch.Tensor
+        self,
+        model: nn.Module,
+        blocks: list[nn.Module],
+        first: int,
+        last: int,
+        h: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
     ) -> torch.Tensor:
         from transformers.masking_utils import create_causal_mask
 
         config: Any = getattr(model, "config")  # noqa: B009
-        pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+        pos = _positions(h.shape[1], h.device, position_ids)
         mask = create_causal_mask(
-            config=config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=pos
+            config=config,
+            inputs_embeds=h,
+            attention_mask=attention_mask,
+            cache=None,
+            position_ids=pos,
         )
         if self.family == "gpt2":
             for i in range(first, last + 1):
@@ -138,24 +171,42 @@ class ModelParts:
             return _get(model, "lm_head")(_get(model, "model.norm")(h))
         return h
 
-    def forward(self, model: nn.Module, inputs: Any) -> Any:
-        """The whole model, part by part (what one pipeline computes)."""
+    def forward(self, model: nn.Module, inputs: Any, **kwargs: torch.Tensor) -> Any:
+        """The whole model, part by part (what one pipeline computes); ``kwargs`` are the
+        batch's other inputs (``attention_mask``, ``position_ids``...)."""
         if not self.can_pipeline:
-            return model(inputs)
-        h = self.embed(model, inputs)
-        h = self.run_blocks(model, 0, self.n_blocks - 1, h)
-        return self.head(model, h)
+            return model(inputs, **kwargs)
+        return StageModule(model, self, 0, self.n_blocks - 1)(inputs, **kwargs)
 
-    def default_loss(self, model: nn.Module) -> LossFn | None:
-        """The model's own loss on (output, target), where it has one (Hugging Face)."""
+    def stage_keys(self) -> frozenset[str]:
+        """The batch's keys besides ``input_ids`` and ``labels`` that danaus passes to
+        the parts of this family's model; None-like (empty) where the model's own forward
+        takes them (see :func:`check_batch`)."""
+        if self.family == "gpt2":
+            return frozenset({"attention_mask", "position_ids", "token_type_ids"})
+        if self.family == "llama":
+            return frozenset({"attention_mask", "position_ids"})
+        return frozenset()
+
+    def default_loss(self, model: nn.Module) -> TokenLoss | None:
+        """The model's own loss on (output, target), where it has one (Hugging Face's
+        causal LM loss: the mean over the labels that are not -100, after the shift);
+        given ``num_items_in_batch``, the sum over them divided by that instead."""
         if self.family not in ("gpt2", "llama"):
             return None
         config: Any = getattr(model, "config")  # noqa: B009 (an nn.Module attribute)
         vocab = int(config.vocab_size)
         hf_loss: Any = getattr(model, "loss_function")  # noqa: B009
 
-        def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = hf_loss(logits=logits, labels=labels, vocab_size=vocab)
+        def loss(
+            logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | None = None
+        ) -> torch.Tensor:
+            out: torch.Tensor = hf_loss(
+                logits=logits,
+                labels=labels,
+                vocab_size=vocab,
+                num_items_in_batch=num_items_in_batch,
+            )
             return out
 
         return loss
@@ -184,6 +235,11 @@ class ModelParts:
             for p in self.head_paths:
                 _replace_path(m, p, nn.Identity())
         return StageModule(m, self, first, last)
+
+
+def _positions(n: int, device: torch.device, given: torch.Tensor | None) -> torch.Tensor:
+    """Token positions, as Hugging Face's forward makes them when none are given."""
+    return given if given is not None else torch.arange(n, device=device).unsqueeze(0)
 
 
 def _hidden(out: Any) -> torch.Tensor:
@@ -218,10 +274,19 @@ class StageModule(nn.Module):
         self.first = first
         self.last = last
 
-    def forward(self, x: Any) -> Any:
+    def forward(
+        self,
+        x: Any,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> Any:
+        """Token ids (the first stage) or hidden states to hidden states (or, on the last
+        stage, the output); every stage takes the batch's padding mask and positions (a
+        pipeline hands each stage its microbatch's)."""
         p = self.parts
-        h = p.embed(self.model, x) if self.first == 0 else x
-        h = p.run_blocks(self.model, self.first, self.last, h)
+        h = p.embed(self.model, x, position_ids, token_type_ids) if self.first == 0 else x
+        h = p.run_blocks(self.model, self.first, self.last, h, attention_mask, position_ids)
         return p.head(self.model, h) if self.last == p.n_blocks - 1 else h
 
     def extra_repr(self) -> str:
@@ -298,13 +363,14 @@ def _hf_family(model: nn.Module) -> str | None:
 
 
 def split_batch(batch: Batch) -> tuple[Any, Any]:
-    """A batch as (inputs, target): ``{"input_ids", "labels"}`` or ``(inputs, target)``."""
+    """A batch as (inputs, target): ``{"input_ids", "labels", ...}`` (the other keys are
+    :func:`model_kwargs`) or ``(inputs, target)``."""
     if isinstance(batch, dict):
-        extra = set(batch) - {"input_ids", "labels"}
-        if "input_ids" not in batch or "labels" not in batch or extra:
+        missing = [k for k in ("input_ids", "labels") if k not in batch]
+        if missing:
             raise ValueError(
-                "a dict batch must have exactly the keys 'input_ids' and 'labels' "
-                f"(got {sorted(batch)}); padding masks are not supported yet"
+                f"a dict batch needs 'input_ids' and 'labels'; it has no {missing} "
+                f"(its keys: {sorted(batch)})"
             )
         return batch["input_ids"], batch["labels"]
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
@@ -315,8 +381,107 @@ def split_batch(batch: Batch) -> tuple[Any, Any]:
     )
 
 
-def batch_size(batch: Batch) -> int:
-    inputs, _ = split_batch(batch)
+def model_kwargs(batch: Batch) -> dict[str, Any]:
+    """A dict batch's inputs besides ``input_ids`` and ``labels`` (``attention_mask``,
+    ``position_ids``...), for the model's forward; none for a tuple batch."""
+    if not isinstance(batch, dict):
+        return {}
+    return {k: v for k, v in batch.items() if k not in ("input_ids", "labels")}
+
+
+def check_batch(batch: Batch, model: nn.Module, parts: ModelParts) -> int:
+    """Check a batch against the model before any worker sees it, and return its rows.
+
+    Raises:
+        ValueError: naming the key at fault: not a tensor, not the batch's rows, a label
+            or mask not the shape of the token ids, a key the model's forward does not
+            take (or, for a model danaus runs part by part, one it does not pass on).
+    """
+    inputs, target = split_batch(batch)
     if not isinstance(inputs, torch.Tensor) or inputs.dim() == 0:
         raise ValueError("a batch's inputs must be a tensor whose first dim is the batch")
-    return int(inputs.shape[0])
+    rows = int(inputs.shape[0])
+    if not isinstance(batch, dict):
+        if isinstance(target, torch.Tensor) and (target.dim() == 0 or target.shape[0] != rows):
+            raise ValueError(
+                f"the batch's target is {tuple(target.shape)}; its first dim must be the "
+                f"inputs' {rows} rows"
+            )
+        return rows
+    for key, value in batch.items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != rows:
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else a_type(value)
+            raise ValueError(
+                f"batch[{key!r}] must be a tensor of the batch's {rows} rows "
+                f"(input_ids is {tuple(inputs.shape)}); it is {shape}"
+            )
+    for key in ("labels", "attention_mask", "token_type_ids"):
+        if key in batch and batch[key].shape != inputs.shape:
+            raise ValueError(
+                f"batch[{key!r}] is {tuple(batch[key].shape)}; it must be the shape of "
+                f"input_ids, {tuple(inputs.shape)}"
+            )
+    extra = set(model_kwargs(batch))
+    if parts.can_pipeline and parts.family != "sequential":
+        unknown = sorted(extra - parts.stage_keys())
+        if unknown:
+            raise ValueError(
+                f"batch key(s) {unknown}: danaus runs {type(model).__name__} part by part "
+                f"and passes on only {sorted(parts.stage_keys())} besides input_ids and labels"
+            )
+    elif extra:
+        import inspect
+
+        params = inspect.signature(model.forward).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        unknown = sorted(k for k in extra if k not in params and not takes_any)
+        if unknown or parts.family == "sequential":
+            raise ValueError(
+                f"batch key(s) {unknown or sorted(extra)}: {type(model).__name__}.forward "
+                "does not take them"
+            )
+    return rows
+
+
+@dataclass(frozen=True)
+class Shard:
+    """What one rank reads of a global batch: its replica's rows of the token ids (the
+    first pipeline stage only), of the labels (the last stage only) and of the model's
+    other inputs (every stage: the padding mask and positions)."""
+
+    inputs: Any
+    target: Any
+    kwargs: dict[str, Any]
+    #: the shape of the replica's inputs (what every stage's buffers are sized for)
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        parts = [self.inputs, self.target, *self.kwargs.values()]
+        return sum(t.numel() * t.element_size() for t in parts if isinstance(t, torch.Tensor))
+
+
+def shard_batch(batch: Batch, dp: int, dp_i: int, first: bool, last: bool) -> Shard:
+    """Replica ``dp_i``'s rows of ``batch`` (of ``dp``), as a stage reads them: the
+    inputs if it is the ``first``, the target if it is the ``last``. Each piece is a
+    copy of its own, so that sending it sends its rows only (not the batch it came
+    from)."""
+    inputs, target = split_batch(batch)
+    n = int(inputs.shape[0]) // dp
+    rows = slice(dp_i * n, (dp_i + 1) * n)
+
+    def take(t: Any) -> Any:
+        return t[rows].clone() if isinstance(t, torch.Tensor) else t[rows]
+
+    return Shard(
+        take(inputs) if first else None,
+        take(target) if last else None,
+        {k: take(v) for k, v in model_kwargs(batch).items()},
+        (n, *inputs.shape[1:]),
+    )
+
+
+def counted_tokens(labels: torch.Tensor) -> int:
+    """Labels a causal LM's loss counts: those not -100 after the shift by one (the
+    first position of each row predicts nothing)."""
+    return int((labels[..., 1:] != IGNORE_INDEX).sum())

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..actors._api import Future, current_runtime, run_task
 from ..spmd import setup_torch_elastic_env_async
 from ._errors import PlanError
-from ._model import ModelParts, batch_size, find_parts
+from ._model import ModelParts, check_batch, find_parts
 from ._plan import Plan
 from ._planner import candidates, check_forced, choose, profile_sizes
 from ._profile import MeshFacts, ProcFacts, TPProbe
@@ -125,7 +125,7 @@ async def _plan(
 
     parts = find_parts(model, layers)
     n = len(procs)
-    batch = batch_size(sample)
+    batch = check_batch(sample, model, parts)
     tp_ok, why_no_tp = tp_sizes(model, parts, n)
     kw = {"can_pipeline": parts.can_pipeline, "tp_ok": tp_ok}
     check_forced(n, batch, parts.n_blocks, **kw, **forced, why_no_tp=why_no_tp)  # type: ignore[arg-type]
@@ -182,7 +182,8 @@ def plan(
         model: the model to train (an ``nn.Module``: ``nn.Sequential``, a Hugging Face
             causal LM, or a module with one ``nn.ModuleList`` of blocks).
         procs: the mesh; its size is factored into dp x pp x tp.
-        sample: one global batch (``{"input_ids", "labels"}`` or ``(inputs, target)``);
+        sample: one global batch (``{"input_ids", "labels", "attention_mask"...}`` or
+            ``(inputs, target)``);
             its blocks are timed on it, and its size is the batch the plan is for.
         loss_fn: ``loss_fn(output, target)``; the model's own loss by default (Hugging
             Face).

@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
-from collections.abc import Callable, Coroutine, Iterator
+import sys
+import time
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sized
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..actors._api import Future, current_runtime, run_task
+from ..actors._api import Future, Point, current_runtime, run_task
 from ..spmd import setup_torch_elastic_env_async
 from ._errors import PlanError
-from ._model import Batch, LossFn, batch_size, find_parts
+from ._model import (
+    Batch,
+    LossFn,
+    Shard,
+    check_batch,
+    counted_tokens,
+    find_parts,
+    shard_batch,
+    split_batch,
+)
 from ._plan import Plan
 
 if TYPE_CHECKING:
@@ -22,12 +34,31 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 _names = itertools.count()
+log = logging.getLogger("danaus.parallel")
 
 
 async def _each(endpoint: Any, *args: Any) -> list[Any]:
     """Call every worker; their results in arrival order. The first rank to raise fails
     the call at once (the others may be waiting for it in a collective)."""
     return [v async for v in endpoint.stream(*args)]
+
+
+async def _each_its_own(calls: list[Any]) -> list[Any]:
+    """Await one call per worker (each sent its own arguments); their results in arrival
+    order. The first to raise fails the whole at once, as :func:`_each`; the others'
+    outcomes are taken as they come (they fail when the trainer stops the procs)."""
+    futures = [asyncio.ensure_future(c) for c in calls]
+    try:
+        return [await f for f in asyncio.as_completed(futures)]
+    except BaseException:
+        for f in futures:
+            f.add_done_callback(_taken)
+        raise
+
+
+def _taken(f: asyncio.Future[Any]) -> None:
+    if not f.cancelled():
+        f.exception()  # taken: no "exception was never retrieved"
 
 
 class Trainer:
@@ -59,7 +90,13 @@ class Trainer:
         self._lock: asyncio.Lock | None = None
         self._failed: BaseException | None = None
         self._stopped = False
+        #: bytes of batches sent to the workers so far (each rank gets only its shard)
+        self.bytes_sent = 0
         parts = find_parts(model, plan.layers)
+        self._parts = parts
+        #: the model's own loss: a step's loss is the global batch's token mean
+        self._token_mean = loss_fn is None and parts.default_loss(model) is not None
+        self._check_model = model  # (its forward's signature: what a batch may hold)
 
         async def setup() -> Any:
             from ._worker import ParallelWorker
@@ -94,37 +131,142 @@ class Trainer:
 
         return run_task(self._rt, go)
 
-    def _check(self, batch: Batch) -> None:
-        n = batch_size(batch)
+    def _check(self, batch: Batch) -> int:
+        """Check ``batch`` here, before any worker sees it; the labels its loss counts
+        (0 where the loss is the user's).
+
+        Raises:
+            PlanError: the replicas and microbatches do not divide its rows.
+            ValueError: a key, shape or type is wrong (naming it), or no label counts.
+        """
+        n = check_batch(batch, self._check_model, self._parts)
         per = self.plan.dp * self.plan.microbatches
         if n % per:
             raise PlanError(
                 f"the batch has {n} samples; dp={self.plan.dp} x microbatches="
                 f"{self.plan.microbatches} = {per} must divide it"
             )
+        if not self._token_mean:
+            return 0
+        counted = counted_tokens(split_batch(batch)[1])
+        if counted == 0:
+            raise ValueError(
+                "every label of the batch is -100 (after the shift by one): its loss "
+                "counts no token"
+            )
+        return counted
 
-    @staticmethod
-    def _loss(values: list[float | None]) -> float:
+    def _loss(self, values: list[float | None]) -> float:
+        """The step's loss from the replicas' parts: their sum (each is its share of
+        the global token mean), or the mean of their means (a user's loss_fn)."""
         losses = [v for v in values if v is not None]
-        return math.fsum(losses) / len(losses)
+        return math.fsum(losses) if self._token_mean else math.fsum(losses) / len(losses)
+
+    def _shards(self, batch: Batch) -> list[Shard]:
+        """Each rank's shard of ``batch``, in rank order: the rows of its replica, of the
+        inputs its stage reads (:func:`shard_batch`). Cut here, in the caller's thread,
+        not on danaus's loop."""
+        layout = self.plan.layout
+        shards = []
+        for rank in range(layout.size):
+            dp_i, pp_i, _ = layout.coords(rank)
+            shards.append(shard_batch(batch, layout.dp, dp_i, pp_i == 0, pp_i == layout.pp - 1))
+        self.bytes_sent += sum(s.nbytes for s in shards)
+        return shards
+
+    def _per_rank(self, workers: Any, name: str, shards: list[Shard], counted: int) -> list[Any]:
+        """A call of ``name`` to each worker with its own shard."""
+        sizes = dict(self._procs.sizes)
+        return [
+            getattr(workers.slice(**dict(Point.from_rank(rank, sizes))), name).call_one(
+                shard, counted
+            )
+            for rank, shard in enumerate(shards)
+        ]
 
     def step(self, batch: Batch) -> Future[float]:
-        """One training step on the global ``batch``; its mean loss."""
-        self._check(batch)
+        """One training step on the global ``batch``; its loss. With the model's own
+        loss (a Hugging Face model's), that is the global batch's token mean, as the
+        model gives it in one process: labels of -100 (padding, prompts) count for
+        nothing, however the rows fall into replicas and microbatches. A user's
+        ``loss_fn`` is averaged over microbatches and replicas.
+
+        Raises:
+            PlanError, ValueError: at once, here, for a batch the plan cannot take
+                (naming the key or the numbers at fault); the trainer stays usable.
+        """
+        counted = self._check(batch)
+        shards = self._shards(batch)
 
         async def go(w: Any) -> float:
-            return self._loss(await _each(w.step, batch))
+            return self._loss(await _each_its_own(self._per_rank(w, "step", shards, counted)))
 
         return self._run(go)
 
     def evaluate(self, batch: Batch) -> Future[float]:
-        """The mean loss on ``batch``, without updating the weights."""
-        self._check(batch)
+        """The loss on ``batch`` (as :meth:`step` gives it), without updating the weights."""
+        counted = self._check(batch)
+        shards = self._shards(batch)
 
         async def go(w: Any) -> float:
-            return self._loss(await _each(w.evaluate, batch))
+            return self._loss(await _each_its_own(self._per_rank(w, "evaluate", shards, counted)))
 
         return self._run(go)
+
+    def fit(
+        self, batches: Iterable[Batch], steps: int | None = None, log_every: int = 10
+    ) -> Future[list[float]]:
+        """Train one step on each global batch of ``batches`` (a list, a generator, a
+        ``DataLoader``: any iterable), until it ends or ``steps`` steps ran; the losses,
+        one a step.
+
+        On a terminal a progress bar (tqdm, where installed) shows the step, the loss,
+        tokens/s and the measured step time beside the plan's estimate; elsewhere
+        nothing is printed, and every ``log_every`` steps a line goes to the
+        ``danaus.parallel`` logger at INFO. The next batch is taken from ``batches`` off
+        the event loop (a loader may block), while nothing else of danaus waits for it.
+
+        Raises (through the Future):
+            As :meth:`step` does: a bad batch stops the loop there, with the losses of
+            the steps before it lost to the caller but not to the model (they were
+            applied; ``state_dict()`` has them).
+        """
+        if steps is not None and (
+            isinstance(steps, bool) or not isinstance(steps, int) or steps < 0
+        ):
+            raise ValueError(f"steps must be a non-negative int or None, not {steps!r}")
+        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+            raise ValueError(f"log_every must be a positive int, not {log_every!r}")
+        total = steps
+        if total is None and isinstance(batches, Sized):
+            total = len(batches)
+
+        async def go() -> list[float]:
+            it = iter(batches)
+            done = object()
+            losses: list[float] = []
+            bar = _progress_bar(total)
+            try:
+                while steps is None or len(losses) < steps:
+                    batch = await asyncio.to_thread(next, it, done)
+                    if batch is done:
+                        break
+                    start = time.perf_counter()
+                    losses.append(await self.step(batch))
+                    took = time.perf_counter() - start
+                    tokens = _tokens(batch)
+                    shown = _shown(len(losses), losses[-1], tokens / took, took, self.plan)
+                    if bar is not None:
+                        bar.set_postfix_str(shown, refresh=False)
+                        bar.update(1)
+                    elif len(losses) % log_every == 0:
+                        log.info("step %s", shown)
+            finally:
+                if bar is not None:
+                    bar.close()
+            return losses
+
+        return run_task(self._rt, go)
 
     def state_dict(self) -> Future[dict[str, torch.Tensor]]:
         """The whole model's weights on the controller, under the model's own keys (loads
@@ -168,6 +310,31 @@ class Trainer:
             await w.stop()
 
         return run_task(self._rt, go)
+
+
+def _tokens(batch: Batch) -> int:
+    """The tokens a batch trains on: its mask's ones where it has one, else its ids (or,
+    for an (inputs, target) batch, its rows)."""
+    if isinstance(batch, dict):
+        mask = batch.get("attention_mask")
+        return int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
+    return int(split_batch(batch)[0].shape[0])
+
+
+def _shown(step: int, loss: float, tokens_s: float, took: float, plan: Plan) -> str:
+    estimate = f" (est {plan.estimated_step_s:.3f} s)" if plan.estimated_step_s else ""
+    return f"{step}: loss {loss:.4f}, {tokens_s:,.0f} tokens/s, {took:.3f} s/step{estimate}"
+
+
+def _progress_bar(total: int | None) -> Any:
+    """A tqdm bar on stderr when it is a terminal and tqdm is installed, else None."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="step", file=sys.stderr, dynamic_ncols=True)
 
 
 def parallelize(

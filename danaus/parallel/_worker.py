@@ -10,8 +10,10 @@ from the controller to every worker.
 
 from __future__ import annotations
 
+import math
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from datetime import timedelta
@@ -23,12 +25,14 @@ from torch import nn
 
 from ..actors import Actor, current_rank, endpoint
 from ._layout import Layout
-from ._model import LossFn, ModelParts, StageModule, split_batch
+from ._model import LossFn, ModelParts, Shard, StageModule, TokenLoss
 
 OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
 
 #: how long a collective may wait for a peer before the rank gives up (s)
 COLLECTIVE_TIMEOUT = 120.0
+#: pipeline schedules kept, one per shape of batch (see ParallelWorker._schedule)
+SCHEDULES = 8
 
 
 def device() -> torch.device:
@@ -127,10 +131,16 @@ class ParallelWorker(Actor):
         self.mesh = init_device_mesh(
             self.device.type, (layout.dp, layout.pp, layout.tp), mesh_dim_names=("dp", "pp", "tp")
         )
-        loss = loss_fn if loss_fn is not None else parts.default_loss(model)
+        own = parts.default_loss(model) if loss_fn is None else None
+        loss = loss_fn if loss_fn is not None else own
         if loss is None:
             raise ValueError("the model has no loss of its own: give loss_fn=")
         self.loss_fn: LossFn = loss
+        #: the model's own loss: a step's loss is the global batch's token mean (the sum
+        #: over its counted labels over their count, however rows fall into replicas and
+        #: microbatches); a loss_fn of the user's is averaged over them instead
+        self.own_loss: TokenLoss | None = own
+        self._counted = 0  # the global batch's counted labels, this step
         self._tied_groups(model, parts, layout)
         first, last = layout.stages[self.pp_i]
         module: nn.Module
@@ -149,9 +159,9 @@ class ParallelWorker(Actor):
             module = self._replicate(module, layout)
         self.module = module
         self.optimizer = optimizer(iter(module.parameters()))
-        self.schedule: Any = None
-        if layout.pp > 1:
-            self._pipeline(module, layout)
+        #: a pipeline's schedule per shape of a replica's batch, the most recent last:
+        #: a stage sizes its buffers for the activations of the first step it runs
+        self._schedules: OrderedDict[tuple[int, ...], Any] = OrderedDict()
 
     def _tied_groups(self, model: nn.Module, parts: ModelParts, layout: Layout) -> None:
         """A process group of the first and last stage of each pipeline, for the weights
@@ -192,61 +202,118 @@ class ParallelWorker(Actor):
         for i in range(first, last + 1):
             parallelize_module(blocks[i], self.mesh["tp"], tp_plan())
 
-    def _pipeline(self, module: nn.Module, layout: Layout) -> None:
+    def _schedule(self, shape: tuple[int, ...]) -> Any:
+        """The pipeline schedule for a replica's batch of ``shape`` (None without a
+        pipeline). Sequence lengths change from batch to batch (each is padded to its
+        longest row), and a stage sizes its buffers on the first step it runs: one
+        schedule per shape, the ``SCHEDULES`` most recently used kept."""
+        assert self.layout is not None and self.module is not None
+        if self.layout.pp == 1:
+            return None
+        if shape in self._schedules:
+            self._schedules.move_to_end(shape)
+            return self._schedules[shape]
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        self.stage = PipelineStage(
-            module, self.pp_i, layout.pp, self.device, group=self.mesh["pp"].get_group()
+        stage = PipelineStage(
+            self.module, self.pp_i, self.layout.pp, self.device, group=self.mesh["pp"].get_group()
         )
-        kind = Schedule1F1B if layout.schedule == "1f1b" else ScheduleGPipe
-        self.schedule = kind(self.stage, n_microbatches=layout.microbatches, loss_fn=self.loss_fn)
+        kind = Schedule1F1B if self.layout.schedule == "1f1b" else ScheduleGPipe
+        schedule = kind(
+            stage,
+            n_microbatches=self.layout.microbatches,
+            loss_fn=self._microbatch_loss,
+            scale_grads=self.own_loss is None,  # a token mean's parts add up already
+        )
+        self._schedules[shape] = schedule
+        if len(self._schedules) > SCHEDULES:
+            self._schedules.popitem(last=False)
+        return schedule
 
     # --- steps ----------------------------------------------------------------------------
 
-    def _local(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """This replica's share of the global batch (the controller sends it whole)."""
-        assert self.layout is not None
-        inputs, target = split_batch(batch)
-        n = inputs.shape[0] // self.layout.dp
-        sl = slice(self.dp_i * n, (self.dp_i + 1) * n)
-        return inputs[sl].to(self.device), target[sl].to(self.device)
+    def _local(self, shard: Shard) -> tuple[Any, Any, dict[str, torch.Tensor]]:
+        """What the controller sent this rank of its replica's rows (see
+        :func:`shard_batch`), on this proc's device: inputs, target, the other inputs."""
+
+        def here(t: Any) -> Any:
+            return t.to(self.device) if isinstance(t, torch.Tensor) else t
+
+        kwargs = {k: here(v) for k, v in shard.kwargs.items()}
+        return here(shard.inputs), here(shard.target), kwargs
 
     def _reports_loss(self) -> bool:
         assert self.layout is not None
         return self.pp_i == self.layout.pp - 1 and self.tp_i == 0
 
+    def _microbatch_loss(self, output: Any, target: Any) -> torch.Tensor:
+        """A microbatch's loss as backward takes it. The model's own: its counted labels'
+        summed loss over the global batch's count, times dp (the replicas' gradients are
+        averaged), so that the gradients add up to the global token mean's. A user's
+        loss_fn: as it returns it (the schedule or the caller averages)."""
+        assert self.layout is not None
+        if self.own_loss is None:
+            return self.loss_fn(output, target)
+        loss = self.own_loss(output, target, num_items_in_batch=self._counted)
+        return loss * self.layout.dp
+
+    def _reported(self, losses: list[torch.Tensor]) -> float:
+        """This replica's part of the step's loss from its microbatches' losses: their
+        sum over dp (the token mean's share), or their mean (a user's loss_fn)."""
+        assert self.layout is not None
+        total = math.fsum(float(v.detach()) for v in losses)
+        return total / self.layout.dp if self.own_loss is not None else total / len(losses)
+
     @endpoint
-    def step(self, batch: Any) -> float | None:
-        """One training step on this replica's share; the mean loss where this rank
-        computes it (the last stage's first tensor-parallel rank), else None."""
+    def step(self, shard: Shard, counted: int = 0) -> float | None:
+        """One training step on this rank's ``shard`` of a global batch whose labels
+        count ``counted`` tokens in all (for the model's own loss). This replica's part
+        of the loss where this rank computes it (the last stage's first tensor-parallel
+        rank), else None."""
         assert self.layout is not None and self.module is not None
-        inputs, target = self._local(batch)
+        inputs, target, kwargs = self._local(shard)
+        self._counted = counted
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.schedule is not None:
+        schedule = self._schedule(shard.shape)
+        if schedule is not None:
             losses: list[torch.Tensor] = []
             last = self.pp_i == self.layout.pp - 1
             args = (inputs,) if self.pp_i == 0 else ()
-            self.schedule.step(*args, target=target if last else None, losses=losses)
+            schedule.step(*args, target=target if last else None, losses=losses, **kwargs)
             self._sum_tied_grads()
-            loss = float(torch.stack(losses).detach().mean()) if last else None
+            loss = self._reported(losses) if last else None
         else:
-            loss = self._accumulate(inputs, target)
+            loss = self._accumulate(inputs, target, kwargs)
         self.optimizer.step()
         return loss if self._reports_loss() else None
 
-    def _accumulate(self, inputs: torch.Tensor, target: torch.Tensor) -> float:
+    def _microbatches(
+        self, inputs: torch.Tensor, target: Any, kwargs: dict[str, torch.Tensor]
+    ) -> list[tuple[torch.Tensor, Any, dict[str, torch.Tensor]]]:
+        assert self.layout is not None
+        m = self.layout.microbatches
+        chunks = {k: v.chunk(m) for k, v in kwargs.items()}
+        return [
+            (x, y, {k: c[i] for k, c in chunks.items()})
+            for i, (x, y) in enumerate(zip(inputs.chunk(m), target.chunk(m), strict=True))
+        ]
+
+    def _accumulate(
+        self, inputs: torch.Tensor, target: Any, kwargs: dict[str, torch.Tensor]
+    ) -> float:
         """Forward and backward over the microbatches (gradient accumulation); DDP
         reduces the gradients on the last one."""
         assert self.layout is not None and self.module is not None
         m = self.layout.microbatches
-        total = 0.0
-        for k, (x, y) in enumerate(zip(inputs.chunk(m), target.chunk(m), strict=True)):
+        scale = 1 if self.own_loss is not None else m  # a user's loss: the mean of them
+        losses = []
+        for k, (x, y, kw) in enumerate(self._microbatches(inputs, target, kwargs)):
             with self._grad_sync(k == m - 1):
-                loss = self.loss_fn(self.module(x), y) / m
+                loss = self._microbatch_loss(self.module(x, **kw), y) / scale
                 loss.backward()  # type: ignore[no-untyped-call]
-            total += float(loss.detach())
-        return total
+            losses.append(loss.detach() * scale)
+        return self._reported(losses)
 
     def _grad_sync(self, sync: bool) -> Any:
         """Replicas reduce gradients on the last microbatch only."""
@@ -270,27 +337,25 @@ class ParallelWorker(Actor):
                 dist.all_reduce(grad, group=self.tied_group)
 
     @endpoint
-    def evaluate(self, batch: Any) -> float | None:
-        """The loss on this replica's share, without touching the weights."""
+    def evaluate(self, shard: Shard, counted: int = 0) -> float | None:
+        """This replica's part of the loss on a global batch (as :meth:`step` gives
+        it), without touching the weights."""
         assert self.layout is not None and self.module is not None
-        inputs, target = self._local(batch)
+        inputs, target, kwargs = self._local(shard)
+        self._counted = counted
         self.module.eval()
         with torch.no_grad():
-            if self.schedule is not None:
-                losses: list[torch.Tensor] = []
+            losses: list[torch.Tensor] = []
+            schedule = self._schedule(shard.shape)
+            if schedule is not None:
                 last = self.pp_i == self.layout.pp - 1
                 args = (inputs,) if self.pp_i == 0 else ()
-                self.schedule.eval(*args, target=target if last else None, losses=losses)
-                loss = float(torch.stack(losses).detach().mean()) if last else None
+                schedule.eval(*args, target=target if last else None, losses=losses, **kwargs)
+                loss = self._reported(losses) if last else None
             else:
-                m = self.layout.microbatches
-                loss = (
-                    sum(
-                        float(self.loss_fn(self.module(x), y))
-                        for x, y in zip(inputs.chunk(m), target.chunk(m), strict=True)
-                    )
-                    / m
-                )
+                for x, y, kw in self._microbatches(inputs, target, kwargs):
+                    losses.append(self._microbatch_loss(self.module(x, **kw), y))
+                loss = self._reported(losses)
         return loss if self._reports_loss() else None
 
     @endpoint
@@ -329,7 +394,7 @@ class ParallelWorker(Actor):
     @endpoint
     def close(self) -> None:
         """Leave the process group (the trainer stops; the proc may host another)."""
-        self.schedule = None
+        self._schedules.clear()
         self.module = None
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -4,6 +4,7 @@ strategy, a planner that plans by measured cost and memory, and clear errors."""
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from typing import Any
 
@@ -56,7 +57,9 @@ async def test_four_procs_train_to_the_same_losses_and_weights_as_one_process(
     family: str, dims: dict[str, int]
 ) -> None:
     make = pm.gpt2 if family == "gpt2" else pm.llama
-    batch = pm.lm_batch()
+    # a fine-tuning batch: padded rows, -100 on the padding and the prompts, so that the
+    # replicas' and microbatches' shares count different numbers of tokens
+    batch = pm.padded_lm_batch()
     reference = make()
     expected = pm.train_locally(reference, batch, STEPS)
     async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
@@ -78,6 +81,60 @@ async def test_four_procs_train_to_the_same_losses_and_weights_as_one_process(
     plain.load_state_dict(state)  # strict: every key of the model, nothing else
     with torch.no_grad():
         assert math.isclose(evaluated, float(plain(**batch).loss), rel_tol=RTOL)
+
+
+async def test_a_bad_batch_is_refused_at_once_and_changes_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    batch = pm.padded_lm_batch()
+    expected = pm.train_locally(pm.gpt2(), batch, 3)
+    wrong_labels = {**batch, "labels": batch["labels"][:, :-1]}
+    unknown_key = {**batch, "pixel_values": batch["input_ids"]}
+    nothing_counted = {**batch, "labels": torch.full_like(batch["labels"], -100)}
+    odd_rows = {k: v[:7] for k, v in batch.items()}
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        p = await plan(pm.gpt2(), procs, sample=batch, dp=2)
+        trainer = parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw)
+        losses = [await trainer.step(batch)]
+        for bad, error, says in [
+            (wrong_labels, ValueError, r"batch\['labels'\] is \(8, 15\)"),
+            (unknown_key, ValueError, r"\['pixel_values'\]"),
+            (nothing_counted, ValueError, "every label of the batch is -100"),
+            (odd_rows, PlanError, "the batch has 7 samples; dp=2"),
+        ]:
+            with pytest.raises(error, match=says):
+                trainer.step(bad)  # raised here, before any worker ran
+        with caplog.at_level(logging.INFO, logger="danaus.parallel"):
+            losses += await trainer.fit(iter([batch, batch, batch]), steps=2, log_every=1)
+        # not a terminal here: no progress bar, a line a step (log_every=1) instead
+        lines = [r.getMessage() for r in caplog.records if r.name == "danaus.parallel"]
+        assert [line.split(":")[0] for line in lines] == ["step 1", "step 2"], lines
+        assert "tokens/s" in lines[0] and "s/step (est " in lines[0]
+        assert math.isclose(
+            await trainer.evaluate(batch), pm.evaluate_locally(pm.gpt2(), batch, 3), rel_tol=RTOL
+        )
+        await trainer.stop()
+    assert _close(losses, expected), (losses, expected)
+
+
+@pytest.mark.parametrize("dims", [{"pp": 2}, {"dp": 2}], ids=["pp=2", "dp=2"])
+async def test_sequence_lengths_may_change_from_step_to_step(dims: dict[str, int]) -> None:
+    batches = [pm.padded_lm_batch(seq=n, seed=n) for n in (16, 10, 16, 12)]
+    reference = pm.gpt2()
+    opt = pm.adamw(reference.parameters())
+    expected = []
+    for b in batches:
+        opt.zero_grad()
+        loss = reference(**b).loss
+        loss.backward()
+        opt.step()
+        expected.append(float(loss.detach()))
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        p = await plan(pm.gpt2(), procs, sample=batches[0], microbatches=2, **dims)
+        trainer = parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw)
+        losses = await trainer.fit(batches)
+        await trainer.stop()
+    assert _close(losses, expected), (losses, expected)
 
 
 def test_sync_code_plans_and_trains_with_get() -> None:
@@ -243,3 +300,30 @@ def test_the_example_plans_and_trains_gpt2_on_four_procs() -> None:
     losses = [float(line.split()[3]) for line in out.splitlines() if line.startswith("step ")]
     assert len(losses) == 4 and losses[-1] < losses[0]
     assert "held per proc (MiB): [" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_fine_tuning_example_shows_progress_on_a_terminal_and_learns(family: str) -> None:
+    import sys
+    from pathlib import Path
+
+    import pexpect
+
+    example = Path(__file__).parents[2] / "examples" / "finetune_hf.py"
+    term = pexpect.spawn(
+        sys.executable,
+        [str(example), "--family", family, "--steps", "20", "--batch", "16"],
+        timeout=170,
+        encoding="utf-8",
+        dimensions=(24, 160),
+    )
+    term.expect("Plan: ")
+    # the bar: steps done of 20, the loss, tokens/s, the step time beside the estimate
+    term.expect(r"20/20 .*20: loss \d+\.\d+, [\d,]+ tokens/s, \d+\.\d+ s/step \(est \d")
+    term.expect(r"mean loss of the first 5 steps (\d+\.\d+), of the last 5 (\d+\.\d+)")
+    first, last = (float(v) for v in term.match.groups())
+    term.expect(pexpect.EOF)
+    term.close()
+    assert term.exitstatus == 0
+    assert last < 0.9 * first, (first, last)

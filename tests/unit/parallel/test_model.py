@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -10,7 +12,13 @@ pytest.importorskip("transformers")
 from torch import nn  # noqa: E402
 
 from danaus.parallel import Plan, PlanError, StagePlan  # noqa: E402
-from danaus.parallel._model import find_parts, split_batch  # noqa: E402
+from danaus.parallel._model import (  # noqa: E402
+    check_batch,
+    counted_tokens,
+    find_parts,
+    model_kwargs,
+    split_batch,
+)
 from tests.integration import parallel_models as pm  # noqa: E402
 
 
@@ -25,6 +33,82 @@ def test_part_by_part_is_the_models_own_forward_and_loss(make: object) -> None:
         loss = parts.default_loss(model)(logits, batch["labels"])
     assert torch.equal(logits, ref.logits)
     assert torch.equal(loss, ref.loss)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("make", [pm.gpt2, pm.llama], ids=["gpt2", "llama"])
+def test_part_by_part_on_a_padded_batch_is_the_models_own(make: object, side: str) -> None:
+    model = make().eval()  # type: ignore[operator]
+    parts = find_parts(model)
+    batch = pm.padded_lm_batch(side=side)
+    kwargs = model_kwargs(batch)
+    assert set(kwargs) == {"attention_mask"}
+    with torch.no_grad():
+        ref = model(**batch)
+        logits = parts.forward(model, batch["input_ids"], **kwargs)
+        own = parts.default_loss(model)
+        assert own is not None
+        loss = own(logits, batch["labels"])
+        counted = counted_tokens(batch["labels"])
+        # the loss's sum over the counted labels, over their count: the same mean
+        summed = own(logits, batch["labels"], num_items_in_batch=counted)
+        # halves of the batch add up to it when each is divided by the whole's count
+        halves = sum(
+            own(logits[h], batch["labels"][h], num_items_in_batch=counted)
+            for h in (slice(0, 3), slice(3, None))
+        )
+    assert torch.equal(logits, ref.logits)
+    assert torch.equal(loss, ref.loss)
+    assert torch.allclose(summed, ref.loss) and torch.allclose(halves, ref.loss)
+    # and the padding matters: without the mask the logits differ
+    with torch.no_grad():
+        assert not torch.allclose(parts.forward(model, batch["input_ids"]), ref.logits)
+    # every stage takes the mask: two stages chained are the whole model
+    stages = [parts.stage_module(model, 0, 1), parts.stage_module(model, 2, 3)]
+    with torch.no_grad():
+        h = batch["input_ids"]
+        for stage in stages:
+            h = stage(h, **kwargs)
+    assert torch.equal(h, ref.logits)
+
+
+def test_counted_tokens_are_the_labels_after_the_shift_that_are_not_minus_100() -> None:
+    labels = torch.tensor([[5, -100, 7, 8], [-100, -100, 3, -100]])
+    assert counted_tokens(labels) == 2 + 1  # each row's first label predicts nothing
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda b: b.pop("labels"), r"needs 'input_ids' and 'labels'; it has no \['labels'\]"),
+        (lambda b: b.update(labels=b["labels"][:, :-1]),
+         r"batch\['labels'\] is \(8, 15\); it must be the shape of input_ids, \(8, 16\)"),
+        (lambda b: b.update(attention_mask=b["attention_mask"][:4]),
+         r"batch\['attention_mask'\] must be a tensor of the batch's 8 rows .* it is \(4, 16\)"),
+        (lambda b: b.update(attention_mask=[1] * 8),
+         r"batch\['attention_mask'\] must be a tensor .* it is a list"),
+        (lambda b: b.update(pixel_values=b["input_ids"]),
+         r"batch key\(s\) \['pixel_values'\]: danaus runs GPT2LMHeadModel part by part and "
+         r"passes on only \['attention_mask', 'position_ids', 'token_type_ids'\]"),
+    ],
+)  # fmt: skip
+def test_a_batch_that_disagrees_with_the_model_is_named(change: Any, says: str) -> None:
+    model = pm.gpt2()
+    batch = pm.padded_lm_batch()
+    change(batch)
+    with pytest.raises(ValueError, match=says):
+        check_batch(batch, model, find_parts(model))
+
+
+def test_a_batch_key_the_models_own_forward_does_not_take_is_named() -> None:
+    model = pm.Tower()
+    parts = find_parts(model)
+    x = torch.randn(4, 32)
+    assert check_batch((x, torch.randn(4, 1)), model, parts) == 4
+    with pytest.raises(ValueError, match=r"the batch's target is \(3, 1\); its first dim"):
+        check_batch((x, torch.randn(3, 1)), model, parts)
+    with pytest.raises(ValueError, match=r"\['mask'\]: Tower.forward does not take them"):
+        check_batch({"input_ids": x, "labels": x, "mask": x}, model, parts)
 
 
 @pytest.mark.parametrize("make", [pm.gpt2, pm.llama], ids=["gpt2", "llama"])
@@ -93,11 +177,11 @@ def test_batches_are_dicts_of_ids_and_labels_or_pairs() -> None:
     ids = torch.zeros(2, 3, dtype=torch.long)
     assert split_batch({"input_ids": ids, "labels": ids})[0] is ids
     assert split_batch((ids, ids))[1] is ids
-    with pytest.raises(
-        ValueError,
-        match=r"exactly the keys 'input_ids' and 'labels' \(got \['attention_mask', 'input_ids', 'labels'\]\)",
-    ):
-        split_batch({"input_ids": ids, "labels": ids, "attention_mask": ids})
+    padded = {"input_ids": ids, "labels": ids, "attention_mask": ids}
+    assert split_batch(padded)[1] is ids
+    assert model_kwargs(padded) == {"attention_mask": ids}
+    with pytest.raises(ValueError, match=r"it has no \['input_ids'\] \(its keys: \['labels'\]\)"):
+        split_batch({"labels": ids})
     with pytest.raises(ValueError, match="not list"):
         split_batch([ids])
 
