@@ -19,6 +19,7 @@ gives (the tests hold it to that), so a pipeline computes what one process compu
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +63,8 @@ class ModelParts:
     """Where a model's blocks are and how its parts run. Picklable; holds no module.
 
     Attributes:
-        family: ``"sequential"``, ``"gpt2"``, ``"llama"`` or ``"modulelist"``.
+        family: ``"sequential"``, ``"gpt2"``, ``"llama"``, ``"modulelist"``, or
+            ``"hf"`` (a Hugging Face causal LM run as one piece, see ``not_cut``).
         blocks_path: the dotted name of the blocks' container (``""`` for a Sequential).
         n_blocks: how many blocks.
         embed_paths: submodules run before the blocks (on the first stage).
@@ -74,6 +76,9 @@ class ModelParts:
     n_blocks: int
     embed_paths: tuple[str, ...] = ()
     head_paths: tuple[str, ...] = ()
+    #: why danaus does not run this model part by part, where it is a Hugging Face
+    #: model laid out like one it knows (its forward does more than that layout's)
+    not_cut: str = ""
 
     @property
     def can_pipeline(self) -> bool:
@@ -82,6 +87,14 @@ class ModelParts:
     @property
     def can_tensor_parallel(self) -> bool:
         return self.family in TP_FAMILIES
+
+    def why_not_cut(self, model: nn.Module) -> str:
+        """Why this model cannot be cut into pipeline stages (nor split tensor parallel)."""
+        return f"this model ({type(model).__name__}) cannot be cut into pipeline stages: " + (
+            self.not_cut
+            or "danaus runs the forward around the blocks only for nn.Sequential, "
+            "Hugging Face GPT-2 and Llama-style models (Qwen2, Mistral, Gemma...)"
+        )
 
     def block_path(self, i: int) -> str:
         return f"{self.blocks_path}.{i}" if self.blocks_path else str(i)
@@ -173,18 +186,21 @@ class ModelParts:
 
     def forward(self, model: nn.Module, inputs: Any, **kwargs: torch.Tensor) -> Any:
         """The whole model, part by part (what one pipeline computes); ``kwargs`` are the
-        batch's other inputs (``attention_mask``, ``position_ids``...)."""
+        batch's other inputs (``attention_mask``, ``position_ids``...). A model that is
+        not cut runs its own forward (a Hugging Face model's: its logits)."""
+        if self.family == "hf":  # (training keeps no cache of keys and values)
+            return model(input_ids=inputs, use_cache=False, **kwargs).logits
         if not self.can_pipeline:
             return model(inputs, **kwargs)
         return StageModule(model, self, 0, self.n_blocks - 1)(inputs, **kwargs)
 
     def stage_keys(self) -> frozenset[str]:
         """The batch's keys besides ``input_ids`` and ``labels`` that danaus passes to
-        the parts of this family's model; None-like (empty) where the model's own forward
-        takes them (see :func:`check_batch`)."""
+        this family's model; empty where the model's own forward says what it takes (see
+        :func:`check_batch`)."""
         if self.family == "gpt2":
             return frozenset({"attention_mask", "position_ids", "token_type_ids"})
-        if self.family == "llama":
+        if self.family in ("llama", "hf"):
             return frozenset({"attention_mask", "position_ids"})
         return frozenset()
 
@@ -192,7 +208,7 @@ class ModelParts:
         """The model's own loss on (output, target), where it has one (Hugging Face's
         causal LM loss: the mean over the labels that are not -100, after the shift);
         given ``num_items_in_batch``, the sum over them divided by that instead."""
-        if self.family not in ("gpt2", "llama"):
+        if self.family not in ("gpt2", "llama", "hf"):
             return None
         config: Any = getattr(model, "config")  # noqa: B009 (an nn.Module attribute)
         vocab = int(config.vocab_size)
@@ -217,11 +233,7 @@ class ModelParts:
         """A copy of ``model`` holding only what blocks ``first``..``last`` need: the
         embed part if ``first == 0``, the head part if ``last`` is the last block."""
         if not self.can_pipeline:
-            raise PlanError(
-                f"this model ({type(model).__name__}) cannot be cut into pipeline stages: "
-                "danaus runs the forward around the blocks only for nn.Sequential, Hugging "
-                "Face GPT-2 and Llama-style models; give pp=1, or express it as nn.Sequential"
-            )
+            raise PlanError(f"{self.why_not_cut(model)}; give pp=1, or express it as nn.Sequential")
         m = copy.deepcopy(model)
         container = _get(m, self.blocks_path) if self.blocks_path else m
         for i in range(self.n_blocks):
@@ -285,6 +297,10 @@ class StageModule(nn.Module):
         stage, the output); every stage takes the batch's padding mask and positions (a
         pipeline hands each stage its microbatch's)."""
         p = self.parts
+        if p.family == "hf":  # the model as one piece, its own forward
+            given = {"attention_mask": attention_mask, "position_ids": position_ids}
+            given["token_type_ids"] = token_type_ids
+            return p.forward(self.model, x, **{k: v for k, v in given.items() if v is not None})
         h = p.embed(self.model, x, position_ids, token_type_ids) if self.first == 0 else x
         h = p.run_blocks(self.model, self.first, self.last, h, attention_mask, position_ids)
         return p.head(self.model, h) if self.last == p.n_blocks - 1 else h
@@ -313,17 +329,23 @@ def find_parts(model: nn.Module, layers: str | None = None) -> ModelParts:
     family = _hf_family(model)
     if family == "gpt2" and layers in (None, "transformer.h"):
         n = len(_get(model, "transformer.h"))
-        return ModelParts(
-            "gpt2",
-            "transformer.h",
-            n,
-            ("transformer.wte", "transformer.wpe"),
-            ("transformer.ln_f", "lm_head"),
+        return _checked(
+            model,
+            ModelParts(
+                "gpt2",
+                "transformer.h",
+                n,
+                ("transformer.wte", "transformer.wpe"),
+                ("transformer.ln_f", "lm_head"),
+            ),
         )
     if family == "llama" and layers in (None, "model.layers"):
         n = len(_get(model, "model.layers"))
-        return ModelParts(
-            "llama", "model.layers", n, ("model.embed_tokens",), ("model.norm", "lm_head")
+        return _checked(
+            model,
+            ModelParts(
+                "llama", "model.layers", n, ("model.embed_tokens",), ("model.norm", "lm_head")
+            ),
         )
     if layers is not None:
         return ModelParts("modulelist", layers, len(_get(model, layers)))
@@ -336,6 +358,46 @@ def find_parts(model: nn.Module, layers: str | None = None) -> ModelParts:
         )
     name, mods = lists[0]
     return ModelParts("modulelist", name, len(mods))
+
+
+#: what :func:`_checked` found, per model object: a model is checked once
+_checked_parts: weakref.WeakKeyDictionary[nn.Module, ModelParts] = weakref.WeakKeyDictionary()
+
+
+def _checked(model: nn.Module, parts: ModelParts) -> ModelParts:
+    """``parts`` if running ``model`` part by part gives its own forward's logits, bit
+    for bit, on a probe of a few tokens; else the model as one piece (``"hf"``: its own
+    forward, its own loss, data parallel only), saying why. A model laid out like Llama
+    may do more around its blocks (Gemma 2 caps its logits), which part by part would
+    silently leave out."""
+    if model in _checked_parts:
+        return _checked_parts[model]
+    config: Any = getattr(model, "config")  # noqa: B009
+    vocab = int(config.vocab_size)
+    device = next(model.parameters()).device
+    ids = (torch.arange(7, device=device) * 7919 % vocab).unsqueeze(0)
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            own = model(input_ids=ids, use_cache=False).logits
+            mine = parts.forward(model, ids)
+    finally:
+        model.train(training)
+    if not torch.equal(own, mine):
+        gap = float((own - mine).abs().max())
+        parts = ModelParts(
+            "hf",
+            parts.blocks_path,
+            parts.n_blocks,
+            not_cut=(
+                f"its blocks are laid out as {parts.family.capitalize()}'s, but its forward "
+                f"does more around them (run part by part, its logits differ by up to "
+                f"{gap:.3g}): it trains data parallel, through its own forward"
+            ),
+        )
+    _checked_parts[model] = parts
+    return parts
 
 
 def _hf_family(model: nn.Module) -> str | None:
@@ -422,7 +484,7 @@ def check_batch(batch: Batch, model: nn.Module, parts: ModelParts) -> int:
                 f"input_ids, {tuple(inputs.shape)}"
             )
     extra = set(model_kwargs(batch))
-    if parts.can_pipeline and parts.family != "sequential":
+    if parts.stage_keys():
         unknown = sorted(extra - parts.stage_keys())
         if unknown:
             raise ValueError(

@@ -35,6 +35,8 @@ def _default_optimizer(ps: Iterator[Any]) -> Any:
 
 def tp_sizes(model: nn.Module, parts: ModelParts, n: int) -> tuple[list[int], str]:
     """The tensor-parallel degrees the model allows on ``n`` procs, and why not others."""
+    if parts.not_cut:
+        return [1], parts.why_not_cut(model)
     if not parts.can_tensor_parallel:
         return [1], (
             f"tensor parallel has a known plan only for Llama-style models, not "
@@ -128,6 +130,9 @@ async def _plan(
     batch = check_batch(sample, model, parts)
     tp_ok, why_no_tp = tp_sizes(model, parts, n)
     kw = {"can_pipeline": parts.can_pipeline, "tp_ok": tp_ok}
+    pp = forced.get("pp")
+    if isinstance(pp, int) and pp > 1 and not parts.can_pipeline:
+        raise PlanError(f"pp={pp}: {parts.why_not_cut(model)}; give pp=1")
     check_forced(n, batch, parts.n_blocks, **kw, **forced, why_no_tp=why_no_tp)  # type: ignore[arg-type]
     cands = list(candidates(n, batch, parts.n_blocks, **kw, **forced))  # type: ignore[arg-type]
     if not cands:

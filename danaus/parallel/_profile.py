@@ -290,24 +290,24 @@ def _one_pass_whole(
     params: set[int],
 ) -> tuple[list[float], list[int], list[int]]:
     """:func:`_one_pass` for a model whose forward around its blocks is its own: the whole
-    model is timed, each block again on the input it got there, and the rest (all but
-    the blocks) is put down to the head. A block whose input is not one tensor gets an
-    equal share of the blocks' time."""
+    model is timed, each block again on the input it got there (with the keywords it got:
+    a Hugging Face layer's mask and position embeddings), and the rest (all but the
+    blocks) is put down to the head. A block whose input is not one tensor gets an equal
+    share of the blocks' time."""
     n = len(blocks)
     captured: list[Any] = [None] * n
 
     def keep(i: int) -> Any:
-        def hook(_m: nn.Module, args: tuple[Any, ...]) -> None:
-            captured[i] = (
-                args[0].detach() if len(args) == 1 and isinstance(args[0], torch.Tensor) else None
-            )
+        def hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            one = len(args) == 1 and isinstance(args[0], torch.Tensor)
+            captured[i] = (args[0].detach(), _detached(kwargs)) if one else None
 
         return hook
 
-    handles = [b.register_forward_pre_hook(keep(i)) for i, b in enumerate(blocks)]
+    handles = [b.register_forward_pre_hook(keep(i), with_kwargs=True) for i, b in enumerate(blocks)]
     try:
         model.zero_grad(set_to_none=True)
-        loss, whole, kept = _forward(lambda a: loss_fn(model(a), y), x, params)
+        loss, whole, kept = _forward(lambda a: loss_fn(parts.forward(model, a), y), x, params)
         whole += timed(loss.backward)
     finally:
         for h in handles:
@@ -317,14 +317,34 @@ def _one_pass_whole(
         for i in range(n):
             times[i + 1], acts[i + 1] = whole / (n + 1), kept // (n + 1)
     else:
-        for i, inp in enumerate(captured):
-            out, t, acts[i + 1] = _forward(blocks[i], _as_leaf(inp), params)
+        for i, (inp, kw) in enumerate(captured):
+            block = functools.partial(_block_output, blocks[i], kw)
+            out, t, acts[i + 1] = _forward(block, _as_leaf(inp), params)
             if isinstance(out, torch.Tensor) and out.requires_grad:
                 t += timed(functools.partial(out.backward, torch.ones_like(out)))
             times[i + 1], outs[i + 1] = t, _nbytes(out)
     times[n + 1] = max(0.0, whole - sum(times))
     acts[n + 1] = max(0, kept - sum(acts))
     return times, acts, outs
+
+
+def _detached(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A block's keywords, tensors (and tuples of them) cut from the graph they came in."""
+
+    def cut(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.detach()
+        if isinstance(v, tuple):
+            return tuple(cut(x) for x in v)
+        return v
+
+    return {k: cut(v) for k, v in kwargs.items()}
+
+
+def _block_output(block: nn.Module, kwargs: dict[str, Any], h: Any) -> Any:
+    """A block's hidden states for ``h`` (a Hugging Face layer may return a tuple)."""
+    out = block(h, **kwargs)
+    return out[0] if isinstance(out, tuple) else out
 
 
 def _forward(fn: Callable[[Any], Any], arg: Any, params: set[int]) -> tuple[Any, float, int]:

@@ -146,7 +146,7 @@ class ParallelWorker(Actor):
         module: nn.Module
         if layout.pp > 1:
             module = parts.stage_module(model, first, last)
-        elif parts.can_pipeline:  # the same code path as a pipeline's: output, not a dict
+        elif parts.can_pipeline or parts.family == "hf":  # a pipeline's path: the output
             module = StageModule(model, parts, first, last)
         else:
             module = model

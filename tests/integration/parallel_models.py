@@ -49,6 +49,35 @@ def llama(layers: int = 4) -> nn.Module:
     return LlamaForCausalLM(cfg)
 
 
+def causal_lm(family: str, layers: int = 4) -> nn.Module:
+    """A small Hugging Face causal LM of ``family`` ("qwen2", "mistral", "gemma",
+    "gemma2", "phi3"), built from a config (no download), with grouped-query attention."""
+    import transformers as tf
+
+    config, model = {
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+        "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+        "gemma": (tf.GemmaConfig, tf.GemmaForCausalLM),
+        "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM),
+        "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM),
+    }[family]
+    torch.manual_seed(0)
+    cfg = config(
+        num_hidden_layers=layers,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+        vocab_size=VOCAB,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    return model(cfg)
+
+
 def lm_batch(n: int = 8, seq: int = 16, seed: int = 1) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, VOCAB, (n, seq), generator=g)

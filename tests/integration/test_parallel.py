@@ -117,6 +117,30 @@ async def test_a_bad_batch_is_refused_at_once_and_changes_nothing(
     assert _close(losses, expected), (losses, expected)
 
 
+@pytest.mark.parametrize(
+    ("family", "dims"),
+    [
+        pytest.param("qwen2", {"pp": 2}, marks=pytest.mark.slow),
+        pytest.param("gemma", {"pp": 2}, marks=pytest.mark.slow),  # tied embeddings
+        ("gemma2", {"dp": 2}),  # its forward does more than Llama's: it runs whole
+    ],
+)
+async def test_other_hugging_face_families_train_as_one_process(
+    family: str, dims: dict[str, int]
+) -> None:
+    batch = pm.padded_lm_batch()
+    expected = pm.train_locally(pm.causal_lm(family), batch, 3)
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        p = await plan(pm.causal_lm(family), procs, sample=batch, **dims)
+        if family == "gemma2":
+            with pytest.raises(PlanError, match=r"pp=2: this model \(Gemma2ForCausalLM\) "):
+                await plan(pm.causal_lm(family), procs, sample=batch, pp=2)
+        trainer = parallelize(pm.causal_lm(family), procs, p, optimizer=pm.adamw)
+        losses = await trainer.fit([batch] * 3)
+        await trainer.stop()
+    assert _close(losses, expected), (losses, expected)
+
+
 @pytest.mark.parametrize("dims", [{"pp": 2}, {"dp": 2}], ids=["pp=2", "dp=2"])
 async def test_sequence_lengths_may_change_from_step_to_step(dims: dict[str, int]) -> None:
     batches = [pm.padded_lm_batch(seq=n, seed=n) for n in (16, 10, 16, 12)]

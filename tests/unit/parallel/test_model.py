@@ -72,6 +72,41 @@ def test_part_by_part_on_a_padded_batch_is_the_models_own(make: object, side: st
     assert torch.equal(h, ref.logits)
 
 
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma", "phi3"])
+def test_llama_like_families_run_part_by_part_as_their_own_forward(family: str) -> None:
+    model = pm.causal_lm(family).eval()
+    parts = find_parts(model)
+    assert (parts.family, parts.n_blocks, parts.not_cut) == ("llama", 4, "")
+    batch = pm.padded_lm_batch(side="left")
+    with torch.no_grad():
+        ref = model(**batch)
+        logits = parts.forward(model, batch["input_ids"], **model_kwargs(batch))
+    assert torch.equal(logits, ref.logits)
+    own = parts.default_loss(model)
+    assert own is not None and torch.equal(own(logits, batch["labels"]), ref.loss)
+
+
+def test_a_model_laid_out_like_llama_whose_forward_does_more_runs_whole() -> None:
+    model = pm.causal_lm("gemma2")  # it caps its logits after the head
+    training = model.training
+    parts = find_parts(model)
+    assert model.training == training  # (the probe left its mode as it was)
+    assert parts.family == "hf" and not parts.can_pipeline and not parts.can_tensor_parallel
+    assert "laid out as Llama's, but its forward does more around them" in parts.not_cut
+    assert find_parts(model) is parts  # checked once per model
+    batch = pm.padded_lm_batch()
+    with torch.no_grad():
+        ref = model(**batch)
+        logits = parts.forward(model, batch["input_ids"], **model_kwargs(batch))
+        own = parts.default_loss(model)
+        assert own is not None
+        assert torch.equal(logits, ref.logits) and torch.equal(
+            own(logits, batch["labels"]), ref.loss
+        )
+    with pytest.raises(PlanError, match=r"Gemma2ForCausalLM.* laid out as Llama's"):
+        parts.stage_module(model, 0, 1)
+
+
 def test_counted_tokens_are_the_labels_after_the_shift_that_are_not_minus_100() -> None:
     labels = torch.tensor([[5, -100, 7, 8], [-100, -100, 3, -100]])
     assert counted_tokens(labels) == 2 + 1  # each row's first label predicts nothing
