@@ -31,30 +31,17 @@ def gpt2(layers: int = 4) -> nn.Module:
 
 
 def llama(layers: int = 4) -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        num_hidden_layers=layers,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        vocab_size=VOCAB,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(cfg)
+    return causal_lm("llama", layers)
 
 
 def causal_lm(family: str, layers: int = 4) -> nn.Module:
-    """A small Hugging Face causal LM of ``family`` ("qwen2", "mistral", "gemma",
-    "gemma2", "phi3"), built from a config (no download), with grouped-query attention."""
+    """A small Hugging Face causal LM of ``family`` ("llama", "qwen2", "mistral",
+    "gemma", "gemma2", "phi3"), built from a config (no download), with grouped-query
+    attention."""
     import transformers as tf
 
     config, model = {
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
         "gemma": (tf.GemmaConfig, tf.GemmaForCausalLM),
