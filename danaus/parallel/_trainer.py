@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sized
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..actors._api import Future, Point, current_runtime, run_task
+from ..actors._api import Future, current_runtime, run_task
 from ..spmd import setup_torch_elastic_env_async
 from ._errors import PlanError
 from ._model import (
@@ -44,9 +44,9 @@ async def _each(endpoint: Any, *args: Any) -> list[Any]:
 
 
 async def _each_its_own(calls: list[Any]) -> list[Any]:
-    """Await one call per worker (each sent its own arguments); their results in arrival
-    order. The first to raise fails the whole at once, as :func:`_each`; the others'
-    outcomes are taken as they come (they fail when the trainer stops the procs)."""
+    """Await calls to groups of workers (each sent its own arguments); their results in
+    arrival order. The first to raise fails the whole at once, as :func:`_each`; the
+    others' outcomes are taken as they come (they fail when the trainer stops the procs)."""
     futures = [asyncio.ensure_future(c) for c in calls]
     try:
         return [await f for f in asyncio.as_completed(futures)]
@@ -162,27 +162,37 @@ class Trainer:
         losses = [v for v in values if v is not None]
         return math.fsum(losses) if self._token_mean else math.fsum(losses) / len(losses)
 
-    def _shards(self, batch: Batch) -> list[Shard]:
-        """Each rank's shard of ``batch``, in rank order: the rows of its replica, of the
-        inputs its stage reads (:func:`shard_batch`). Cut here, in the caller's thread,
-        not on danaus's loop."""
+    def _shards(self, batch: Batch) -> list[tuple[range, Shard]]:
+        """The shards of ``batch``, each with the flat ranks it goes to: per replica, its
+        rows of what a stage reads (:func:`shard_batch`): the first stage's, the middle
+        stages' (the same for all of them), the last's; the tensor-parallel ranks of a
+        stage, and the middle stages, are neighbours, so each shard goes to one range of
+        ranks as one cast. Cut here, in the caller's thread, not on danaus's loop."""
         layout = self.plan.layout
-        shards = []
-        for rank in range(layout.size):
-            dp_i, pp_i, _ = layout.coords(rank)
-            shards.append(shard_batch(batch, layout.dp, dp_i, pp_i == 0, pp_i == layout.pp - 1))
-        self.bytes_sent += sum(s.nbytes for s in shards)
-        return shards
+        pp, tp = layout.pp, layout.tp
+        out = []
+        for dp_i in range(layout.dp):
+            # stage 0; stages 1 .. pp - 2 (none where pp < 3); stage pp - 1 (stage 0 too
+            # where pp == 1)
+            for first, last in ((0, 0), (1, pp - 2), (pp - 1, pp - 1))[: 3 if pp > 1 else 1]:
+                if first > last:
+                    continue
+                ranks = range(layout.rank(dp_i, first, 0), layout.rank(dp_i, last, tp - 1) + 1)
+                out.append((ranks, shard_batch(batch, layout.dp, dp_i, first == 0, last == pp - 1)))
+        self.bytes_sent += sum(shard.nbytes for _, shard in out)
+        return out
 
-    def _per_rank(self, workers: Any, name: str, shards: list[Shard], counted: int) -> list[Any]:
-        """A call of ``name`` to each worker with its own shard."""
-        sizes = dict(self._procs.sizes)
-        return [
-            getattr(workers.slice(**dict(Point.from_rank(rank, sizes))), name).call_one(
-                shard, counted
-            )
-            for rank, shard in enumerate(shards)
-        ]
+    def _per_shard(
+        self, workers: Any, name: str, shards: list[tuple[range, Shard]], counted: int
+    ) -> list[Any]:
+        """A cast of ``name`` to each shard's ranks with that shard; what each gathers."""
+        flat = workers.flatten("rank")
+
+        async def cast(ranks: range, shard: Shard) -> list[Any]:
+            group = flat.slice(rank=slice(ranks.start, ranks.stop))
+            return [v async for v in getattr(group, name).stream(shard, counted)]
+
+        return [cast(ranks, shard) for ranks, shard in shards]
 
     def step(self, batch: Batch) -> Future[float]:
         """One training step on the global ``batch``; its loss. With the model's own
@@ -199,7 +209,8 @@ class Trainer:
         shards = self._shards(batch)
 
         async def go(w: Any) -> float:
-            return self._loss(await _each_its_own(self._per_rank(w, "step", shards, counted)))
+            parts = await _each_its_own(self._per_shard(w, "step", shards, counted))
+            return self._loss([v for part in parts for v in part])
 
         return self._run(go)
 
@@ -209,7 +220,8 @@ class Trainer:
         shards = self._shards(batch)
 
         async def go(w: Any) -> float:
-            return self._loss(await _each_its_own(self._per_rank(w, "evaluate", shards, counted)))
+            parts = await _each_its_own(self._per_shard(w, "evaluate", shards, counted))
+            return self._loss([v for part in parts for v in part])
 
         return self._run(go)
 
