@@ -333,6 +333,11 @@ def choose(
             f"; each part timed as the fastest of {cost.passes} passes (the median was up "
             f"to {cost.noise:.0%} slower{': a busy machine' if cost.noise > 0.1 else ''})"
         )
+    if cost.sample_shape:
+        why += (
+            f"; estimated for the sample's {' x '.join(map(str, cost.sample_shape))} "
+            "inputs (other sequence lengths run on the same plan)"
+        )
     if len(fits) < len(ests):
         over = min((e for e in ests if e.peak > cap), key=_rank)
         why += (

@@ -57,6 +57,9 @@ class ModelCost:
     tp_block_s: dict[int, dict[int, float]] = field(default_factory=dict)
     #: passes each part was timed over (after a warm-up), the most of any size
     passes: int = 0
+    #: the shape of the sample's inputs it was measured on (rows, tokens): a plan made
+    #: at one sequence length runs at others, its estimate made at this one
+    sample_shape: tuple[int, ...] = ()
     #: how much slower than its fastest pass a part's median pass was, the worst part's
     #: (0.03: 3%): what the machine's other work added while it was measured
     noise: float = 0.0
@@ -174,6 +177,7 @@ def measure_model(
     dev = device()
     model = model.to(dev).train()
     inputs, target = split_batch(sample)
+    shape = tuple(int(d) for d in getattr(inputs, "shape", ()))
     inputs, target = inputs.to(dev), target.to(dev)
     blocks = parts.blocks(model)
     embed_mods = [model.get_submodule(p) for p in parts.embed_paths]
@@ -185,6 +189,7 @@ def measure_model(
         opt_ratio=0.0,
         opt_s_per_byte=0.0,
         threads=torch.get_num_threads(),
+        sample_shape=shape,
     )
     if not parts.can_pipeline:  # what is not a block runs in the model's own forward
         cost.head.param_bytes = _param_bytes([model]) - _param_bytes(blocks)

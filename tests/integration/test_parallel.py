@@ -155,6 +155,7 @@ async def test_sequence_lengths_may_change_from_step_to_step(dims: dict[str, int
         expected.append(float(loss.detach()))
     async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
         p = await plan(pm.gpt2(), procs, sample=batches[0], microbatches=2, **dims)
+        assert "estimated for the sample's 8 x 16 inputs" in p.why  # the length it knew
         trainer = parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw)
         losses = await trainer.fit(batches)
         await trainer.stop()
