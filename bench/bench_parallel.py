@@ -25,6 +25,7 @@ STRATEGIES: list[tuple[str, dict[str, int]]] = [
     ("tp=2 x dp=2", {"tp": 2, "dp": 2}),
     ("tp=4", {"tp": 4}),
     ("planner's choice", {}),
+    ("choice, bf16", {"bf16": 1}),  # the forward under autocast; weights stay fp32
 ]
 
 
@@ -85,8 +86,8 @@ def _bytes_out() -> int:
     return int(proc_record(current_runtime())["bytes_out"])
 
 
-async def strategies(batch: dict[str, Any]) -> list[tuple[str, float, float, str, float]]:
-    rows: list[tuple[str, float, float, str, float]] = []
+async def strategies(batch: dict[str, Any]) -> list[tuple[str, float, float, str, float, int]]:
+    rows: list[tuple[str, float, float, str, float, int]] = []
     async with this_host().spawn_procs(per_host={"procs": PROCS}) as procs:
         for name, dims in STRATEGIES:
             p = await plan(
@@ -97,6 +98,7 @@ async def strategies(batch: dict[str, Any]) -> list[tuple[str, float, float, str
                 dp=dims.get("dp"),
                 pp=dims.get("pp"),
                 tp=dims.get("tp"),
+                precision="bf16" if dims.get("bf16") else "fp32",
             )
             trainer = parallelize(_model(), procs, p, optimizer=_adamw)
             for _ in range(2):  # set up, warm up
@@ -109,7 +111,10 @@ async def strategies(batch: dict[str, Any]) -> list[tuple[str, float, float, str
                 times.append(time.perf_counter() - t)
             sent = (_bytes_out() - before) / STEPS
             await trainer.stop()
-            rows.append((name, statistics.median(times), p.estimated_step_s, p.strategy, sent))
+            peak = p.peak_bytes_per_proc
+            rows.append(
+                (name, statistics.median(times), p.estimated_step_s, p.strategy, sent, peak)
+            )
     return rows
 
 
@@ -125,13 +130,14 @@ def main() -> None:
     )
     print(f"one process: {tokens / floor:,.0f} tokens/s ({floor * 1e3:.0f} ms/step)")
     whole = sum(t.numel() * t.element_size() for t in batch.values())
-    for name, step, est, strategy, sent in rows:
+    for name, step, est, strategy, sent, peak in rows:
         print(
             f"{name:>17}: {tokens / step:>8,.0f} tokens/s ({step * 1e3:4.0f} ms/step), "
             f"{floor / step:.2f}x one process; planner estimated {est * 1e3:.0f} ms "
-            f"(measured / estimated {step / est:.2f}); the controller sent "
-            f"{sent / 1024:.0f} KiB/step ({sent / whole:.2f}x the batch)"
-            + (f" [chose {strategy}]" if name == "planner's choice" else "")
+            f"(measured / estimated {step / est:.2f}), peak {peak / 2**20:.1f} MiB/proc "
+            f"(estimated); the controller sent {sent / 1024:.0f} KiB/step "
+            f"({sent / whole:.2f}x the batch)"
+            + (f" [chose {strategy}]" if name.startswith(("planner's", "choice")) else "")
         )
 
 

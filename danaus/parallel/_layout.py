@@ -18,6 +18,8 @@ class Layout:
         schedule: ``"1f1b"`` or ``"gpipe"`` (pipelines only).
         sharded: replicas shard weights, grads and optimizer state (FSDP) instead of
             each holding all of them (DDP).
+        precision: ``"fp32"``, or ``"bf16"``: the forward computes under autocast in
+            bfloat16 (weights, gradients and optimizer state stay fp32).
     """
 
     dp: int
@@ -27,6 +29,7 @@ class Layout:
     stages: tuple[tuple[int, int], ...]
     schedule: str = "1f1b"
     sharded: bool = False
+    precision: str = "fp32"
 
     @property
     def size(self) -> int:

@@ -52,6 +52,8 @@ class Plan:
     runner_up: str = ""
     candidates: int = 0
     loss_fn: Any = field(default=None, repr=False, compare=False)
+    #: what the forward computes in: "fp32", or "bf16" (autocast; weights stay fp32)
+    precision: str = "fp32"
 
     @property
     def strategy(self) -> str:
@@ -68,13 +70,15 @@ class Plan:
             tuple((s.first, s.last) for s in self.stages),
             self.schedule,
             self.sharded,
+            self.precision,
         )
 
     def __str__(self) -> str:
         lines = [
             f"Plan: {self.strategy}, {self.microbatches} microbatch"
             f"{'es' if self.microbatches != 1 else ''} per replica"
-            + (f", {self.schedule} schedule" if self.pp > 1 else ""),
+            + (f", {self.schedule} schedule" if self.pp > 1 else "")
+            + (f", {self.precision} compute" if self.precision != "fp32" else ""),
         ]
         if self.estimated_step_s:
             lines.append(

@@ -122,6 +122,7 @@ async def _plan(
     forced: dict[str, int | None],
     memory_per_proc: int | None,
     optimizer: Callable[[Iterator[Any]], Any],
+    precision: str = "fp32",
 ) -> Plan:
     from ._profile import Profiler
 
@@ -157,12 +158,14 @@ async def _plan(
         mesh, tp_s = await _measure_mesh(procs, profilers, facts, probe)
         first = profilers.slice(**dict.fromkeys(procs.sizes, 0))
         sizes = profile_sizes(cands, batch)
-        cost = await first.model.call_one(model, parts, sample, loss, optimizer, sizes, threads)
+        cost = await first.model.call_one(
+            model, parts, sample, loss, optimizer, sizes, threads, precision
+        )
         cost.tp_block_s = tp_s
     finally:
         await profilers.stop()
     chosen = choose(cost, mesh, batch=batch, cands=cands, layers=layers)
-    return replace(chosen, loss_fn=loss_fn)
+    return replace(chosen, loss_fn=loss_fn, precision=precision)
 
 
 def plan(
@@ -178,6 +181,7 @@ def plan(
     microbatches: int | None = None,
     memory_per_proc: int | None = None,
     optimizer: Callable[[Iterator[Any]], Any] | None = None,
+    precision: str = "fp32",
 ) -> Future[Plan]:
     """Measure ``model`` and ``procs`` on the procs, and choose how to lay the model out.
 
@@ -203,6 +207,10 @@ def plan(
             memory, or on CPU the host's available RAM over its procs.
         optimizer: makes an optimizer from parameters, to measure its state and step
             (AdamW by default; pass the one you will train with).
+        precision: ``"fp32"``, or ``"bf16"``: the forward computes under autocast in
+            bfloat16 while weights, gradients and optimizer state stay fp32 (measured
+            so, and trained so). ``"fp16"`` needs a gradient scaler, which danaus does
+            not run yet: it is refused.
 
     Raises (from the future):
         PlanError: no plan fits the memory (the message gives what the smallest needs),
@@ -210,7 +218,25 @@ def plan(
     """
     forced = {"dp": dp, "pp": pp, "tp": tp, "microbatches": microbatches}
     opt = optimizer if optimizer is not None else _default_optimizer
+    check_precision(precision)
     return run_task(
         current_runtime(),
-        lambda: _plan(model, procs, sample, loss_fn, layers, forced, memory_per_proc, opt),
+        lambda: _plan(
+            model, procs, sample, loss_fn, layers, forced, memory_per_proc, opt, precision
+        ),
     )
+
+
+#: the precisions a plan runs in
+PRECISIONS = ("fp32", "bf16")
+
+
+def check_precision(precision: object) -> None:
+    """Raises PlanError for a precision danaus does not run."""
+    if precision == "fp16":
+        raise PlanError(
+            "precision='fp16' needs a gradient scaler, which danaus does not run yet: "
+            "use 'bf16' (the same speed where the hardware has it, no scaler needed) or 'fp32'"
+        )
+    if precision not in PRECISIONS:
+        raise PlanError(f"precision={precision!r}: give one of {', '.join(map(repr, PRECISIONS))}")

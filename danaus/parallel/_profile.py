@@ -19,7 +19,7 @@ from torch import nn
 from ..actors import Actor, endpoint
 from ..spmd._api import proc_host
 from ._model import LossFn, ModelParts, split_batch
-from ._worker import OptimizerFactory, device, optimizer_state_bytes, timed
+from ._worker import OptimizerFactory, autocast, device, optimizer_state_bytes, timed
 
 
 @dataclass
@@ -405,14 +405,16 @@ class Profiler(Actor):
         optimizer: OptimizerFactory,
         sizes: list[int],
         threads: int,
+        precision: str = "fp32",
     ) -> ModelCost:
         """Measure ``model`` here (see :func:`measure_model`) with ``threads`` torch
-        threads, as a worker of the plan will have."""
+        threads, as a worker of the plan will have, computing in ``precision``."""
         old = torch.get_num_threads()
         if not torch.cuda.is_available():
             torch.set_num_threads(threads)
         try:
-            return measure_model(model, parts, sample, loss_fn, optimizer, sizes)
+            with autocast(device(), precision):
+                return measure_model(model, parts, sample, loss_fn, optimizer, sizes)
         finally:
             torch.set_num_threads(old)
 

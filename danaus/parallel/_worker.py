@@ -44,6 +44,29 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
+def autocast(dev: torch.device, precision: str) -> Any:
+    """The context a forward in ``precision`` runs in: autocast to bfloat16 for
+    ``"bf16"``, nothing for ``"fp32"``."""
+    if precision == "fp32":
+        return nullcontext()
+    return torch.autocast(dev.type, dtype=torch.bfloat16)
+
+
+class Autocast(nn.Module):
+    """``module`` whose forward computes in ``precision`` (its weights, and so its
+    gradients and optimizer state, stay as they are: fp32)."""
+
+    def __init__(self, module: nn.Module, precision: str) -> None:
+        super().__init__()
+        self.inner = module
+        self.precision = precision
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        dev = next(self.inner.parameters()).device
+        with autocast(dev, self.precision):
+            return self.inner(*args, **kwargs)
+
+
 def set_threads() -> None:
     """On CPU, share the host's cores between its procs instead of oversubscribing them."""
     if torch.cuda.is_available():
@@ -155,6 +178,8 @@ class ParallelWorker(Actor):
         if layout.tp > 1:
             self._tensor_parallel(blocks_owner, parts, first, last)
         self.inner = module
+        if layout.precision != "fp32":
+            module = Autocast(module, layout.precision)
         if layout.dp > 1:
             module = self._replicate(module, layout)
         self.module = module

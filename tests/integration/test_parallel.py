@@ -162,6 +162,41 @@ async def test_sequence_lengths_may_change_from_step_to_step(dims: dict[str, int
     assert _close(losses, expected), (losses, expected)
 
 
+@pytest.mark.parametrize(
+    "dims",
+    [{"dp": 2}, pytest.param({"pp": 2}, marks=pytest.mark.slow)],
+    ids=["dp=2", "pp=2"],
+)
+async def test_bf16_trains_as_one_process_does_under_autocast(dims: dict[str, int]) -> None:
+    batch = pm.padded_lm_batch()
+    reference = pm.llama()
+    opt = pm.adamw(reference.parameters())
+    expected = []
+    for _ in range(20):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = reference(**batch).loss
+        loss.backward()
+        opt.step()
+        expected.append(float(loss.detach()))
+    for bad, says in [("fp16", "needs a gradient scaler"), ("int8", "give one of 'fp32', 'bf16'")]:
+        with pytest.raises(PlanError, match=says):
+            plan(pm.llama(), this_host(), sample=batch, precision=bad)  # at once
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        p = await plan(pm.llama(), procs, sample=batch, precision="bf16", **dims)
+        assert p.precision == "bf16" and "bf16 compute" in str(p)
+        trainer = parallelize(pm.llama(), procs, p, optimizer=pm.adamw)
+        losses = await trainer.fit([batch] * 20)
+        held = await trainer.held_bytes()
+        await trainer.stop()
+    # bfloat16 keeps 8 bits of mantissa: the same steps, rounded in another order
+    assert all(math.isclose(a, b, rel_tol=2e-2) for a, b in zip(losses, expected, strict=True))
+    assert math.isclose(losses[-1], expected[-1], rel_tol=2e-2)  # converged the same way
+    assert losses[-1] < 0.9 * losses[0]
+    weights = sum(t.numel() * 4 for t in pm.llama().parameters())  # kept in fp32
+    assert sum(h["weights"] for h in held) >= weights
+
+
 def test_sync_code_plans_and_trains_with_get() -> None:
     batch = pm.lm_batch()
     expected = pm.train_locally(pm.gpt2(), batch, 2)
