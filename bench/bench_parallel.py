@@ -26,6 +26,7 @@ STRATEGIES: list[tuple[str, dict[str, int]]] = [
     ("tp=4", {"tp": 4}),
     ("planner's choice", {}),
     ("choice, bf16", {"bf16": 1}),  # the forward under autocast; weights stay fp32
+    ("choice, ckpt", {"ckpt": 1}),  # activation checkpointing: blocks recompute
 ]
 
 
@@ -99,6 +100,7 @@ async def strategies(batch: dict[str, Any]) -> list[tuple[str, float, float, str
                 pp=dims.get("pp"),
                 tp=dims.get("tp"),
                 precision="bf16" if dims.get("bf16") else "fp32",
+                checkpointing=bool(dims.get("ckpt")),
             )
             trainer = parallelize(_model(), procs, p, optimizer=_adamw)
             for _ in range(2):  # set up, warm up

@@ -20,6 +20,8 @@ class Layout:
             each holding all of them (DDP).
         precision: ``"fp32"``, or ``"bf16"``: the forward computes under autocast in
             bfloat16 (weights, gradients and optimizer state stay fp32).
+        checkpointing: each block keeps only its input for backward and computes its
+            forward again there (activation checkpointing).
     """
 
     dp: int
@@ -30,6 +32,7 @@ class Layout:
     schedule: str = "1f1b"
     sharded: bool = False
     precision: str = "fp32"
+    checkpointing: bool = False
 
     @property
     def size(self) -> int:

@@ -54,6 +54,8 @@ class Plan:
     loss_fn: Any = field(default=None, repr=False, compare=False)
     #: what the forward computes in: "fp32", or "bf16" (autocast; weights stay fp32)
     precision: str = "fp32"
+    #: every block recomputes its forward in backward instead of keeping its activations
+    checkpointing: bool = False
 
     @property
     def strategy(self) -> str:
@@ -71,6 +73,7 @@ class Plan:
             self.schedule,
             self.sharded,
             self.precision,
+            self.checkpointing,
         )
 
     def __str__(self) -> str:
@@ -78,7 +81,8 @@ class Plan:
             f"Plan: {self.strategy}, {self.microbatches} microbatch"
             f"{'es' if self.microbatches != 1 else ''} per replica"
             + (f", {self.schedule} schedule" if self.pp > 1 else "")
-            + (f", {self.precision} compute" if self.precision != "fp32" else ""),
+            + (f", {self.precision} compute" if self.precision != "fp32" else "")
+            + (", activation checkpointing" if self.checkpointing else ""),
         ]
         if self.estimated_step_s:
             lines.append(

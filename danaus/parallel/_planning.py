@@ -123,6 +123,7 @@ async def _plan(
     memory_per_proc: int | None,
     optimizer: Callable[[Iterator[Any]], Any],
     precision: str = "fp32",
+    checkpointing: bool = False,
 ) -> Plan:
     from ._profile import Profiler
 
@@ -159,13 +160,13 @@ async def _plan(
         first = profilers.slice(**dict.fromkeys(procs.sizes, 0))
         sizes = profile_sizes(cands, batch)
         cost = await first.model.call_one(
-            model, parts, sample, loss, optimizer, sizes, threads, precision
+            model, parts, sample, loss, optimizer, sizes, threads, precision, checkpointing
         )
         cost.tp_block_s = tp_s
     finally:
         await profilers.stop()
     chosen = choose(cost, mesh, batch=batch, cands=cands, layers=layers)
-    return replace(chosen, loss_fn=loss_fn, precision=precision)
+    return replace(chosen, loss_fn=loss_fn, precision=precision, checkpointing=checkpointing)
 
 
 def plan(
@@ -182,6 +183,7 @@ def plan(
     memory_per_proc: int | None = None,
     optimizer: Callable[[Iterator[Any]], Any] | None = None,
     precision: str = "fp32",
+    checkpointing: bool = False,
 ) -> Future[Plan]:
     """Measure ``model`` and ``procs`` on the procs, and choose how to lay the model out.
 
@@ -211,6 +213,9 @@ def plan(
             bfloat16 while weights, gradients and optimizer state stay fp32 (measured
             so, and trained so). ``"fp16"`` needs a gradient scaler, which danaus does
             not run yet: it is refused.
+        checkpointing: activation checkpointing (torch's ``checkpoint_wrapper`` around
+            every block): each block keeps only its input and recomputes its forward in
+            backward, less memory for more time, both measured so. The same losses.
 
     Raises (from the future):
         PlanError: no plan fits the memory (the message gives what the smallest needs),
@@ -219,10 +224,24 @@ def plan(
     forced = {"dp": dp, "pp": pp, "tp": tp, "microbatches": microbatches}
     opt = optimizer if optimizer is not None else _default_optimizer
     check_precision(precision)
+    if not isinstance(checkpointing, bool):
+        raise PlanError(
+            f"checkpointing={checkpointing!r}: give True or False (the planner choosing "
+            "per stage is not done yet)"
+        )
     return run_task(
         current_runtime(),
         lambda: _plan(
-            model, procs, sample, loss_fn, layers, forced, memory_per_proc, opt, precision
+            model,
+            procs,
+            sample,
+            loss_fn,
+            layers,
+            forced,
+            memory_per_proc,
+            opt,
+            precision,
+            checkpointing,
         ),
     )
 

@@ -19,7 +19,14 @@ from torch import nn
 from ..actors import Actor, endpoint
 from ..spmd._api import proc_host
 from ._model import LossFn, ModelParts, split_batch
-from ._worker import OptimizerFactory, autocast, device, optimizer_state_bytes, timed
+from ._worker import (
+    OptimizerFactory,
+    autocast,
+    checkpoint_blocks,
+    device,
+    optimizer_state_bytes,
+    timed,
+)
 
 
 @dataclass
@@ -406,9 +413,13 @@ class Profiler(Actor):
         sizes: list[int],
         threads: int,
         precision: str = "fp32",
+        checkpointing: bool = False,
     ) -> ModelCost:
         """Measure ``model`` here (see :func:`measure_model`) with ``threads`` torch
-        threads, as a worker of the plan will have, computing in ``precision``."""
+        threads, as a worker of the plan will have, computing in ``precision``, its
+        blocks checkpointed if ``checkpointing``."""
+        if checkpointing:
+            checkpoint_blocks(model, parts, 0, parts.n_blocks - 1)
         old = torch.get_num_threads()
         if not torch.cuda.is_available():
             torch.set_num_threads(threads)

@@ -67,6 +67,18 @@ class Autocast(nn.Module):
             return self.inner(*args, **kwargs)
 
 
+def checkpoint_blocks(owner: nn.Module, parts: ModelParts, first: int, last: int) -> None:
+    """Wrap blocks ``first``..``last`` of ``owner`` (the model, or a stage's copy of it)
+    in torch's ``checkpoint_wrapper`` (non-reentrant, keywords passed through): each
+    keeps only its input for backward and runs its forward again there. State dict keys
+    stay the model's own (the wrapper takes its prefix out)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    container: Any = owner.get_submodule(parts.blocks_path) if parts.blocks_path else owner
+    for i in range(first, last + 1):  # (a ModuleList or a Sequential: see find_parts)
+        container[i] = checkpoint_wrapper(container[i])
+
+
 def set_threads() -> None:
     """On CPU, share the host's cores between its procs instead of oversubscribing them."""
     if torch.cuda.is_available():
@@ -177,6 +189,8 @@ class ParallelWorker(Actor):
         module.to(self.device)
         if layout.tp > 1:
             self._tensor_parallel(blocks_owner, parts, first, last)
+        if layout.checkpointing:
+            checkpoint_blocks(blocks_owner, parts, first, last)
         self.inner = module
         if layout.precision != "fp32":
             module = Autocast(module, layout.precision)
