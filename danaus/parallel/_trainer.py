@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 _names = itertools.count()
+_END = object()  # (the end of fit's batches)
 log = logging.getLogger("danaus.parallel")
 
 
@@ -205,22 +206,23 @@ class Trainer:
             PlanError, ValueError: at once, here, for a batch the plan cannot take
                 (naming the key or the numbers at fault); the trainer stays usable.
         """
-        counted = self._check(batch)
-        shards = self._shards(batch)
-
-        async def go(w: Any) -> float:
-            parts = await _each_its_own(self._per_shard(w, "step", shards, counted))
-            return self._loss([v for part in parts for v in part])
-
-        return self._run(go)
+        return self._send("step", *self._prepare(batch))
 
     def evaluate(self, batch: Batch) -> Future[float]:
         """The loss on ``batch`` (as :meth:`step` gives it), without updating the weights."""
+        return self._send("evaluate", *self._prepare(batch))
+
+    def _prepare(self, batch: Batch) -> tuple[int, list[tuple[range, Shard]]]:
+        """``batch`` checked and cut into shards (in the caller's thread): its counted
+        labels, and each shard with its ranks."""
         counted = self._check(batch)
-        shards = self._shards(batch)
+        return counted, self._shards(batch)
+
+    def _send(self, name: str, counted: int, shards: list[tuple[range, Shard]]) -> Future[float]:
+        """Endpoint ``name`` of the workers on a prepared batch; the batch's loss."""
 
         async def go(w: Any) -> float:
-            parts = await _each_its_own(self._per_shard(w, "evaluate", shards, counted))
+            parts = await _each_its_own(self._per_shard(w, name, shards, counted))
             return self._loss([v for part in parts for v in part])
 
         return self._run(go)
@@ -253,20 +255,25 @@ class Trainer:
         if total is None and isinstance(batches, Sized):
             total = len(batches)
 
+        def take(it: Iterator[Batch]) -> tuple[int, int, list[tuple[range, Shard]]] | None:
+            """The next batch, checked and cut (off the loop): its tokens, counted
+            labels and shards; None at the end."""
+            batch = next(it, _END)
+            return None if batch is _END else (_tokens(batch), *self._prepare(batch))
+
         async def go() -> list[float]:
             it = iter(batches)
-            done = object()
             losses: list[float] = []
             bar = _progress_bar(total)
             try:
                 while steps is None or len(losses) < steps:
-                    batch = await asyncio.to_thread(next, it, done)
-                    if batch is done:
+                    taken = await asyncio.to_thread(take, it)
+                    if taken is None:
                         break
-                    start = time.perf_counter()
-                    losses.append(await self.step(batch))
+                    tokens, counted, shards = taken
+                    start = time.perf_counter()  # (the step's own time, as estimated)
+                    losses.append(await self._send("step", counted, shards))
                     took = time.perf_counter() - start
-                    tokens = _tokens(batch)
                     shown = _shown(len(losses), losses[-1], tokens / took, took, self.plan)
                     if bar is not None:
                         bar.set_postfix_str(shown, refresh=False)
