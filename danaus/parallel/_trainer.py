@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from ..mesh import ProcMesh
 
 T = TypeVar("T")
+#: ``data(step, dp_rank, dp_size)``: a replica's rows of a step's global batch
+DataFn = Callable[[int, int, int], Any]
 _names = itertools.count()
 _END = object()  # (the end of fit's batches)
 log = logging.getLogger("danaus.parallel")
@@ -79,7 +81,12 @@ class Trainer:
         plan: Plan,
         optimizer: Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer],
         loss_fn: LossFn | None,
+        data: DataFn | None = None,
     ) -> None:
+        if data is not None and not callable(data):
+            raise TypeError(
+                f"data must be a function (step, dp_rank, dp_size) -> batch, not {data!r}"
+            )
         if len(procs) != plan.dp * plan.pp * plan.tp:
             raise PlanError(
                 f"the plan is for {plan.dp * plan.pp * plan.tp} procs "
@@ -98,13 +105,16 @@ class Trainer:
         #: the model's own loss: a step's loss is the global batch's token mean
         self._token_mean = loss_fn is None and parts.default_loss(model) is not None
         self._check_model = model  # (its forward's signature: what a batch may hold)
+        #: each worker loads its replica's rows itself: fn(step, dp_rank, dp_size)
+        self._data = data
+        self._steps = 0  # steps sent, the next one's number for ``data``
 
         async def setup() -> Any:
             from ._worker import ParallelWorker
 
             await setup_torch_elastic_env_async(procs)
             workers = procs.spawn(f"_parallel{next(_names)}", ParallelWorker)
-            await workers.setup.call(model, parts, plan.layout, loss_fn, optimizer)
+            await workers.setup.call(model, parts, plan.layout, loss_fn, optimizer, data)
             return workers
 
         self._workers: Future[Any] = run_task(self._rt, setup)
@@ -195,17 +205,32 @@ class Trainer:
 
         return [cast(ranks, shard) for ranks, shard in shards]
 
-    def step(self, batch: Batch) -> Future[float]:
+    def step(self, batch: Batch | None = None) -> Future[float]:
         """One training step on the global ``batch``; its loss. With the model's own
         loss (a Hugging Face model's), that is the global batch's token mean, as the
         model gives it in one process: labels of -100 (padding, prompts) count for
         nothing, however the rows fall into replicas and microbatches. A user's
         ``loss_fn`` is averaged over microbatches and replicas.
 
+        With ``parallelize(..., data=fn)`` it takes no batch: each worker loads its
+        replica's rows itself (``fn(step, dp_rank, dp_size)``), the workers add up the
+        labels they count, and nothing of the batch goes through the controller.
+
         Raises:
             PlanError, ValueError: at once, here, for a batch the plan cannot take
-                (naming the key or the numbers at fault); the trainer stays usable.
+                (naming the key or the numbers at fault); the trainer stays usable. A
+                batch given where the workers load their own, or none where they do
+                not, is a ValueError.
         """
+        if self._data is not None:
+            if batch is not None:
+                raise ValueError(
+                    "this trainer's workers load their own batches (data=): step() takes none"
+                )
+            self._steps += 1
+            return self._send("step", 0, [], data_step=self._steps - 1)
+        if batch is None:
+            raise ValueError("step() needs the global batch (or parallelize(..., data=fn))")
         return self._send("step", *self._prepare(batch))
 
     def evaluate(self, batch: Batch) -> Future[float]:
@@ -218,17 +243,26 @@ class Trainer:
         counted = self._check(batch)
         return counted, self._shards(batch)
 
-    def _send(self, name: str, counted: int, shards: list[tuple[range, Shard]]) -> Future[float]:
-        """Endpoint ``name`` of the workers on a prepared batch; the batch's loss."""
+    def _send(
+        self,
+        name: str,
+        counted: int,
+        shards: list[tuple[range, Shard]],
+        data_step: int | None = None,
+    ) -> Future[float]:
+        """Endpoint ``name`` of the workers on a prepared batch (or, with ``data_step``,
+        on the one each loads itself); the batch's loss."""
 
         async def go(w: Any) -> float:
+            if data_step is not None:
+                return self._loss(await _each(getattr(w, name), None, 0, data_step))
             parts = await _each_its_own(self._per_shard(w, name, shards, counted))
             return self._loss([v for part in parts for v in part])
 
         return self._run(go)
 
     def fit(
-        self, batches: Iterable[Batch], steps: int | None = None, log_every: int = 10
+        self, batches: Iterable[Batch] | None = None, steps: int | None = None, log_every: int = 10
     ) -> Future[list[float]]:
         """Train one step on each global batch of ``batches`` (a list, a generator, a
         ``DataLoader``: any iterable), until it ends or ``steps`` steps ran; the losses,
@@ -251,6 +285,14 @@ class Trainer:
             raise ValueError(f"steps must be a non-negative int or None, not {steps!r}")
         if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
             raise ValueError(f"log_every must be a positive int, not {log_every!r}")
+        if (batches is None) != (self._data is not None):
+            raise ValueError(
+                "fit() takes batches, or none where the workers load their own (data=)"
+            )
+        if batches is None:
+            if steps is None:
+                raise ValueError("fit() over the workers' own data (data=) needs steps=")
+            return self._fit_own_data(steps, log_every)
         total = steps
         if total is None and isinstance(batches, Sized):
             total = len(batches)
@@ -275,6 +317,30 @@ class Trainer:
                     losses.append(await self._send("step", counted, shards))
                     took = time.perf_counter() - start
                     shown = _shown(len(losses), losses[-1], tokens / took, took, self.plan)
+                    if bar is not None:
+                        bar.set_postfix_str(shown, refresh=False)
+                        bar.update(1)
+                    elif len(losses) % log_every == 0:
+                        log.info("step %s", shown)
+            finally:
+                if bar is not None:
+                    bar.close()
+            return losses
+
+        return run_task(self._rt, go)
+
+    def _fit_own_data(self, steps: int, log_every: int) -> Future[list[float]]:
+        """:meth:`fit` where each worker loads its own batches."""
+
+        async def go() -> list[float]:
+            losses: list[float] = []
+            bar = _progress_bar(steps)
+            try:
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    losses.append(await self.step())
+                    took = time.perf_counter() - start
+                    shown = _shown(len(losses), losses[-1], None, took, self.plan)
                     if bar is not None:
                         bar.set_postfix_str(shown, refresh=False)
                         bar.update(1)
@@ -340,9 +406,12 @@ def _tokens(batch: Batch) -> int:
     return int(split_batch(batch)[0].shape[0])
 
 
-def _shown(step: int, loss: float, tokens_s: float, took: float, plan: Plan) -> str:
+def _shown(step: int, loss: float, tokens_s: float | None, took: float, plan: Plan) -> str:
+    """A step's line: the loss, tokens/s (where the controller saw the batch), the step
+    time beside the estimate."""
     estimate = f" (est {plan.estimated_step_s:.3f} s)" if plan.estimated_step_s else ""
-    return f"{step}: loss {loss:.4f}, {tokens_s:,.0f} tokens/s, {took:.3f} s/step{estimate}"
+    rate = f"{tokens_s:,.0f} tokens/s, " if tokens_s is not None else ""
+    return f"{step}: loss {loss:.4f}, {rate}{took:.3f} s/step{estimate}"
 
 
 def _progress_bar(total: int | None) -> Any:
@@ -363,12 +432,19 @@ def parallelize(
     *,
     optimizer: Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer],
     loss_fn: LossFn | None = None,
+    data: DataFn | None = None,
 ) -> Trainer:
     """Lay ``model`` out on ``procs`` as ``plan`` says and return its :class:`Trainer` at
     once (the workers set up in the background; the first call waits for them).
 
     ``optimizer`` makes each proc's optimizer from the parameters it holds (a lambda or a
     function; it travels to the procs). ``loss_fn(output, target)`` defaults to the
-    plan's (the model's own loss for Hugging Face models).
+    plan's (the model's own loss for Hugging Face models). ``data(step, dp_rank,
+    dp_size)``, where given, returns replica ``dp_rank``'s rows of step ``step``'s
+    global batch (a dict or an ``(inputs, target)`` pair, ``1/dp_size`` of the rows);
+    every proc of that replica calls it, so that no batch goes through the controller,
+    and ``step()`` and ``fit(steps=N)`` then take none.
     """
-    return Trainer(model, procs, plan, optimizer, loss_fn if loss_fn is not None else plan.loss_fn)
+    return Trainer(
+        model, procs, plan, optimizer, loss_fn if loss_fn is not None else plan.loss_fn, data
+    )

@@ -150,8 +150,11 @@ class ParallelWorker(Actor):
         layout: Layout,
         loss_fn: LossFn | None,
         optimizer: OptimizerFactory,
+        data: Callable[[int, int, int], Any] | None = None,
     ) -> None:
-        """Join the process group and build this proc's piece, its wrappers and optimizer."""
+        """Join the process group and build this proc's piece, its wrappers and optimizer;
+        ``data(step, dp_rank, dp_size)``, where given, loads this replica's rows."""
+        self.data = data
         set_threads()
         self.layout = layout
         self.parts = parts
@@ -303,13 +306,37 @@ class ParallelWorker(Actor):
         total = math.fsum(float(v.detach()) for v in losses)
         return total / self.layout.dp if self.own_loss is not None else total / len(losses)
 
+    def _own_shard(self, step: int) -> tuple[Shard, int]:
+        """This rank's shard of step ``step``, loaded here by ``data``, and the labels
+        the global batch counts (the replicas' counts added up: a collective over dp)."""
+        assert self.layout is not None and self.data is not None
+        from ._model import counted_tokens, shard_batch, split_batch
+
+        rows = self.data(step, self.dp_i, self.layout.dp)
+        last = self.pp_i == self.layout.pp - 1
+        shard = shard_batch(rows, 1, 0, self.pp_i == 0, last)
+        if self.own_loss is None:
+            return shard, 0
+        count = torch.tensor([counted_tokens(split_batch(rows)[1])], dtype=torch.int64)
+        if self.layout.dp > 1:
+            group = self.mesh["dp"].get_group()
+            count = count.to(self.device)
+            dist.all_reduce(count, group=group)
+        return shard, int(count.item())
+
     @endpoint
-    def step(self, shard: Shard, counted: int = 0) -> float | None:
+    def step(
+        self, shard: Shard | None, counted: int = 0, data_step: int | None = None
+    ) -> float | None:
         """One training step on this rank's ``shard`` of a global batch whose labels
-        count ``counted`` tokens in all (for the model's own loss). This replica's part
-        of the loss where this rank computes it (the last stage's first tensor-parallel
-        rank), else None."""
+        count ``counted`` tokens in all (for the model's own loss), or on the shard
+        ``data`` loads here for step ``data_step``. This replica's part of the loss
+        where this rank computes it (the last stage's first tensor-parallel rank), else
+        None."""
         assert self.layout is not None and self.module is not None
+        if shard is None:
+            assert data_step is not None
+            shard, counted = self._own_shard(data_step)
         inputs, target, kwargs = self._local(shard)
         self._counted = counted
         self.module.train()

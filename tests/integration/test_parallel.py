@@ -223,6 +223,45 @@ async def test_activation_checkpointing_keeps_less_and_gives_the_same_losses(
         plan(make(), this_host(), sample=batch, checkpointing=None)  # type: ignore[arg-type]
 
 
+def _global_batch(step: int) -> dict[str, torch.Tensor]:
+    return pm.padded_lm_batch(seed=100 + step)
+
+
+def _replica_rows(step: int, dp_rank: int, dp_size: int) -> dict[str, torch.Tensor]:
+    """What a worker loads itself (data=): its replica's rows of the step's batch."""
+    rows = 8 // dp_size
+    return {k: v[dp_rank * rows : (dp_rank + 1) * rows] for k, v in _global_batch(step).items()}
+
+
+@pytest.mark.parametrize(
+    "dims", [{"dp": 2}, pytest.param({"pp": 2}, marks=pytest.mark.slow)], ids=["dp=2", "pp=2"]
+)
+async def test_workers_that_load_their_own_rows_train_as_one_process(
+    dims: dict[str, int],
+) -> None:
+    reference = pm.gpt2()
+    opt = pm.adamw(reference.parameters())
+    expected = []
+    for step in range(3):
+        opt.zero_grad()
+        loss = reference(**_global_batch(step)).loss
+        loss.backward()
+        opt.step()
+        expected.append(float(loss.detach()))
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        p = await plan(pm.gpt2(), procs, sample=_global_batch(0), **dims)
+        trainer = parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw, data=_replica_rows)
+        with pytest.raises(ValueError, match="load their own batches"):
+            trainer.step(_global_batch(0))
+        with pytest.raises(ValueError, match="needs steps="):
+            trainer.fit()
+        losses = [await trainer.step()]
+        losses += await trainer.fit(steps=2)
+        await trainer.stop()
+    assert _close(losses, expected), (losses, expected)
+    assert trainer.bytes_sent == 0  # no batch went through the controller
+
+
 def test_sync_code_plans_and_trains_with_get() -> None:
     batch = pm.lm_batch()
     expected = pm.train_locally(pm.gpt2(), batch, 2)
