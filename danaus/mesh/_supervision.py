@@ -22,7 +22,6 @@ exit) are stopped, not failed: their exits, and what follows from them, are not 
 
 from __future__ import annotations
 
-import _thread
 import collections
 import logging
 import re
@@ -167,13 +166,43 @@ def exit_on_fault(failure: MeshFailure) -> None:
 
 def interrupt_main() -> None:
     """Raise ``KeyboardInterrupt`` in the main thread, as a Ctrl-C would: a real SIGINT
-    to it where Python handles SIGINT (it then wakes from a sleep or a select), else the
-    simulated one (which raises at its next bytecode)."""
+    to it where Python handles SIGINT and the thread does not block it (it then wakes
+    from a sleep or a select). Where SIGINT is ignored (a controller started in the
+    background or under ``nohup`` inherits that) or blocked, no signal would reach it:
+    the exception is raised in the thread at its next bytecode instead (a wait it is
+    blocked in ends first)."""
     main = threading.main_thread()
-    if callable(signal.getsignal(signal.SIGINT)) and main.ident is not None:
+    if main.ident is None:
+        return
+    if callable(signal.getsignal(signal.SIGINT)) and not _blocks_sigint(main):
         signal.pthread_kill(main.ident, signal.SIGINT)
-    else:
-        _thread.interrupt_main()
+        return
+    log.warning(
+        "SIGINT is ignored or blocked in this controller's main thread: the "
+        "KeyboardInterrupt is raised there at its next Python instruction"
+    )
+    _raise_in(main.ident, KeyboardInterrupt)
+
+
+def _blocks_sigint(thread: threading.Thread) -> bool:
+    """Whether ``thread`` blocks SIGINT (its signal mask, from /proc; False where that
+    cannot be read)."""
+    try:
+        with open(f"/proc/self/task/{thread.native_id}/status") as f:
+            for line in f:
+                if line.startswith("SigBlk:"):
+                    return bool(int(line.split()[1], 16) >> (signal.SIGINT - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _raise_in(ident: int, exc: type[BaseException]) -> None:
+    """Have thread ``ident`` raise ``exc`` at its next bytecode (CPython's
+    ``PyThreadState_SetAsyncExc``)."""
+    import ctypes
+
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc))
 
 
 def default_fault_hook(failure: MeshFailure) -> None:

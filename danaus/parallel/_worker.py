@@ -25,7 +25,16 @@ from torch import nn
 
 from ..actors import Actor, current_rank, endpoint
 from ._layout import Layout
-from ._model import LossFn, ModelParts, Shard, StageModule, TokenLoss
+from ._model import (
+    LossFn,
+    ModelParts,
+    Shard,
+    StageModule,
+    TokenLoss,
+    counted_tokens,
+    shard_batch,
+    split_batch,
+)
 
 OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
 
@@ -310,8 +319,6 @@ class ParallelWorker(Actor):
         """This rank's shard of step ``step``, loaded here by ``data``, and the labels
         the global batch counts (the replicas' counts added up: a collective over dp)."""
         assert self.layout is not None and self.data is not None
-        from ._model import counted_tokens, shard_batch, split_batch
-
         rows = self.data(step, self.dp_i, self.layout.dp)
         last = self.pp_i == self.layout.pp - 1
         shard = shard_batch(rows, 1, 0, self.pp_i == 0, last)

@@ -117,8 +117,12 @@ def _run(tmp_path: Path, body: str, *argv: str) -> subprocess.CompletedProcess[s
 
 
 BROADCAST_FAILS = """\
-import threading
+import signal, threading
 from tests.integration.actors_lib import Fragile
+# SIGINT as a program started from a terminal has it, whatever the test runner's is (a
+# runner started in the background passes SIGINT on ignored)
+signal.signal(signal.SIGINT, {sigint})
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})
 {imports}
 procs = this_host().spawn_procs(per_host={{"procs": 1}})
 fragile = procs.spawn("fragile", Fragile)
@@ -143,6 +147,7 @@ def test_a_fault_hook_that_raises_interrupts_the_controller(tmp_path: Path) -> N
             "def hook(failure):\n    raise SystemExit(1)\n"
             "danaus.unhandled_fault_hook = hook\n",
             wait=60,
+            sigint="signal.default_int_handler",
         ),
     )
     assert "finally ran" in done.stdout and "not interrupted" not in done.stdout, done.stderr
@@ -151,10 +156,34 @@ def test_a_fault_hook_that_raises_interrupts_the_controller(tmp_path: Path) -> N
     assert (tmp_path / "marker").read_text() == "atexit ran"
 
 
+def test_a_controller_that_ignores_sigint_is_still_interrupted(tmp_path: Path) -> None:
+    """Started in the background or under nohup, a controller ignores SIGINT, so no
+    signal reaches its main thread: the fault hook's KeyboardInterrupt is raised there
+    at its next instruction instead (here, between two short waits)."""
+    body = BROADCAST_FAILS.format(
+        imports="import danaus\nfrom danaus import this_host\n"
+        "def hook(failure):\n    raise SystemExit(1)\n"
+        "danaus.unhandled_fault_hook = hook\n",
+        wait=0,
+        sigint="signal.SIG_IGN",
+    ).replace(
+        "    threading.Event().wait(0)\n",
+        "    for _ in range(1200):  # a minute of short waits; the interrupt ends them\n"
+        "        threading.Event().wait(0.05)\n",
+    )
+    done = _run(tmp_path, body)
+    assert "finally ran" in done.stdout and "not interrupted" not in done.stdout, done.stderr
+    assert "SIGINT is ignored or blocked" in done.stderr and "KeyboardInterrupt" in done.stderr
+
+
 def test_the_runners_default_hook_is_monarchs(tmp_path: Path) -> None:
     done = _run(
         tmp_path,
-        BROADCAST_FAILS.format(imports="from monarch.actor import this_host\n", wait=60),
+        BROADCAST_FAILS.format(
+            imports="from monarch.actor import this_host\n",
+            wait=60,
+            sigint="signal.default_int_handler",
+        ),
         "-m",
         "danaus.monarch",
     )
@@ -164,7 +193,9 @@ def test_the_runners_default_hook_is_monarchs(tmp_path: Path) -> None:
 
 
 def test_danaus_default_hook_logs_and_keeps_running(tmp_path: Path) -> None:
-    body = BROADCAST_FAILS.format(imports="from danaus import this_host\n", wait=0)
+    body = BROADCAST_FAILS.format(
+        imports="from danaus import this_host\n", wait=0, sigint="signal.default_int_handler"
+    )
     # a later call fails (the actor failed); the hook ran before its answer came
     body += textwrap.dedent(
         """\
