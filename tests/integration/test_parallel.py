@@ -122,7 +122,8 @@ async def test_a_bad_batch_is_refused_at_once_and_changes_nothing(
     [
         pytest.param("qwen2", {"pp": 2}, marks=pytest.mark.slow),
         pytest.param("gemma", {"pp": 2}, marks=pytest.mark.slow),  # tied embeddings
-        ("gemma2", {"dp": 2}),  # its forward does more than Llama's: it runs whole
+        # its forward does more than Llama's: it runs whole
+        pytest.param("gemma2", {"dp": 2}, marks=pytest.mark.slow),
     ],
 )
 async def test_other_hugging_face_families_train_as_one_process(
@@ -141,7 +142,9 @@ async def test_other_hugging_face_families_train_as_one_process(
     assert _close(losses, expected), (losses, expected)
 
 
-@pytest.mark.parametrize("dims", [{"pp": 2}, {"dp": 2}], ids=["pp=2", "dp=2"])
+@pytest.mark.parametrize(
+    "dims", [pytest.param({"pp": 2}, marks=pytest.mark.slow), {"dp": 2}], ids=["pp=2", "dp=2"]
+)
 async def test_sequence_lengths_may_change_from_step_to_step(dims: dict[str, int]) -> None:
     batches = [pm.padded_lm_batch(seq=n, seed=n) for n in (16, 10, 16, 12)]
     reference = pm.gpt2()
@@ -164,7 +167,10 @@ async def test_sequence_lengths_may_change_from_step_to_step(dims: dict[str, int
 
 @pytest.mark.parametrize(
     "dims",
-    [{"dp": 2}, pytest.param({"pp": 2}, marks=pytest.mark.slow)],
+    [
+        pytest.param({"dp": 2}, marks=pytest.mark.slow),
+        pytest.param({"pp": 2}, marks=pytest.mark.slow),
+    ],
     ids=["dp=2", "pp=2"],
 )
 async def test_bf16_trains_as_one_process_does_under_autocast(dims: dict[str, int]) -> None:
@@ -199,7 +205,10 @@ async def test_bf16_trains_as_one_process_does_under_autocast(dims: dict[str, in
 
 @pytest.mark.parametrize(
     ("family", "dims"),
-    [("gpt2", {"pp": 2}), pytest.param("llama", {"dp": 2}, marks=pytest.mark.slow)],
+    [
+        pytest.param("gpt2", {"pp": 2}, marks=pytest.mark.slow),
+        pytest.param("llama", {"dp": 2}, marks=pytest.mark.slow),
+    ],
 )
 async def test_activation_checkpointing_keeps_less_and_gives_the_same_losses(
     family: str, dims: dict[str, int]
@@ -234,7 +243,12 @@ def _replica_rows(step: int, dp_rank: int, dp_size: int) -> dict[str, torch.Tens
 
 
 @pytest.mark.parametrize(
-    "dims", [{"dp": 2}, pytest.param({"pp": 2}, marks=pytest.mark.slow)], ids=["dp=2", "pp=2"]
+    "dims",
+    [
+        pytest.param({"dp": 2}, marks=pytest.mark.slow),
+        pytest.param({"pp": 2}, marks=pytest.mark.slow),
+    ],
+    ids=["dp=2", "pp=2"],
 )
 async def test_workers_that_load_their_own_rows_train_as_one_process(
     dims: dict[str, int],
