@@ -8,7 +8,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sized
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sized
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..actors._api import Future, current_runtime, run_task
@@ -292,66 +292,64 @@ class Trainer:
         if batches is None:
             if steps is None:
                 raise ValueError("fit() over the workers' own data (data=) needs steps=")
-            return self._fit_own_data(steps, log_every)
+
+            async def own() -> tuple[float, int | None, float] | None:
+                start = time.perf_counter()
+                loss = await self.step()
+                return loss, None, time.perf_counter() - start
+
+            return run_task(self._rt, lambda: self._fit_loop(own, steps, steps, log_every))
         total = steps
         if total is None and isinstance(batches, Sized):
             total = len(batches)
+        it = iter(batches)
 
-        def take(it: Iterator[Batch]) -> tuple[int, int, list[tuple[range, Shard]]] | None:
+        def take() -> tuple[int, int, list[tuple[range, Shard]]] | None:
             """The next batch, checked and cut (off the loop): its tokens, counted
             labels and shards; None at the end."""
             batch = next(it, _END)
             return None if batch is _END else (_tokens(batch), *self._prepare(batch))
 
-        async def go() -> list[float]:
-            it = iter(batches)
-            losses: list[float] = []
-            bar = _progress_bar(total)
-            try:
-                while steps is None or len(losses) < steps:
-                    taken = await asyncio.to_thread(take, it)
-                    if taken is None:
-                        break
-                    tokens, counted, shards = taken
-                    start = time.perf_counter()  # (the step's own time, as estimated)
-                    losses.append(await self._send("step", counted, shards))
-                    took = time.perf_counter() - start
-                    shown = _shown(len(losses), losses[-1], tokens / took, took, self.plan)
-                    if bar is not None:
-                        bar.set_postfix_str(shown, refresh=False)
-                        bar.update(1)
-                    elif len(losses) % log_every == 0:
-                        log.info("step %s", shown)
-            finally:
+        async def given() -> tuple[float, int | None, float] | None:
+            taken = await asyncio.to_thread(take)
+            if taken is None:
+                return None
+            tokens, counted, shards = taken
+            start = time.perf_counter()  # (the step's own time, as estimated)
+            loss = await self._send("step", counted, shards)
+            return loss, tokens, time.perf_counter() - start
+
+        return run_task(self._rt, lambda: self._fit_loop(given, steps, total, log_every))
+
+    async def _fit_loop(
+        self,
+        one: Callable[[], Awaitable[tuple[float, int | None, float] | None]],
+        steps: int | None,
+        total: int | None,
+        log_every: int,
+    ) -> list[float]:
+        """:meth:`fit`'s loop: ``one()`` runs a step (its loss, tokens where known, and
+        seconds), None at the end of the batches; the progress bar or the log lines."""
+        losses: list[float] = []
+        bar = _progress_bar(total)
+        try:
+            while steps is None or len(losses) < steps:
+                done = await one()
+                if done is None:
+                    break
+                loss, tokens, took = done
+                losses.append(loss)
+                rate = None if tokens is None else tokens / took
+                shown = _shown(len(losses), loss, rate, took, self.plan)
                 if bar is not None:
-                    bar.close()
-            return losses
-
-        return run_task(self._rt, go)
-
-    def _fit_own_data(self, steps: int, log_every: int) -> Future[list[float]]:
-        """:meth:`fit` where each worker loads its own batches."""
-
-        async def go() -> list[float]:
-            losses: list[float] = []
-            bar = _progress_bar(steps)
-            try:
-                for _ in range(steps):
-                    start = time.perf_counter()
-                    losses.append(await self.step())
-                    took = time.perf_counter() - start
-                    shown = _shown(len(losses), losses[-1], None, took, self.plan)
-                    if bar is not None:
-                        bar.set_postfix_str(shown, refresh=False)
-                        bar.update(1)
-                    elif len(losses) % log_every == 0:
-                        log.info("step %s", shown)
-            finally:
-                if bar is not None:
-                    bar.close()
-            return losses
-
-        return run_task(self._rt, go)
+                    bar.set_postfix_str(shown, refresh=False)
+                    bar.update(1)
+                elif len(losses) % log_every == 0:
+                    log.info("step %s", shown)
+        finally:
+            if bar is not None:
+                bar.close()
+        return losses
 
     def state_dict(self) -> Future[dict[str, torch.Tensor]]:
         """The whole model's weights on the controller, under the model's own keys (loads
