@@ -211,8 +211,14 @@ class ShellActor(Actor):
 
 
 def _take_terminal() -> None:
-    """In the shell, before it runs: make its terminal (its stdin) its controlling one."""
+    """In the shell, before it runs: make its terminal (its stdin) its controlling one,
+    and give it the signals a login terminal's shell has (a proc started from a job
+    launched in the background inherits SIGINT and SIGQUIT ignored, and ^C would then
+    not stop the commands typed there)."""
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
 @contextlib.contextmanager
