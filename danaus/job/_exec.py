@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, TypedDict
 
-from ..actors._api import Actor, Future, context, current_runtime, endpoint, run_task
+from ..actors._api import Actor, Future, Point, context, current_runtime, endpoint, run_task
 from ..mesh._api import check_per_host
 
 if TYPE_CHECKING:
@@ -110,11 +110,7 @@ def _point_of(rank: int, sizes: Mapping[str, int]) -> dict[str, int]:
         total *= n
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < total:
         raise IndexError(f"rank {rank!r} is out of range for a mesh of {total} ({sizes})")
-    coords: list[int] = []
-    for n in reversed(list(sizes.values())):
-        rank, i = divmod(rank, n)
-        coords.append(i)
-    return dict(zip(sizes, reversed(coords), strict=True))
+    return dict(Point.from_rank(rank, sizes))
 
 
 def exec_command(
