@@ -350,16 +350,26 @@ class ParallelWorker(Actor):
         self.optimizer.zero_grad(set_to_none=True)
         schedule = self._schedule(shard.shape)
         if schedule is not None:
-            losses: list[torch.Tensor] = []
-            last = self.pp_i == self.layout.pp - 1
-            args = (inputs,) if self.pp_i == 0 else ()
-            schedule.step(*args, target=target if last else None, losses=losses, **kwargs)
+            losses = self._through(schedule.step, inputs, target, kwargs)
             self._sum_tied_grads()
-            loss = self._reported(losses) if last else None
+            loss = self._reported(losses) if losses is not None else None
         else:
             loss = self._accumulate(inputs, target, kwargs)
         self.optimizer.step()
         return loss if self._reports_loss() else None
+
+    def _through(
+        self, run: Callable[..., Any], inputs: Any, target: Any, kwargs: dict[str, torch.Tensor]
+    ) -> list[torch.Tensor] | None:
+        """A pipeline schedule's ``step`` or ``eval`` on this stage's share: the first
+        stage feeds the inputs, the last the target; every stage its other inputs. The
+        microbatches' losses on the last stage, else None."""
+        assert self.layout is not None
+        last = self.pp_i == self.layout.pp - 1
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.pp_i == 0 else ()
+        run(*args, target=target if last else None, losses=losses, **kwargs)
+        return losses if last else None
 
     def _microbatches(
         self, inputs: torch.Tensor, target: Any, kwargs: dict[str, torch.Tensor]
@@ -418,17 +428,17 @@ class ParallelWorker(Actor):
         self._counted = counted
         self.module.eval()
         with torch.no_grad():
-            losses: list[torch.Tensor] = []
             schedule = self._schedule(shard.shape)
             if schedule is not None:
-                last = self.pp_i == self.layout.pp - 1
-                args = (inputs,) if self.pp_i == 0 else ()
-                schedule.eval(*args, target=target if last else None, losses=losses, **kwargs)
-                loss = self._reported(losses) if last else None
+                piped = self._through(schedule.eval, inputs, target, kwargs)
+                loss = self._reported(piped) if piped is not None else None
             else:
-                for x, y, kw in self._microbatches(inputs, target, kwargs):
-                    losses.append(self._microbatch_loss(self.module(x, **kw), y))
-                loss = self._reported(losses)
+                loss = self._reported(
+                    [
+                        self._microbatch_loss(self.module(x, **kw), y)
+                        for x, y, kw in self._microbatches(inputs, target, kwargs)
+                    ]
+                )
         return loss if self._reports_loss() else None
 
     @endpoint
