@@ -6,8 +6,12 @@ contiguous stages), and a *head* part (run on the last stage). ``ModelParts`` fi
 
 - ``nn.Sequential``: every child is a block; no embed, no head.
 - Hugging Face GPT-2 (``transformer.h``: ``wte`` + ``wpe`` first, ``ln_f`` + ``lm_head`` last).
-- Hugging Face Llama and models built like it (``model.layers``: ``embed_tokens`` first,
-  ``norm`` + ``lm_head`` last; Mistral and Qwen2 share the layout).
+- A Hugging Face causal LM whose config carries ``base_model_pp_plan`` (Llama, Qwen2,
+  Mistral, Gemma, Phi-3...): the plan names its parts in order (``embed_tokens``, the
+  blocks' ``layers``, ``norm``), the model's output embeddings (``lm_head``) come last,
+  and its base model's ``rotary_emb`` gives the blocks their position embeddings. A
+  model whose forward does more than that (Gemma 2 caps its logits) is found out by a
+  probe and trains through its own forward, data parallel.
 - Any other module with exactly one ``nn.ModuleList`` (or the one ``layers=`` names):
   its blocks are found and profiled, and it trains data parallel; its forward around the
   blocks is its own code, so danaus cannot cut it into pipeline stages.
@@ -19,6 +23,7 @@ gives (the tests hold it to that), so a pipeline computes what one process compu
 from __future__ import annotations
 
 import copy
+import dataclasses
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +34,7 @@ from torch import nn
 
 from ..errors import a_type
 from ._errors import PlanError
+from ._tp import Plan, block_plan
 
 Batch = Any  # a dict of tensors (Hugging Face style) or an (inputs, target) tuple
 LossFn = Callable[[Any, Any], torch.Tensor]
@@ -38,9 +44,9 @@ TokenLoss = Callable[..., torch.Tensor]
 IGNORE_INDEX = -100
 
 #: Families whose forward around the blocks danaus runs itself (so it can pipeline them).
-PIPELINE_FAMILIES = ("sequential", "gpt2", "llama")
-#: Families with a known tensor-parallel plan.
-TP_FAMILIES = ("llama",)
+PIPELINE_FAMILIES = ("sequential", "gpt2", "pp_plan")
+#: Hugging Face families (the model's own loss; a batch of ``input_ids`` and ``labels``)
+HF_FAMILIES = ("gpt2", "pp_plan", "hf")
 
 
 def _get(model: nn.Module, path: str) -> Any:
@@ -63,12 +69,16 @@ class ModelParts:
     """Where a model's blocks are and how its parts run. Picklable; holds no module.
 
     Attributes:
-        family: ``"sequential"``, ``"gpt2"``, ``"llama"``, ``"modulelist"``, or
-            ``"hf"`` (a Hugging Face causal LM run as one piece, see ``not_cut``).
+        family: ``"sequential"``, ``"gpt2"``, ``"pp_plan"`` (a Hugging Face model cut
+            where its ``base_model_pp_plan`` says), ``"modulelist"``, or ``"hf"`` (a
+            Hugging Face causal LM run as one piece, see ``not_cut``).
         blocks_path: the dotted name of the blocks' container (``""`` for a Sequential).
         n_blocks: how many blocks.
         embed_paths: submodules run before the blocks (on the first stage).
         head_paths: submodules run after them (on the last stage).
+        rotary_path: the submodule that gives the blocks their position embeddings.
+        tp_plan: each block's tensor-parallel plan (see :mod:`._tp`); empty if none,
+            ``tp_why`` says why.
     """
 
     family: str
@@ -79,6 +89,9 @@ class ModelParts:
     #: why danaus does not run this model part by part, where it is a Hugging Face
     #: model laid out like one it knows (its forward does more than that layout's)
     not_cut: str = ""
+    rotary_path: str = ""
+    tp_plan: Plan = ()
+    tp_why: str = ""
 
     @property
     def can_pipeline(self) -> bool:
@@ -86,14 +99,15 @@ class ModelParts:
 
     @property
     def can_tensor_parallel(self) -> bool:
-        return self.family in TP_FAMILIES
+        return bool(self.tp_plan) and self.can_pipeline
 
     def why_not_cut(self, model: nn.Module) -> str:
         """Why this model cannot be cut into pipeline stages (nor split tensor parallel)."""
         return f"this model ({type(model).__name__}) cannot be cut into pipeline stages: " + (
             self.not_cut
             or "danaus runs the forward around the blocks only for nn.Sequential, "
-            "Hugging Face GPT-2 and Llama-style models (Qwen2, Mistral, Gemma...)"
+            "Hugging Face GPT-2 and Hugging Face models whose config has a "
+            "base_model_pp_plan (Llama, Qwen2, Mistral, Gemma, Phi-3...)"
         )
 
     def block_path(self, i: int) -> str:
@@ -121,9 +135,11 @@ class ModelParts:
                 h = h + t.get_submodule("wte")(token_type_ids)
             out: torch.Tensor = t.get_submodule("drop")(h)
             return out
-        if self.family == "llama":
-            emb: torch.Tensor = _get(model, "model.embed_tokens")(inputs)
-            return emb
+        if self.family == "pp_plan":
+            h = inputs
+            for path in self.embed_paths:
+                h = _get(model, path)(h)
+            return h
         return inputs  # type: ignore[no-any-return]
 
     def run_blocks(
@@ -139,7 +155,7 @@ class ModelParts:
         model's blocks with the batch's padding mask and positions, as its forward runs
         them."""
         blocks = self.blocks(model)
-        if self.family in ("gpt2", "llama"):
+        if self.family in ("gpt2", "pp_plan"):
             return self._run_hf_blocks(model, blocks, first, last, h, attention_mask, position_ids)
         for i in range(first, last + 1):
             h = blocks[i](h)
@@ -155,33 +171,25 @@ class ModelParts:
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None,
     ) -> torch.Tensor:
-        from transformers.masking_utils import create_causal_mask
-
         config: Any = getattr(model, "config")  # noqa: B009
         pos = _positions(h.shape[1], h.device, position_ids)
-        mask = create_causal_mask(
-            config=config,
-            inputs_embeds=h,
-            attention_mask=attention_mask,
-            cache=None,
-            position_ids=pos,
-        )
+        masks = _masks(config, h, attention_mask, pos)
         if self.family == "gpt2":
             for i in range(first, last + 1):
-                h = _hidden(blocks[i](h, attention_mask=mask, position_ids=pos))
+                h = _hidden(blocks[i](h, attention_mask=masks(i), position_ids=pos))
             return h
-        rotary = _get(model, "model.rotary_emb")
-        pe = rotary(h, position_ids=pos)
+        more = {"position_ids": pos}
+        if self.rotary_path:
+            more["position_embeddings"] = _get(model, self.rotary_path)(h, position_ids=pos)
         for i in range(first, last + 1):
-            h = _hidden(blocks[i](h, attention_mask=mask, position_embeddings=pe, position_ids=pos))
+            h = _hidden(blocks[i](h, attention_mask=masks(i), **more))
         return h
 
     def head(self, model: nn.Module, h: Any) -> Any:
         """The last stage's work after its blocks: hidden states to the output (logits)."""
-        if self.family == "gpt2":
-            return _get(model, "lm_head")(_get(model, "transformer.ln_f")(h))
-        if self.family == "llama":
-            return _get(model, "lm_head")(_get(model, "model.norm")(h))
+        if self.family in ("gpt2", "pp_plan"):
+            for path in self.head_paths:
+                h = _get(model, path)(h)
         return h
 
     def forward(self, model: nn.Module, inputs: Any, **kwargs: torch.Tensor) -> Any:
@@ -200,7 +208,7 @@ class ModelParts:
         :func:`check_batch`)."""
         if self.family == "gpt2":
             return frozenset({"attention_mask", "position_ids", "token_type_ids"})
-        if self.family in ("llama", "hf"):
+        if self.family in ("pp_plan", "hf"):
             return frozenset({"attention_mask", "position_ids"})
         return frozenset()
 
@@ -208,7 +216,7 @@ class ModelParts:
         """The model's own loss on (output, target), where it has one (Hugging Face's
         causal LM loss: the mean over the labels that are not -100, after the shift);
         given ``num_items_in_batch``, the sum over them divided by that instead."""
-        if self.family not in ("gpt2", "llama", "hf"):
+        if self.family not in HF_FAMILIES:
             return None
         config: Any = getattr(model, "config")  # noqa: B009 (an nn.Module attribute)
         vocab = int(config.vocab_size)
@@ -252,6 +260,46 @@ class ModelParts:
 def _positions(n: int, device: torch.device, given: torch.Tensor | None) -> torch.Tensor:
     """Token positions, as Hugging Face's forward makes them when none are given."""
     return given if given is not None else torch.arange(n, device=device).unsqueeze(0)
+
+
+#: the attention kinds of a Hugging Face config's ``layer_types`` danaus makes masks for
+MASK_KINDS = ("full_attention", "sliding_attention")
+
+
+def _mask_kinds(config: Any, n_blocks: int) -> list[str]:
+    """Each block's attention kind, as the model's forward picks its mask: by the
+    config's ``layer_types`` where it has them, else sliding-window for every block
+    where it has a ``sliding_window`` (Mistral, Phi-3), else full causal."""
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return [str(t) for t in types[:n_blocks]]
+    sliding = getattr(config, "sliding_window", None) is not None
+    return ["sliding_attention" if sliding else "full_attention"] * n_blocks
+
+
+def _masks(
+    config: Any, h: torch.Tensor, attention_mask: torch.Tensor | None, pos: torch.Tensor
+) -> Callable[[int], Any]:
+    """Block ``i``'s attention mask (each kind made once, when a block first needs it)."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    kinds = _mask_kinds(config, int(getattr(config, "num_hidden_layers", 0) or 0) or 10**6)
+    made: dict[str, Any] = {}
+
+    def mask(i: int) -> Any:
+        kind = kinds[i] if i < len(kinds) else "full_attention"
+        if kind not in made:
+            make = create_sliding_window_causal_mask if kind == "sliding_attention" else None
+            made[kind] = (make or create_causal_mask)(
+                config=config,
+                inputs_embeds=h,
+                attention_mask=attention_mask,
+                cache=None,
+                position_ids=pos,
+            )
+        return made[kind]
+
+    return mask
 
 
 def _hidden(out: Any) -> torch.Tensor:
@@ -326,27 +374,9 @@ def find_parts(model: nn.Module, layers: str | None = None) -> ModelParts:
         if len(model) == 0:
             raise PlanError("the nn.Sequential has no layers")
         return ModelParts("sequential", "", len(model))
-    family = _hf_family(model)
-    if family == "gpt2" and layers in (None, "transformer.h"):
-        n = len(_get(model, "transformer.h"))
-        return _checked(
-            model,
-            ModelParts(
-                "gpt2",
-                "transformer.h",
-                n,
-                ("transformer.wte", "transformer.wpe"),
-                ("transformer.ln_f", "lm_head"),
-            ),
-        )
-    if family == "llama" and layers in (None, "model.layers"):
-        n = len(_get(model, "model.layers"))
-        return _checked(
-            model,
-            ModelParts(
-                "llama", "model.layers", n, ("model.embed_tokens",), ("model.norm", "lm_head")
-            ),
-        )
+    hf = _hf_parts(model, layers)
+    if hf is not None:
+        return _checked(model, hf)
     if layers is not None:
         return ModelParts("modulelist", layers, len(_get(model, layers)))
     lists = _module_lists(model)
@@ -375,24 +405,28 @@ def _checked(model: nn.Module, parts: ModelParts) -> ModelParts:
     config: Any = getattr(model, "config")  # noqa: B009
     vocab = int(config.vocab_size)
     device = next(model.parameters()).device
-    ids = (torch.arange(7, device=device) * 7919 % vocab).unsqueeze(0)
+    ids = (torch.arange(14, device=device) * 7919 % vocab).view(2, 7)
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0  # the second row is padded on the right
     training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            own = model(input_ids=ids, use_cache=False).logits
-            mine = parts.forward(model, ids)
+            own = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+            mine = parts.forward(model, ids, attention_mask=mask)
     finally:
         model.train(training)
-    if not torch.equal(own, mine):
-        gap = float((own - mine).abs().max())
+    real = mask.bool()
+    if not torch.equal(own[real], mine[real]):
+        gap = float((own[real] - mine[real]).abs().max())
         parts = ModelParts(
             "hf",
             parts.blocks_path,
             parts.n_blocks,
+            tp_why="its forward is its own, so danaus cannot split it tensor parallel",
             not_cut=(
-                f"its blocks are laid out as {parts.family.capitalize()}'s, but its forward "
-                f"does more around them (run part by part, its logits differ by up to "
+                "its layout is one danaus runs part by part, but its forward does more around its "
+                f"blocks (run part by part, its logits differ by up to "
                 f"{gap:.3g}): it trains data parallel, through its own forward"
             ),
         )
@@ -400,28 +434,64 @@ def _checked(model: nn.Module, parts: ModelParts) -> ModelParts:
     return parts
 
 
-def _hf_family(model: nn.Module) -> str | None:
+def _hf_parts(model: nn.Module, layers: str | None) -> ModelParts | None:
+    """A Hugging Face causal LM's parts, where danaus knows its layout: GPT-2's, or the
+    one its config's ``base_model_pp_plan`` gives; its blocks' tensor-parallel plan."""
     config = getattr(model, "config", None)
     if config is None or not hasattr(model, "loss_function"):
         return None
+    parts: ModelParts | None = None
+    if getattr(config, "model_type", "") == "gpt2" and layers in (None, "transformer.h"):
+        n = len(_get(model, "transformer.h"))
+        embed, head = ("transformer.wte", "transformer.wpe"), ("transformer.ln_f", "lm_head")
+        parts = ModelParts("gpt2", "transformer.h", n, embed, head)
+    elif getattr(config, "base_model_pp_plan", None):
+        parts = _pp_plan_parts(model, config)
+        if parts is not None and layers not in (None, parts.blocks_path):
+            return None
+    if parts is None:
+        return None
+    plan, why = block_plan(model, parts.blocks_path, parts.family)
+    return dataclasses.replace(parts, tp_plan=plan, tp_why=why)
+
+
+def _pp_plan_parts(model: nn.Module, config: Any) -> ModelParts | None:
+    """The parts a Hugging Face config's ``base_model_pp_plan`` names, in order (the
+    first takes ``input_ids``, one is the blocks' ``nn.ModuleList``), then the model's
+    output embeddings; None where the plan or the model is not laid out so."""
+    plan: dict[str, Any] = dict(config.base_model_pp_plan)
+    prefix = str(getattr(model, "base_model_prefix", "") or "")
+    at = (prefix + ".") if prefix else ""
+    names = {id(m): n for n, m in model.named_modules()}
+    head_module = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     try:
-        if isinstance(model.get_submodule("transformer.h"), nn.ModuleList) and hasattr(
-            model, "lm_head"
-        ):
-            if getattr(config, "model_type", "") == "gpt2":
-                return "gpt2"
+        mods = {k: model.get_submodule(at + k) for k in plan}
     except AttributeError:
-        pass
+        return None
+    lists = [k for k, m in mods.items() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    keys = list(plan)
+    if len(lists) != 1 or head_module is None or id(head_module) not in names:
+        return None
+    cut = keys.index(lists[0])
+    takes = plan[keys[0]][0] if keys and isinstance(plan[keys[0]], (tuple, list)) else ()
+    if cut == 0 or "input_ids" not in list(takes):
+        return None
+    n = len(mods[lists[0]])
+    if any(k not in MASK_KINDS for k in _mask_kinds(config, n)):
+        return None
+    rotary = at + "rotary_emb"
     try:
-        layers = model.get_submodule("model.layers")
-        model.get_submodule("model.embed_tokens")
-        model.get_submodule("model.norm")
-        model.get_submodule("model.rotary_emb")
-        if isinstance(layers, nn.ModuleList) and hasattr(model, "lm_head"):
-            return "llama"
+        model.get_submodule(rotary)
     except AttributeError:
-        pass
-    return None
+        rotary = ""
+    return ModelParts(
+        "pp_plan",
+        at + lists[0],
+        n,
+        tuple(at + k for k in keys[:cut]),
+        (*(at + k for k in keys[cut + 1 :]), names[id(head_module)]),
+        rotary_path=rotary,
+    )
 
 
 def split_batch(batch: Batch) -> tuple[Any, Any]:

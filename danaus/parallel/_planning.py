@@ -38,15 +38,17 @@ def tp_sizes(model: nn.Module, parts: ModelParts, n: int) -> tuple[list[int], st
     if parts.not_cut:
         return [1], parts.why_not_cut(model)
     if not parts.can_tensor_parallel:
-        return [1], (
-            f"tensor parallel has a known plan only for Llama-style models, not "
-            f"{type(model).__name__} (GPT-2's fused attention projection is not split)"
+        return [1], parts.tp_why or (
+            f"tensor parallel needs a plan for {type(model).__name__}'s blocks (a Hugging "
+            "Face config's base_model_tp_plan, or GPT-2's)"
         )
     cfg: Any = getattr(model, "config")  # noqa: B009 (an nn.Module attribute)
+    heads = int(cfg.num_attention_heads)
+    width = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None)
     dims = [
-        int(cfg.num_attention_heads),
-        int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads),
-        int(cfg.intermediate_size),
+        heads,
+        int(getattr(cfg, "num_key_value_heads", None) or heads),
+        int(width or 4 * int(cfg.hidden_size)),
     ]
     ok = [t for t in range(1, n + 1) if n % t == 0 and all(d % t == 0 for d in dims)]
     return ok, (

@@ -536,10 +536,9 @@ class TPProbe:
 def _tp_block_times(probe: TPProbe, repeats: int) -> dict[int, dict[int, float]]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import parallelize_module
 
+    from . import _tp
     from ._model import _replace_path
-    from ._worker import tp_plan
 
     dev = device()
     n = dist.get_world_size()
@@ -553,7 +552,7 @@ def _tp_block_times(probe: TPProbe, repeats: int) -> dict[int, dict[int, float]]
     for tp in probe.degrees:
         mesh = init_device_mesh(dev.type, (n // tp, tp), mesh_dim_names=("rest", "tp"))
         block = copy.deepcopy(original)
-        parallelize_module(block, mesh["tp"], tp_plan())
+        _tp.apply(block, mesh["tp"], parts.tp_plan)
         _replace_path(model, parts.block_path(0), block)
         out[tp] = {}
         for s in probe.sizes:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..actors import Actor, current_rank, endpoint
+from . import _tp
 from ._layout import Layout
 from ._model import (
     LossFn,
@@ -125,22 +126,6 @@ def tied_params(model: nn.Module, parts: ModelParts) -> list[tuple[str, str]]:
             if id(p) in names:
                 pairs.append((names[id(p)], f"{prefix}.{n}"))
     return pairs
-
-
-def tp_plan() -> dict[str, Any]:
-    """Megatron-style plan for a Llama block: q/k/v and gate/up column-wise,
-    o and down row-wise (one all-reduce after attention, one after the MLP)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    return {
-        "self_attn.q_proj": ColwiseParallel(),
-        "self_attn.k_proj": ColwiseParallel(),
-        "self_attn.v_proj": ColwiseParallel(),
-        "self_attn.o_proj": RowwiseParallel(),
-        "mlp.gate_proj": ColwiseParallel(),
-        "mlp.up_proj": ColwiseParallel(),
-        "mlp.down_proj": RowwiseParallel(),
-    }
 
 
 class ParallelWorker(Actor):
@@ -247,11 +232,9 @@ class ParallelWorker(Actor):
         return DistributedDataParallel(module, process_group=self.mesh["dp"].get_group())
 
     def _tensor_parallel(self, owner: nn.Module, parts: ModelParts, first: int, last: int) -> None:
-        from torch.distributed.tensor.parallel import parallelize_module
-
         blocks = parts.blocks(owner)
         for i in range(first, last + 1):
-            parallelize_module(blocks[i], self.mesh["tp"], tp_plan())
+            _tp.apply(blocks[i], self.mesh["tp"], parts.tp_plan)
 
     def _schedule(self, shape: tuple[int, ...]) -> Any:
         """The pipeline schedule for a replica's batch of ``shape`` (None without a
@@ -454,7 +437,12 @@ class ParallelWorker(Actor):
                 continue
             full = t.full_tensor() if hasattr(t, "full_tensor") else t  # a collective: all ranks
             if self.dp_i == 0 and self.tp_i == 0:
-                out[name.removeprefix(prefix)] = full.detach().to("cpu").clone()
+                own = name.removeprefix(prefix)
+                if self.layout.tp > 1:  # GPT-2's Conv1D weights were made nn.Linear
+                    p = self.parts
+                    conv = p.family == "gpt2"
+                    full = _tp.whole(own, full, p.tp_plan, p.blocks_path, self.layout.tp, conv)
+                out[own] = full.detach().to("cpu").clone()
         return out if self.dp_i == 0 and self.tp_i == 0 else None
 
     @endpoint

@@ -34,13 +34,13 @@ def llama(layers: int = 4) -> nn.Module:
     return causal_lm("llama", layers)
 
 
-def causal_lm(family: str, layers: int = 4) -> nn.Module:
+def causal_lm(family: str, layers: int = 4, **more: Any) -> nn.Module:
     """A small Hugging Face causal LM of ``family`` ("llama", "qwen2", "mistral",
     "gemma", "gemma2", "phi3"), built from a config (no download), with grouped-query
     attention."""
     import transformers as tf
 
-    config, model = {
+    config_class, model = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
@@ -49,7 +49,7 @@ def causal_lm(family: str, layers: int = 4) -> nn.Module:
         "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM),
     }[family]
     torch.manual_seed(0)
-    cfg = config(
+    cfg = config_class(
         num_hidden_layers=layers,
         hidden_size=64,
         intermediate_size=128,
@@ -61,6 +61,7 @@ def causal_lm(family: str, layers: int = 4) -> nn.Module:
         bos_token_id=0,
         eos_token_id=0,
         pad_token_id=0,
+        **more,
     )
     return model(cfg)
 

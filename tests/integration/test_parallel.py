@@ -28,6 +28,8 @@ STRATEGIES = [
     ("gpt2", {"dp": 4}),
     ("gpt2", {"pp": 4}),
     ("gpt2", {"dp": 2, "pp": 2}),
+    ("gpt2", {"tp": 2, "dp": 2}),  # its fused q/k/v split into each rank's heads
+    ("gpt2", {"tp": 2, "pp": 2}),
     ("gpt2", {}),  # the planner's own choice
     ("llama", {"dp": 4}),
     ("llama", {"pp": 4}),
@@ -35,9 +37,9 @@ STRATEGIES = [
     ("llama", {"tp": 2, "dp": 2}),
     ("llama", {}),
 ]
-#: run by `make test` (the rest by `make test-all`): tensor parallel under FSDP, the
-#: layout with the most parts (a pipeline trains in test_sync_code_plans_and_trains_with_get)
-QUICK = [("llama", {"tp": 2, "dp": 2})]
+#: run by `make test` (the rest by `make test-all`): tensor parallel under FSDP, from a
+#: config's plan and from GPT-2's (a pipeline trains in test_sync_code_plans_and_trains_with_get)
+QUICK = [("llama", {"tp": 2, "dp": 2}), ("gpt2", {"tp": 2, "dp": 2})]
 
 
 def _close(a: list[float], b: list[float]) -> bool:
@@ -121,6 +123,10 @@ async def test_a_bad_batch_is_refused_at_once_and_changes_nothing(
     ("family", "dims"),
     [
         pytest.param("qwen2", {"pp": 2}, marks=pytest.mark.slow),
+        pytest.param("qwen2", {"tp": 2}, marks=pytest.mark.slow),
+        pytest.param("mistral", {"pp": 2}, marks=pytest.mark.slow),
+        # fused q/k/v and gate/up, split with their outputs gathered (its own plan's styles)
+        pytest.param("phi3", {"tp": 2}, marks=pytest.mark.slow),
         pytest.param("gemma", {"pp": 2}, marks=pytest.mark.slow),  # tied embeddings
         # its forward does more than Llama's: it runs whole
         pytest.param("gemma2", {"dp": 2}, marks=pytest.mark.slow),
@@ -401,7 +407,6 @@ async def test_arguments_that_cannot_be_met_are_named() -> None:
             ({"dp": 3}, r"dp=3 = 3 does not divide the mesh's 4 procs"),
             ({"dp": 2, "pp": 2, "tp": 2}, r"= 8 does not equal the mesh's 4 procs"),
             ({"dp": 4}, r"dp=4 does not divide the batch of 6 samples"),
-            ({"tp": 2}, r"tp=2: tensor parallel has a known plan only for Llama"),
             ({"pp": 8, "dp": 1}, r"does not divide the mesh|only 4 blocks"),
             ({"dp": 2, "microbatches": 2}, r"microbatches=2 x dp=2 does not divide the batch of 6"),
             (
@@ -412,6 +417,12 @@ async def test_arguments_that_cannot_be_met_are_named() -> None:
         for kwargs, message in cases:
             with pytest.raises(PlanError, match=message):
                 await plan(pm.gpt2(), procs, sample=batch, **kwargs)
+        with pytest.raises(PlanError, match=r"tp=4: attention heads \(4\), key/value heads \(2\)"):
+            await plan(pm.llama(), procs, sample=pm.lm_batch(n=8), tp=4)
+        with pytest.raises(
+            PlanError, match=r"tp=2: tensor parallel needs a plan for Tower's blocks"
+        ):
+            await plan(pm.Tower(), procs, sample=(torch.randn(8, 32), torch.randn(8, 1)), tp=2)
         p = await plan(pm.gpt2(), procs, sample=pm.lm_batch(n=8), dp=4)
         trainer = parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw)
         with pytest.raises(PlanError, match="the batch has 6 samples; dp=4 x microbatches=1"):

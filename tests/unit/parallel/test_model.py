@@ -72,11 +72,13 @@ def test_part_by_part_on_a_padded_batch_is_the_models_own(make: object, side: st
     assert torch.equal(h, ref.logits)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma", "phi3"])
-def test_llama_like_families_run_part_by_part_as_their_own_forward(family: str) -> None:
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gemma", "phi3"])
+def test_families_with_a_pp_plan_run_part_by_part_as_their_own_forward(family: str) -> None:
     model = pm.causal_lm(family).eval()
     parts = find_parts(model)
-    assert (parts.family, parts.n_blocks, parts.not_cut) == ("llama", 4, "")
+    assert (parts.family, parts.n_blocks, parts.not_cut) == ("pp_plan", 4, "")
+    assert (parts.blocks_path, parts.embed_paths) == ("model.layers", ("model.embed_tokens",))
+    assert parts.head_paths == ("model.norm", "lm_head")
     batch = pm.padded_lm_batch(side="left")
     with torch.no_grad():
         ref = model(**batch)
@@ -84,6 +86,47 @@ def test_llama_like_families_run_part_by_part_as_their_own_forward(family: str) 
     assert torch.equal(logits, ref.logits)
     own = parts.default_loss(model)
     assert own is not None and torch.equal(own(logits, batch["labels"]), ref.loss)
+    # its blocks' tensor-parallel plan is its config's own, under the blocks
+    hf_plan = model.config.base_model_tp_plan
+    assert dict(parts.tp_plan) == {
+        k.removeprefix("layers.*."): v for k, v in hf_plan.items() if k.startswith("layers.*.")
+    }
+    assert parts.can_tensor_parallel and parts.tp_why == ""
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_a_sliding_window_shorter_than_the_batch_masks_as_the_models_own(family: str) -> None:
+    # Mistral slides every block's window; Qwen2 only the blocks its layer_types say
+    more: dict[str, Any] = {"sliding_window": 4}
+    if family == "qwen2":
+        more.update(use_sliding_window=True, max_window_layers=2)
+    model = pm.causal_lm(family, **more).eval()
+    if family == "qwen2":
+        assert model.config.layer_types[:3] == ["full_attention"] * 2 + ["sliding_attention"]
+    parts = find_parts(model)
+    assert parts.family == "pp_plan"
+    batch = pm.padded_lm_batch(seq=16)
+    with torch.no_grad():
+        ref = model(**batch).logits
+        logits = parts.forward(model, batch["input_ids"], **model_kwargs(batch))
+        h = batch["input_ids"]
+        for stage in (parts.stage_module(model, 0, 2), parts.stage_module(model, 3, 3)):
+            h = stage(h, **model_kwargs(batch))
+    assert torch.equal(logits, ref) and torch.equal(h, ref)
+
+
+def test_a_tp_plan_style_danaus_does_not_apply_is_named() -> None:
+    model = pm.causal_lm("llama")
+    model.config.base_model_tp_plan = {
+        **model.config.base_model_tp_plan,
+        "layers.*.self_attn.q_proj": "local_colwise",
+    }
+    parts = find_parts(model)
+    assert parts.can_pipeline and not parts.can_tensor_parallel
+    assert "uses the style(s) ['local_colwise'], which danaus does not apply" in parts.tp_why
+    from danaus.parallel._planning import tp_sizes
+
+    assert tp_sizes(model, parts, 4) == ([1], parts.tp_why)
 
 
 def test_a_model_laid_out_like_llama_whose_forward_does_more_runs_whole() -> None:
@@ -92,7 +135,9 @@ def test_a_model_laid_out_like_llama_whose_forward_does_more_runs_whole() -> Non
     parts = find_parts(model)
     assert model.training == training  # (the probe left its mode as it was)
     assert parts.family == "hf" and not parts.can_pipeline and not parts.can_tensor_parallel
-    assert "laid out as Llama's, but its forward does more around them" in parts.not_cut
+    assert "danaus runs part by part, but its forward does more around its blocks" in (
+        parts.not_cut
+    )
     assert find_parts(model) is parts  # checked once per model
     batch = pm.padded_lm_batch()
     with torch.no_grad():
@@ -103,7 +148,7 @@ def test_a_model_laid_out_like_llama_whose_forward_does_more_runs_whole() -> Non
         assert torch.equal(logits, ref.logits) and torch.equal(
             own(logits, batch["labels"]), ref.loss
         )
-    with pytest.raises(PlanError, match=r"Gemma2ForCausalLM.* laid out as Llama's"):
+    with pytest.raises(PlanError, match=r"Gemma2ForCausalLM.* does more around its blocks"):
         parts.stage_module(model, 0, 1)
 
 
@@ -176,7 +221,7 @@ def test_stages_chained_are_the_whole_model_and_hold_only_their_blocks(make: obj
 
 def test_layouts_known_and_unknown() -> None:
     assert find_parts(pm.gpt2()).family == "gpt2"
-    assert find_parts(pm.llama()).family == "llama"
+    assert find_parts(pm.llama()).family == "pp_plan"
     seq = find_parts(pm.mlp([8, 8, 8], dim=4))
     assert (seq.family, seq.n_blocks, seq.can_pipeline) == ("sequential", 3, True)
     tower = find_parts(pm.Tower(n=5))
