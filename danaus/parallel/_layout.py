@@ -22,6 +22,7 @@ class Layout:
             bfloat16 (weights, gradients and optimizer state stay fp32).
         checkpointing: each block keeps only its input for backward and computes its
             forward again there (activation checkpointing).
+        compile: each block runs compiled by ``torch.compile`` (TorchDynamo, Inductor).
     """
 
     dp: int
@@ -33,6 +34,7 @@ class Layout:
     sharded: bool = False
     precision: str = "fp32"
     checkpointing: bool = False
+    compile: bool = False
 
     @property
     def size(self) -> int:

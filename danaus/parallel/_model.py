@@ -136,10 +136,10 @@ class ModelParts:
             out: torch.Tensor = t.get_submodule("drop")(h)
             return out
         if self.family == "pp_plan":
-            h = inputs
+            x: torch.Tensor = inputs
             for path in self.embed_paths:
-                h = _get(model, path)(h)
-            return h
+                x = _get(model, path)(x)
+            return x
         return inputs  # type: ignore[no-any-return]
 
     def run_blocks(
@@ -463,9 +463,10 @@ def _pp_plan_parts(model: nn.Module, config: Any) -> ModelParts | None:
     prefix = str(getattr(model, "base_model_prefix", "") or "")
     at = (prefix + ".") if prefix else ""
     names = {id(m): n for n, m in model.named_modules()}
-    head_module = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    own: Any = model
+    head_module = own.get_output_embeddings() if hasattr(own, "get_output_embeddings") else None
     try:
-        mods = {k: model.get_submodule(at + k) for k in plan}
+        mods: dict[str, Any] = {k: model.get_submodule(at + k) for k in plan}
     except AttributeError:
         return None
     lists = [k for k, m in mods.items() if isinstance(m, nn.ModuleList) and len(m) > 0]

@@ -56,6 +56,8 @@ class Plan:
     precision: str = "fp32"
     #: every block recomputes its forward in backward instead of keeping its activations
     checkpointing: bool = False
+    #: every block runs compiled by ``torch.compile`` (measured so)
+    compile: bool = False
 
     @property
     def strategy(self) -> str:
@@ -74,6 +76,7 @@ class Plan:
             self.sharded,
             self.precision,
             self.checkpointing,
+            self.compile,
         )
 
     def __str__(self) -> str:
@@ -82,7 +85,8 @@ class Plan:
             f"{'es' if self.microbatches != 1 else ''} per replica"
             + (f", {self.schedule} schedule" if self.pp > 1 else "")
             + (f", {self.precision} compute" if self.precision != "fp32" else "")
-            + (", activation checkpointing" if self.checkpointing else ""),
+            + (", activation checkpointing" if self.checkpointing else "")
+            + (", compiled" if self.compile else ""),
         ]
         if self.estimated_step_s:
             lines.append(

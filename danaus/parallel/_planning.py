@@ -126,6 +126,7 @@ async def _plan(
     optimizer: Callable[[Iterator[Any]], Any],
     precision: str = "fp32",
     checkpointing: bool = False,
+    compile: bool = False,
 ) -> Plan:
     from ._profile import Profiler
 
@@ -162,13 +163,19 @@ async def _plan(
         first = profilers.slice(**dict.fromkeys(procs.sizes, 0))
         sizes = profile_sizes(cands, batch)
         cost = await first.model.call_one(
-            model, parts, sample, loss, optimizer, sizes, threads, precision, checkpointing
+            model, parts, sample, loss, optimizer, sizes, threads, precision, checkpointing, compile
         )
         cost.tp_block_s = tp_s
     finally:
         await profilers.stop()
     chosen = choose(cost, mesh, batch=batch, cands=cands, layers=layers)
-    return replace(chosen, loss_fn=loss_fn, precision=precision, checkpointing=checkpointing)
+    return replace(
+        chosen,
+        loss_fn=loss_fn,
+        precision=precision,
+        checkpointing=checkpointing,
+        compile=compile,
+    )
 
 
 def plan(
@@ -186,6 +193,7 @@ def plan(
     optimizer: Callable[[Iterator[Any]], Any] | None = None,
     precision: str = "fp32",
     checkpointing: bool = False,
+    compile: bool = False,
 ) -> Future[Plan]:
     """Measure ``model`` and ``procs`` on the procs, and choose how to lay the model out.
 
@@ -218,6 +226,9 @@ def plan(
         checkpointing: activation checkpointing (torch's ``checkpoint_wrapper`` around
             every block): each block keeps only its input and recomputes its forward in
             backward, less memory for more time, both measured so. The same losses.
+        compile: time the blocks compiled by ``torch.compile`` (what
+            ``parallelize(..., compile=True)`` runs); on CPU, Inductor needs a C++
+            compiler, and the error says so where there is none.
 
     Raises (from the future):
         PlanError: no plan fits the memory (the message gives what the smallest needs),
@@ -244,6 +255,7 @@ def plan(
             opt,
             precision,
             checkpointing,
+            compile,
         ),
     )
 

@@ -23,6 +23,7 @@ from ._worker import (
     OptimizerFactory,
     autocast,
     checkpoint_blocks,
+    compile_blocks,
     device,
     optimizer_state_bytes,
     timed,
@@ -414,12 +415,16 @@ class Profiler(Actor):
         threads: int,
         precision: str = "fp32",
         checkpointing: bool = False,
+        compile: bool = False,
     ) -> ModelCost:
         """Measure ``model`` here (see :func:`measure_model`) with ``threads`` torch
         threads, as a worker of the plan will have, computing in ``precision``, its
-        blocks checkpointed if ``checkpointing``."""
+        blocks checkpointed if ``checkpointing``, compiled if ``compile`` (the passes
+        that compile are slower than the rest, and the fastest pass counts)."""
         if checkpointing:
             checkpoint_blocks(model, parts, 0, parts.n_blocks - 1)
+        if compile:
+            compile_blocks(model, parts, 0, parts.n_blocks - 1)
         old = torch.get_num_threads()
         if not torch.cuda.is_available():
             torch.set_num_threads(threads)

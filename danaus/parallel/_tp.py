@@ -93,7 +93,7 @@ def _qkv_order(rows: int, tp: int) -> torch.Tensor:
     )
 
 
-def _as_linear(conv: nn.Module, order: torch.Tensor | None) -> nn.Linear:
+def _as_linear(conv: Any, order: torch.Tensor | None) -> nn.Linear:
     weight: torch.Tensor = conv.weight.detach().t()
     bias: torch.Tensor = conv.bias.detach()
     if order is not None:
@@ -111,14 +111,14 @@ def apply(block: nn.Module, mesh: Any, plan: Plan) -> None:
 
     tp = mesh.size()
     for path, style in plan:
-        mod = block.get_submodule(path)
+        mod: Any = block.get_submodule(path)
         if _is_conv1d(mod):
             order = _qkv_order(int(mod.nf), tp) if style == QKV else None
             parent, _, leaf = path.rpartition(".")
-            owner = block.get_submodule(parent) if parent else block
+            owner: Any = block.get_submodule(parent) if parent else block
             setattr(owner, leaf, _as_linear(mod, order))
             if style == QKV:  # each rank splits its local [q; k; v] in three
-                owner.split_size = int(mod.nf) // 3 // tp  # type: ignore[assignment]
+                owner.split_size = int(mod.nf) // 3 // tp
     parallelize_module(block, mesh, {path: _style(style) for path, style in plan})
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import math
@@ -431,6 +432,7 @@ def parallelize(
     optimizer: Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer],
     loss_fn: LossFn | None = None,
     data: DataFn | None = None,
+    compile: bool | None = None,
 ) -> Trainer:
     """Lay ``model`` out on ``procs`` as ``plan`` says and return its :class:`Trainer` at
     once (the workers set up in the background; the first call waits for them).
@@ -442,7 +444,17 @@ def parallelize(
     global batch (a dict or an ``(inputs, target)`` pair, ``1/dp_size`` of the rows);
     every proc of that replica calls it, so that no batch goes through the controller,
     and ``step()`` and ``fit(steps=N)`` then take none.
+
+    ``compile=True`` compiles each block with ``torch.compile`` (TorchDynamo and
+    Inductor, on every proc; the first step of each new sequence length compiles, the
+    rest run compiled); by default the plan's ``compile`` (``plan(..., compile=True)``
+    measures the compiled blocks, so that its estimate is of them). On CPU it needs a
+    C++ compiler, and the first call says so plainly where a proc has none.
     """
+    if compile is not None:
+        if not isinstance(compile, bool):
+            raise TypeError(f"compile={compile!r}: give True or False")
+        plan = dataclasses.replace(plan, compile=compile)
     return Trainer(
         model, procs, plan, optimizer, loss_fn if loss_fn is not None else plan.loss_fn, data
     )

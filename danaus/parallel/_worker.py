@@ -89,6 +89,36 @@ def checkpoint_blocks(owner: nn.Module, parts: ModelParts, first: int, last: int
         container[i] = checkpoint_wrapper(container[i])
 
 
+def compile_problem(dev: torch.device) -> str:
+    """Why ``torch.compile`` cannot compile here, or ``""``: on CPU, Inductor builds C++
+    and needs a compiler (``g++`` or ``$CXX``)."""
+    if dev.type != "cpu":
+        return ""
+    try:
+        from torch._inductor import cpp_builder
+
+        cxx = cpp_builder.get_cpp_compiler()
+    except Exception as e:  # (it raises its own kinds where none is found)
+        return (
+            "compile=True: torch.compile's Inductor needs a C++ compiler on CPU and found "
+            f"none ({e}); install g++ (or set CXX), or train without compile"
+        )
+    return "" if cxx else "compile=True: torch.compile found no C++ compiler (install g++)"
+
+
+def compile_blocks(owner: nn.Module, parts: ModelParts, first: int, last: int) -> None:
+    """Compile blocks ``first``..``last`` of ``owner`` in place (``nn.Module.compile``:
+    the parameters and state dict keys stay the model's own). Each block compiles when it
+    first runs, and once more for the first batch of another length (then with the
+    length left dynamic). Raises RuntimeError where there is no compiler."""
+    problem = compile_problem(device())
+    if problem:
+        raise RuntimeError(problem)
+    container: Any = owner.get_submodule(parts.blocks_path) if parts.blocks_path else owner
+    for i in range(first, last + 1):
+        container[i].compile()
+
+
 def set_threads() -> None:
     """On CPU, share the host's cores between its procs instead of oversubscribing them."""
     if torch.cuda.is_available():
@@ -188,6 +218,8 @@ class ParallelWorker(Actor):
             self._tensor_parallel(blocks_owner, parts, first, last)
         if layout.checkpointing:
             checkpoint_blocks(blocks_owner, parts, first, last)
+        if layout.compile:
+            compile_blocks(blocks_owner, parts, first, last)
         self.inner = module
         if layout.precision != "fp32":
             module = Autocast(module, layout.precision)

@@ -171,6 +171,37 @@ async def test_sequence_lengths_may_change_from_step_to_step(dims: dict[str, int
     assert _close(losses, expected), (losses, expected)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("dims", [{"dp": 2}, {"pp": 2}], ids=["dp=2", "pp=2"])
+async def test_compiled_blocks_train_as_one_process_at_changing_lengths(
+    dims: dict[str, int],
+) -> None:
+    batches = [pm.padded_lm_batch(seq=n, seed=n) for n in (16, 10, 16, 12)]
+    reference = pm.llama()
+    opt = pm.adamw(reference.parameters())
+    expected = []
+    for b in batches:  # one process, not compiled
+        opt.zero_grad()
+        loss = reference(**b).loss
+        loss.backward()
+        opt.step()
+        expected.append(float(loss.detach()))
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        p = await plan(pm.llama(), procs, sample=batches[0], compile=True, **dims)
+        assert p.compile and p.layout.compile and "compiled" in str(p)
+        trainer = parallelize(pm.llama(), procs, p, optimizer=pm.adamw)
+        losses = await trainer.fit(batches)
+        state = await trainer.state_dict()
+        await trainer.stop()
+        # compile=False on parallelize overrides the plan's
+        plain = parallelize(pm.llama(), procs, p, optimizer=pm.adamw, compile=False)
+        assert not plain.plan.compile and "compiled" not in str(plain.plan)
+        await plain.stop()
+    assert _close(losses, expected), (losses, expected)
+    assert set(state) == set(reference.state_dict())  # the model's own keys, compiled or not
+
+
 @pytest.mark.parametrize(
     "dims",
     [

@@ -289,3 +289,22 @@ def test_a_plan_prints_as_a_table_with_its_reasons() -> None:
     assert "    1       4..7     2.00 MiB     13.00 ms     5.00 MiB" in text
     assert "why: fastest of 12" in text and "runner-up: dp=4: 80 ms" in text
     assert p.layout.coords(3) == (1, 1, 0) and p.layout.rank(1, 1, 0) == 3
+
+
+def test_compile_without_a_cpp_compiler_says_so_and_compiles_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch._inductor import config
+
+    from danaus.parallel._worker import compile_blocks, compile_problem
+
+    model = pm.llama()
+    parts = find_parts(model)
+    assert compile_problem(torch.device("cpu")) == ""  # this machine has g++
+    monkeypatch.setattr(config.cpp, "cxx", ("/nonexistent/g++",))
+    problem = compile_problem(torch.device("cpu"))
+    assert problem.startswith("compile=True: torch.compile's Inductor needs a C++ compiler")
+    assert "/nonexistent/g++" in problem and "install g++" in problem
+    with pytest.raises(RuntimeError, match="needs a C\\+\\+ compiler"):
+        compile_blocks(model, parts, 0, parts.n_blocks - 1)
+    assert not any(getattr(b, "_compiled_call_impl", None) for b in parts.blocks(model))
