@@ -20,8 +20,8 @@ class Layout:
             each holding all of them (DDP).
         precision: ``"fp32"``, or ``"bf16"``: the forward computes under autocast in
             bfloat16 (weights, gradients and optimizer state stay fp32).
-        checkpointing: each block keeps only its input for backward and computes its
-            forward again there (activation checkpointing).
+        checkpointing: per stage, whether its blocks keep only their inputs for backward
+            and compute their forward again there (activation checkpointing).
         compile: each block runs compiled by ``torch.compile`` (TorchDynamo, Inductor).
     """
 
@@ -33,7 +33,7 @@ class Layout:
     schedule: str = "1f1b"
     sharded: bool = False
     precision: str = "fp32"
-    checkpointing: bool = False
+    checkpointing: tuple[bool, ...] = ()
     compile: bool = False
 
     @property

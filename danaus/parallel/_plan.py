@@ -18,6 +18,8 @@ class StagePlan:
         estimated_s: estimated forward + backward time of one microbatch on this stage.
         peak_bytes: estimated peak bytes per proc of this stage (weights, grads,
             optimizer state and the activations of the microbatches in flight).
+        checkpointing: the stage's blocks recompute their forward in backward
+            (activation checkpointing) instead of keeping their activations.
     """
 
     first: int
@@ -25,6 +27,7 @@ class StagePlan:
     param_bytes: int
     estimated_s: float
     peak_bytes: int = 0
+    checkpointing: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,10 @@ class Plan:
     loss_fn: Any = field(default=None, repr=False, compare=False)
     #: what the forward computes in: "fp32", or "bf16" (autocast; weights stay fp32)
     precision: str = "fp32"
-    #: every block recomputes its forward in backward instead of keeping its activations
-    checkpointing: bool = False
+    #: activation checkpointing as asked: True (every block recomputes its forward in
+    #: backward instead of keeping its activations), False, or None (the planner chose
+    #: per stage: see each stage's ``checkpointing``)
+    checkpointing: bool | None = False
     #: every block runs compiled by ``torch.compile`` (measured so)
     compile: bool = False
 
@@ -75,9 +80,12 @@ class Plan:
             self.schedule,
             self.sharded,
             self.precision,
-            self.checkpointing,
+            tuple(s.checkpointing for s in self.stages),
             self.compile,
         )
+
+    def _checkpointed(self) -> str:
+        return ", ".join(str(i) for i, s in enumerate(self.stages) if s.checkpointing)
 
     def __str__(self) -> str:
         lines = [
@@ -86,6 +94,11 @@ class Plan:
             + (f", {self.schedule} schedule" if self.pp > 1 else "")
             + (f", {self.precision} compute" if self.precision != "fp32" else "")
             + (", activation checkpointing" if self.checkpointing else "")
+            + (
+                f", activation checkpointing on stage(s) {chosen}"
+                if self.checkpointing is None and (chosen := self._checkpointed())
+                else ""
+            )
             + (", compiled" if self.compile else ""),
         ]
         if self.estimated_step_s:

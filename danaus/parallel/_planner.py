@@ -18,6 +18,11 @@ stage under the memory cap. The step is then estimated as
 Memory per proc: weights + gradients + optimizer state (each divided by ``tp`` for the
 blocks, by ``dp`` when sharded) + the activations of the microbatches in flight on that
 stage (1F1B keeps ``pp - stage`` of them, GPipe all).
+
+Given the costs of the blocks checkpointed too (``checkpointing=None``: measured so), a
+stage that does not fit the cap keeping its activations recomputes them instead where
+that fits (it is slower, so a stage that fits keeps them), and the split is chosen
+knowing so.
 """
 
 from __future__ import annotations
@@ -186,19 +191,28 @@ def _prefix(xs: list[float] | list[int]) -> list[float]:
     return out
 
 
-def estimate(cand: Candidate, cost: ModelCost, mesh: MeshFacts, batch: int, cap: int) -> Estimate:
+def estimate(
+    cand: Candidate,
+    cost: ModelCost,
+    mesh: MeshFacts,
+    batch: int,
+    cap: int,
+    recompute: ModelCost | None = None,
+) -> Estimate:
     """The best stage split of ``cand`` and its step time and peak memory per proc
-    (``peak`` > ``cap`` when nothing fits: then the split is the least memory one)."""
+    (``peak`` > ``cap`` when nothing fits: then the split is the least memory one).
+    ``recompute``: the blocks' costs checkpointed, for stages that do not fit without."""
     c = cand
     s = batch // (c.dp * c.microbatches)
     L = len(cost.blocks)
     contention = max(1.0, mesh.procs_per_host / max(1, mesh.cores_per_host))
-    k_costs = _Costs(cost, mesh, s, c.tp, contention)
+    plain_costs = _Costs(cost, mesh, s, c.tp, contention)
+    ckpt_costs = _Costs(recompute, mesh, s, c.tp, contention) if recompute else None
     bw, lat = mesh.collective_bw, mesh.collective_latency_s
     hop = mesh.hop_latency_s
     state = 2.0 + cost.opt_ratio  # weights, grads, optimizer state per byte of weights
 
-    def stage(k: int, i: int, j: int) -> tuple[float, int, float]:
+    def stage_as(k: int, i: int, j: int, k_costs: _Costs) -> tuple[float, int, float]:
         """Stage k over blocks i..j-1: (microbatch seconds, peak bytes, weight bytes)."""
         first, last = k == 0, k == c.pp - 1
         t = 0.0
@@ -224,12 +238,26 @@ def estimate(cand: Candidate, cost: ModelCost, mesh: MeshFacts, batch: int, cap:
         working = max((x.param_bytes for x in cost.blocks[i:j]), default=0) if c.sharded else 0
         return t, int(held + working + inflight * act), w
 
+    def stage_full(k: int, i: int, j: int) -> tuple[float, int, float, bool]:
+        """As ``stage_as``, checkpointed where it does not fit otherwise and that needs
+        less memory; and whether it is."""
+        t, mem, w = stage_as(k, i, j, plain_costs)
+        if ckpt_costs is None or mem <= cap:
+            return t, mem, w, False
+        t2, mem2, w2 = stage_as(k, i, j, ckpt_costs)
+        return (t2, mem2, w2, True) if mem2 < mem else (t, mem, w, False)
+
+    def stage(k: int, i: int, j: int) -> tuple[float, int, float]:
+        t, mem, w, _ = stage_full(k, i, j)
+        return t, mem, w
+
     best = _split(c.pp, L, stage, cap)
     stages = []
     worst_t, peak, worst_w = 0.0, 0, 0.0
     for k, (i, j) in enumerate(best):
-        t, mem, w = stage(k, i, j)
-        stages.append(StagePlan(i, j - 1, int(w * (c.tp if c.tp > 1 else 1)), t, mem))
+        t, mem, w, ckpt = stage_full(k, i, j)
+        weights = int(w * (c.tp if c.tp > 1 else 1))
+        stages.append(StagePlan(i, j - 1, weights, t, mem, checkpointing=ckpt))
         worst_t, peak, worst_w = max(worst_t, t), max(peak, mem), max(worst_w, w)
     step = (c.microbatches + c.pp - 1) * worst_t
     if c.dp > 1 and (c.sharded or c.pp > 1 or c.tp > 1):
@@ -296,11 +324,13 @@ def choose(
     batch: int,
     cands: list[Candidate],
     layers: str | None,
+    recompute: ModelCost | None = None,
 ) -> Plan:
     """The fastest candidate that fits ``mesh.memory_per_proc``; ``PlanError`` naming the
-    memory the smallest one needs where none fits."""
+    memory the smallest one needs where none fits. ``recompute``: the blocks' costs
+    checkpointed, for the stages that fit only so (see :func:`estimate`)."""
     cap = mesh.memory_per_proc
-    ests = [estimate(c, cost, mesh, batch, cap) for c in cands]
+    ests = [estimate(c, cost, mesh, batch, cap, recompute) for c in cands]
     if not ests:
         raise PlanError("no layout of this mesh suits the model and batch")
     fits = sorted((e for e in ests if e.peak <= cap), key=lambda e: e.step_s)
@@ -337,6 +367,14 @@ def choose(
         why += (
             f"; estimated for the sample's {' x '.join(map(str, cost.sample_shape))} "
             "inputs (other sequence lengths run on the same plan)"
+        )
+    if recompute is not None:
+        chosen = [i for i, st in enumerate(best.stages) if st.checkpointing]
+        why += (
+            f"; activation checkpointing on stage(s) {', '.join(map(str, chosen))}: they "
+            "fit only recomputing their activations"
+            if chosen
+            else "; no activation checkpointing: every stage fits keeping its activations"
         )
     if len(fits) < len(ests):
         over = min((e for e in ests if e.peak > cap), key=_rank)

@@ -13,7 +13,7 @@ from ._errors import PlanError
 from ._model import ModelParts, check_batch, find_parts
 from ._plan import Plan
 from ._planner import candidates, check_forced, choose, profile_sizes
-from ._profile import MeshFacts, ProcFacts, TPProbe
+from ._profile import MeshFacts, ModelCost, ProcFacts, TPProbe
 
 if TYPE_CHECKING:
     import torch
@@ -125,7 +125,7 @@ async def _plan(
     memory_per_proc: int | None,
     optimizer: Callable[[Iterator[Any]], Any],
     precision: str = "fp32",
-    checkpointing: bool = False,
+    checkpointing: bool | None = False,
     compile: bool = False,
 ) -> Plan:
     from ._profile import Profiler
@@ -162,13 +162,20 @@ async def _plan(
         mesh, tp_s = await _measure_mesh(procs, profilers, facts, probe)
         first = profilers.slice(**dict.fromkeys(procs.sizes, 0))
         sizes = profile_sizes(cands, batch)
-        cost = await first.model.call_one(
-            model, parts, sample, loss, optimizer, sizes, threads, precision, checkpointing, compile
-        )
+        measure = (model, parts, sample, loss, optimizer, sizes, threads, precision)
+        cost = await first.model.call_one(*measure, bool(checkpointing), compile)
         cost.tp_block_s = tp_s
+        recompute = None
+        if checkpointing is None:  # both, for the planner to choose per stage
+            recompute = await first.model.call_one(*measure, True, compile)
+            recompute.tp_block_s = _scaled(tp_s, cost, recompute)
     finally:
         await profilers.stop()
-    chosen = choose(cost, mesh, batch=batch, cands=cands, layers=layers)
+    chosen = choose(cost, mesh, batch=batch, cands=cands, layers=layers, recompute=recompute)
+    if checkpointing:  # every stage, as measured
+        chosen = replace(
+            chosen, stages=tuple(replace(st, checkpointing=True) for st in chosen.stages)
+        )
     return replace(
         chosen,
         loss_fn=loss_fn,
@@ -176,6 +183,18 @@ async def _plan(
         checkpointing=checkpointing,
         compile=compile,
     )
+
+
+def _scaled(
+    tp_s: dict[int, dict[int, float]], cost: ModelCost, recompute: ModelCost
+) -> dict[int, dict[int, float]]:
+    """The tensor-parallel block times (measured unwrapped) as checkpointed: each as much
+    slower as checkpointing made the unsplit block."""
+    b0, r0 = cost.blocks[0].time_s, recompute.blocks[0].time_s
+    return {
+        tp: {s: t * r0[s] / max(b0[s], 1e-12) for s, t in by_size.items() if s in r0}
+        for tp, by_size in tp_s.items()
+    }
 
 
 def plan(
@@ -192,7 +211,7 @@ def plan(
     memory_per_proc: int | None = None,
     optimizer: Callable[[Iterator[Any]], Any] | None = None,
     precision: str = "fp32",
-    checkpointing: bool = False,
+    checkpointing: bool | None = False,
     compile: bool = False,
 ) -> Future[Plan]:
     """Measure ``model`` and ``procs`` on the procs, and choose how to lay the model out.
@@ -226,6 +245,9 @@ def plan(
         checkpointing: activation checkpointing (torch's ``checkpoint_wrapper`` around
             every block): each block keeps only its input and recomputes its forward in
             backward, less memory for more time, both measured so. The same losses.
+            ``None``: the planner decides per stage, from the blocks measured both ways:
+            a stage that does not fit the memory keeping its activations recomputes
+            them where that fits (each ``StagePlan.checkpointing`` says which).
         compile: time the blocks compiled by ``torch.compile`` (what
             ``parallelize(..., compile=True)`` runs); on CPU, Inductor needs a C++
             compiler, and the error says so where there is none.
@@ -237,10 +259,10 @@ def plan(
     forced = {"dp": dp, "pp": pp, "tp": tp, "microbatches": microbatches}
     opt = optimizer if optimizer is not None else _default_optimizer
     check_precision(precision)
-    if not isinstance(checkpointing, bool):
+    if checkpointing is not None and not isinstance(checkpointing, bool):
         raise PlanError(
-            f"checkpointing={checkpointing!r}: give True or False (the planner choosing "
-            "per stage is not done yet)"
+            f"checkpointing={checkpointing!r}: give True, False, or None (the planner "
+            "chooses per stage)"
         )
     return run_task(
         current_runtime(),

@@ -119,6 +119,38 @@ def compile_blocks(owner: nn.Module, parts: ModelParts, first: int, last: int) -
         container[i].compile()
 
 
+def reset_peak(dev: torch.device) -> None:
+    """Start counting :func:`peak_bytes` from now: CUDA's peak allocation, or on CPU the
+    process's resident high-water mark (Linux's ``clear_refs``; where it cannot be
+    reset, the count runs from the process's start)."""
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_bytes(dev: torch.device) -> int:
+    """The most bytes this proc has held at once since :func:`reset_peak`: on CUDA,
+    torch's peak allocation on ``dev``; on CPU, the process's peak resident memory
+    (everything: the interpreter, torch, the model, its activations)."""
+    if dev.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(dev))
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
 def set_threads() -> None:
     """On CPU, share the host's cores between its procs instead of oversubscribing them."""
     if torch.cuda.is_available():
@@ -216,7 +248,7 @@ class ParallelWorker(Actor):
         module.to(self.device)
         if layout.tp > 1:
             self._tensor_parallel(blocks_owner, parts, first, last)
-        if layout.checkpointing:
+        if layout.checkpointing and layout.checkpointing[self.pp_i]:
             checkpoint_blocks(blocks_owner, parts, first, last)
         if layout.compile:
             compile_blocks(blocks_owner, parts, first, last)
@@ -230,6 +262,7 @@ class ParallelWorker(Actor):
         #: a pipeline's schedule per shape of a replica's batch, the most recent last:
         #: a stage sizes its buffers for the activations of the first step it runs
         self._schedules: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        reset_peak(self.device)
 
     def _tied_groups(self, model: nn.Module, parts: ModelParts, layout: Layout) -> None:
         """A process group of the first and last stage of each pipeline, for the weights
@@ -479,7 +512,9 @@ class ParallelWorker(Actor):
 
     @endpoint
     def held_bytes(self) -> dict[str, int]:
-        """Bytes this proc holds: weights, gradients, optimizer state."""
+        """Bytes this proc holds: weights, gradients, optimizer state, their total; and
+        ``peak``, the most it has held at once since the trainer set up (see
+        :func:`peak_bytes`: on CPU the whole process's resident memory)."""
         assert self.module is not None
         params = list(self.module.parameters())
         weights = sum(tensor_bytes(p) for p in params)
@@ -492,6 +527,7 @@ class ParallelWorker(Actor):
             "grads": grads,
             "optimizer": opt,
             "total": total,
+            "peak": peak_bytes(self.device),
         }
 
     @endpoint

@@ -263,10 +263,29 @@ async def test_activation_checkpointing_keeps_less_and_gives_the_same_losses(
         losses = await trainer.fit([batch] * 3)
         state = await trainer.state_dict()
         await trainer.stop()
+        # None: the planner recomputes where keeping the activations does not fit the cap
+        # (on a pipeline, where no replicas can shard instead)
+        two = {"sample": batch, "microbatches": 1, "pp": 2}
+        if dims != {"pp": 2}:
+            kept = await plan(make(), procs, **two)
+            p = await plan(make(), procs, checkpointing=True, **two)
+        cap = (p.peak_bytes_per_proc + kept.peak_bytes_per_proc) // 2
+        with pytest.raises(PlanError, match="no plan fits"):
+            await plan(make(), procs, memory_per_proc=cap, **two)
+        auto = await plan(make(), procs, checkpointing=None, memory_per_proc=cap, **two)
+        chosen = [s.checkpointing for s in auto.stages]
+        assert any(chosen) and auto.peak_bytes_per_proc <= cap, str(auto)
+        assert "activation checkpointing on stage(s)" in str(auto)
+        roomy = await plan(make(), procs, checkpointing=None, **two)
+        assert not any(s.checkpointing for s in roomy.stages), str(roomy)
+        trainer = parallelize(make(), procs, auto, optimizer=pm.adamw)
+        auto_losses = await trainer.fit([batch] * 3)
+        await trainer.stop()
     assert _close(losses, expected), (losses, expected)
+    assert _close(auto_losses, expected), (auto_losses, expected)
     assert set(state) == set(make().state_dict())  # the model's own keys
-    with pytest.raises(PlanError, match="checkpointing=None: give True or False"):
-        plan(make(), this_host(), sample=batch, checkpointing=None)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match="checkpointing='yes': give True, False, or None"):
+        plan(make(), this_host(), sample=batch, checkpointing="yes")  # type: ignore[arg-type]
 
 
 def _global_batch(step: int) -> dict[str, torch.Tensor]:

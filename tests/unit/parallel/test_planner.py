@@ -152,3 +152,28 @@ def test_forced_dims_that_cannot_be_met_are_named(forced: dict[str, int], messag
         check_forced(
             4, 6, 2, can_pipeline=True, tp_ok=[1], why_no_tp="no plan for this model", **args
         )
+
+
+def test_checkpointing_none_recomputes_only_where_keeping_activations_does_not_fit() -> None:
+    # 8 blocks (and the embed and head) of 1 s and 64 MiB of activations at the whole
+    # batch; checkpointed: 1.3 s and 1 MiB. pp=2 with 2 microbatches of 4 rows under 1F1B:
+    # a part takes 0.5 s (0.65 s checkpointed) and keeps 32 MiB per microbatch; the first
+    # stage holds 2 microbatches' activations, the last 1.
+    plain = _cost([1.0] * 8, [1024] * 8, act=64 * MiB)
+    recompute = _cost([1.3] * 8, [1024] * 8, act=MiB)  # the blocks measured checkpointed
+    cands = _all(n=2, blocks=8, pp=2, microbatches=2)
+    tight = _mesh(procs=2, memory=170 * MiB)  # keeping: 1 block first, 4 last at most
+    with pytest.raises(PlanError, match=r"no plan fits in 170\.0 MiB per proc"):
+        choose(plain, tight, batch=8, cands=cands, layers=None)
+    p = choose(plain, tight, batch=8, cands=cands, layers=None, recompute=recompute)
+    # fastest: 4 blocks recomputed first (2.6 s), 4 kept last (2 s; they fit); 3 first
+    # (1.95 s) leaves 5 last, which fit only recomputed (3.25 s)
+    got = [(s.first, s.last, s.checkpointing) for s in p.stages]
+    assert got == [(0, 3, True), (4, 7, False)]
+    assert all(s.peak_bytes <= 170 * MiB for s in p.stages)
+    assert p.layout.checkpointing == (True, False)
+    assert "activation checkpointing on stage(s) 0: they fit only" in p.why
+    # with memory to spare, nothing recomputes: it is slower
+    roomy = choose(plain, _mesh(procs=2), batch=8, cands=cands, layers=None, recompute=recompute)
+    assert not any(s.checkpointing for s in roomy.stages)
+    assert "no activation checkpointing: every stage fits keeping its activations" in roomy.why
