@@ -1,6 +1,8 @@
 """Whole-model parallelism: tokens/s of each strategy on 4 procs against the same model
 trained in one process on the same global batch (the floor, measured in the same run),
-and the planner's estimated step against the measured one."""
+the planner's estimated step against the measured one, and each proc's measured peak
+memory (its resident high-water mark on CPU, fresh procs for each row): fp32 against
+bf16, activation checkpointing off against on, torch.compile off against on."""
 
 from __future__ import annotations
 
@@ -25,8 +27,11 @@ STRATEGIES: list[tuple[str, dict[str, int]]] = [
     ("tp=2 x dp=2", {"tp": 2, "dp": 2}),
     ("tp=4", {"tp": 4}),
     ("planner's choice", {}),
-    ("choice, bf16", {"bf16": 1}),  # the forward under autocast; weights stay fp32
-    ("choice, ckpt", {"ckpt": 1}),  # activation checkpointing: blocks recompute
+    # the same layout, one thing changed at a time
+    ("dp=4 bf16", {"dp": 4, "bf16": 1}),  # the forward under autocast; weights stay fp32
+    ("dp=4 ckpt", {"dp": 4, "ckpt": 1}),  # activation checkpointing: blocks recompute
+    ("dp=4 compile", {"dp": 4, "compile": 1}),  # torch.compile (Inductor) per block
+    ("pp=4 ckpt", {"pp": 4, "ckpt": 1}),
 ]
 
 
@@ -87,37 +92,43 @@ def _bytes_out() -> int:
     return int(proc_record(current_runtime())["bytes_out"])
 
 
-async def strategies(batch: dict[str, Any]) -> list[tuple[str, float, float, str, float, int]]:
-    rows: list[tuple[str, float, float, str, float, int]] = []
+Row = tuple[str, float, float, str, float, int, int]
+
+
+async def _row(name: str, dims: dict[str, int], batch: dict[str, Any]) -> Row:
+    """One strategy on fresh procs (so that their high-water marks are its own)."""
     async with this_host().spawn_procs(per_host={"procs": PROCS}) as procs:
-        for name, dims in STRATEGIES:
-            p = await plan(
-                _model(),
-                procs,
-                sample=batch,
-                optimizer=_adamw,
-                dp=dims.get("dp"),
-                pp=dims.get("pp"),
-                tp=dims.get("tp"),
-                precision="bf16" if dims.get("bf16") else "fp32",
-                checkpointing=bool(dims.get("ckpt")),
-            )
-            trainer = parallelize(_model(), procs, p, optimizer=_adamw)
-            for _ in range(2):  # set up, warm up
-                await trainer.step(batch)
-            times = []
-            before = _bytes_out()
-            for _ in range(STEPS):
-                t = time.perf_counter()
-                await trainer.step(batch)
-                times.append(time.perf_counter() - t)
-            sent = (_bytes_out() - before) / STEPS
-            await trainer.stop()
-            peak = p.peak_bytes_per_proc
-            rows.append(
-                (name, statistics.median(times), p.estimated_step_s, p.strategy, sent, peak)
-            )
-    return rows
+        p = await plan(
+            _model(),
+            procs,
+            sample=batch,
+            optimizer=_adamw,
+            dp=dims.get("dp"),
+            pp=dims.get("pp"),
+            tp=dims.get("tp"),
+            precision="bf16" if dims.get("bf16") else "fp32",
+            checkpointing=bool(dims.get("ckpt")),
+            compile=bool(dims.get("compile")),
+        )
+        trainer = parallelize(_model(), procs, p, optimizer=_adamw)
+        for _ in range(2):  # set up, warm up (and compile)
+            await trainer.step(batch)
+        times = []
+        before = _bytes_out()
+        for _ in range(STEPS):
+            t = time.perf_counter()
+            await trainer.step(batch)
+            times.append(time.perf_counter() - t)
+        sent = (_bytes_out() - before) / STEPS
+        held = await trainer.held_bytes()
+        await trainer.stop()
+    peak = max(h["peak"] for h in held)
+    step = statistics.median(times)
+    return (name, step, p.estimated_step_s, p.strategy, sent, p.peak_bytes_per_proc, peak)
+
+
+async def strategies(batch: dict[str, Any]) -> list[Row]:
+    return [await _row(name, dims, batch) for name, dims in STRATEGIES]
 
 
 def main() -> None:
@@ -127,19 +138,20 @@ def main() -> None:
     floor = one_process(batch)  # after the procs are gone: it has the cores to itself
     print(
         f"Llama, 8 layers, hidden 256, batch {BATCH}x{SEQ} padded ({tokens} tokens), AdamW, "
-        f"fp32, CPU (gloo), "
+        f"fp32 unless the row says, CPU (gloo), "
         f"{PROCS} procs on {len(__import__('os').sched_getaffinity(0))} cores"
     )
     print(f"one process: {tokens / floor:,.0f} tokens/s ({floor * 1e3:.0f} ms/step)")
     whole = sum(t.numel() * t.element_size() for t in batch.values())
-    for name, step, est, strategy, sent, peak in rows:
+    for name, step, est, strategy, sent, peak, rss in rows:
         print(
             f"{name:>17}: {tokens / step:>8,.0f} tokens/s ({step * 1e3:4.0f} ms/step), "
             f"{floor / step:.2f}x one process; planner estimated {est * 1e3:.0f} ms "
-            f"(measured / estimated {step / est:.2f}), peak {peak / 2**20:.1f} MiB/proc "
-            f"(estimated); the controller sent {sent / 1024:.0f} KiB/step "
-            f"({sent / whole:.2f}x the batch)"
-            + (f" [chose {strategy}]" if name.startswith(("planner's", "choice")) else "")
+            f"(measured / estimated {step / est:.2f}); peak {rss / 2**20:.0f} MiB/proc "
+            f"measured (resident), the training state and activations "
+            f"{peak / 2**20:.1f} MiB estimated; the controller sent {sent / 1024:.0f} "
+            f"KiB/step ({sent / whole:.2f}x the batch)"
+            + (f" [chose {strategy}]" if name.startswith("planner's") else "")
         )
 
 

@@ -73,7 +73,10 @@ async def test_four_procs_train_to_the_same_losses_and_weights_as_one_process(
         losses = [await trainer.step(batch) for _ in range(STEPS)]
         state = await trainer.state_dict()
         evaluated = await trainer.evaluate(batch)
+        held = await trainer.held_bytes()
         await trainer.stop()
+    # each proc's peak (its resident memory here) held its whole training state at once
+    assert all(h["peak"] >= h["total"] > 0 for h in held), held
     assert _close(losses, expected), (str(p), losses, expected)
     want = reference.state_dict()
     assert set(state) == set(want)
