@@ -9,7 +9,7 @@ from __future__ import annotations
 from ._actor_face import ActorFace, TypedEndpoint
 from ._actor_mesh import mesh_ref
 from ._admin.server import set_dashboard_starter, start_dashboard
-from ._admin.snapshot import proc_stacks, snapshot
+from ._admin.snapshot import add_section, proc_stacks, snapshot
 from ._admin.wire import find_controllers, runtime_dir
 from ._byte_relay import CLOSE_TIMEOUT, Message, Relays, close_writer
 from ._host_mesh import check_per_host
@@ -28,6 +28,7 @@ __all__ = [
     "TensorEngine",
     "TypedEndpoint",
     "Workspace",
+    "add_section",
     "agent_ref",
     "check_per_host",
     "close_writer",

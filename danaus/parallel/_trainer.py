@@ -9,10 +9,13 @@ import logging
 import math
 import sys
 import time
+import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sized
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..actors._api import Future, current_runtime, run_task
+from ..mesh._api import add_section
 from ..spmd import setup_torch_elastic_env_async
 from ._errors import PlanError
 from ._model import (
@@ -26,6 +29,7 @@ from ._model import (
     split_batch,
 )
 from ._plan import Plan
+from ._staging import LARGE, Packed, Staged
 
 if TYPE_CHECKING:
     import torch
@@ -65,6 +69,17 @@ def _taken(f: asyncio.Future[Any]) -> None:
         f.exception()  # taken: no "exception was never retrieved"
 
 
+#: the steps a trainer keeps for the dashboard
+HISTORY = 2000
+#: the trainers of this controller, for the dashboard's training view
+_LIVE: weakref.WeakSet[Trainer] = weakref.WeakSet()
+
+
+def _trainers_picture() -> list[dict[str, Any]]:
+    """The ``trainers`` section of a snapshot: every live trainer, oldest first."""
+    return sorted((t.picture() for t in list(_LIVE)), key=lambda p: float(p["started"]))
+
+
 class Trainer:
     """A model trained by every proc of a mesh as a plan lays it out.
 
@@ -101,6 +116,9 @@ class Trainer:
         self._stopped = False
         #: bytes of batches sent to the workers so far (each rank gets only its shard)
         self.bytes_sent = 0
+        #: of those, the bytes of shards over ``LARGE`` (a MiB), which went by the data
+        #: plane (each worker reads its shard's bytes; the call carries a handle)
+        self.bytes_staged = 0
         parts = find_parts(model, plan.layers)
         self._parts = parts
         #: the model's own loss: a step's loss is the global batch's token mean
@@ -109,6 +127,12 @@ class Trainer:
         #: each worker loads its replica's rows itself: fn(step, dp_rank, dp_size)
         self._data = data
         self._steps = 0  # steps sent, the next one's number for ``data``
+        #: the latest steps, for the dashboard: (step, loss, tokens/s or None, seconds)
+        self._history: deque[tuple[int, float, float | None, float]] = deque(maxlen=HISTORY)
+        self._done = 0  # steps that ended
+        self._started = time.time()
+        _LIVE.add(self)
+        add_section("trainers", _trainers_picture)
 
         async def setup() -> Any:
             from ._worker import ParallelWorker
@@ -121,8 +145,53 @@ class Trainer:
         self._workers: Future[Any] = run_task(self._rt, setup)
 
     def __repr__(self) -> str:
-        state = "failed" if self._failed else "stopped" if self._stopped else "ready"
-        return f"<Trainer {self.plan.strategy} on {len(self._procs)} procs: {state}>"
+        return f"<Trainer {self.plan.strategy} on {len(self._procs)} procs: {self._state()}>"
+
+    def _state(self) -> str:
+        return "failed" if self._failed else "stopped" if self._stopped else "ready"
+
+    def picture(self) -> dict[str, Any]:
+        """What the dashboard's training view shows of this trainer, as plain JSON-able
+        data: its plan (dims, stages with their blocks and ranks, the estimate), its
+        state (``ready``, ``stopped``, ``failed``), the steps run and the latest
+        ``HISTORY`` of them as ``[step, loss, tokens/s or None, seconds]``."""
+        p, layout = self.plan, self.plan.layout
+        stages = []
+        for k, s in enumerate(p.stages):
+            ranks = [layout.rank(d, k, t) for d in range(layout.dp) for t in range(layout.tp)]
+            stages.append(
+                {
+                    "stage": k,
+                    "blocks": [s.first, s.last],
+                    "ranks": ranks,
+                    "checkpointing": s.checkpointing,
+                    "estimated_s": s.estimated_s,
+                    "peak_bytes": s.peak_bytes,
+                }
+            )
+        return {
+            "name": f"trainer {id(self):x}",
+            "procs": getattr(self._procs, "name", None),
+            "state": self._state(),
+            "error": None if self._failed is None else str(self._failed)[:2000],
+            "started": self._started,
+            "plan": {
+                "strategy": p.strategy,
+                "dp": p.dp,
+                "pp": p.pp,
+                "tp": p.tp,
+                "microbatches": p.microbatches,
+                "schedule": p.schedule,
+                "sharded": p.sharded,
+                "precision": p.precision,
+                "compile": p.compile,
+                "estimated_step_s": p.estimated_step_s,
+                "peak_bytes_per_proc": p.peak_bytes_per_proc,
+                "stages": stages,
+            },
+            "steps": self._done,
+            "history": [list(h) for h in self._history],
+        }
 
     def _run(self, what: Callable[[Any], Coroutine[Any, Any, T]]) -> Future[T]:
         async def go() -> T:
@@ -195,12 +264,12 @@ class Trainer:
         return out
 
     def _per_shard(
-        self, workers: Any, name: str, shards: list[tuple[range, Shard]], counted: int
+        self, workers: Any, name: str, shards: list[tuple[range, Shard | Staged]], counted: int
     ) -> list[Any]:
         """A cast of ``name`` to each shard's ranks with that shard; what each gathers."""
         flat = workers.flatten("rank")
 
-        async def cast(ranks: range, shard: Shard) -> list[Any]:
+        async def cast(ranks: range, shard: Shard | Staged) -> list[Any]:
             group = flat.slice(rank=slice(ranks.start, ranks.stop))
             return [v async for v in getattr(group, name).stream(shard, counted)]
 
@@ -232,32 +301,55 @@ class Trainer:
             return self._send("step", 0, [], data_step=self._steps - 1)
         if batch is None:
             raise ValueError("step() needs the global batch (or parallelize(..., data=fn))")
-        return self._send("step", *self._prepare(batch))
+        return self._send("step", *self._prepare(batch), tokens=_tokens(batch))
 
     def evaluate(self, batch: Batch) -> Future[float]:
         """The loss on ``batch`` (as :meth:`step` gives it), without updating the weights."""
         return self._send("evaluate", *self._prepare(batch))
 
-    def _prepare(self, batch: Batch) -> tuple[int, list[tuple[range, Shard]]]:
+    def _prepare(self, batch: Batch) -> tuple[int, list[tuple[range, Shard | Packed]]]:
         """``batch`` checked and cut into shards (in the caller's thread): its counted
-        labels, and each shard with its ranks."""
+        labels, and each shard with its ranks; a shard over ``LARGE`` bytes packed into
+        one buffer for the data plane."""
         counted = self._check(batch)
-        return counted, self._shards(batch)
+        out: list[tuple[range, Shard | Packed]] = []
+        for ranks, shard in self._shards(batch):
+            out.append((ranks, Packed(shard) if shard.nbytes > LARGE else shard))
+        return counted, out
 
     def _send(
         self,
         name: str,
         counted: int,
-        shards: list[tuple[range, Shard]],
+        shards: list[tuple[range, Shard | Packed]],
         data_step: int | None = None,
+        tokens: int | None = None,
     ) -> Future[float]:
         """Endpoint ``name`` of the workers on a prepared batch (or, with ``data_step``,
-        on the one each loads itself); the batch's loss."""
+        on the one each loads itself); the batch's loss. A step is kept in the
+        trainer's history (its loss, ``tokens`` per second where known, its seconds)."""
 
         async def go(w: Any) -> float:
+            start = time.perf_counter()
+            loss = await run(w)
+            if name == "step":
+                took = time.perf_counter() - start
+                rate = None if tokens is None else tokens / max(took, 1e-9)
+                self._done += 1
+                self._history.append((self._done, loss, rate, took))
+            return loss
+
+        async def run(w: Any) -> float:
             if data_step is not None:
                 return self._loss(await _each(getattr(w, name), None, 0, data_step))
-            parts = await _each_its_own(self._per_shard(w, name, shards, counted))
+            staged = [(r, s.register() if isinstance(s, Packed) else s) for r, s in shards]
+            self.bytes_staged += sum(s.nbytes for _, s in staged if isinstance(s, Staged))
+            try:
+                parts = await _each_its_own(self._per_shard(w, name, staged, counted))
+            finally:  # read, or never to be: the workers are done with it either way
+                for _, s in staged:
+                    if isinstance(s, Staged):
+                        await s.buffer.drop()
             return self._loss([v for part in parts for v in part])
 
         return self._run(go)
@@ -305,7 +397,7 @@ class Trainer:
             total = len(batches)
         it = iter(batches)
 
-        def take() -> tuple[int, int, list[tuple[range, Shard]]] | None:
+        def take() -> tuple[int, int, list[tuple[range, Shard | Packed]]] | None:
             """The next batch, checked and cut (off the loop): its tokens, counted
             labels and shards; None at the end."""
             batch = next(it, _END)
@@ -317,7 +409,7 @@ class Trainer:
                 return None
             tokens, counted, shards = taken
             start = time.perf_counter()  # (the step's own time, as estimated)
-            loss = await self._send("step", counted, shards)
+            loss = await self._send("step", counted, shards, tokens=tokens)
             return loss, tokens, time.perf_counter() - start
 
         return run_task(self._rt, lambda: self._fit_loop(given, steps, total, log_every))

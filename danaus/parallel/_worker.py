@@ -36,6 +36,7 @@ from ._model import (
     shard_batch,
     split_batch,
 )
+from ._staging import Staged, fetch
 
 OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
 
@@ -331,9 +332,11 @@ class ParallelWorker(Actor):
 
     # --- steps ----------------------------------------------------------------------------
 
-    def _local(self, shard: Shard) -> tuple[Any, Any, dict[str, torch.Tensor]]:
+    def _local(self, shard: Shard | Staged) -> tuple[Any, Any, dict[str, torch.Tensor]]:
         """What the controller sent this rank of its replica's rows (see
         :func:`shard_batch`), on this proc's device: inputs, target, the other inputs."""
+        if isinstance(shard, Staged):  # a large shard: its bytes wait on the data plane
+            shard = fetch(shard, COLLECTIVE_TIMEOUT)
 
         def here(t: Any) -> Any:
             return t.to(self.device) if isinstance(t, torch.Tensor) else t
@@ -381,7 +384,7 @@ class ParallelWorker(Actor):
 
     @endpoint
     def step(
-        self, shard: Shard | None, counted: int = 0, data_step: int | None = None
+        self, shard: Shard | Staged | None, counted: int = 0, data_step: int | None = None
     ) -> float | None:
         """One training step on this rank's ``shard`` of a global batch whose labels
         count ``counted`` tokens in all (for the model's own loss), or on the shard
@@ -468,7 +471,7 @@ class ParallelWorker(Actor):
                 dist.all_reduce(grad, group=self.tied_group)
 
     @endpoint
-    def evaluate(self, shard: Shard, counted: int = 0) -> float | None:
+    def evaluate(self, shard: Shard | Staged, counted: int = 0) -> float | None:
         """This replica's part of the loss on a global batch (as :meth:`step` gives
         it), without touching the weights."""
         assert self.layout is not None and self.module is not None

@@ -3,8 +3,9 @@ controller, or ``danaus dashboard [--attach ADDR]`` from another process on its 
 
 One page (``dashboard.html``, plain JS, no build step) shows the topology (hosts, proc
 meshes, procs, actors) coloured by health, each actor's message rate and mailbox depth,
-the failures with their reports and the stuck-endpoint alerts with their stacks, and an
-actor's stack on click. It updates through server-sent events (``events``): one snapshot
+the failures with their reports and the stuck-endpoint alerts with their stacks, an
+actor's stack on click, and a training view of the controller's ``danaus.parallel``
+trainers (plan, stages, loss and tokens/s curves) from the snapshot's ``sections``. It updates through server-sent events (``events``): one snapshot
 per interval, taken only while someone watches and shared by every open page.
 
 The server is the standard library's (``http.server``, a daemon thread), reading a

@@ -397,3 +397,69 @@ def _refusals(url: str) -> None:
         assert got == code, (url + path, got, body)
     assert _get(url.rsplit("/", 2)[0] + "/snapshot")[0] == 403  # without the token
     assert _get(url + "snapshot")[0] == 200  # and it goes on serving
+
+
+async def test_the_training_view_shows_a_trainers_plan_and_its_loss_curve(
+    browser: Any, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from danaus.parallel import parallelize, plan
+
+    from . import parallel_models as pm
+
+    page = Page(browser, tmp_path)
+    batches = [pm.padded_lm_batch(seed=i) for i in range(5)]
+    async with this_host().spawn_procs(per_host={"procs": 2}, name="dashtrain") as procs:
+        p = await plan(pm.gpt2(), procs, sample=batches[0], pp=2, microbatches=2)
+        trainer = parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw)
+        losses = await trainer.fit(batches)
+        with dashboard(0) as server:
+            # the same picture as data, for tools
+            event = await asyncio.to_thread(_first_event, server.url)
+            (shown,) = event["sections"]["trainers"]
+            assert (shown["state"], shown["steps"], shown["procs"]) == ("ready", 5, "dashtrain")
+            assert [h[1] for h in shown["history"]] == losses
+            assert [s["ranks"] for s in shown["plan"]["stages"]] == [[0], [1]]
+            await asyncio.to_thread(browser.get, server.url)
+            await asyncio.to_thread(
+                page.wait,
+                "the trainer's plan",
+                lambda: (
+                    page.find("#training-section").is_displayed()
+                    and page.text("#training .trainer .head").startswith("pp=2 · 2 microbatches")
+                    and "5 steps · estimated" in page.text("#training .trainer .muted")
+                ),
+            )
+            rows = page.read(
+                lambda: [
+                    [td.text for td in tr.find_elements("css selector", "td")]
+                    for tr in page.driver.find_elements("css selector", "#training tbody tr")
+                ]
+            )
+            first, last = p.stages
+            assert [r[:4] for r in rows] == [
+                ["0", f"0..{first.last}", "0", "no"],
+                ["1", f"{last.first}..{last.last}", "1", "no"],
+            ]
+            points = page.read(
+                lambda: (
+                    page.find('#training .chart[data-what="loss"] polyline')
+                    .get_attribute("points")
+                    .split()
+                )
+            )
+            assert len(points) == 5  # one a step
+            ys = [float(pt.split(",")[1]) for pt in points]
+            # the loss fell: its last point is drawn lower (larger y) than its first
+            assert losses[-1] < losses[0] and ys[-1] > ys[0]
+            caption = page.text('#training .chart[data-what="loss"] .caption')
+            assert caption.startswith(f"loss: {losses[-1]:.4f} at step 5"), caption
+            assert "at step 5" in page.text('#training .chart[data-what="tokens/s"] .caption')
+            await trainer.stop()
+            await asyncio.to_thread(
+                page.wait,
+                "the trainer shown stopped",
+                lambda: page.find("#training .trainer").get_attribute("data-state") == "stopped",
+            )
+            await asyncio.to_thread(page.shot, "training")

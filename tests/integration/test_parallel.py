@@ -428,6 +428,43 @@ async def test_a_model_with_one_module_list_trains_data_parallel() -> None:
     assert _close(losses, expected)
 
 
+def _control_bytes_out() -> int:
+    """Bytes this controller has written to its control-plane connections so far."""
+    from danaus.actors._api import current_runtime
+    from danaus.actors._stats import proc_record
+
+    return int(proc_record(current_runtime())["bytes_out"])
+
+
+@pytest.mark.parametrize("dims", [{"dp": 2}, {"pp": 2}], ids=["dp=2", "pp=2"])
+async def test_shards_over_a_megabyte_go_by_the_data_plane_and_train_as_one_process(
+    dims: dict[str, int],
+) -> None:
+    from danaus.actors._api import current_runtime
+    from danaus.rdma._manager import manager
+
+    g = torch.Generator().manual_seed(3)
+    rows = 16384  # inputs of 2 MiB: each replica's (dp=2) or the first stage's (pp=2) > 1 MiB
+    make = (lambda: pm.Tower()) if "dp" in dims else (lambda: pm.mlp([64, 64, 64, 64], dim=32))
+    width = 1 if "dp" in dims else 32
+    batch = (torch.randn(rows, 32, generator=g), torch.randn(rows, width, generator=g))
+    expected = pm.train_locally(make(), batch, 3, pm.mse)
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        p = await plan(make(), procs, sample=batch, loss_fn=pm.mse, microbatches=1, **dims)
+        trainer = parallelize(make(), procs, p, optimizer=pm.adamw, loss_fn=pm.mse)
+        losses = [await trainer.step(batch)]  # (set up)
+        before = _control_bytes_out()
+        losses += [await trainer.step(batch) for _ in range(2)]
+        control = (_control_bytes_out() - before) / 2
+        staged, sent = trainer.bytes_staged, trainer.bytes_sent
+        await trainer.stop()
+    inputs = rows * 32 * 4
+    assert staged >= inputs and sent >= staged  # the inputs went by the data plane...
+    assert control < inputs / 8, control  # ...not inside the calls
+    assert not manager(current_runtime()).buffers  # each dropped once its step ended
+    assert _close(losses, expected), (losses, expected)
+
+
 async def test_a_failing_rank_raises_its_traceback_and_a_new_mesh_trains_again() -> None:
     model = pm.mlp([32, 32], dim=16)
     target = torch.rand(8, 16)

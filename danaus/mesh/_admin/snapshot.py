@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, Required, TypedDict
 
 from ...actors._api import ProcControl, process_uptime
@@ -129,10 +130,35 @@ class Snapshot(TypedDict):
     failures: list[FailureReport]
     #: the actors paused in pdb
     debug: list[DebugRecord]
+    #: what the layers above add (see :func:`add_section`): ``"trainers"``, the
+    #: ``danaus.parallel`` trainers of this controller
+    sections: dict[str, object]
 
 
 #: how long one proc may take to answer a snapshot's question (s)
 ASK_TIMEOUT = 5.0
+
+#: name -> what gives that section of a snapshot (see :func:`add_section`)
+_SECTIONS: dict[str, Callable[[], object]] = {}
+
+
+def add_section(name: str, picture: Callable[[], object]) -> None:
+    """Add ``picture()`` to every snapshot under ``sections[name]``: for the layers above
+    the mesh (the trainers of ``danaus.parallel``) to show on the dashboard and in the
+    admin endpoint's answers. ``picture`` runs on danaus's loop, must not block, and
+    returns plain JSON-able data; where it raises, the section holds ``{"error": ...}``
+    and the rest of the snapshot is unharmed."""
+    _SECTIONS[name] = picture
+
+
+def _sections() -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, picture in list(_SECTIONS.items()):
+        try:
+            out[name] = picture()
+        except Exception as e:
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+    return out
 
 
 def _process_started() -> float:
@@ -343,6 +369,7 @@ async def snapshot() -> Snapshot:
         ],
         "failures": list(failure_reports),
         "debug": debug,
+        "sections": _sections(),
     }
 
 
