@@ -190,6 +190,10 @@ class Config:
     #: (``tcp://host:port``; its procs then listen on ``host`` too, on ports of their own).
     #: Host agents' procs listen as their agent was told (``--listen``).
     transport: str = "unix"
+    #: The loss scale a ``danaus.parallel`` trainer in fp16 starts from (torch's
+    #: GradScaler's default): halved at each step whose gradients overflow (the step is
+    #: skipped), doubled after 2,000 steps without. Read by the procs at setup.
+    fp16_loss_scale: float = 65536.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -18,8 +18,9 @@ class Layout:
         schedule: ``"1f1b"`` or ``"gpipe"`` (pipelines only).
         sharded: replicas shard weights, grads and optimizer state (FSDP) instead of
             each holding all of them (DDP).
-        precision: ``"fp32"``, or ``"bf16"``: the forward computes under autocast in
-            bfloat16 (weights, gradients and optimizer state stay fp32).
+        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``: the forward computes under
+            autocast in the low precision, replicas communicate in it (weights,
+            gradients and optimizer state stay fp32); fp16 scales the loss.
         checkpointing: per stage, whether its blocks keep only their inputs for backward
             and compute their forward again there (activation checkpointing).
         compile: each block runs compiled by ``torch.compile`` (TorchDynamo, Inductor).

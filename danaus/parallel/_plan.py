@@ -55,7 +55,8 @@ class Plan:
     runner_up: str = ""
     candidates: int = 0
     loss_fn: Any = field(default=None, repr=False, compare=False)
-    #: what the forward computes in: "fp32", or "bf16" (autocast; weights stay fp32)
+    #: what the forward computes in: "fp32", "bf16" or "fp16" (autocast; weights stay
+    #: fp32)
     precision: str = "fp32"
     #: activation checkpointing as asked: True (every block recomputes its forward in
     #: backward instead of keeping its activations), False, or None (the planner chose

@@ -238,10 +238,10 @@ def plan(
             memory, or on CPU the host's available RAM over its procs.
         optimizer: makes an optimizer from parameters, to measure its state and step
             (AdamW by default; pass the one you will train with).
-        precision: ``"fp32"``, or ``"bf16"``: the forward computes under autocast in
-            bfloat16 while weights, gradients and optimizer state stay fp32 (measured
-            so, and trained so). ``"fp16"`` needs a gradient scaler, which danaus does
-            not run yet: it is refused.
+        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``: the forward computes under
+            autocast in the low precision and replicas communicate in it, while
+            weights, gradients and optimizer state stay fp32 (measured so, and trained
+            so); fp16 keeps a loss scale as torch's GradScaler does.
         checkpointing: activation checkpointing (torch's ``checkpoint_wrapper`` around
             every block): each block keeps only its input and recomputes its forward in
             backward, less memory for more time, both measured so. The same losses.
@@ -283,15 +283,10 @@ def plan(
 
 
 #: the precisions a plan runs in
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def check_precision(precision: object) -> None:
     """Raises PlanError for a precision danaus does not run."""
-    if precision == "fp16":
-        raise PlanError(
-            "precision='fp16' needs a gradient scaler, which danaus does not run yet: "
-            "use 'bf16' (the same speed where the hardware has it, no scaler needed) or 'fp32'"
-        )
     if precision not in PRECISIONS:
         raise PlanError(f"precision={precision!r}: give one of {', '.join(map(repr, PRECISIONS))}")

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..actors import Actor, current_rank, endpoint
+from ..config import config
 from . import _tp
 from ._layout import Layout
 from ._model import (
@@ -55,12 +56,44 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
+#: the dtype of each low precision
+LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: fp16's good steps after which the loss scale doubles (it starts at
+#: ``config.fp16_loss_scale`` and halves at a step whose gradients overflow, which is
+#: skipped): GradScaler's defaults
+GROWTH_INTERVAL = 2000
+
+
 def autocast(dev: torch.device, precision: str) -> Any:
     """The context a forward in ``precision`` runs in: autocast to bfloat16 for
-    ``"bf16"``, nothing for ``"fp32"``."""
+    ``"bf16"``, to float16 for ``"fp16"``, nothing for ``"fp32"``."""
     if precision == "fp32":
         return nullcontext()
-    return torch.autocast(dev.type, dtype=torch.bfloat16)
+    return torch.autocast(dev.type, dtype=LOW[precision])
+
+
+def _low_precision_hook(dtype: torch.dtype) -> Callable[[Any, Any], Any]:
+    """A DDP communication hook that averages each gradient bucket over the replicas in
+    ``dtype`` (half the bytes of fp32), written back into the fp32 bucket. (Torch's own
+    bf16 hook refuses anything but NCCL; this one runs on gloo too.)"""
+
+    def hook(group: Any, bucket: Any) -> Any:
+        buf: torch.Tensor = bucket.buffer()
+        low = buf.to(dtype).div_(group.size())
+
+        def back(fut: Any) -> torch.Tensor:
+            buf.copy_(fut.value()[0])
+            return buf
+
+        return dist.all_reduce(low, group=group, async_op=True).get_future().then(back)
+
+    # DDP checks the hook's annotations as objects (this module's are strings)
+    hook.__annotations__ = {
+        "group": Any,
+        "bucket": dist.GradBucket,  # type: ignore[attr-defined]
+        "return": torch.futures.Future[torch.Tensor],
+    }
+    return hook
 
 
 class Autocast(nn.Module):
@@ -236,6 +269,12 @@ class ParallelWorker(Actor):
         #: microbatches); a loss_fn of the user's is averaged over them instead
         self.own_loss: TokenLoss | None = own
         self._counted = 0  # the global batch's counted labels, this step
+        #: fp16: the loss is scaled up before backward (so small gradients do not
+        #: flush to zero) and the gradients down after it; 1 otherwise, and in evaluate
+        self.loss_scale = config.fp16_loss_scale if layout.precision == "fp16" else 1.0
+        self._scale_now = 1.0
+        self._good_steps = 0
+        self.skipped_steps = 0
         self._tied_groups(model, parts, layout)
         first, last = layout.stages[self.pp_i]
         module: nn.Module
@@ -286,16 +325,27 @@ class ParallelWorker(Actor):
         """Data parallel over the ``dp`` dim: FSDP2 (``fully_shard``) where the plan shards
         (and under pipelines and tensor parallel, which DDP does not compose with), DDP
         otherwise."""
+        low = LOW.get(layout.precision)
         if layout.sharded or layout.pp > 1 or layout.tp > 1:
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
             # ZeRO-3 where the plan shards for memory; ZeRO-2 (weights kept whole between
-            # forward and backward) where it only composes with pp/tp
-            fully_shard(module, mesh=self.mesh["dp"], reshard_after_forward=layout.sharded)
+            # forward and backward) where it only composes with pp/tp. In a low
+            # precision the weights are gathered and the gradients reduced in it (the
+            # sharded weights and the optimizer stay fp32)
+            fully_shard(
+                module,
+                mesh=self.mesh["dp"],
+                reshard_after_forward=layout.sharded,
+                mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low),
+            )
             return module
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(module, process_group=self.mesh["dp"].get_group())
+        ddp = DistributedDataParallel(module, process_group=self.mesh["dp"].get_group())
+        if low is not None:  # the gradients' all-reduce in the low precision
+            ddp.register_comm_hook(self.mesh["dp"].get_group(), _low_precision_hook(low))
+        return ddp
 
     def _tensor_parallel(self, owner: nn.Module, parts: ModelParts, first: int, last: int) -> None:
         blocks = parts.blocks(owner)
@@ -355,15 +405,15 @@ class ParallelWorker(Actor):
         loss_fn: as it returns it (the schedule or the caller averages)."""
         assert self.layout is not None
         if self.own_loss is None:
-            return self.loss_fn(output, target)
+            return self.loss_fn(output, target) * self._scale_now
         loss = self.own_loss(output, target, num_items_in_batch=self._counted)
-        return loss * self.layout.dp
+        return loss * (self.layout.dp * self._scale_now)
 
     def _reported(self, losses: list[torch.Tensor]) -> float:
         """This replica's part of the step's loss from its microbatches' losses: their
         sum over dp (the token mean's share), or their mean (a user's loss_fn)."""
         assert self.layout is not None
-        total = math.fsum(float(v.detach()) for v in losses)
+        total = math.fsum(float(v.detach()) for v in losses) / self._scale_now
         return total / self.layout.dp if self.own_loss is not None else total / len(losses)
 
     def _own_shard(self, step: int) -> tuple[Shard, int]:
@@ -397,6 +447,7 @@ class ParallelWorker(Actor):
             shard, counted = self._own_shard(data_step)
         inputs, target, kwargs = self._local(shard)
         self._counted = counted
+        self._scale_now = self.loss_scale
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
         schedule = self._schedule(shard.shape)
@@ -406,8 +457,37 @@ class ParallelWorker(Actor):
             loss = self._reported(losses) if losses is not None else None
         else:
             loss = self._accumulate(inputs, target, kwargs)
-        self.optimizer.step()
+        if self._unscaled():
+            self.optimizer.step()
         return loss if self._reports_loss() else None
+
+    def _unscaled(self) -> bool:
+        """fp16: the gradients scaled back down; False (the step to be skipped, the
+        scale halved) where any rank's overflowed, which every rank learns, so that all
+        skip it together. Where none did for ``GROWTH_INTERVAL`` steps, the scale
+        doubles. True at once in other precisions."""
+        assert self.module is not None and self.layout is not None
+        if self.layout.precision != "fp16":
+            return True
+        inv = 1.0 / self._scale_now
+        bad = torch.zeros((), device=self.device)
+        for p in self.module.parameters():
+            if p.grad is not None:
+                g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                g.mul_(inv)
+                bad = torch.maximum(bad, (~torch.isfinite(g)).any().to(bad.dtype))
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every rank of the mesh
+        if bad.item():
+            self.loss_scale /= 2
+            self._good_steps = 0
+            self.skipped_steps += 1
+            self.optimizer.zero_grad(set_to_none=True)
+            return False
+        self._good_steps += 1
+        if self._good_steps >= GROWTH_INTERVAL:
+            self.loss_scale *= 2
+            self._good_steps = 0
+        return True
 
     def _through(
         self, run: Callable[..., Any], inputs: Any, target: Any, kwargs: dict[str, torch.Tensor]
@@ -477,6 +557,7 @@ class ParallelWorker(Actor):
         assert self.layout is not None and self.module is not None
         inputs, target, kwargs = self._local(shard)
         self._counted = counted
+        self._scale_now = 1.0
         self.module.eval()
         with torch.no_grad():
             schedule = self._schedule(shard.shape)

@@ -205,38 +205,65 @@ async def test_compiled_blocks_train_as_one_process_at_changing_lengths(
     assert set(state) == set(reference.state_dict())  # the model's own keys, compiled or not
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
-    "dims",
+    ("precision", "dims"),
     [
-        pytest.param({"dp": 2}, marks=pytest.mark.slow),
-        pytest.param({"pp": 2}, marks=pytest.mark.slow),
+        ("bf16", {"dp": 2}),  # DDP: the gradients all-reduced in bf16
+        ("bf16", {"pp": 2}),
+        ("bf16", {"dp": 2, "pp": 2}),  # FSDP2's MixedPrecisionPolicy under a pipeline
+        ("fp16", {"dp": 2}),  # a loss scale, as torch's GradScaler keeps it
+        # from 2**30: the first steps overflow, are skipped by every rank, and halve it
+        ("fp16", {"pp": 2, "scale": 2**30}),
     ],
-    ids=["dp=2", "pp=2"],
+    ids=["bf16-dp=2", "bf16-pp=2", "bf16-dp=2xpp=2", "fp16-dp=2", "fp16-pp=2-overflows"],
 )
-async def test_bf16_trains_as_one_process_does_under_autocast(dims: dict[str, int]) -> None:
+async def test_low_precision_trains_as_one_process_does_under_autocast(
+    precision: str, dims: dict[str, int]
+) -> None:
+    scale = dims.pop("scale", 2**16)
     batch = pm.padded_lm_batch()
     reference = pm.llama()
     opt = pm.adamw(reference.parameters())
+    low = torch.bfloat16 if precision == "bf16" else torch.float16
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale, enabled=precision == "fp16")
     expected = []
     for _ in range(20):
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=low):
             loss = reference(**batch).loss
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         expected.append(float(loss.detach()))
-    for bad, says in [("fp16", "needs a gradient scaler"), ("int8", "give one of 'fp32', 'bf16'")]:
-        with pytest.raises(PlanError, match=says):
-            plan(pm.llama(), this_host(), sample=batch, precision=bad)  # at once
-    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
-        p = await plan(pm.llama(), procs, sample=batch, precision="bf16", **dims)
-        assert p.precision == "bf16" and "bf16 compute" in str(p)
+    with pytest.raises(PlanError, match="give one of 'fp32', 'bf16', 'fp16'"):
+        plan(pm.llama(), this_host(), sample=batch, precision="int8")  # at once
+    procs_n = dims.get("dp", 1) * dims.get("pp", 1)
+    env = {"DANAUS_FP16_LOSS_SCALE": str(float(scale))}
+    async with this_host().spawn_procs(per_host={"procs": procs_n}, env=env) as procs:
+        p = await plan(pm.llama(), procs, sample=batch, precision=precision, **dims)
+        assert p.precision == precision and f"{precision} compute" in str(p)
         trainer = parallelize(pm.llama(), procs, p, optimizer=pm.adamw)
         losses = await trainer.fit([batch] * 20)
         held = await trainer.held_bytes()
         await trainer.stop()
-    # bfloat16 keeps 8 bits of mantissa: the same steps, rounded in another order
-    assert all(math.isclose(a, b, rel_tol=2e-2) for a, b in zip(losses, expected, strict=True))
+    if scale == 2**30:
+        # the first steps overflowed and were skipped, by every rank and by GradScaler
+        # alike (the weights stayed as they were, so the loss did too)...
+        skipped = next(i for i, v in enumerate(losses) if v != losses[0])
+        assert skipped > 1 and expected[skipped - 1] == expected[0] != expected[skipped]
+        # ...and then the same steps, until rounding in another order puts one run's
+        # gradients over fp16's edge at a scale where the other's are not (the scale
+        # settles at the largest that does not overflow: at that edge)
+        again = [i for i in range(skipped + 1, 20) if losses[i] == losses[i - 1]]
+        again += [i for i in range(skipped + 1, 20) if expected[i] == expected[i - 1]]
+        losses, expected = losses[: min(again, default=20)], expected[: min(again, default=20)]
+        assert len(losses) >= 16, (losses, expected)
+    # 8 (bf16) or 11 (fp16) bits of mantissa: the same steps, rounded in another order
+    assert all(math.isclose(a, b, rel_tol=2e-2) for a, b in zip(losses, expected, strict=True)), (
+        losses,
+        expected,
+    )
     assert math.isclose(losses[-1], expected[-1], rel_tol=2e-2)  # converged the same way
     assert losses[-1] < 0.9 * losses[0]
     weights = sum(t.numel() * 4 for t in pm.llama().parameters())  # kept in fp32
