@@ -2,8 +2,9 @@
 built from its config (no download), the data set is made up here, and ``fit`` trains
 it over four procs with a progress bar.
 
-Run with ``python examples/finetune_hf.py`` (``--family llama`` for a Llama-style model,
-``--dp 2 --pp 2`` to force a layout, ``--steps 40``). Each example is a prompt and its
+Run with ``python examples/finetune_hf.py`` (``--family qwen2`` for another family:
+llama, qwen2, mistral, gemma, phi3; ``--dp 2 --pp 2`` or ``--tp 2`` to force a layout,
+``--precision bf16``, ``--checkpointing auto``, ``--compile``, ``--steps 40``). Each example is a prompt and its
 answer, padded to the longest in its batch; the loss counts the answers only (the
 prompt and the padding are labelled -100), as instruction tuning does.
 """
@@ -77,14 +78,15 @@ def batches(
 
 def build(family: str) -> nn.Module:
     torch.manual_seed(0)
-    if family == "llama":
-        from transformers import LlamaConfig, LlamaForCausalLM
+    if family != "gpt2":  # any causal LM Hugging Face builds from a config
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        return LlamaForCausalLM(
-            LlamaConfig(
-                num_hidden_layers=4, hidden_size=128, intermediate_size=256,
-                num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-                pad_token_id=PAD, bos_token_id=PAD, eos_token_id=PAD,
+        return AutoModelForCausalLM.from_config(
+            AutoConfig.for_model(
+                family, num_hidden_layers=4, hidden_size=128, intermediate_size=256,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=256,
+                max_position_embeddings=64, pad_token_id=PAD, bos_token_id=PAD,
+                eos_token_id=PAD,
             )
         )  # fmt: skip
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -107,7 +109,10 @@ async def main(args: argparse.Namespace) -> None:
     sample = collate(pairs[: args.batch])
     async with this_host().spawn_procs(per_host={"procs": args.procs}) as procs:
         t = time.perf_counter()
-        p = await plan(model, procs, sample=sample, dp=args.dp, pp=args.pp)
+        p = await plan(
+            model, procs, sample=sample, dp=args.dp, pp=args.pp, tp=args.tp,
+            precision=args.precision, checkpointing=args.checkpointing, compile=args.compile,
+        )  # fmt: skip
         print(f"planned in {time.perf_counter() - t:.1f} s\n{p}\n", flush=True)
         trainer = parallelize(model, procs, p, optimizer=adamw)
         losses = await trainer.fit(batches(pairs, args.batch, epochs=100), steps=args.steps)
@@ -123,10 +128,22 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--family", choices=["gpt2", "llama"], default="gpt2")
+    parser.add_argument(
+        "--family", choices=["gpt2", "llama", "qwen2", "mistral", "gemma", "phi3"], default="gpt2"
+    )
     parser.add_argument("--procs", type=int, default=4)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--dp", type=int, default=None)
     parser.add_argument("--pp", type=int, default=None)
+    parser.add_argument("--tp", type=int, default=None)
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    parser.add_argument(
+        "--checkpointing",
+        type=lambda s: {"on": True, "off": False, "auto": None}[s],
+        default=False,
+        metavar="{on,off,auto}",
+        help="activation checkpointing; auto: the planner decides per stage",
+    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile each block")
     asyncio.run(main(parser.parse_args()))

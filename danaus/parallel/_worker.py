@@ -10,6 +10,7 @@ from the controller to every worker.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -577,10 +578,22 @@ class ParallelWorker(Actor):
     def state_dict(self) -> dict[str, torch.Tensor] | None:
         """This stage's weights under the model's own names, whole (tensor-parallel
         shards gathered); from the first replica only (the others hold the same)."""
-        assert self.layout is not None
-        out: dict[str, torch.Tensor] = {}
         prefix = "model." if isinstance(self.inner, StageModule) else ""
         ident = {n for n, m in self.inner.named_modules() if isinstance(m, nn.Identity) and n}
+        # gathering a weight sharded over dp and tp takes two all-gathers, which DTensor
+        # warns of on every rank for every weight: a note on its own speed, which a
+        # user can do nothing about, silenced while this gathers
+        quiet = logging.getLogger("torch.distributed.tensor._redistribute")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            return self._gathered(prefix, ident)
+        finally:
+            quiet.setLevel(level)
+
+    def _gathered(self, prefix: str, ident: set[str]) -> dict[str, torch.Tensor] | None:
+        assert self.layout is not None
+        out: dict[str, torch.Tensor] = {}
         for name, t in self.inner.state_dict().items():
             if any(name.startswith(i + ".") for i in ident):
                 continue
