@@ -20,6 +20,8 @@ class StagePlan:
             optimizer state and the activations of the microbatches in flight).
         checkpointing: the stage's blocks recompute their forward in backward
             (activation checkpointing) instead of keeping their activations.
+        ranks: the mesh ranks that hold this stage (one per replica and
+            tensor-parallel shard), in order.
     """
 
     first: int
@@ -28,6 +30,7 @@ class StagePlan:
     estimated_s: float
     peak_bytes: int = 0
     checkpointing: bool = False
+    ranks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,10 @@ class Plan:
     memory_per_proc: int = 0
     why: str = ""
     runner_up: str = ""
-    candidates: int = 0
+    #: every feasible layout the planner weighed (each a Plan of its own, with its
+    #: stages and estimates; this one among them), fastest estimated first: any of them
+    #: can be given to ``parallelize``
+    candidates: tuple[Plan, ...] = field(default=(), repr=False, compare=False)
     loss_fn: Any = field(default=None, repr=False, compare=False)
     #: what the forward computes in: "fp32", "bf16" or "fp16" (autocast; weights stay
     #: fp32)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ._errors import PlanError
 from ._plan import Plan, StagePlan, strategy_name
@@ -198,10 +198,12 @@ def estimate(
     batch: int,
     cap: int,
     recompute: ModelCost | None = None,
+    cut: tuple[int, ...] | None = None,
 ) -> Estimate:
     """The best stage split of ``cand`` and its step time and peak memory per proc
     (``peak`` > ``cap`` when nothing fits: then the split is the least memory one).
-    ``recompute``: the blocks' costs checkpointed, for stages that do not fit without."""
+    ``recompute``: the blocks' costs checkpointed, for stages that do not fit without.
+    ``cut``: the blocks of each stage, forced (``plan(blocks_per_stage=...)``)."""
     c = cand
     s = batch // (c.dp * c.microbatches)
     L = len(cost.blocks)
@@ -251,13 +253,18 @@ def estimate(
         t, mem, w, _ = stage_full(k, i, j)
         return t, mem, w
 
-    best = _split(c.pp, L, stage, cap)
+    if cut is not None:
+        ends = [sum(cut[: k + 1]) for k in range(len(cut))]
+        best = [(e - n, e) for e, n in zip(ends, cut, strict=True)]
+    else:
+        best = _split(c.pp, L, stage, cap)
     stages = []
     worst_t, peak, worst_w = 0.0, 0, 0.0
     for k, (i, j) in enumerate(best):
         t, mem, w, ckpt = stage_full(k, i, j)
         weights = int(w * (c.tp if c.tp > 1 else 1))
-        stages.append(StagePlan(i, j - 1, weights, t, mem, checkpointing=ckpt))
+        ranks = tuple((d * c.pp + k) * c.tp + r for d in range(c.dp) for r in range(c.tp))
+        stages.append(StagePlan(i, j - 1, weights, t, mem, checkpointing=ckpt, ranks=ranks))
         worst_t, peak, worst_w = max(worst_t, t), max(peak, mem), max(worst_w, w)
     step = (c.microbatches + c.pp - 1) * worst_t
     if c.dp > 1 and (c.sharded or c.pp > 1 or c.tp > 1):
@@ -325,12 +332,14 @@ def choose(
     cands: list[Candidate],
     layers: str | None,
     recompute: ModelCost | None = None,
+    cut: tuple[int, ...] | None = None,
 ) -> Plan:
     """The fastest candidate that fits ``mesh.memory_per_proc``; ``PlanError`` naming the
     memory the smallest one needs where none fits. ``recompute``: the blocks' costs
-    checkpointed, for the stages that fit only so (see :func:`estimate`)."""
+    checkpointed, for the stages that fit only so (see :func:`estimate`); ``cut``: each
+    stage's blocks, forced. The plan's ``candidates`` are every one that fits."""
     cap = mesh.memory_per_proc
-    ests = [estimate(c, cost, mesh, batch, cap, recompute) for c in cands]
+    ests = [estimate(c, cost, mesh, batch, cap, recompute, cut) for c in cands]
     if not ests:
         raise PlanError("no layout of this mesh suits the model and batch")
     fits = sorted((e for e in ests if e.peak <= cap), key=lambda e: e.step_s)
@@ -388,22 +397,35 @@ def choose(
         if runner
         else ""
     )
-    c = best.cand
+    picked = _as_plan(best, layers, cap, why, runner_up)
+
+    def weighed(e: Estimate) -> Plan:
+        if e is best:
+            return picked
+        ratio = e.step_s / max(best.step_s, 1e-12)
+        return _as_plan(e, layers, cap, f"a candidate the planner weighed: its estimated "
+                        f"step is {ratio:.2f}x the chosen layout's")  # fmt: skip
+
+    ranked = sorted(fits, key=lambda e: e.step_s)
+    return replace(picked, candidates=tuple(weighed(e) for e in ranked))
+
+
+def _as_plan(e: Estimate, layers: str | None, cap: int, why: str, runner_up: str = "") -> Plan:
+    c = e.cand
     return Plan(
         dp=c.dp,
         pp=c.pp,
         tp=c.tp,
         microbatches=c.microbatches,
-        stages=best.stages,
-        estimated_step_s=best.step_s,
-        peak_bytes_per_proc=best.peak,
+        stages=e.stages,
+        estimated_step_s=e.step_s,
+        peak_bytes_per_proc=e.peak,
         schedule=c.schedule,
         sharded=c.sharded,
         layers=layers,
         memory_per_proc=cap,
         why=why,
         runner_up=runner_up,
-        candidates=len(ests),
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -127,12 +127,20 @@ async def _plan(
     precision: str = "fp32",
     checkpointing: bool | None = False,
     compile: bool = False,
+    blocks_per_stage: tuple[int, ...] | None = None,
 ) -> Plan:
     from ._profile import Profiler
 
     parts = find_parts(model, layers)
     n = len(procs)
     batch = check_batch(sample, model, parts)
+    if blocks_per_stage is not None:
+        if sum(blocks_per_stage) != parts.n_blocks:
+            raise PlanError(
+                f"blocks_per_stage={list(blocks_per_stage)} adds up to "
+                f"{sum(blocks_per_stage)} blocks; the model has {parts.n_blocks}"
+            )
+        forced = {**forced, "pp": len(blocks_per_stage)}
     tp_ok, why_no_tp = tp_sizes(model, parts, n)
     kw = {"can_pipeline": parts.can_pipeline, "tp_ok": tp_ok}
     pp = forced.get("pp")
@@ -171,18 +179,28 @@ async def _plan(
             recompute.tp_block_s = _scaled(tp_s, cost, recompute)
     finally:
         await profilers.stop()
-    chosen = choose(cost, mesh, batch=batch, cands=cands, layers=layers, recompute=recompute)
-    if checkpointing:  # every stage, as measured
-        chosen = replace(
-            chosen, stages=tuple(replace(st, checkpointing=True) for st in chosen.stages)
+    chosen = choose(
+        cost, mesh, batch=batch, cands=cands, layers=layers, recompute=recompute,
+        cut=blocks_per_stage,
+    )  # fmt: skip
+
+    def finish(p: Plan) -> Plan:
+        """``p`` as it is to run: how it computes, and (every stage, as measured)
+        whether it recomputes."""
+        stages = p.stages
+        if checkpointing:
+            stages = tuple(replace(st, checkpointing=True) for st in stages)
+        return replace(
+            p,
+            stages=stages,
+            loss_fn=loss_fn,
+            precision=precision,
+            checkpointing=checkpointing,
+            compile=compile,
+            candidates=(),
         )
-    return replace(
-        chosen,
-        loss_fn=loss_fn,
-        precision=precision,
-        checkpointing=checkpointing,
-        compile=compile,
-    )
+
+    return replace(finish(chosen), candidates=tuple(finish(c) for c in chosen.candidates))
 
 
 def _scaled(
@@ -213,6 +231,7 @@ def plan(
     precision: str = "fp32",
     checkpointing: bool | None = False,
     compile: bool = False,
+    blocks_per_stage: Sequence[int] | None = None,
 ) -> Future[Plan]:
     """Measure ``model`` and ``procs`` on the procs, and choose how to lay the model out.
 
@@ -248,6 +267,9 @@ def plan(
             ``None``: the planner decides per stage, from the blocks measured both ways:
             a stage that does not fit the memory keeping its activations recomputes
             them where that fits (each ``StagePlan.checkpointing`` says which).
+        blocks_per_stage: force the stage cut: how many blocks each pipeline stage holds,
+            in order (``[2, 2, 2, 2]``: four stages of two blocks; ``pp`` is its
+            length, and must agree where also given).
         compile: time the blocks compiled by ``torch.compile`` (what
             ``parallelize(..., compile=True)`` runs); on CPU, Inductor needs a C++
             compiler, and the error says so where there is none.
@@ -257,6 +279,7 @@ def plan(
             forced dims that the mesh or batch cannot meet, blocks that cannot be found.
     """
     forced = {"dp": dp, "pp": pp, "tp": tp, "microbatches": microbatches}
+    cut = _check_cut(blocks_per_stage, pp)
     opt = optimizer if optimizer is not None else _default_optimizer
     check_precision(precision)
     if checkpointing is not None and not isinstance(checkpointing, bool):
@@ -278,8 +301,25 @@ def plan(
             precision,
             checkpointing,
             compile,
+            cut,
         ),
     )
+
+
+def _check_cut(blocks_per_stage: object, pp: int | None) -> tuple[int, ...] | None:
+    """``blocks_per_stage`` as a tuple, or a PlanError naming what is wrong with it."""
+    if blocks_per_stage is None:
+        return None
+    if isinstance(blocks_per_stage, (str, bytes)) or not hasattr(blocks_per_stage, "__iter__"):
+        raise PlanError(
+            f"blocks_per_stage={blocks_per_stage!r}: give a list of each stage's blocks"
+        )
+    cut = tuple(blocks_per_stage)
+    if not cut or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in cut):
+        raise PlanError(f"blocks_per_stage={list(cut)}: each stage holds a positive int of blocks")
+    if pp is not None and pp != len(cut):
+        raise PlanError(f"blocks_per_stage={list(cut)} is {len(cut)} stages, but pp={pp}")
+    return cut
 
 
 #: the precisions a plan runs in

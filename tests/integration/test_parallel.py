@@ -455,6 +455,32 @@ async def test_a_model_with_one_module_list_trains_data_parallel() -> None:
     assert _close(losses, expected)
 
 
+async def test_any_candidate_the_planner_weighed_trains_and_a_stage_cut_can_be_forced() -> None:
+    batch = pm.padded_lm_batch()
+    expected = pm.train_locally(pm.gpt2(), batch, 2)
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        p = await plan(pm.gpt2(), procs, sample=batch)
+        shapes = [(c.dp, c.pp, c.microbatches, c.sharded) for c in p.candidates]
+        assert p in p.candidates and len(set(shapes)) == len(shapes) > 3
+        assert {(1, 2), (2, 1)} <= {(d, pp) for d, pp, _, _ in shapes}  # dp and pp weighed
+        # the slowest estimated one trains to the same numbers as the chosen would
+        slowest = p.candidates[-1]
+        assert slowest.estimated_step_s >= p.estimated_step_s
+        trainer = parallelize(pm.gpt2(), procs, slowest, optimizer=pm.adamw)
+        losses = [await trainer.step(batch) for _ in range(2)]
+        await trainer.stop()
+        cut = await plan(pm.gpt2(), procs, sample=batch, blocks_per_stage=[1, 3])
+        assert [(s.first, s.last, s.ranks) for s in cut.stages] == [(0, 0, (0,)), (1, 3, (1,))]
+        assert all(c.pp == 2 for c in cut.candidates)
+        trainer = parallelize(pm.gpt2(), procs, cut, optimizer=pm.adamw)
+        cut_losses = [await trainer.step(batch) for _ in range(2)]
+        await trainer.stop()
+        with pytest.raises(PlanError, match=r"adds up to 3 blocks; the model has 4"):
+            await plan(pm.gpt2(), procs, sample=batch, blocks_per_stage=[1, 2])
+    assert _close(losses, expected), (str(slowest), losses, expected)
+    assert _close(cut_losses, expected), (cut_losses, expected)
+
+
 def _control_bytes_out() -> int:
     """Bytes this controller has written to its control-plane connections so far."""
     from danaus.actors._api import current_runtime

@@ -177,3 +177,57 @@ def test_checkpointing_none_recomputes_only_where_keeping_activations_does_not_f
     roomy = choose(plain, _mesh(procs=2), batch=8, cands=cands, layers=None, recompute=recompute)
     assert not any(s.checkpointing for s in roomy.stages)
     assert "no activation checkpointing: every stage fits keeping its activations" in roomy.why
+
+
+def test_every_layout_that_fits_is_a_candidate_fastest_first_with_its_ranks() -> None:
+    cost = _cost([1.0] * 8, [MiB] * 8)
+    cands = _all(n=4, blocks=8)
+    p = choose(cost, _mesh(), batch=8, cands=cands, layers=None)
+    assert len(p.candidates) == len(cands)  # with memory to spare, every one fits
+    steps = [c.estimated_step_s for c in p.candidates]
+    assert steps == sorted(steps)
+    assert p in p.candidates and all(not c.candidates for c in p.candidates)
+    shapes = {(c.dp, c.pp, c.tp, c.microbatches, c.sharded) for c in p.candidates}
+    assert shapes == {(c.dp, c.pp, c.tp, c.microbatches, c.sharded) for c in cands}
+    for c in p.candidates:
+        # each stage is held by one rank per replica (and tensor-parallel shard), and
+        # every rank of the mesh holds exactly one stage
+        assert sorted(r for s in c.stages for r in s.ranks) == list(range(4))
+        for k, s in enumerate(c.stages):
+            assert s.ranks == tuple(c.layout.rank(d, k, 0) for d in range(c.dp))
+        assert c.why.startswith("a candidate the planner weighed") or c == p
+    two = next(c for c in p.candidates if (c.dp, c.pp) == (2, 2))
+    assert [s.ranks for s in two.stages] == [(0, 2), (1, 3)]
+    # under a cap, only those that fit
+    tight = choose(cost, _mesh(memory=int(two.peak_bytes_per_proc * 1.01)), batch=8,
+                   cands=cands, layers=None)  # fmt: skip
+    assert all(c.peak_bytes_per_proc <= tight.memory_per_proc for c in tight.candidates)
+    assert 0 < len(tight.candidates) < len(cands)
+
+
+def test_a_forced_stage_cut_is_kept_and_estimated() -> None:
+    cost = _cost([4, 1, 1, 1, 1, 1, 1, 1], [MiB] * 8)
+    cands = _all(n=4, blocks=8, pp=4)
+    free = choose(cost, _mesh(), batch=8, cands=cands, layers=None)
+    assert [s.last - s.first + 1 for s in free.stages][0] == 1  # the heavy block alone
+    even = choose(cost, _mesh(), batch=8, cands=cands, layers=None, cut=(2, 2, 2, 2))
+    assert [(s.first, s.last) for s in even.stages] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert even.estimated_step_s > free.estimated_step_s  # the planner's cut was better
+    assert all([(s.first, s.last) for s in c.stages] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+               for c in even.candidates)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("cut", "pp", "says"),
+    [
+        ("2222", None, r"blocks_per_stage='2222': give a list of each stage's blocks"),
+        ([2, 0, 2], None, r"blocks_per_stage=\[2, 0, 2\]: each stage holds a positive int"),
+        ([2, 2.5], None, r"each stage holds a positive int of blocks"),
+        ([4, 4], 4, r"blocks_per_stage=\[4, 4\] is 2 stages, but pp=4"),
+    ],
+)
+def test_a_stage_cut_that_cannot_be_is_named(cut: object, pp: int | None, says: str) -> None:
+    from danaus.parallel._planning import _check_cut
+
+    with pytest.raises(PlanError, match=says):
+        _check_cut(cut, pp)
