@@ -92,7 +92,7 @@ def _bytes_out() -> int:
     return int(proc_record(current_runtime())["bytes_out"])
 
 
-Row = tuple[str, float, float, str, float, int, int]
+Row = tuple[str, float, float, str, float, int, int, float, float]
 
 
 async def _row(name: str, dims: dict[str, int], batch: dict[str, Any]) -> Row:
@@ -124,7 +124,8 @@ async def _row(name: str, dims: dict[str, int], batch: dict[str, Any]) -> Row:
         await trainer.stop()
     peak = max(h["peak"] for h in held)
     step = statistics.median(times)
-    return (name, step, p.estimated_step_s, p.strategy, sent, p.peak_bytes_per_proc, peak)
+    est, strategy, want = p.estimated_step_s, p.strategy, p.peak_bytes_per_proc
+    return (name, step, est, strategy, sent, want, peak, p.profile_s, p.search_s)
 
 
 async def strategies(batch: dict[str, Any]) -> list[Row]:
@@ -143,14 +144,16 @@ def main() -> None:
     )
     print(f"one process: {tokens / floor:,.0f} tokens/s ({floor * 1e3:.0f} ms/step)")
     whole = sum(t.numel() * t.element_size() for t in batch.values())
-    for name, step, est, strategy, sent, peak, rss in rows:
+    for name, step, est, strategy, sent, peak, rss, profile_s, search_s in rows:
         print(
             f"{name:>17}: {tokens / step:>8,.0f} tokens/s ({step * 1e3:4.0f} ms/step), "
             f"{floor / step:.2f}x one process; planner estimated {est * 1e3:.0f} ms "
             f"(measured / estimated {step / est:.2f}); peak {rss / 2**20:.0f} MiB/proc "
             f"measured (resident), the training state and activations "
             f"{peak / 2**20:.1f} MiB estimated; the controller sent {sent / 1024:.0f} "
-            f"KiB/step ({sent / whole:.2f}x the batch)"
+            f"KiB/step ({sent / whole:.2f}x the batch); planned in "
+            f"{profile_s + search_s:.1f} s (measuring {profile_s:.1f} s, search "
+            f"{search_s * 1e3:.0f} ms)"
             + (f" [chose {strategy}]" if name.startswith("planner's") else "")
         )
 

@@ -60,6 +60,9 @@ class Plan:
     #: stages and estimates; this one among them), fastest estimated first: any of them
     #: can be given to ``parallelize``
     candidates: tuple[Plan, ...] = field(default=(), repr=False, compare=False)
+    #: seconds ``plan()`` spent measuring (the model, the procs, the links) and searching
+    profile_s: float = field(default=0.0, compare=False)
+    search_s: float = field(default=0.0, compare=False)
     loss_fn: Any = field(default=None, repr=False, compare=False)
     #: what the forward computes in: "fp32", "bf16" or "fp16" (autocast; weights stay
     #: fp32)
@@ -126,6 +129,12 @@ class Plan:
             lines.append(f"why: {self.why}")
         if self.runner_up:
             lines.append(f"runner-up: {self.runner_up}")
+        if self.profile_s or self.search_s:
+            lines.append(
+                f"planned in {self.profile_s + self.search_s:.1f} s: measuring "
+                f"{self.profile_s:.1f} s, searching {len(self.candidates)} layouts that fit "
+                f"{self.search_s:.2f} s"
+            )
         return "\n".join(lines)
 
 

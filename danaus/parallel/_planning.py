@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -156,6 +157,7 @@ async def _plan(
     loss = loss_fn if loss_fn is not None else parts.default_loss(model)
     if loss is None:
         raise PlanError(f"{type(model).__name__} has no loss of its own: give loss_fn=")
+    started = time.perf_counter()
     profilers = procs.spawn(f"_planner{next(_names)}", Profiler)
     local = _local_procs(procs)
     try:
@@ -179,6 +181,7 @@ async def _plan(
             recompute.tp_block_s = _scaled(tp_s, cost, recompute)
     finally:
         await profilers.stop()
+    searched = time.perf_counter()
     chosen = choose(
         cost, mesh, batch=batch, cands=cands, layers=layers, recompute=recompute,
         cut=blocks_per_stage,
@@ -198,8 +201,11 @@ async def _plan(
             checkpointing=checkpointing,
             compile=compile,
             candidates=(),
+            profile_s=profiled,
+            search_s=search,
         )
 
+    profiled, search = searched - started, time.perf_counter() - searched
     return replace(finish(chosen), candidates=tuple(finish(c) for c in chosen.candidates))
 
 
