@@ -186,6 +186,20 @@ def peak_bytes(dev: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def current_bytes(dev: torch.device) -> int:
+    """What this proc holds now, as :func:`peak_bytes` counts it."""
+    if dev.type == "cuda":
+        return int(torch.cuda.memory_allocated(dev))
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def set_threads() -> None:
     """On CPU, share the host's cores between its procs instead of oversubscribing them."""
     if torch.cuda.is_available():
@@ -232,6 +246,9 @@ class ParallelWorker(Actor):
     def __init__(self) -> None:
         self.layout: Layout | None = None
         self.module: nn.Module | None = None
+        #: what the proc held before the model came: on CPU its resident memory
+        #: (the interpreter, torch), on CUDA what torch had allocated
+        self.baseline = current_bytes(device())
 
     @endpoint
     def setup(
@@ -611,7 +628,9 @@ class ParallelWorker(Actor):
     def held_bytes(self) -> dict[str, int]:
         """Bytes this proc holds: weights, gradients, optimizer state, their total; and
         ``peak``, the most it has held at once since the trainer set up (see
-        :func:`peak_bytes`: on CPU the whole process's resident memory)."""
+        :func:`peak_bytes`: on CPU the whole process's resident memory), and
+        ``baseline``, what it held before the model came (so ``peak - baseline`` is
+        what training added)."""
         assert self.module is not None
         params = list(self.module.parameters())
         weights = sum(tensor_bytes(p) for p in params)
@@ -625,6 +644,7 @@ class ParallelWorker(Actor):
             "optimizer": opt,
             "total": total,
             "peak": peak_bytes(self.device),
+            "baseline": self.baseline,
         }
 
     @endpoint
