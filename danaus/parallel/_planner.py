@@ -6,14 +6,17 @@ For each grid (dp x pp x tp = the mesh's size), microbatch count and kind of rep
 blocks: the split into ``pp`` contiguous stages whose slowest stage is fastest, with each
 stage under the memory cap. The step is then estimated as
 
-- pipeline: ``(microbatches + pp - 1)`` x the slowest stage's microbatch time (the
-  schedule's bubble), each stage's time being its blocks' measured forward + backward
-  (divided by ``tp``), its part of embed / head, the sends to the next stage and the
-  tensor-parallel all-reduces (four per block) at the measured bandwidth;
-- replicas: an all-reduce of the stage's gradients (DDP), or an all-gather of the weights
-  twice and a reduce-scatter of the gradients (FSDP);
-- the optimizer step, measured per byte of weights;
-- all compute scaled by the procs per core where a host has fewer cores than procs.
+- compute: the longer of the pipeline's critical path, ``(microbatches + pp - 1)`` x
+  the slowest stage's microbatch time (the schedule's bubble), and the work of every
+  proc over the cores there are (a host with fewer cores than procs runs them in turn:
+  while some stages wait in the bubble, the others have their cores). Each stage's time
+  is its blocks' measured forward + backward (divided by ``tp``), its part of embed /
+  head, the sends to the next stage and the tensor-parallel all-reduces (four per
+  block) at the measured bandwidth, as one proc alone runs them;
+- replicas: an all-reduce of the stage's gradients (DDP), or FSDP's all-gathers of the
+  weights (each microbatch's forward, and its backward too where the plan shards) and a
+  reduce-scatter of the gradients;
+- the optimizer step, measured per byte of weights, every proc at once.
 
 Memory per proc: weights + gradients + optimizer state (each divided by ``tp`` for the
 blocks, by ``dp`` when sharded) + the activations of the microbatches in flight on that
@@ -158,8 +161,9 @@ def profile_sizes(cands: list[Candidate], batch: int) -> list[int]:
 
 class _Costs:
     """Prefix sums of one microbatch size's block costs, for the stage DP. A block's time
-    is where it runs on a busy mesh: split ``tp`` ways as measured (block 0 timed split,
-    the others scaled alike), or, unsplit, its own time times the procs per core."""
+    is as one proc alone runs it (:func:`estimate` adds the others' contention for the
+    cores): split ``tp`` ways as measured (block 0 timed split on every proc at once,
+    so over the procs per core; the others scaled alike), or its own time over ``tp``."""
 
     def __init__(
         self, cost: ModelCost, mesh: MeshFacts, s: int, tp: int, contention: float
@@ -169,16 +173,14 @@ class _Costs:
         b = cost.blocks
         measured = cost.tp_block_s.get(tp, {}).get(s) if tp > 1 else None
         if measured is not None:
-            scale = measured / max(b[0].time_s[s], 1e-12)
+            scale = measured / contention / max(b[0].time_s[s], 1e-12)
             self.t = _prefix([x.time_s[s] * scale for x in b])
         else:
             ring = 2 * (tp - 1) / tp
             bw, lat = mesh.collective_bw, mesh.collective_latency_s
             # two all-reduces of a block's output forward, two backward
             comm = [4 * (x.out_bytes[s] * ring / bw + lat) if tp > 1 else 0.0 for x in b]
-            self.t = _prefix(
-                [x.time_s[s] / tp * contention + c for x, c in zip(b, comm, strict=True)]
-            )
+            self.t = _prefix([x.time_s[s] / tp + c for x, c in zip(b, comm, strict=True)])
         self.a = _prefix([x.act_bytes[s] for x in b])
         self.w = _prefix([x.param_bytes / tp for x in b])
         self.out = [x.out_bytes[s] for x in b]
@@ -210,6 +212,8 @@ def estimate(
     contention = max(1.0, mesh.procs_per_host / max(1, mesh.cores_per_host))
     plain_costs = _Costs(cost, mesh, s, c.tp, contention)
     ckpt_costs = _Costs(recompute, mesh, s, c.tp, contention) if recompute else None
+    hosts = max(1, mesh.procs // max(1, mesh.procs_per_host))
+    threads = max(1, cost.threads)
     bw, lat = mesh.collective_bw, mesh.collective_latency_s
     hop = mesh.hop_latency_s
     state = 2.0 + cost.opt_ratio  # weights, grads, optimizer state per byte of weights
@@ -228,7 +232,7 @@ def estimate(
             t += cost.head.time_s[s]
             w += cost.head.param_bytes
             act += cost.head.act_bytes[s]
-        t = t * contention + k_costs.t[j] - k_costs.t[i]
+        t = t + k_costs.t[j] - k_costs.t[i]
         if not last:  # activations to the next stage, gradients back
             t += 2 * (k_costs.out[j - 1] / bw + hop)
         inflight = (
@@ -259,19 +263,22 @@ def estimate(
     else:
         best = _split(c.pp, L, stage, cap)
     stages = []
-    worst_t, peak, worst_w = 0.0, 0, 0.0
+    worst_t, peak, worst_w, busy = 0.0, 0, 0.0, 0.0
     for k, (i, j) in enumerate(best):
         t, mem, w, ckpt = stage_full(k, i, j)
         weights = int(w * (c.tp if c.tp > 1 else 1))
         ranks = tuple((d * c.pp + k) * c.tp + r for d in range(c.dp) for r in range(c.tp))
         stages.append(StagePlan(i, j - 1, weights, t, mem, checkpointing=ckpt, ranks=ranks))
         worst_t, peak, worst_w = max(worst_t, t), max(peak, mem), max(worst_w, w)
-    step = (c.microbatches + c.pp - 1) * worst_t
+        busy += c.microbatches * t * len(ranks)  # its procs' seconds of work
+    # the critical path, or, where procs outnumber cores, the work over the cores
+    cores = max(1, mesh.cores_per_host) * hosts
+    step = max((c.microbatches + c.pp - 1) * worst_t, busy * threads / cores)
     if c.dp > 1 and (c.sharded or c.pp > 1 or c.tp > 1):
-        # FSDP2: weights gathered for forward (and again for backward where sharded
-        # between them), gradients reduce-scattered; measured over the whole mesh, scaled
-        # to the dp group's ring
-        gathers = 2 if c.sharded else 1
+        # FSDP2: weights gathered for each microbatch's forward (and again for its
+        # backward where sharded between them), gradients reduce-scattered once;
+        # measured over the whole mesh, scaled to the dp group's ring
+        gathers = (2 if c.sharded else 1) * c.microbatches
         scale = ((c.dp - 1) / c.dp) / max((mesh.procs - 1) / mesh.procs, 1e-9)
         per_byte = gathers * mesh.gather_s_per_byte + mesh.scatter_s_per_byte
         step += worst_w * scale * per_byte + (gathers + 1) * lat
