@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ._layout import Layout
@@ -93,6 +95,35 @@ class Plan:
             tuple(s.checkpointing for s in self.stages),
             self.compile,
         )
+
+    def html(self) -> str:
+        """The plan drawn as one self-contained HTML page (no script, no network): the
+        ranks by their dims, the stages with their blocks, the estimated pipeline
+        schedule with its bubble, and each stage's memory per proc against the limit."""
+        from ._picture import html
+
+        return html(self)
+
+    def save_html(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`html` to ``path`` (open it in any browser)."""
+        Path(path).write_text(self.html(), encoding="utf-8")
+
+    def show(self) -> None:
+        """Draw the plan in a notebook (Jupyter, VS Code); print it elsewhere."""
+        try:
+            from IPython import get_ipython
+            from IPython.display import HTML, display
+        except ImportError:
+            print(self)
+            return
+        if get_ipython() is None:  # (IPython installed, but this is no notebook)
+            print(self)
+            return
+        display(HTML(self.html()))  # type: ignore[no-untyped-call]
+
+    def _repr_html_(self) -> str:
+        """A notebook's rich display of a plan (the last value of a cell)."""
+        return self.html()
 
     def _checkpointed(self) -> str:
         return ", ".join(str(i) for i, s in enumerate(self.stages) if s.checkpointing)

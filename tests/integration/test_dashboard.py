@@ -463,3 +463,35 @@ async def test_the_training_view_shows_a_trainers_plan_and_its_loss_curve(
                 lambda: page.find("#training .trainer").get_attribute("data-state") == "stopped",
             )
             await asyncio.to_thread(page.shot, "training")
+
+
+def test_a_saved_plan_picture_draws_in_the_browser(browser: Any, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from danaus.parallel import Plan, StagePlan
+
+    stages = tuple(
+        StagePlan(2 * k, 2 * k + 1, 2**20, t, (k + 2) * 2**20, ranks=(k, k + 2))
+        for k, t in enumerate([0.01, 0.02])
+    )
+    plan = Plan(
+        dp=2, pp=2, tp=1, microbatches=4, stages=stages, estimated_step_s=0.1,
+        peak_bytes_per_proc=3 * 2**20, memory_per_proc=4 * 2**20, why="measured <here>",
+    )  # fmt: skip
+    path = tmp_path / "plan.html"
+    plan.save_html(path)
+    page = Page(browser, tmp_path)
+    browser.get(path.as_uri())
+    page.wait("the page drawn", lambda: page.text("h1") == "Plan: dp=2 x pp=2, 4 microbatches")
+    boxes = browser.find_elements("css selector", "svg.schedule rect.op")
+    assert len(boxes) == 2 * 2 * 4
+    # drawn, not just present: each box has a size, forwards left of their backwards
+    sizes = [(b.get_attribute("data-kind"), b.rect) for b in boxes]
+    assert all(r["width"] > 0 and r["height"] > 0 for _, r in sizes)
+    first_b = min(r["x"] for k, r in sizes if k == "B")
+    first_f = min(r["x"] for k, r in sizes if k == "F")
+    assert first_f < first_b
+    cells = [td.text for td in browser.find_elements("css selector", "table.grid td")]
+    assert cells == ["rank 0", "rank 1", "rank 2", "rank 3"]  # replica by stage
+    assert "the stages idle" in page.text("#bubble")
+    assert page.text("pre") == "measured <here>"  # text, not markup
+    _non_trivial(page.shot("plan"))
