@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from pathlib import Path
@@ -10,8 +11,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from danaus.parallel import Plan, StagePlan  # noqa: E402
-from danaus.parallel._picture import schedule  # noqa: E402
+from danaus.parallel import Plan, StagePlan
+from danaus.parallel._picture import schedule
 
 
 def _plan(pp: int, m: int, kind: str = "1f1b", times: list[float] | None = None) -> Plan:
@@ -50,7 +51,7 @@ def test_equal_stages_take_microbatches_plus_stages_minus_one_turns(
             assert a >= end[dep] - 1e-12
     for k in range(pp):
         lane = sorted((a, b) for kk, _, _, a, b in ops if kk == k)
-        assert all(b1 <= a2 + 1e-12 for (_, b1), (a2, _) in zip(lane, lane[1:], strict=False))
+        assert all(b1 <= a2 + 1e-12 for (_, b1), (a2, _) in itertools.pairwise(lane))
 
 
 def test_1f1b_keeps_fewer_microbatches_in_flight_than_gpipe() -> None:
