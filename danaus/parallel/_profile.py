@@ -71,6 +71,11 @@ class ModelCost:
     #: how much slower than its fastest pass a part's median pass was, the worst part's
     #: (0.03: 3%): what the machine's other work added while it was measured
     noise: float = 0.0
+    #: a whole pass's median time over its fastest (the median over the sizes): what
+    #: the machine's other work adds to a step as it was while measured. The parts'
+    #: times are their fastest (so that the choice is stable); the estimate of a step
+    #: is scaled by this, which ranks every layout alike
+    typical: float = 1.0
 
 
 @dataclass
@@ -203,6 +208,7 @@ def measure_model(
         cost.head.param_bytes = _param_bytes([model]) - _param_bytes(blocks)
     params = {p.data_ptr() for p in model.parameters()}
     one_pass = _one_pass if parts.can_pipeline else _one_pass_whole
+    ratios: list[float] = []
     for s in sizes:
         x, y = inputs[:s], target[:s]
         runs: list[list[float]] = []
@@ -214,6 +220,8 @@ def measure_model(
         best = [min(run[i] for run in runs) for i in range(n + 2)]
         med = [statistics.median(run[i] for run in runs) for i in range(n + 2)]
         cost.passes = max(cost.passes, len(runs))
+        whole = [sum(run) for run in runs]
+        ratios.append(statistics.median(whole) / max(min(whole), 1e-12))
         cost.noise = max(
             [cost.noise, *(m / b - 1 for m, b in zip(med, best, strict=True) if b > 0)]
         )
@@ -222,6 +230,7 @@ def measure_model(
         cost.embed.out_bytes[s], cost.head.out_bytes[s] = outs[0], outs[n + 1]
         for i, b in enumerate(cost.blocks):
             b.time_s[s], b.act_bytes[s], b.out_bytes[s] = best[i + 1], acts[i + 1], outs[i + 1]
+    cost.typical = statistics.median(ratios) if ratios else 1.0
     _measure_optimizer(model, optimizer, cost)
     return cost
 
