@@ -81,7 +81,7 @@ def build(family: str) -> nn.Module:
     if family != "gpt2":  # any causal LM Hugging Face builds from a config
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_config(
+        model: nn.Module = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
             AutoConfig.for_model(
                 family, num_hidden_layers=4, hidden_size=128, intermediate_size=256,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=256,
@@ -89,6 +89,7 @@ def build(family: str) -> nn.Module:
                 eos_token_id=PAD,
             )
         )  # fmt: skip
+        return model
     from transformers import GPT2Config, GPT2LMHeadModel
 
     return GPT2LMHeadModel(
