@@ -399,6 +399,7 @@ def _refusals(url: str) -> None:
     assert _get(url + "snapshot")[0] == 200  # and it goes on serving
 
 
+@pytest.mark.slow
 async def test_the_training_view_shows_a_trainers_plan_and_its_loss_curve(
     browser: Any, tmp_path: Path
 ) -> None:

@@ -489,7 +489,9 @@ def _control_bytes_out() -> int:
     return int(proc_record(current_runtime())["bytes_out"])
 
 
-@pytest.mark.parametrize("dims", [{"dp": 2}, {"pp": 2}], ids=["dp=2", "pp=2"])
+@pytest.mark.parametrize(
+    "dims", [{"dp": 2}, pytest.param({"pp": 2}, marks=pytest.mark.slow)], ids=["dp=2", "pp=2"]
+)
 async def test_shards_over_a_megabyte_go_by_the_data_plane_and_train_as_one_process(
     dims: dict[str, int],
 ) -> None:
