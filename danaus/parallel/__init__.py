@@ -8,8 +8,9 @@
     loss = await trainer.step(batch)
 
 The same model runs data parallel (DDP or FSDP2), pipeline parallel
-(``torch.distributed.pipelining``), tensor parallel (``parallelize_module``, Llama-style
-models) or a mix, by changing ``dp=``, ``pp=``, ``tp=`` or letting the planner choose.
+(``torch.distributed.pipelining``), tensor parallel (``parallelize_module``, by a
+Hugging Face config's own ``base_model_tp_plan``, or GPT-2's) or a mix, by changing
+``dp=``, ``pp=``, ``tp=`` or letting the planner choose.
 Importing this package imports torch.
 """
 
