@@ -360,7 +360,11 @@ class ParallelWorker(Actor):
             return module
         from torch.nn.parallel import DistributedDataParallel
 
-        ddp = DistributedDataParallel(module, process_group=self.mesh["dp"].get_group())
+        # the gradients live in DDP's all-reduce buckets instead of beside them: one copy
+        # of the gradients held, not two
+        ddp = DistributedDataParallel(
+            module, process_group=self.mesh["dp"].get_group(), gradient_as_bucket_view=True
+        )
         if low is not None:  # the gradients' all-reduce in the low precision
             ddp.register_comm_hook(self.mesh["dp"].get_group(), _low_precision_hook(low))
         return ddp
