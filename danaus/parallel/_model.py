@@ -173,7 +173,7 @@ class ModelParts:
     ) -> torch.Tensor:
         config: Any = getattr(model, "config")  # noqa: B009
         pos = _positions(h.shape[1], h.device, position_ids)
-        masks = _masks(config, h, attention_mask, pos)
+        masks = _masks(config, self.n_blocks, h, attention_mask, pos)
         if self.family == "gpt2":
             for i in range(first, last + 1):
                 h = _hidden(blocks[i](h, attention_mask=masks(i), position_ids=pos))
@@ -278,16 +278,21 @@ def _mask_kinds(config: Any, n_blocks: int) -> list[str]:
 
 
 def _masks(
-    config: Any, h: torch.Tensor, attention_mask: torch.Tensor | None, pos: torch.Tensor
+    config: Any,
+    n_blocks: int,
+    h: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    pos: torch.Tensor,
 ) -> Callable[[int], Any]:
-    """Block ``i``'s attention mask (each kind made once, when a block first needs it)."""
+    """Block ``i``'s attention mask, of ``n_blocks`` (each kind made once, when a block
+    first needs it)."""
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-    kinds = _mask_kinds(config, int(getattr(config, "num_hidden_layers", 0) or 0) or 10**6)
+    kinds = _mask_kinds(config, n_blocks)
     made: dict[str, Any] = {}
 
     def mask(i: int) -> Any:
-        kind = kinds[i] if i < len(kinds) else "full_attention"
+        kind = kinds[i]
         if kind not in made:
             make = create_sliding_window_causal_mask if kind == "sliding_attention" else None
             made[kind] = (make or create_causal_mask)(
