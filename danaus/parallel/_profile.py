@@ -26,6 +26,7 @@ from ._worker import (
     compile_blocks,
     device,
     optimizer_state_bytes,
+    proc_bytes,
     timed,
 )
 
@@ -116,13 +117,9 @@ class MeshFacts:
 
 
 def _available_ram() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    available = proc_bytes("/proc/meminfo", "MemAvailable")
+    if available is not None:
+        return available
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
 
 

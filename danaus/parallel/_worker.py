@@ -174,13 +174,9 @@ def peak_bytes(dev: torch.device) -> int:
     (everything: the interpreter, torch, the model, its activations)."""
     if dev.type == "cuda":
         return int(torch.cuda.max_memory_allocated(dev))
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    hwm = proc_bytes("/proc/self/status", "VmHWM")
+    if hwm is not None:
+        return hwm
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -190,14 +186,21 @@ def current_bytes(dev: torch.device) -> int:
     """What this proc holds now, as :func:`peak_bytes` counts it."""
     if dev.type == "cuda":
         return int(torch.cuda.memory_allocated(dev))
+    return proc_bytes("/proc/self/status", "VmRSS") or 0
+
+
+def proc_bytes(path: str, key: str) -> int | None:
+    """The ``key:`` line of a Linux ``/proc`` file given in kB (``VmRSS`` of
+    ``/proc/self/status``, ``MemAvailable`` of ``/proc/meminfo``), in bytes; None where
+    the file or the line is not there."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(f"{key}:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return None
 
 
 def set_threads() -> None:
