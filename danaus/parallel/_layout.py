@@ -49,3 +49,12 @@ class Layout:
 
     def rank(self, dp_i: int, pp_i: int, tp_i: int) -> int:
         return (dp_i * self.pp + pp_i) * self.tp + tp_i
+
+    def stage_ranks(self, pp_i: int) -> tuple[int, ...]:
+        """The ranks that hold stage ``pp_i``: one per replica and tensor-parallel shard."""
+        return stage_ranks(self.dp, self.pp, self.tp, pp_i)
+
+
+def stage_ranks(dp: int, pp: int, tp: int, pp_i: int) -> tuple[int, ...]:
+    """The ranks of a ``dp x pp x tp`` grid that hold stage ``pp_i``, in order."""
+    return tuple((d * pp + pp_i) * tp + t for d in range(dp) for t in range(tp))

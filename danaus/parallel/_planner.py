@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from ._errors import PlanError
+from ._layout import stage_ranks
 from ._plan import Plan, StagePlan, strategy_name
 from ._profile import MeshFacts, ModelCost
 
@@ -267,7 +268,7 @@ def estimate(
     for k, (i, j) in enumerate(best):
         t, mem, w, ckpt = stage_full(k, i, j)
         weights = int(w * (c.tp if c.tp > 1 else 1))
-        ranks = tuple((d * c.pp + k) * c.tp + r for d in range(c.dp) for r in range(c.tp))
+        ranks = stage_ranks(c.dp, c.pp, c.tp, k)
         stages.append(StagePlan(i, j - 1, weights, t, mem, checkpointing=ckpt, ranks=ranks))
         worst_t, peak, worst_w = max(worst_t, t), max(peak, mem), max(worst_w, w)
         busy += c.microbatches * t * len(ranks)  # its procs' seconds of work

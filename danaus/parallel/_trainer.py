@@ -158,12 +158,11 @@ class Trainer:
         p, layout = self.plan, self.plan.layout
         stages = []
         for k, s in enumerate(p.stages):
-            ranks = [layout.rank(d, k, t) for d in range(layout.dp) for t in range(layout.tp)]
             stages.append(
                 {
                     "stage": k,
                     "blocks": [s.first, s.last],
-                    "ranks": ranks,
+                    "ranks": list(layout.stage_ranks(k)),
                     "checkpointing": s.checkpointing,
                     "estimated_s": s.estimated_s,
                     "peak_bytes": s.peak_bytes,
