@@ -106,9 +106,14 @@ def adamw(ps: Any) -> torch.optim.Optimizer:
 
 def train_locally(model: nn.Module, batch: Any, steps: int, loss_fn: Any = None) -> list[float]:
     """The reference: the same model trained in this process on the same global batch."""
+    return train_over(model, [batch] * steps, loss_fn)
+
+
+def train_over(model: nn.Module, batches: list[Any], loss_fn: Any = None) -> list[float]:
+    """The reference: the same model trained in this process, a step per global batch."""
     opt = adamw(model.parameters())
     losses = []
-    for _ in range(steps):
+    for batch in batches:
         opt.zero_grad()
         if isinstance(batch, dict):
             loss = model(**batch).loss

@@ -156,15 +156,7 @@ async def test_other_hugging_face_families_train_as_one_process(
 )
 async def test_sequence_lengths_may_change_from_step_to_step(dims: dict[str, int]) -> None:
     batches = [pm.padded_lm_batch(seq=n, seed=n) for n in (16, 10, 16, 12)]
-    reference = pm.gpt2()
-    opt = pm.adamw(reference.parameters())
-    expected = []
-    for b in batches:
-        opt.zero_grad()
-        loss = reference(**b).loss
-        loss.backward()
-        opt.step()
-        expected.append(float(loss.detach()))
+    expected = pm.train_over(pm.gpt2(), batches)
     async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
         p = await plan(pm.gpt2(), procs, sample=batches[0], microbatches=2, **dims)
         assert "estimated for the sample's 8 x 16 inputs" in p.why  # the length it knew
@@ -182,14 +174,7 @@ async def test_compiled_blocks_train_as_one_process_at_changing_lengths(
 ) -> None:
     batches = [pm.padded_lm_batch(seq=n, seed=n) for n in (16, 10, 16, 12)]
     reference = pm.llama()
-    opt = pm.adamw(reference.parameters())
-    expected = []
-    for b in batches:  # one process, not compiled
-        opt.zero_grad()
-        loss = reference(**b).loss
-        loss.backward()
-        opt.step()
-        expected.append(float(loss.detach()))
+    expected = pm.train_over(reference, batches)  # one process, not compiled
     async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
         p = await plan(pm.llama(), procs, sample=batches[0], compile=True, **dims)
         assert p.compile and p.layout.compile and "compiled" in str(p)
@@ -339,15 +324,7 @@ def _replica_rows(step: int, dp_rank: int, dp_size: int) -> dict[str, torch.Tens
 async def test_workers_that_load_their_own_rows_train_as_one_process(
     dims: dict[str, int],
 ) -> None:
-    reference = pm.gpt2()
-    opt = pm.adamw(reference.parameters())
-    expected = []
-    for step in range(3):
-        opt.zero_grad()
-        loss = reference(**_global_batch(step)).loss
-        loss.backward()
-        opt.step()
-        expected.append(float(loss.detach()))
+    expected = pm.train_over(pm.gpt2(), [_global_batch(step) for step in range(3)])
     async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
         p = await plan(pm.gpt2(), procs, sample=_global_batch(0), **dims)
         trainer = parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw, data=_replica_rows)
