@@ -418,24 +418,27 @@ async def test_the_training_view_shows_a_trainers_plan_and_its_loss_curve(
         with dashboard(0) as server:
             # the same picture as data, for tools
             event = await asyncio.to_thread(_first_event, server.url)
-            (shown,) = event["sections"]["trainers"]
+            # (the controller's other live trainers, from tests before, are shown too)
+            mine = trainer.picture()["name"]
+            (shown,) = [t for t in event["sections"]["trainers"] if t["name"] == mine]
             assert (shown["state"], shown["steps"], shown["procs"]) == ("ready", 5, "dashtrain")
             assert [h[1] for h in shown["history"]] == losses
             assert [s["ranks"] for s in shown["plan"]["stages"]] == [[0], [1]]
+            card = f'#training .trainer[data-trainer="{mine}"]'
             await asyncio.to_thread(browser.get, server.url)
             await asyncio.to_thread(
                 page.wait,
                 "the trainer's plan",
                 lambda: (
                     page.find("#training-section").is_displayed()
-                    and page.text("#training .trainer .head").startswith("pp=2 · 2 microbatches")
-                    and "5 steps · estimated" in page.text("#training .trainer .muted")
+                    and page.text(f"{card} .head").startswith("pp=2 · 2 microbatches")
+                    and "5 steps · estimated" in page.text(f"{card} .muted")
                 ),
             )
             rows = page.read(
                 lambda: [
                     [td.text for td in tr.find_elements("css selector", "td")]
-                    for tr in page.driver.find_elements("css selector", "#training tbody tr")
+                    for tr in page.driver.find_elements("css selector", f"{card} tbody tr")
                 ]
             )
             first, last = p.stages
@@ -445,7 +448,7 @@ async def test_the_training_view_shows_a_trainers_plan_and_its_loss_curve(
             ]
             points = page.read(
                 lambda: (
-                    page.find('#training .chart[data-what="loss"] polyline')
+                    page.find(f'{card} .chart[data-what="loss"] polyline')
                     .get_attribute("points")
                     .split()
                 )
@@ -454,14 +457,14 @@ async def test_the_training_view_shows_a_trainers_plan_and_its_loss_curve(
             ys = [float(pt.split(",")[1]) for pt in points]
             # the loss fell: its last point is drawn lower (larger y) than its first
             assert losses[-1] < losses[0] and ys[-1] > ys[0]
-            caption = page.text('#training .chart[data-what="loss"] .caption')
+            caption = page.text(f'{card} .chart[data-what="loss"] .caption')
             assert caption.startswith(f"loss: {losses[-1]:.4f} at step 5"), caption
-            assert "at step 5" in page.text('#training .chart[data-what="tokens/s"] .caption')
+            assert "at step 5" in page.text(f'{card} .chart[data-what="tokens/s"] .caption')
             await trainer.stop()
             await asyncio.to_thread(
                 page.wait,
                 "the trainer shown stopped",
-                lambda: page.find("#training .trainer").get_attribute("data-state") == "stopped",
+                lambda: page.find(card).get_attribute("data-state") == "stopped",
             )
             await asyncio.to_thread(page.shot, "training")
 
