@@ -24,6 +24,7 @@ class Layout:
         checkpointing: per stage, whether its blocks keep only their inputs for backward
             and compute their forward again there (activation checkpointing).
         compile: each block runs compiled by ``torch.compile`` (TorchDynamo, Inductor).
+        order: the mesh rank at each position of the grid (empty: position = rank).
     """
 
     dp: int
@@ -36,6 +37,13 @@ class Layout:
     precision: str = "fp32"
     checkpointing: tuple[bool, ...] = ()
     compile: bool = False
+    order: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.order and sorted(self.order) != list(range(self.size)):
+            raise ValueError(
+                f"order={list(self.order)}: give each of the mesh's {self.size} ranks once"
+            )
 
     @property
     def size(self) -> int:
@@ -43,18 +51,46 @@ class Layout:
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """(dp_i, pp_i, tp_i) of ``rank``."""
-        tp_i = rank % self.tp
-        pp_i = (rank // self.tp) % self.pp
-        return rank // (self.tp * self.pp), pp_i, tp_i
+        pos = self.order.index(rank) if self.order else rank
+        tp_i = pos % self.tp
+        pp_i = (pos // self.tp) % self.pp
+        return pos // (self.tp * self.pp), pp_i, tp_i
 
     def rank(self, dp_i: int, pp_i: int, tp_i: int) -> int:
-        return (dp_i * self.pp + pp_i) * self.tp + tp_i
+        pos = (dp_i * self.pp + pp_i) * self.tp + tp_i
+        return self.order[pos] if self.order else pos
+
+    def grid(self) -> list[list[list[int]]]:
+        """The ranks as a ``dp x pp x tp`` nested list (a ``DeviceMesh``'s)."""
+        return [
+            [[self.rank(d, k, t) for t in range(self.tp)] for k in range(self.pp)]
+            for d in range(self.dp)
+        ]
 
     def stage_ranks(self, pp_i: int) -> tuple[int, ...]:
         """The ranks that hold stage ``pp_i``: one per replica and tensor-parallel shard."""
-        return stage_ranks(self.dp, self.pp, self.tp, pp_i)
+        return stage_ranks(self.dp, self.pp, self.tp, pp_i, self.order)
 
 
-def stage_ranks(dp: int, pp: int, tp: int, pp_i: int) -> tuple[int, ...]:
-    """The ranks of a ``dp x pp x tp`` grid that hold stage ``pp_i``, in order."""
-    return tuple((d * pp + pp_i) * tp + t for d in range(dp) for t in range(tp))
+def stage_ranks(
+    dp: int, pp: int, tp: int, pp_i: int, order: tuple[int, ...] = ()
+) -> tuple[int, ...]:
+    """The ranks of a ``dp x pp x tp`` grid that hold stage ``pp_i``, in order (replica,
+    then tensor-parallel shard); ``order``: the rank at each position, as
+    :class:`Layout`'s."""
+    pos = [(d * pp + pp_i) * tp + t for d in range(dp) for t in range(tp)]
+    return tuple(order[p] for p in pos) if order else tuple(pos)
+
+
+def order_of(dp: int, pp: int, tp: int, stages: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The ``order`` (see :class:`Layout`) that puts each stage on its ``ranks``
+    (:func:`stage_ranks`' order); empty where that is the plain one, or where a stage's
+    ranks are not given."""
+    if len(stages) != pp or any(len(r) != dp * tp for r in stages):
+        return ()
+    order = [0] * (dp * pp * tp)
+    for k, ranks in enumerate(stages):
+        for i, r in enumerate(ranks):
+            d, t = divmod(i, tp)
+            order[(d * pp + k) * tp + t] = r
+    return () if order == list(range(len(order))) else tuple(order)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._layout import Layout
+from ._layout import Layout, order_of
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,8 @@ class StagePlan:
             (activation checkpointing) instead of keeping their activations.
         ranks: the mesh ranks that hold this stage (one per replica and
             tensor-parallel shard), in order.
+        limit_bytes: the memory the least of those procs may hold (what
+            ``peak_bytes`` was fitted to; 0 where not planned).
     """
 
     first: int
@@ -33,6 +35,7 @@ class StagePlan:
     peak_bytes: int = 0
     checkpointing: bool = False
     ranks: tuple[int, ...] = ()
+    limit_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class Plan:
     blocks are split ``tp`` ways, with ``microbatches`` per replica per step.
 
     Made by :func:`danaus.parallel.plan` (measured and chosen) or by hand
-    (``Plan.manual``). ``print(plan)`` shows it as a table, with why it was chosen and
+    (``Plan(dp=..., pp=..., tp=..., microbatches=..., stages=...)``). ``print(plan)`` shows it as a table, with why it was chosen and
     what came second.
     """
 
@@ -94,6 +97,7 @@ class Plan:
             self.precision,
             tuple(s.checkpointing for s in self.stages),
             self.compile,
+            order_of(self.dp, self.pp, self.tp, [s.ranks for s in self.stages]),
         )
 
     def html(self) -> str:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from ._errors import PlanError
-from ._layout import stage_ranks
+from ._layout import order_of, stage_ranks
 from ._plan import Plan, StagePlan, strategy_name
 from ._profile import MeshFacts, ModelCost
 
@@ -69,6 +69,8 @@ class Estimate:
     step_s: float
     peak: int
     stages: tuple[StagePlan, ...]
+    #: every stage fits the memory of the procs that hold it
+    fits: bool = True
 
 
 def divisors(n: int) -> list[int]:
@@ -204,12 +206,23 @@ def estimate(
     cut: tuple[int, ...] | None = None,
 ) -> Estimate:
     """The best stage split of ``cand`` and its step time and peak memory per proc
-    (``peak`` > ``cap`` when nothing fits: then the split is the least memory one).
-    ``recompute``: the blocks' costs checkpointed, for stages that do not fit without.
-    ``cut``: the blocks of each stage, forced (``plan(blocks_per_stage=...)``)."""
+    (``fits`` is False when nothing fits: then the split is the least memory one).
+    ``cap``: bytes each proc may hold (the less of it and a proc's own, where the mesh
+    measured each proc's). ``recompute``: the blocks' costs checkpointed, for stages
+    that do not fit without. ``cut``: the blocks of each stage, forced
+    (``plan(blocks_per_stage=...)``).
+
+    Unlike procs (``mesh.speed``, ``mesh.memory``): the procs are first arranged so
+    that those of one stage are alike (:func:`arrange`); a stage then computes at the
+    pace of its slowest proc and fits in its smallest one's memory, so that the split
+    gives a slow stage fewer blocks and a small one less to hold."""
     c = cand
     s = batch // (c.dp * c.microbatches)
     L = len(cost.blocks)
+    order = arrange(c.dp, c.pp, c.tp, mesh)
+    ranks_of = [stage_ranks(c.dp, c.pp, c.tp, k, order) for k in range(c.pp)]
+    pace = [max((mesh.speed[r] for r in rs), default=1.0) if mesh.speed else 1.0 for rs in ranks_of]
+    caps = [min([cap, *(mesh.memory[r] for r in rs)]) if mesh.memory else cap for rs in ranks_of]
     contention = max(1.0, mesh.procs_per_host / max(1, mesh.cores_per_host))
     plain_costs = _Costs(cost, mesh, s, c.tp, contention)
     ckpt_costs = _Costs(recompute, mesh, s, c.tp, contention) if recompute else None
@@ -233,7 +246,7 @@ def estimate(
             t += cost.head.time_s[s]
             w += cost.head.param_bytes
             act += cost.head.act_bytes[s]
-        t = t + k_costs.t[j] - k_costs.t[i]
+        t = (t + k_costs.t[j] - k_costs.t[i]) * pace[k]
         if not last:  # activations to the next stage, gradients back
             t += 2 * (k_costs.out[j - 1] / bw + hop)
         inflight = (
@@ -249,7 +262,7 @@ def estimate(
         """As ``stage_as``, checkpointed where it does not fit otherwise and that needs
         less memory; and whether it is."""
         t, mem, w = stage_as(k, i, j, plain_costs)
-        if ckpt_costs is None or mem <= cap:
+        if ckpt_costs is None or mem <= caps[k]:
             return t, mem, w, False
         t2, mem2, w2 = stage_as(k, i, j, ckpt_costs)
         return (t2, mem2, w2, True) if mem2 < mem else (t, mem, w, False)
@@ -262,16 +275,22 @@ def estimate(
         ends = [sum(cut[: k + 1]) for k in range(len(cut))]
         best = [(e - n, e) for e, n in zip(ends, cut, strict=True)]
     else:
-        best = _split(c.pp, L, stage, cap)
+        best = _split(c.pp, L, stage, caps)
     stages = []
-    worst_t, peak, worst_w, busy = 0.0, 0, 0.0, 0.0
+    worst_t, peak, worst_w, busy, fits = 0.0, 0, 0.0, 0.0, True
     for k, (i, j) in enumerate(best):
         t, mem, w, ckpt = stage_full(k, i, j)
         weights = int(w * (c.tp if c.tp > 1 else 1))
-        ranks = stage_ranks(c.dp, c.pp, c.tp, k)
-        stages.append(StagePlan(i, j - 1, weights, t, mem, checkpointing=ckpt, ranks=ranks))
+        ranks = ranks_of[k]
+        stages.append(
+            StagePlan(
+                i, j - 1, weights, t, mem, checkpointing=ckpt, ranks=ranks, limit_bytes=caps[k]
+            )
+        )
         worst_t, peak, worst_w = max(worst_t, t), max(peak, mem), max(worst_w, w)
-        busy += c.microbatches * t * len(ranks)  # its procs' seconds of work
+        fits = fits and mem <= caps[k]
+        # its procs' seconds of work (a slow proc's wait for its CPU quota is not work)
+        busy += c.microbatches * t / pace[k] * len(ranks)
     # the critical path, or, where procs outnumber cores, the work over the cores
     cores = max(1, mesh.cores_per_host) * hosts
     step = max((c.microbatches + c.pp - 1) * worst_t, busy * threads / cores)
@@ -286,23 +305,63 @@ def estimate(
     elif c.dp > 1:  # DDP: one all-reduce of the gradients
         step += 2 * (c.dp - 1) / c.dp * worst_w / bw + lat
     opt_bytes = worst_w / (c.dp if c.sharded else 1)
-    step += cost.opt_s_per_byte * opt_bytes * contention
+    step += cost.opt_s_per_byte * opt_bytes * contention * max(pace)
     # the parts were timed at their fastest; a step runs as a typical pass did
-    return Estimate(c, step * cost.typical, peak, tuple(stages))
+    return Estimate(c, step * cost.typical, peak, tuple(stages), fits)
+
+
+#: procs whose speeds (or usable memories) are this close (a fraction) count as alike
+ALIKE = 0.25
+
+
+def classes(values: list[float], alike: float = ALIKE) -> list[int]:
+    """Each value's class, 0 for the smallest: sorted, a value more than ``alike`` over
+    the first of its class starts the next one (measured speeds of equal procs differ
+    by the machine's noise; that should not reorder them)."""
+    out = [0] * len(values)
+    cls, start = -1, -math.inf
+    for i in sorted(range(len(values)), key=lambda i: values[i]):
+        if values[i] > start * (1 + alike):
+            cls, start = cls + 1, values[i]
+        out[i] = cls
+    return out
+
+
+def arrange(dp: int, pp: int, tp: int, mesh: MeshFacts) -> tuple[int, ...]:
+    """Which proc takes each place of the grid (:class:`Layout`'s ``order``): where the
+    procs of some stage are unlike (in speed, or in usable memory), the procs are put
+    in order, fastest (then roomiest) first, and each stage takes the next ``dp * tp``
+    of them, so that a stage's replicas and shards are alike and its blocks can be
+    fitted to them; the stages keep the order of their lowest rank. Empty (each place
+    to the rank of its number) where every stage's procs are already alike."""
+    n = dp * pp * tp
+    speed = classes(list(mesh.speed)) if len(mesh.speed) == n else [0] * n
+    room = classes([-float(m) for m in mesh.memory], 0.1) if len(mesh.memory) == n else [0] * n
+
+    def key(r: int) -> tuple[int, int]:
+        return speed[r], room[r]
+
+    if all(len({key(r) for r in stage_ranks(dp, pp, tp, k)}) == 1 for k in range(pp)):
+        return ()
+    ranked = sorted(range(n), key=lambda r: (key(r), r))
+    groups = [tuple(ranked[k * dp * tp : (k + 1) * dp * tp]) for k in range(pp)]
+    return order_of(dp, pp, tp, sorted(groups, key=min))
 
 
 def _split(
-    pp: int, L: int, fn: Callable[[int, int, int], tuple[float, int, float]], cap: int
+    pp: int, L: int, fn: Callable[[int, int, int], tuple[float, int, float]], caps: list[int]
 ) -> list[tuple[int, int]]:
     """Contiguous split of ``L`` blocks into ``pp`` stages minimising the slowest stage
-    with every stage under ``cap`` (or, where none fits, minimising the largest peak);
-    ``fn(k, i, j)`` is stage ``k`` over blocks ``i..j-1``: (seconds, peak, weights)."""
-    inf = (math.inf, math.inf)
-    # best[k][j]: (slowest, largest peak) of the first j blocks in k+1 stages, and the cut
-    best: list[list[tuple[tuple[float, float], int]]] = [[(inf, -1)] * (L + 1) for _ in range(pp)]
+    with every stage ``k`` under ``caps[k]`` (or, where none fits, minimising the largest
+    peak over its cap); ``fn(k, i, j)`` is stage ``k`` over blocks ``i..j-1``: (seconds,
+    peak, weights)."""
+    inf = (math.inf, math.inf, math.inf)
+    # best[k][j]: (slowest, largest peak over the cap, sum of squared times) of the first
+    # j blocks in k+1 stages, and the cut
+    best: list[list[tuple[Key, int]]] = [[(inf, -1)] * (L + 1) for _ in range(pp)]
     for j in range(1, L - pp + 2):
         t, mem, _ = fn(0, 0, j)
-        best[0][j] = (_key(t, mem, cap), 0)
+        best[0][j] = (_key(t, mem, caps[0]), 0)
     for k in range(1, pp):
         for j in range(k + 1, L - (pp - k - 1) + 1):
             for i in range(k, j):
@@ -310,7 +369,7 @@ def _split(
                 if prev == inf:
                     continue
                 t, mem, _ = fn(k, i, j)
-                here = _key(t, mem, cap)
+                here = _key(t, mem, caps[k])
                 cand = _worse(prev, here)
                 if cand < best[k][j][0]:
                     best[k][j] = (cand, i)
@@ -323,14 +382,21 @@ def _split(
     return list(reversed(cuts))
 
 
-def _key(t: float, mem: int, cap: int) -> tuple[float, float]:
+#: how the stage split compares stages: (seconds, bytes over the cap, seconds squared)
+Key = tuple[float, float, float]
+
+
+def _key(t: float, mem: int, cap: int) -> Key:
     """Stages that fit compare by time; one that does not is worse than any that fits,
-    and compares by how far over the cap it is."""
-    return (t, 0.0) if mem <= cap else (math.inf, float(mem))
+    and compares by how far over its cap it is. Of splits whose slowest stage is as
+    slow, the one whose other stages are more even (the least sum of squared times)
+    wins: 1F1B's step is the slowest stage's times the microbatches plus the others'
+    once, and of unlike procs, each stage's blocks should be as even as they can."""
+    return (t, 0.0, t * t) if mem <= cap else (math.inf, float(mem - cap), 0.0)
 
 
-def _worse(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
-    return (max(a[0], b[0]), max(a[1], b[1]))
+def _worse(a: Key, b: Key) -> Key:
+    return (max(a[0], b[0]), max(a[1], b[1]), a[2] + b[2])
 
 
 def choose(
@@ -351,7 +417,7 @@ def choose(
     ests = [estimate(c, cost, mesh, batch, cap, recompute, cut) for c in cands]
     if not ests:
         raise PlanError("no layout of this mesh suits the model and batch")
-    fits = sorted((e for e in ests if e.peak <= cap), key=lambda e: e.step_s)
+    fits = sorted((e for e in ests if e.fits), key=lambda e: e.step_s)
     if fits:
         # within TIE of the fastest, the simplest layout: estimates are not that exact
         near = [e for e in fits if e.step_s <= fits[0].step_s * (1 + TIE)]
@@ -376,6 +442,7 @@ def choose(
         f"{mesh.collective_bw / 1e9:.2f} GB/s (bus), {mesh.collective_latency_s * 1e6:.0f} µs, "
         f"a send {mesh.hop_latency_s * 1e6:.0f} µs"
     )
+    why += _unlike(mesh, best)
     if cost.passes:
         why += (
             f"; each part timed as the fastest of {cost.passes} passes (the median was up "
@@ -396,7 +463,7 @@ def choose(
             else "; no activation checkpointing: every stage fits keeping its activations"
         )
     if len(fits) < len(ests):
-        over = min((e for e in ests if e.peak > cap), key=_rank)
+        over = min((e for e in ests if not e.fits), key=_rank)
         why += (
             f"; {len(ests) - len(fits)} need more memory, e.g. {over.cand.describe()} "
             f"({over.peak / 2**20:.1f} MiB)"
@@ -418,6 +485,36 @@ def choose(
 
     ranked = sorted(fits, key=lambda e: e.step_s)
     return replace(picked, candidates=tuple(weighed(e) for e in ranked))
+
+
+def _unlike(mesh: MeshFacts, best: Estimate) -> str:
+    """What the ``why`` says of unlike procs: which are slower, which hold less, and how
+    the chosen layout placed them."""
+    out = ""
+    slow = {r: x for r, x in enumerate(mesh.speed) if x > 1.0}
+    if slow:
+        out += "; procs unlike in speed, each measured: " + ", ".join(
+            f"rank {r} {x:.1f}x slower" for r, x in slow.items()
+        )
+    if mesh.memory and max(mesh.memory) > min(mesh.memory) * 1.1:
+        out += "; procs unlike in memory: " + ", ".join(
+            f"rank {r} {m / 2**20:.0f} MiB" for r, m in enumerate(mesh.memory)
+        )
+    if out:
+        c = best.cand
+        order = arrange(c.dp, c.pp, c.tp, mesh)
+        out += (
+            "; the stages placed on alike procs ("
+            + ", ".join(f"stage {k}: ranks {list(st.ranks)}" for k, st in enumerate(best.stages))
+            + ")"
+            if order
+            else ""
+        )
+        if c.pp > 1:
+            out += "; blocks per stage " + ", ".join(
+                str(st.last - st.first + 1) for st in best.stages
+            )
+    return out
 
 
 def _as_plan(e: Estimate, layers: str | None, cap: int, why: str, runner_up: str = "") -> Plan:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -13,7 +14,7 @@ from ..spmd import setup_torch_elastic_env_async
 from ._errors import PlanError
 from ._model import ModelParts, check_batch, find_parts
 from ._plan import Plan
-from ._planner import candidates, check_forced, choose, profile_sizes
+from ._planner import candidates, check_forced, choose, classes, profile_sizes
 from ._profile import MeshFacts, ModelCost, ProcFacts, TPProbe
 
 if TYPE_CHECKING:
@@ -74,11 +75,9 @@ async def _measure_mesh(
         per_host[f.host] = per_host.get(f.host, 0) + 1
     bw, lat = float("inf"), 0.0
     if n > 1:
-        sizes = dict(procs.sizes)
-        from ..actors._api import Point
 
         def one(rank: int) -> Any:
-            return profilers.slice(**dict(Point.from_rank(rank, sizes)))
+            return _one(procs, profilers, rank)
 
         # rank 0 to its neighbour, and to the farthest rank (another host, if any)
         for reader in sorted({1, n - 1}):
@@ -110,6 +109,41 @@ async def _measure_mesh(
         hop_latency_s=hop,
     )
     return facts_, tp_s
+
+
+def _one(procs: ProcMesh, actors: Any, rank: int) -> Any:
+    """The actor of ``actors`` (one per proc of ``procs``) on flat rank ``rank``."""
+    from ..actors._api import Point
+
+    return actors.slice(**dict(Point.from_rank(rank, dict(procs.sizes))))
+
+
+async def _speeds(
+    procs: ProcMesh,
+    profilers: Any,
+    model: nn.Module,
+    parts: ModelParts,
+    sample: Any,
+    loss: Any,
+    size: int,
+    threads: int,
+) -> tuple[float, ...]:
+    """Each proc's speed, measured on it: how many times slower than the fastest it runs
+    the model's first block, procs within ``ALIKE`` of each other counted as alike (the
+    mean of their class); empty where every proc is alike. One proc at a time, so that
+    none is timed while the others take its cores."""
+    if len(procs) < 2:
+        return ()
+    paces = [
+        await _one(procs, profilers, r).pace.call_one(model, parts, sample, loss, size, threads)
+        for r in range(len(procs))
+    ]
+    cls = classes(paces)
+    if max(cls) == 0:
+        return ()
+    means = [statistics.fmean(p for p, c in zip(paces, cls, strict=True) if c == k)
+             for k in range(max(cls) + 1)]  # fmt: skip
+    return tuple(means[c] / means[0] for c in cls)
 
 
 def probes_sizes(tp: TPProbe | None) -> dict[int, list[int]]:
@@ -170,8 +204,12 @@ async def _plan(
             tp_sizes_ = profile_sizes(tp_cands, batch)
             probe = TPProbe(model, parts, sample, degrees, tp_sizes_, threads)
         mesh, tp_s = await _measure_mesh(procs, profilers, facts, probe)
-        first = profilers.slice(**dict.fromkeys(procs.sizes, 0))
         sizes = profile_sizes(cands, batch)
+        speed = await _speeds(procs, profilers, model, parts, sample, loss, min(sizes), threads)
+        mesh = replace(mesh, speed=speed, memory=tuple(f.memory for f in facts))
+        # the model is measured on a fastest proc: the others' times are its over their speed
+        fastest = speed.index(1.0) if speed else 0
+        first = _one(procs, profilers, fastest)
         measure = (model, parts, sample, loss, optimizer, sizes, threads, precision)
         cost = await first.model.call_one(*measure, bool(checkpointing), compile)
         cost.tp_block_s = tp_s

@@ -9,6 +9,7 @@ import copy
 import functools
 import os
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,6 +115,11 @@ class MeshFacts:
     #: pipeline stage's boundary costs beyond its bytes (an all-reduce's latency is
     #: several such hops)
     hop_latency_s: float = 0.0
+    #: per rank, how many times slower than the fastest proc it computes (1.0: as fast;
+    #: measured on each proc, alike procs' noise evened out); empty: all alike
+    speed: tuple[float, ...] = ()
+    #: per rank, the bytes it may hold; empty: each ``memory_per_proc``
+    memory: tuple[int, ...] = ()
 
 
 def _available_ram() -> int:
@@ -228,8 +234,41 @@ def measure_model(
         for i, b in enumerate(cost.blocks):
             b.time_s[s], b.act_bytes[s], b.out_bytes[s] = best[i + 1], acts[i + 1], outs[i + 1]
     cost.typical = statistics.median(ratios) if ratios else 1.0
+    _even_out(cost, _alike(model, parts, blocks))
     _measure_optimizer(model, optimizer, cost)
     return cost
+
+
+def _alike(model: nn.Module, parts: ModelParts, blocks: list[nn.Module]) -> list[Any]:
+    """Each block's make: its class, its weights' names, shapes and types, and the
+    attention it is given (a config's ``layer_types``). Blocks of one make cost the same;
+    what their measured times differ by is noise."""
+    from ._model import _mask_kinds
+
+    config = getattr(model, "config", None)
+    kinds = _mask_kinds(config, len(blocks)) if config is not None else [""] * len(blocks)
+    return [
+        (
+            type(b).__name__,
+            kinds[i] if i < len(kinds) else "",
+            tuple((n, tuple(p.shape), p.dtype) for n, p in b.named_parameters()),
+        )
+        for i, b in enumerate(blocks)
+    ]
+
+
+def _even_out(cost: ModelCost, makes: list[Any]) -> None:
+    """Blocks of one make get their median time at each size: the stage split, which
+    minimises the slowest stage, should not be decided by a block that happened to be
+    timed 2% slower than its twin (an even cut of equal blocks stays even)."""
+    groups: dict[Any, list[PartCost]] = {}
+    for make, block in zip(makes, cost.blocks, strict=True):
+        groups.setdefault(make, []).append(block)
+    for same in groups.values():
+        for s in same[0].time_s:
+            t = statistics.median(b.time_s[s] for b in same)
+            for b in same:
+                b.time_s[s] = t
 
 
 #: two passes of a part agree when the slower is at most this much slower
@@ -389,6 +428,11 @@ def _measure_optimizer(model: nn.Module, optimizer: OptimizerFactory, cost: Mode
     cost.opt_s_per_byte = statistics.median(timed(opt.step) for _ in range(3)) / weight_bytes
 
 
+#: seconds each proc's pace is timed over: several of a CPU quota's periods (100 ms
+#: by default), so that a proc held to its quota is timed at the pace it keeps
+PACE_WINDOW_S = 0.5
+
+
 class Profiler(Actor):
     """Measures on its proc for the planner: the model, the proc, and data-plane links."""
 
@@ -437,6 +481,56 @@ class Profiler(Actor):
         try:
             with autocast(device(), precision):
                 return measure_model(model, parts, sample, loss_fn, optimizer, sizes)
+        finally:
+            torch.set_num_threads(old)
+
+    @endpoint
+    def pace(
+        self,
+        model: nn.Module,
+        parts: ModelParts,
+        sample: Any,
+        loss_fn: LossFn,
+        size: int,
+        threads: int,
+        window_s: float = PACE_WINDOW_S,
+    ) -> float:
+        """Seconds of one forward + backward of the model's first block (of the whole
+        model, where it is not cut into blocks) on ``size`` samples, as this proc runs
+        them over ``window_s``: passes go on for that long, so that a proc under a CPU
+        quota (cgroup ``cpu.cfs_quota_us``, ``cpu.max``), which runs at full speed until
+        its quota for a period is spent and then waits out the period, is timed at the
+        pace it keeps, not at the speed of its first few milliseconds."""
+        dev = device()
+        old = torch.get_num_threads()
+        if not torch.cuda.is_available():
+            torch.set_num_threads(threads)
+        try:
+            model = model.to(dev).train()
+            inputs, target = split_batch(sample)
+            x, y = inputs[:size].to(dev), target[:size].to(dev)
+            run: Callable[[], None]
+            if parts.can_pipeline:
+                with torch.no_grad():
+                    hidden = parts.embed(model, x)
+                h = hidden.detach().requires_grad_(True)
+
+                def run() -> None:
+                    out = parts.run_blocks(model, 0, 0, h)
+                    out.backward(torch.ones_like(out))
+            else:
+
+                def run() -> None:
+                    loss_fn(parts.forward(model, x), y).backward()  # type: ignore[no-untyped-call]
+
+            run()  # warm up
+            passes, start = 0, time.perf_counter()
+            while passes < 3 or time.perf_counter() - start < window_s:
+                run()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                passes += 1
+            return (time.perf_counter() - start) / passes
         finally:
             torch.set_num_threads(old)
 

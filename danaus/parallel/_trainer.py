@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from ..mesh import ProcMesh
 
 T = TypeVar("T")
+#: the flat ranks a shard goes to, as runs of neighbours (one cast each)
+Ranks = tuple[range, ...]
 #: ``data(step, dp_rank, dp_size)``: a replica's rows of a step's global batch
 DataFn = Callable[[int, int, int], Any]
 _names = itertools.count()
@@ -242,12 +244,13 @@ class Trainer:
         losses = [v for v in values if v is not None]
         return math.fsum(losses) if self._token_mean else math.fsum(losses) / len(losses)
 
-    def _shards(self, batch: Batch) -> list[tuple[range, Shard]]:
+    def _shards(self, batch: Batch) -> list[tuple[Ranks, Shard]]:
         """The shards of ``batch``, each with the flat ranks it goes to: per replica, its
         rows of what a stage reads (:func:`shard_batch`): the first stage's, the middle
         stages' (the same for all of them), the last's; the tensor-parallel ranks of a
         stage, and the middle stages, are neighbours, so each shard goes to one range of
-        ranks as one cast. Cut here, in the caller's thread, not on danaus's loop."""
+        ranks as one cast (to a few, where the planner reordered unlike procs). Cut
+        here, in the caller's thread, not on danaus's loop."""
         layout = self.plan.layout
         pp, tp = layout.pp, layout.tp
         out = []
@@ -257,13 +260,15 @@ class Trainer:
             for first, last in ((0, 0), (1, pp - 2), (pp - 1, pp - 1))[: 3 if pp > 1 else 1]:
                 if first > last:
                     continue
-                ranks = range(layout.rank(dp_i, first, 0), layout.rank(dp_i, last, tp - 1) + 1)
+                ranks = _runs(
+                    layout.rank(dp_i, k, t) for k in range(first, last + 1) for t in range(tp)
+                )
                 out.append((ranks, shard_batch(batch, layout.dp, dp_i, first == 0, last == pp - 1)))
         self.bytes_sent += sum(shard.nbytes for _, shard in out)
         return out
 
     def _per_shard(
-        self, workers: Any, name: str, shards: list[tuple[range, Shard | Staged]], counted: int
+        self, workers: Any, name: str, shards: list[tuple[Ranks, Shard | Staged]], counted: int
     ) -> list[Any]:
         """A cast of ``name`` to each shard's ranks with that shard; what each gathers."""
         flat = workers.flatten("rank")
@@ -272,7 +277,7 @@ class Trainer:
             group = flat.slice(rank=slice(ranks.start, ranks.stop))
             return [v async for v in getattr(group, name).stream(shard, counted)]
 
-        return [cast(ranks, shard) for ranks, shard in shards]
+        return [cast(run, shard) for ranks, shard in shards for run in ranks]
 
     def step(self, batch: Batch | None = None) -> Future[float]:
         """One training step on the global ``batch``; its loss. With the model's own
@@ -306,12 +311,12 @@ class Trainer:
         """The loss on ``batch`` (as :meth:`step` gives it), without updating the weights."""
         return self._send("evaluate", *self._prepare(batch))
 
-    def _prepare(self, batch: Batch) -> tuple[int, list[tuple[range, Shard | Packed]]]:
+    def _prepare(self, batch: Batch) -> tuple[int, list[tuple[Ranks, Shard | Packed]]]:
         """``batch`` checked and cut into shards (in the caller's thread): its counted
         labels, and each shard with its ranks; a shard over ``LARGE`` bytes packed into
         one buffer for the data plane."""
         counted = self._check(batch)
-        out: list[tuple[range, Shard | Packed]] = []
+        out: list[tuple[Ranks, Shard | Packed]] = []
         for ranks, shard in self._shards(batch):
             out.append((ranks, Packed(shard) if shard.nbytes > LARGE else shard))
         return counted, out
@@ -320,7 +325,7 @@ class Trainer:
         self,
         name: str,
         counted: int,
-        shards: list[tuple[range, Shard | Packed]],
+        shards: list[tuple[Ranks, Shard | Packed]],
         data_step: int | None = None,
         tokens: int | None = None,
     ) -> Future[float]:
@@ -396,7 +401,7 @@ class Trainer:
             total = len(batches)
         it = iter(batches)
 
-        def take() -> tuple[int, int, list[tuple[range, Shard | Packed]]] | None:
+        def take() -> tuple[int, int, list[tuple[Ranks, Shard | Packed]]] | None:
             """The next batch, checked and cut (off the loop): its tokens, counted
             labels and shards; None at the end."""
             batch = next(it, _END)
@@ -485,6 +490,17 @@ class Trainer:
             await w.stop()
 
         return run_task(self._rt, go)
+
+
+def _runs(ranks: Iterable[int]) -> Ranks:
+    """``ranks`` as the fewest runs of consecutive ranks."""
+    out: list[range] = []
+    for r in sorted(ranks):
+        if out and out[-1].stop == r:
+            out[-1] = range(out[-1].start, r + 1)
+        else:
+            out.append(range(r, r + 1))
+    return tuple(out)
 
 
 def _tokens(batch: Batch) -> int:

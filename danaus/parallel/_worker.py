@@ -275,11 +275,17 @@ class ParallelWorker(Actor):
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         if not dist.is_initialized():
             dist.init_process_group(backend, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT))
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-        self.mesh = init_device_mesh(
-            self.device.type, (layout.dp, layout.pp, layout.tp), mesh_dim_names=("dp", "pp", "tp")
-        )
+        names = ("dp", "pp", "tp")
+        if layout.order:  # unlike procs, reordered so that each stage's are alike
+            self.mesh = DeviceMesh(
+                self.device.type, torch.tensor(layout.grid()), mesh_dim_names=names
+            )
+        else:
+            self.mesh = init_device_mesh(
+                self.device.type, (layout.dp, layout.pp, layout.tp), mesh_dim_names=names
+            )
         own = parts.default_loss(model) if loss_fn is None else None
         loss = loss_fn if loss_fn is not None else own
         if loss is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -231,3 +232,89 @@ def test_a_stage_cut_that_cannot_be_is_named(cut: object, pp: int | None, says: 
 
     with pytest.raises(PlanError, match=says):
         _check_cut(cut, pp)
+
+
+# --- unlike procs -----------------------------------------------------------------------
+
+
+def test_a_slow_proc_s_stage_gets_fewer_blocks() -> None:
+    cost = _cost([1.0] * 8, [MiB] * 8)
+    cands = _all(n=4, blocks=8, pp=4)
+    even = choose(cost, _mesh(), batch=8, cands=cands, layers=None)
+    assert [s.last - s.first + 1 for s in even.stages] == [2, 2, 2, 2]
+    # ranks 1 and 2 run 6x slower (a CPU quota of about 15%)
+    slow = replace(_mesh(), speed=(1.0, 6.0, 6.0, 1.0))
+    p = choose(cost, slow, batch=8, cands=cands, layers=None)
+    blocks = [s.last - s.first + 1 for s in p.stages]
+    assert blocks == [3, 1, 1, 3], str(p)
+    assert [s.ranks for s in p.stages] == [(0,), (1,), (2,), (3,)]  # no reordering needed
+    assert "rank 1 6.0x slower" in p.why and "blocks per stage 3, 1, 1, 3" in p.why
+    # the even cut, forced, is estimated slower on these procs, as it will run
+    forced = choose(cost, slow, batch=8, cands=cands, layers=None, cut=(2, 2, 2, 2))
+    assert forced.estimated_step_s > 1.3 * p.estimated_step_s
+    # and on alike procs their speed does not change the cut
+    alike = choose(cost, replace(_mesh(), speed=(2.0,) * 4), batch=8, cands=cands, layers=None)
+    assert [(s.first, s.last) for s in alike.stages] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+
+
+def test_replicas_are_balanced_by_putting_alike_procs_on_one_stage() -> None:
+    cost = _cost([1.0] * 8, [MiB] * 8)
+    cands = _all(n=4, blocks=8, dp=2, pp=2)
+    # ranks 2 and 3 are slow: as numbered, replica 1 (ranks 2, 3) would be all slow and
+    # each stage would wait for a slow proc; reordered, stage 1 is both slow procs
+    slow = replace(_mesh(), speed=(1.0, 1.0, 4.0, 4.0))
+    p = choose(cost, slow, batch=8, cands=cands, layers=None)
+    assert [s.ranks for s in p.stages] == [(0, 1), (2, 3)], str(p)
+    assert [s.last - s.first + 1 for s in p.stages] == [7, 1]  # 7 x 1 against 1 x 4
+    assert p.layout.order == (0, 2, 1, 3)
+    assert [p.layout.coords(r) for r in range(4)] == [(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0)]
+    assert "stage 1: ranks [2, 3]" in p.why
+    # where they already are alike per stage (ranks 1 and 3 slow: stage 1 as numbered),
+    # nothing moves
+    q = choose(cost, replace(_mesh(), speed=(1.0, 4.0, 1.0, 4.0)), batch=8, cands=cands,
+               layers=None)  # fmt: skip
+    assert [s.ranks for s in q.stages] == [(0, 2), (1, 3)] and q.layout.order == ()
+
+
+def test_a_proc_with_less_memory_gets_a_smaller_stage() -> None:
+    cost = _cost([1.0] * 8, [MiB] * 8, act=0)
+    cands = _all(n=4, blocks=8, pp=4)
+    # AdamW: each block holds 4 MiB (weights, grads, two moments); rank 3 may hold 4.5,
+    # the others 13
+    mesh = replace(_mesh(memory=13 * MiB), memory=(64 * MiB, 64 * MiB, 64 * MiB, 9 * MiB // 2))
+    p = choose(cost, mesh, batch=8, cands=cands, layers=None)
+    assert p.stages[3].last == p.stages[3].first, str(p)  # one block on rank 3
+    assert p.stages[3].limit_bytes == 9 * MiB // 2 and p.stages[0].limit_bytes == 13 * MiB
+    assert all(s.peak_bytes <= s.limit_bytes for s in p.stages)
+    # no cut fits where that rank cannot hold one block
+    with pytest.raises(PlanError, match="no plan fits"):
+        choose(cost, replace(mesh, memory=(64 * MiB,) * 3 + (MiB,)), batch=8, cands=cands,
+               layers=None)  # fmt: skip
+
+
+def test_speed_classes_even_out_noise_but_not_a_real_difference() -> None:
+    from danaus.parallel._planner import classes
+
+    assert classes([1.0, 1.1, 0.95, 1.05]) == [0, 0, 0, 0]
+    assert classes([1.0, 6.5, 6.9, 1.1]) == [0, 1, 1, 0]
+    assert classes([]) == []
+
+
+def test_a_layout_order_maps_ranks_and_rejects_a_non_permutation() -> None:
+    from danaus.parallel._layout import Layout, order_of
+
+    lay = Layout(2, 2, 1, 1, ((0, 1), (2, 3)), order=(0, 2, 1, 3))
+    assert lay.grid() == [[[0], [2]], [[1], [3]]]
+    assert lay.stage_ranks(1) == (2, 3)
+    assert all(lay.rank(*lay.coords(r)) == r for r in range(4))
+    assert order_of(2, 2, 1, [(0, 2), (1, 3)]) == ()  # the plain numbering
+    assert order_of(2, 2, 1, [(0, 1), (2, 3)]) == (0, 2, 1, 3)
+    with pytest.raises(ValueError, match="give each of the mesh's 4 ranks once"):
+        Layout(2, 2, 1, 1, ((0, 1), (2, 3)), order=(0, 0, 1, 3))
+
+
+def test_a_shard_goes_to_its_ranks_in_runs_of_neighbours() -> None:
+    from danaus.parallel._trainer import _runs
+
+    assert _runs([3, 0, 1, 5]) == (range(0, 2), range(3, 4), range(5, 6))
+    assert _runs(range(4)) == (range(0, 4),)
