@@ -40,9 +40,27 @@ class Layout:
     order: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.order and sorted(self.order) != list(range(self.size)):
+        if not self.order:
+            return
+        if sorted(self.order) != list(range(self.size)):
             raise ValueError(
                 f"order={list(self.order)}: give each of the mesh's {self.size} ranks once"
+            )
+        g = self.grid()
+        steps = [
+            (g[d][k][t], g[d2][k2][t2])
+            for d in range(self.dp)
+            for k in range(self.pp)
+            for t in range(self.tp)
+            for d2, k2, t2 in ((d + 1, k, t), (d, k + 1, t), (d, k, t + 1))
+            if d2 < self.dp and k2 < self.pp and t2 < self.tp
+        ]
+        wrong = next(((a, b) for a, b in steps if a > b), None)
+        if wrong is not None:
+            raise ValueError(
+                f"order={list(self.order)}: ranks must rise along each of dp, pp and tp "
+                "(torch numbers a process group's members in rank order): rank "
+                f"{wrong[0]} comes before rank {wrong[1]}"
             )
 
     @property

@@ -30,6 +30,7 @@ knowing so.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -310,8 +311,10 @@ def estimate(
     return Estimate(c, step * cost.typical, peak, tuple(stages), fits)
 
 
-#: procs whose speeds (or usable memories) are this close (a fraction) count as alike
-ALIKE = 0.25
+#: procs whose speeds are this close (a fraction) count as alike: a busy machine's
+#: noise moves a proc's measured pace by tens of percent, a CPU quota or a slower CPU
+#: by more
+ALIKE = 0.5
 
 
 def classes(values: list[float], alike: float = ALIKE) -> list[int]:
@@ -333,7 +336,11 @@ def arrange(dp: int, pp: int, tp: int, mesh: MeshFacts) -> tuple[int, ...]:
     in order, fastest (then roomiest) first, and each stage takes the next ``dp * tp``
     of them, so that a stage's replicas and shards are alike and its blocks can be
     fitted to them; the stages keep the order of their lowest rank. Empty (each place
-    to the rank of its number) where every stage's procs are already alike."""
+    to the rank of its number) where every stage's procs are already alike, or where
+    the alike groups cannot be placed with ranks rising along every dim (torch numbers
+    a process group's members in rank order, and a pipeline's stages, FSDP's shards
+    and tensor-parallel shards go by that number: ranks 1 and 2 slow of 4 in
+    ``dp=2 x pp=2`` is such a case, and runs as numbered)."""
     n = dp * pp * tp
     speed = classes(list(mesh.speed)) if len(mesh.speed) == n else [0] * n
     room = classes([-float(m) for m in mesh.memory], 0.1) if len(mesh.memory) == n else [0] * n
@@ -344,8 +351,12 @@ def arrange(dp: int, pp: int, tp: int, mesh: MeshFacts) -> tuple[int, ...]:
     if all(len({key(r) for r in stage_ranks(dp, pp, tp, k)}) == 1 for k in range(pp)):
         return ()
     ranked = sorted(range(n), key=lambda r: (key(r), r))
-    groups = [tuple(ranked[k * dp * tp : (k + 1) * dp * tp]) for k in range(pp)]
-    return order_of(dp, pp, tp, sorted(groups, key=min))
+    groups = sorted(
+        (tuple(sorted(ranked[k * dp * tp : (k + 1) * dp * tp])) for k in range(pp)), key=min
+    )
+    if any(a >= b for g, h in itertools.pairwise(groups) for a, b in zip(g, h, strict=True)):
+        return ()
+    return order_of(dp, pp, tp, groups)
 
 
 def _split(

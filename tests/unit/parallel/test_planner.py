@@ -274,6 +274,18 @@ def test_replicas_are_balanced_by_putting_alike_procs_on_one_stage() -> None:
     q = choose(cost, replace(_mesh(), speed=(1.0, 4.0, 1.0, 4.0)), batch=8, cands=cands,
                layers=None)  # fmt: skip
     assert [s.ranks for s in q.stages] == [(0, 2), (1, 3)] and q.layout.order == ()
+    # ranks 1 and 2 slow: stage groups {0, 3} and {1, 2} cannot have ranks rising along
+    # the pipeline (torch numbers a group's members in rank order): left as numbered
+    r = choose(cost, replace(_mesh(), speed=(1.0, 4.0, 4.0, 1.0)), batch=8, cands=cands,
+               layers=None)  # fmt: skip
+    assert r.layout.order == () and [s.last - s.first + 1 for s in r.stages] == [4, 4]
+    # and every reordered layout rises along each dim
+    for speed in itertools.permutations((1.0, 1.0, 4.0, 4.0)):
+        lay = choose(cost, replace(_mesh(), speed=speed), batch=8, cands=cands,
+                     layers=None).layout  # fmt: skip
+        g = lay.grid()
+        assert all(g[0][k][0] < g[1][k][0] for k in range(2)), g
+        assert all(g[d][0][0] < g[d][1][0] for d in range(2)), g
 
 
 def test_a_proc_with_less_memory_gets_a_smaller_stage() -> None:
@@ -311,6 +323,8 @@ def test_a_layout_order_maps_ranks_and_rejects_a_non_permutation() -> None:
     assert order_of(2, 2, 1, [(0, 1), (2, 3)]) == (0, 2, 1, 3)
     with pytest.raises(ValueError, match="give each of the mesh's 4 ranks once"):
         Layout(2, 2, 1, 1, ((0, 1), (2, 3)), order=(0, 0, 1, 3))
+    with pytest.raises(ValueError, match="ranks must rise along each of dp, pp and tp"):
+        Layout(2, 2, 1, 1, ((0, 1), (2, 3)), order=(3, 1, 0, 2))
 
 
 def test_a_shard_goes_to_its_ranks_in_runs_of_neighbours() -> None:
