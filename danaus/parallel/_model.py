@@ -238,23 +238,29 @@ class ModelParts:
     # --- stages -------------------------------------------------------------------------
 
     def stage_module(self, model: nn.Module, first: int, last: int) -> StageModule:
+        """A copy of ``model`` holding only what blocks ``first``..``last`` need (see
+        :meth:`cut`), as one pipeline stage."""
+        return StageModule(self.cut(model, first, last), self, first, last)
+
+    def cut(self, model: nn.Module, first: int, last: int) -> nn.Module:
         """A copy of ``model`` holding only what blocks ``first``..``last`` need: the
-        embed part if ``first == 0``, the head part if ``last`` is the last block."""
+        embed part if ``first == 0``, the head part if ``last`` is the last block; every
+        other part is an ``nn.Identity`` in its place. Only the stage's own parts are
+        copied (the others are never touched), so that a stage of a model too big for
+        one proc costs only its own share to cut, send and hold."""
         if not self.can_pipeline:
             raise PlanError(f"{self.why_not_cut(model)}; give pp=1, or express it as nn.Sequential")
-        m = copy.deepcopy(model)
-        container = _get(m, self.blocks_path) if self.blocks_path else m
-        for i in range(self.n_blocks):
-            if not first <= i <= last:
-                _replace(container, str(i), nn.Identity())
-        is_first, is_last = first == 0, last == self.n_blocks - 1
-        if not is_first:
-            for p in self.embed_paths:
-                _replace_path(m, p, nn.Identity())
-        if not is_last:
-            for p in self.head_paths:
-                _replace_path(m, p, nn.Identity())
-        return StageModule(m, self, first, last)
+        left_out: list[nn.Module] = []
+        container = _get(model, self.blocks_path) if self.blocks_path else model
+        left_out += [b for i, b in enumerate(container.children()) if not first <= i <= last]
+        if first != 0:
+            left_out += [_get(model, p) for p in self.embed_paths]
+        if last != self.n_blocks - 1:
+            left_out += [_get(model, p) for p in self.head_paths]
+        # deepcopy takes what its memo already holds as the copy: each left-out part's
+        # copy is an Identity, made without copying the part
+        memo: dict[int, Any] = {id(m): nn.Identity() for m in left_out}
+        return copy.deepcopy(model, memo)
 
 
 def _positions(n: int, device: torch.device, given: torch.Tensor | None) -> torch.Tensor:

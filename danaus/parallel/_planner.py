@@ -311,10 +311,10 @@ def estimate(
     return Estimate(c, step * cost.typical, peak, tuple(stages), fits)
 
 
-#: procs whose speeds are this close (a fraction) count as alike: a busy machine's
-#: noise moves a proc's measured pace by tens of percent, a CPU quota or a slower CPU
-#: by more
-ALIKE = 0.5
+#: procs whose speeds are this close (a fraction) count as alike: on a busy 2-core
+#: machine, equal procs measured up to 1.5x apart (a sub-millisecond block, the faster
+#: of two windows each); a CPU quota of 30% is 3.3x
+ALIKE = 1.0
 
 
 def classes(values: list[float], alike: float = ALIKE) -> list[int]:
@@ -454,6 +454,8 @@ def choose(
         f"a send {mesh.hop_latency_s * 1e6:.0f} µs"
     )
     why += _unlike(mesh, best)
+    if mesh.memory_why:
+        why += f"; usable memory per proc from {mesh.memory_why}"
     if cost.passes:
         why += (
             f"; each part timed as the fastest of {cost.passes} passes (the median was up "

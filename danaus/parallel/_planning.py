@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -16,6 +17,10 @@ from ._model import ModelParts, check_batch, find_parts
 from ._plan import Plan
 from ._planner import candidates, check_forced, choose, classes, profile_sizes
 from ._profile import MeshFacts, ModelCost, ProcFacts, TPProbe
+
+#: seconds each proc's pace is timed over, each of two rounds: several of a CPU quota's
+#: periods (100 ms by default), so that a proc held to its quota is timed at its pace
+PACE_WINDOW_S = 0.3
 
 if TYPE_CHECKING:
     import torch
@@ -111,6 +116,61 @@ async def _measure_mesh(
     return facts_, tp_s
 
 
+def _check_room(model: nn.Module, facts: list[ProcFacts]) -> None:
+    """A PlanError, before anything is sent to a proc, where the procs cannot hold the
+    model however it is laid out: its weights and gradients alone, spread evenly over
+    every proc (the least any layout holds), or the whole of them on the one proc that
+    measures the model (measuring block by block is not built yet)."""
+    unique = {id(p): p for p in model.parameters()}.values()
+    weights = sum(p.numel() * p.element_size() for p in unique)
+    memory, _ = usable_memory(facts)
+    mib = 2**20
+    if 2 * weights / len(facts) > min(memory):
+        raise PlanError(
+            f"no plan fits in {min(memory) / mib:.1f} MiB per proc: the model's weights "
+            f"and gradients alone ({2 * weights / mib:.1f} MiB) need "
+            f"{2 * weights / len(facts) / mib:.1f} MiB per proc even spread over all "
+            f"{len(facts)} procs (give more procs, or more memory)"
+        )
+    # the proc that measures is alone at work then: its group's whole room is its own
+    alone = max((f.group.free for f in facts if f.group is not None), default=None)
+    if alone is not None and 2 * weights > alone:
+        raise PlanError(
+            f"measuring the model needs its weights and gradients "
+            f"({2 * weights / mib:.1f} MiB) on one proc, and the roomiest may hold "
+            f"{alone / mib:.1f} MiB: measuring a model block by block is not built yet "
+            "(give procs more memory)"
+        )
+
+
+def usable_memory(facts: list[ProcFacts]) -> tuple[tuple[int, ...], str]:
+    """Each proc's usable bytes: the least of what it reported (CUDA's free memory,
+    ``memory_per_proc``, the host's available RAM over its procs) and its share of the
+    room left under the tightest cgroup memory limit over it (that room over the procs
+    of this mesh under the same group); and, where a cgroup limit is the tightest for
+    some proc, words saying so for the plan's ``why``."""
+    under: dict[tuple[str, str], int] = {}
+    for f in facts:
+        if f.group is not None:
+            key = (f.host, f.group.group)
+            under[key] = under.get(key, 0) + 1
+    out, said = [], {}
+    for f in facts:
+        mem = f.memory
+        if f.group is not None:
+            key = (f.host, f.group.group)
+            share = f.group.free // under[key]
+            if share < mem:
+                mem = share
+                said[key] = (
+                    f"cgroup {f.group.group}'s memory limit {f.group.limit / 2**20:.0f} MiB"
+                    f" ({f.group.free / 2**20:.0f} MiB of it free) over its {under[key]} "
+                    "procs of this mesh"
+                )
+        out.append(mem)
+    return tuple(out), "; ".join(said.values())
+
+
 def _one(procs: ProcMesh, actors: Any, rank: int) -> Any:
     """The actor of ``actors`` (one per proc of ``procs``) on flat rank ``rank``."""
     from ..actors._api import Point
@@ -131,13 +191,21 @@ async def _speeds(
     """Each proc's speed, measured on it: how many times slower than the fastest it runs
     the model's first block, procs within ``ALIKE`` of each other counted as alike (the
     mean of their class); empty where every proc is alike. One proc at a time, so that
-    none is timed while the others take its cores."""
-    if len(procs) < 2:
+    none is timed while the others take its cores, and each twice, the rounds
+    interleaved: the faster of its two windows counts (another program's work only
+    adds time, and a sub-millisecond block's mean over one window moved 1.5x on a busy
+    2-core machine; a CPU quota holds a proc back in both)."""
+    n = len(procs)
+    if n < 2:
         return ()
-    paces = [
-        await _one(procs, profilers, r).pace.call_one(model, parts, sample, loss, size, threads)
-        for r in range(len(procs))
-    ]
+    # a pipeline's first block (and what comes before it) is all a proc needs for this
+    piece = parts.cut(model, 0, 0) if parts.can_pipeline else model
+    paces = [math.inf] * n
+    for _ in range(2):
+        for r in range(n):
+            one = _one(procs, profilers, r).pace
+            pace = await one.call_one(piece, parts, sample, loss, size, threads, PACE_WINDOW_S)
+            paces[r] = min(paces[r], pace)
     cls = classes(paces)
     if max(cls) == 0:
         return ()
@@ -196,6 +264,7 @@ async def _plan(
     local = _local_procs(procs)
     try:
         facts = list((await profilers.facts.call(memory_per_proc, local)).values())
+        _check_room(model, facts)
         threads = max(1, min(f.cores for f in facts) // max(1, local))
         tp_cands = [c for c in cands if c.tp > 1]
         probe = None
@@ -206,7 +275,9 @@ async def _plan(
         mesh, tp_s = await _measure_mesh(procs, profilers, facts, probe)
         sizes = profile_sizes(cands, batch)
         speed = await _speeds(procs, profilers, model, parts, sample, loss, min(sizes), threads)
-        mesh = replace(mesh, speed=speed, memory=tuple(f.memory for f in facts))
+        memory, why_memory = usable_memory(facts)
+        mesh = replace(mesh, speed=speed, memory=memory, memory_per_proc=min(memory))
+        mesh = replace(mesh, memory_why=why_memory)
         # the model is measured on a fastest proc: the others' times are its over their speed
         fastest = speed.index(1.0) if speed else 0
         first = _one(procs, profilers, fastest)

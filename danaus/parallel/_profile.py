@@ -19,6 +19,7 @@ from torch import nn
 
 from ..actors import Actor, endpoint
 from ..spmd._api import proc_host
+from ._cgroup import GroupMemory, group_memory
 from ._model import LossFn, ModelParts, split_batch
 from ._worker import (
     OptimizerFactory,
@@ -86,8 +87,11 @@ class ProcFacts:
 
     host: str
     cores: int
-    memory: int  # usable bytes for this proc
+    memory: int  # usable bytes for this proc, before its cgroup's limit
     device: str
+    #: the tightest cgroup memory limit over this proc (None: none), which the procs
+    #: under that group share
+    group: GroupMemory | None = None
 
 
 @dataclass
@@ -120,6 +124,8 @@ class MeshFacts:
     speed: tuple[float, ...] = ()
     #: per rank, the bytes it may hold; empty: each ``memory_per_proc``
     memory: tuple[int, ...] = ()
+    #: where the memory was limited by a cgroup, which one and how (for the ``why``)
+    memory_why: str = ""
 
 
 def _available_ram() -> int:
@@ -428,11 +434,6 @@ def _measure_optimizer(model: nn.Module, optimizer: OptimizerFactory, cost: Mode
     cost.opt_s_per_byte = statistics.median(timed(opt.step) for _ in range(3)) / weight_bytes
 
 
-#: seconds each proc's pace is timed over: several of a CPU quota's periods (100 ms
-#: by default), so that a proc held to its quota is timed at the pace it keeps
-PACE_WINDOW_S = 0.5
-
-
 class Profiler(Actor):
     """Measures on its proc for the planner: the model, the proc, and data-plane links."""
 
@@ -441,17 +442,21 @@ class Profiler(Actor):
 
     @endpoint
     def facts(self, memory_per_proc: int | None, local_procs: int) -> ProcFacts:
-        """This proc's host, cores and usable memory: CUDA's free memory on a GPU, else
-        ``memory_per_proc`` where given, else the host's available RAM over its procs."""
+        """This proc's host, cores and usable memory: the least of CUDA's free memory
+        (on a GPU), ``memory_per_proc`` where given, and the host's available RAM over
+        its procs (on CPU); and the tightest cgroup memory limit over it, which the
+        planner shares among the procs under it."""
         host = proc_host()
         cores = len(os.sched_getaffinity(0))
+        group = group_memory()
         if torch.cuda.is_available():
             dev = device()
             free, _ = torch.cuda.mem_get_info(dev)
             mem = min(free, memory_per_proc) if memory_per_proc else free
             return ProcFacts(host, cores, int(mem), str(dev))
-        mem = memory_per_proc or _available_ram() // max(1, local_procs)
-        return ProcFacts(host, cores, int(mem), "cpu")
+        mem = _available_ram() // max(1, local_procs)
+        mem = min(mem, memory_per_proc) if memory_per_proc else mem
+        return ProcFacts(host, cores, int(mem), "cpu", group)
 
     @endpoint
     def model(
@@ -493,7 +498,7 @@ class Profiler(Actor):
         loss_fn: LossFn,
         size: int,
         threads: int,
-        window_s: float = PACE_WINDOW_S,
+        window_s: float = 0.3,
     ) -> float:
         """Seconds of one forward + backward of the model's first block (of the whole
         model, where it is not cut into blocks) on ``size`` samples, as this proc runs

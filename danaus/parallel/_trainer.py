@@ -137,11 +137,26 @@ class Trainer:
         add_section("trainers", _trainers_picture)
 
         async def setup() -> Any:
-            from ._worker import ParallelWorker
+            from ._worker import ParallelWorker, tied_params
 
             await setup_torch_elastic_env_async(procs)
             workers = procs.spawn(f"_parallel{next(_names)}", ParallelWorker)
-            await workers.setup.call(model, parts, plan.layout, loss_fn, optimizer, data)
+            layout = plan.layout
+            args = (parts, layout, loss_fn, optimizer, data)
+            if layout.pp == 1:
+                await workers.setup.call(model, *args)
+                return workers
+            # each stage's procs get that stage only: a proc never holds the whole model
+            tied = tied_params(model, parts)
+            flat = workers.flatten("rank")
+            calls = []
+            for k, (first, last) in enumerate(layout.stages):
+                piece = parts.cut(model, first, last)
+                for run in _runs(layout.stage_ranks(k)):
+                    group = flat.slice(rank=slice(run.start, run.stop))
+                    calls.append(group.setup.call(piece, *args, tied))
+                del piece
+            await asyncio.gather(*calls)
             return workers
 
         self._workers: Future[Any] = run_task(self._rt, setup)

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..actors import Actor, current_rank, endpoint
+from ..actors import Actor, context, endpoint
 from ..config import config
 from . import _tp
 from ._layout import Layout
@@ -262,14 +262,20 @@ class ParallelWorker(Actor):
         loss_fn: LossFn | None,
         optimizer: OptimizerFactory,
         data: Callable[[int, int, int], Any] | None = None,
+        tied: list[tuple[str, str]] | None = None,
     ) -> None:
         """Join the process group and build this proc's piece, its wrappers and optimizer;
-        ``data(step, dp_rank, dp_size)``, where given, loads this replica's rows."""
+        ``data(step, dp_rank, dp_size)``, where given, loads this replica's rows.
+
+        ``model``: of a pipeline, only this proc's stage (:meth:`ModelParts.cut`), and
+        ``tied`` the weights its first and last stage share (:func:`tied_params` of the
+        whole model); else the whole model."""
         self.data = data
         set_threads()
         self.layout = layout
         self.parts = parts
-        self.rank = current_rank().rank
+        # its own rank (current_rank() is its place in the slice a stage was sent to)
+        self.rank = context().actor_instance.rank.rank
         self.dp_i, self.pp_i, self.tp_i = layout.coords(self.rank)
         self.device = device()
         backend = "nccl" if self.device.type == "cuda" else "gloo"
@@ -302,11 +308,11 @@ class ParallelWorker(Actor):
         self._scale_now = 1.0
         self._good_steps = 0
         self.skipped_steps = 0
-        self._tied_groups(model, parts, layout)
+        self._tied_groups(tied or [], layout)
         first, last = layout.stages[self.pp_i]
         module: nn.Module
-        if layout.pp > 1:
-            module = parts.stage_module(model, first, last)
+        if layout.pp > 1:  # the stage's piece, cut by the trainer
+            module = StageModule(model, parts, first, last)
         elif parts.can_pipeline or parts.family == "hf":  # a pipeline's path: the output
             module = StageModule(model, parts, first, last)
         else:
@@ -331,14 +337,15 @@ class ParallelWorker(Actor):
         self._schedules: OrderedDict[tuple[int, ...], Any] = OrderedDict()
         reset_peak(self.device)
 
-    def _tied_groups(self, model: nn.Module, parts: ModelParts, layout: Layout) -> None:
+    def _tied_groups(self, tied: list[tuple[str, str]], layout: Layout) -> None:
         """A process group of the first and last stage of each pipeline, for the weights
-        they share (GPT-2's embedding and head): their grads are summed after backward."""
+        they share (``tied``: GPT-2's embedding and head): their grads are summed after
+        backward."""
         self.tied: list[tuple[str, str]] = []
         self.tied_group: Any = None
         if layout.pp == 1:
             return
-        self.tied = tied_params(model, parts)
+        self.tied = list(tied)
         if not self.tied:
             return
         for dp_i in range(layout.dp):  # every rank takes part in creating every group

@@ -307,7 +307,7 @@ def test_a_proc_with_less_memory_gets_a_smaller_stage() -> None:
 def test_speed_classes_even_out_noise_but_not_a_real_difference() -> None:
     from danaus.parallel._planner import classes
 
-    assert classes([1.0, 1.1, 0.95, 1.05]) == [0, 0, 0, 0]
+    assert classes([1.0, 1.1, 0.95, 1.5]) == [0, 0, 0, 0]  # a busy machine's noise
     assert classes([1.0, 6.5, 6.9, 1.1]) == [0, 1, 1, 0]
     assert classes([]) == []
 
