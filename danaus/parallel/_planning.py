@@ -143,12 +143,19 @@ def _check_room(model: nn.Module, facts: list[ProcFacts]) -> None:
         )
 
 
+#: a cgroup's limit is a hard one (the OOM killer ends a proc past it), and a proc's
+#: resident peak measured up to 1.85x the estimate of what it holds (FSDP replicas of a
+#: pipeline's stages: their gather and reduce-scatter buffers; 1.2x for plain data
+#: parallel, 1.66x for a pipeline): the room under it is planned over this
+CGROUP_MARGIN = 2.0
+
+
 def usable_memory(facts: list[ProcFacts]) -> tuple[tuple[int, ...], str]:
     """Each proc's usable bytes: the least of what it reported (CUDA's free memory,
     ``memory_per_proc``, the host's available RAM over its procs) and its share of the
     room left under the tightest cgroup memory limit over it (that room over the procs
-    of this mesh under the same group); and, where a cgroup limit is the tightest for
-    some proc, words saying so for the plan's ``why``."""
+    of this mesh under the same group, over ``CGROUP_MARGIN``); and, where a cgroup
+    limit is the tightest for some proc, words saying so for the plan's ``why``."""
     under: dict[tuple[str, str], int] = {}
     for f in facts:
         if f.group is not None:
@@ -159,13 +166,13 @@ def usable_memory(facts: list[ProcFacts]) -> tuple[tuple[int, ...], str]:
         mem = f.memory
         if f.group is not None:
             key = (f.host, f.group.group)
-            share = f.group.free // under[key]
+            share = int(f.group.free / under[key] / CGROUP_MARGIN)
             if share < mem:
                 mem = share
                 said[key] = (
                     f"cgroup {f.group.group}'s memory limit {f.group.limit / 2**20:.0f} MiB"
                     f" ({f.group.free / 2**20:.0f} MiB of it free) over its {under[key]} "
-                    "procs of this mesh"
+                    f"procs of this mesh, over {CGROUP_MARGIN:g} (the estimate's miss)"
                 )
         out.append(mem)
     return tuple(out), "; ".join(said.values())
@@ -275,9 +282,7 @@ async def _plan(
         mesh, tp_s = await _measure_mesh(procs, profilers, facts, probe)
         sizes = profile_sizes(cands, batch)
         speed = await _speeds(procs, profilers, model, parts, sample, loss, min(sizes), threads)
-        memory, why_memory = usable_memory(facts)
-        mesh = replace(mesh, speed=speed, memory=memory, memory_per_proc=min(memory))
-        mesh = replace(mesh, memory_why=why_memory)
+        mesh = replace(mesh, speed=speed)
         # the model is measured on a fastest proc: the others' times are its over their speed
         fastest = speed.index(1.0) if speed else 0
         first = _one(procs, profilers, fastest)
@@ -288,6 +293,16 @@ async def _plan(
         if checkpointing is None:  # both, for the planner to choose per stage
             recompute = await first.model.call_one(*measure, True, compile)
             recompute.tp_block_s = _scaled(tp_s, cost, recompute)
+        # what measuring leaves behind (the libraries it loaded, their pages) is charged
+        # to the procs' cgroup: the room under its limit is read again after it
+        await profilers.release.call()
+        rooms = list((await profilers.room.call()).values())
+        facts = [
+            replace(f, group=g) if f.group is not None else f
+            for f, g in zip(facts, rooms, strict=True)
+        ]
+        memory, why_memory = usable_memory(facts)
+        mesh = replace(mesh, memory=memory, memory_per_proc=min(memory), memory_why=why_memory)
     finally:
         await profilers.stop()
     searched = time.perf_counter()

@@ -29,6 +29,7 @@ from ._worker import (
     device,
     optimizer_state_bytes,
     proc_bytes,
+    release_memory,
     timed,
 )
 
@@ -241,7 +242,7 @@ def measure_model(
             b.time_s[s], b.act_bytes[s], b.out_bytes[s] = best[i + 1], acts[i + 1], outs[i + 1]
     cost.typical = statistics.median(ratios) if ratios else 1.0
     _even_out(cost, _alike(model, parts, blocks))
-    _measure_optimizer(model, optimizer, cost)
+    _measure_optimizer(model, optimizer, cost, blocks)
     return cost
 
 
@@ -425,8 +426,17 @@ def _call_into(out: list[Any], fn: Callable[[Any], Any], arg: Any) -> None:
     out.append(fn(arg))
 
 
-def _measure_optimizer(model: nn.Module, optimizer: OptimizerFactory, cost: ModelCost) -> None:
-    params = [p for p in model.parameters() if p.grad is not None]
+def _measure_optimizer(
+    model: nn.Module, optimizer: OptimizerFactory, cost: ModelCost, blocks: list[nn.Module]
+) -> None:
+    """The optimizer's state bytes and step seconds per byte of weights, measured on the
+    largest block (on the whole model where it has none): its state for every weight at
+    once would double what measuring holds, and a model that fits one proc only
+    sharded or cut must still be measurable there."""
+    biggest = max(blocks, key=lambda b: _param_bytes([b]), default=model)
+    params = [p for p in biggest.parameters() if p.grad is not None]
+    if not params:
+        params = [p for p in model.parameters() if p.grad is not None]
     weight_bytes = sum(p.numel() * p.element_size() for p in params) or 1
     opt = optimizer(iter(params))
     opt.step()  # the first step makes the state
@@ -538,6 +548,19 @@ class Profiler(Actor):
             return (time.perf_counter() - start) / passes
         finally:
             torch.set_num_threads(old)
+
+    @endpoint
+    def release(self) -> None:
+        """Drop what measuring held and give the memory back (the trainer comes next,
+        in the same procs, under the same limits)."""
+        self._held = None
+        release_memory()
+
+    @endpoint
+    def room(self) -> GroupMemory | None:
+        """The tightest cgroup memory limit over this proc, read now (None on a GPU,
+        whose memory no cgroup limits)."""
+        return None if torch.cuda.is_available() else group_memory()
 
     @endpoint
     def offer(self, nbytes: int) -> Any:

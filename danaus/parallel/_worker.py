@@ -168,6 +168,21 @@ def reset_peak(dev: torch.device) -> None:
         pass
 
 
+def release_memory() -> None:
+    """Give memory this proc no longer uses back to the system: collect cycles, and on
+    glibc trim malloc's heap (freed tensors under its mmap threshold, 32 MiB at most,
+    stay in the heap, resident and charged to the proc's cgroup, until trimmed: a
+    plan's measuring left 1.2-1.5 GiB so over four procs here)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def peak_bytes(dev: torch.device) -> int:
     """The most bytes this proc has held at once since :func:`reset_peak`: on CUDA,
     torch's peak allocation on ``dev``; on CPU, the process's peak resident memory
@@ -335,6 +350,7 @@ class ParallelWorker(Actor):
         #: a pipeline's schedule per shape of a replica's batch, the most recent last:
         #: a stage sizes its buffers for the activations of the first step it runs
         self._schedules: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        release_memory()  # the model as it came (the message, what was cut away)
         reset_peak(self.device)
 
     def _tied_groups(self, tied: list[tuple[str, str]], layout: Layout) -> None:

@@ -118,3 +118,12 @@ def oom_kills(group: Path) -> int:
                 if key == "oom_kill":
                     return int(value)
     return 0
+
+
+def peak_usage(group: Path) -> int:
+    """The most bytes ``group``'s procs have been charged at once."""
+    for name in ("memory.max_usage_in_bytes", "memory.peak"):
+        path = group / name
+        if path.exists():
+            return int(path.read_text())
+    raise FileNotFoundError(f"{group} has no memory peak (memory.max_usage_in_bytes, memory.peak)")

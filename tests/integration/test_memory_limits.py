@@ -1,0 +1,113 @@
+"""The planner under real cgroup memory limits: the limit over the procs is what it plans
+against (shared among them), every plan it chooses trains with no proc killed by the
+OOM killer, and a limit below the smallest layout is a PlanError before the model is
+sent anywhere."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from danaus import this_host  # noqa: E402
+from danaus.parallel import PlanError, parallelize, plan  # noqa: E402
+
+from . import cgroups  # noqa: E402
+from . import parallel_models as pm  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+GiB = 2**30
+MODELS = {  # (widths, dim): AdamW's whole state is 4x the weights
+    "mlp-8x268MiB": ([4096] * 8, 1024),
+    "mlp-8x134MiB": ([2048] * 8, 1024),
+    "mlp-4x134MiB": ([4096] * 4, 1024),
+}
+CASES = [  # (model, the limit over all four procs)
+    ("mlp-8x268MiB", 9.5),
+    ("mlp-8x268MiB", 5.0),
+    ("mlp-8x268MiB", 4.0),
+    ("mlp-8x268MiB", 3.0),
+    ("mlp-8x134MiB", 5.0),
+    ("mlp-8x134MiB", 2.5),
+    ("mlp-8x134MiB", 1.6),
+    ("mlp-4x134MiB", 5.0),
+    ("mlp-4x134MiB", 2.5),
+    ("mlp-4x134MiB", 1.6),
+]
+
+
+def _batch(dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(64, dim, generator=g), torch.randn(64, dim, generator=g)
+
+
+@pytest.mark.parametrize(("name", "gib"), CASES, ids=[f"{m}-{g}GiB" for m, g in CASES])
+async def test_the_chosen_plan_trains_under_a_real_memory_limit(name: str, gib: float) -> None:
+    cgroups.skip_unless("memory")
+    widths, dim = MODELS[name]
+    batch = _batch(dim)
+    limit = int(gib * GiB)
+    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        with cgroups.memory_limit(procs.pids, limit) as group:
+            p = await plan(pm.mlp(widths, dim), procs, sample=batch, loss_fn=pm.mse)
+            # planned against its share of the room under the limit, not the host's RAM
+            assert p.memory_per_proc <= limit / 4, str(p)
+            assert "cgroup" in p.why and "memory limit" in p.why, p.why
+            trainer = parallelize(pm.mlp(widths, dim), procs, p, optimizer=pm.adamw)
+            losses = [await trainer.step(batch) for _ in range(3)]
+            await trainer.stop()
+            assert cgroups.oom_kills(group) == 0
+            peak = cgroups.peak_usage(group)
+            assert peak <= limit
+    print(f"\n{name} under {gib} GiB: {p.strategy}, {p.microbatches} microbatches, "
+          f"estimated {p.peak_bytes_per_proc / 2**20:.0f} MiB/proc of "
+          f"{p.memory_per_proc / 2**20:.0f} usable; the group peaked at {peak / 2**20:.0f} MiB")  # fmt: skip
+    assert all(math.isfinite(v) for v in losses), losses
+
+
+async def test_a_limit_below_the_smallest_layout_is_refused_before_the_model_is_sent() -> None:
+    cgroups.skip_unless("memory")
+    widths, dim = MODELS["mlp-8x268MiB"]
+    model = pm.mlp(widths, dim)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        # a share of about 90 MiB a proc; weights and gradients spread over four need 134
+        with cgroups.memory_limit(procs.pids, 768 << 20) as group:
+            with pytest.raises(PlanError, match=r"no plan fits in .* MiB per proc: the model's"):
+                await plan(model, procs, sample=_batch(dim), loss_fn=pm.mse)
+            # the model never reached the procs: less than its weights was ever charged
+            assert cgroups.peak_usage(group) < weights
+            assert cgroups.oom_kills(group) == 0
+            # and the procs still serve: a model that fits is planned under the same limit
+            small = await plan(pm.mlp([64] * 2, 32), procs, sample=_batch(32), loss_fn=pm.mse)
+            assert small.dp * small.pp * small.tp == 4
+
+
+def test_a_real_group_s_limit_and_room_are_read() -> None:
+    """group_memory() reads a process's group (and those above it) as the kernel keeps
+    them: a child process put under a 512 MiB limit."""
+    import subprocess
+    import sys
+
+    from danaus.parallel._cgroup import group_memory
+
+    cgroups.skip_unless("memory")
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        with cgroups.memory_limit([child.pid], 512 << 20) as group:
+            got = group_memory(f"/proc/{child.pid}/cgroup")
+            assert got is not None and got.limit == 512 << 20, got
+            assert got.group.endswith(group.name)
+            assert 0 < got.free <= 512 << 20
+        after = group_memory(f"/proc/{child.pid}/cgroup")
+        assert after is None or after.limit != 512 << 20  # moved back out
+    finally:
+        child.kill()
+        child.wait()
+        assert child.stdin is not None
+        child.stdin.close()
