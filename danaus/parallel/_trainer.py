@@ -133,6 +133,7 @@ class Trainer:
         self._history: deque[tuple[int, float, float | None, float]] = deque(maxlen=HISTORY)
         self._done = 0  # steps that ended
         self._started = time.time()
+        self._plan_html: str | None = None
         _LIVE.add(self)
         add_section("trainers", _trainers_picture)
 
@@ -171,7 +172,8 @@ class Trainer:
         """What the dashboard's training view shows of this trainer, as plain JSON-able
         data: its plan (dims, stages with their blocks and ranks, the estimate), its
         state (``ready``, ``stopped``, ``failed``), the steps run and the latest
-        ``HISTORY`` of them as ``[step, loss, tokens/s or None, seconds]``."""
+        ``HISTORY`` of them as ``[step, loss, tokens/s or None, seconds]``, and the plan
+        drawn (``picture_html``: :meth:`Plan.html`)."""
         p, layout = self.plan, self.plan.layout
         stages = []
         for k, s in enumerate(p.stages):
@@ -207,7 +209,15 @@ class Trainer:
             },
             "steps": self._done,
             "history": [list(h) for h in self._history],
+            # the plan drawn (Plan.html: the ranks, the estimated schedule, memory per
+            # proc against its limit), made once: a plan does not change
+            "picture_html": self._picture_html(),
         }
+
+    def _picture_html(self) -> str:
+        if self._plan_html is None:
+            self._plan_html = self.plan.html()
+        return self._plan_html
 
     def _run(self, what: Callable[[Any], Coroutine[Any, Any, T]]) -> Future[T]:
         async def go() -> T:

@@ -460,6 +460,33 @@ async def test_the_training_view_shows_a_trainers_plan_and_its_loss_curve(
             caption = page.text(f'{card} .chart[data-what="loss"] .caption')
             assert caption.startswith(f"loss: {losses[-1]:.4f} at step 5"), caption
             assert "at step 5" in page.text(f'{card} .chart[data-what="tokens/s"] .caption')
+            # the plan drawn, as plan.html() draws it: opened, it shows the estimated
+            # schedule (a forward and a backward per microbatch per stage), and stays
+            # open through the view's refreshes
+            page.read(lambda: page.find(f"{card} details.plan-picture summary").click())
+
+            def drawn() -> list[Any]:
+                script = (
+                    "const d = document.querySelector(arguments[0] + ' details.plan-picture');"
+                    "if (!d || !d.open) return [];"
+                    "const r = d.querySelector('.picture').shadowRoot;"
+                    "return [...r.querySelectorAll('svg.schedule rect.op')].map("
+                    "(b) => [b.getAttribute('data-kind'), b.getBoundingClientRect().width]);"
+                )
+                return list(page.driver.execute_script(script, card))
+
+            await asyncio.to_thread(page.wait, "the plan picture", lambda: len(drawn()) == 8)
+            assert all(w > 0 for _, w in drawn()) and {k for k, _ in drawn()} == {"F", "B"}
+            # mark the card drawn now; a refresh draws a new one, with the picture open
+            page.driver.execute_script("document.querySelector(arguments[0]).old = 1", card)
+            await asyncio.to_thread(
+                page.wait,
+                "the view refreshed",
+                lambda: page.driver.execute_script(
+                    "return !document.querySelector(arguments[0]).old", card
+                ),
+            )
+            assert len(drawn()) == 8
             await trainer.stop()
             await asyncio.to_thread(
                 page.wait,
