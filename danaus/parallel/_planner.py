@@ -424,7 +424,10 @@ def choose(
     memory the smallest one needs where none fits. ``recompute``: the blocks' costs
     checkpointed, for the stages that fit only so (see :func:`estimate`); ``cut``: each
     stage's blocks, forced. The plan's ``candidates`` are every one that fits."""
-    cap = mesh.memory_per_proc
+    # each proc's own memory where the mesh measured each (estimate takes the less of
+    # the two): the least of them would hold every stage to the smallest proc
+    cap = max(mesh.memory) if mesh.memory else mesh.memory_per_proc
+    least = min(mesh.memory) if mesh.memory else cap
     ests = [estimate(c, cost, mesh, batch, cap, recompute, cut) for c in cands]
     if not ests:
         raise PlanError("no layout of this mesh suits the model and batch")
@@ -438,7 +441,9 @@ def choose(
     if not fits:
         smallest = min(ests, key=lambda e: e.peak)
         raise PlanError(
-            f"no plan fits in {cap / 2**20:.1f} MiB per proc: the smallest, "
+            f"no plan fits in {least / 2**20:.1f} MiB per proc"
+            + (f" (the least; the most {cap / 2**20:.1f})" if cap > least else "")
+            + ": the smallest, "
             f"{smallest.cand.describe()} with {smallest.cand.microbatches} microbatches, "
             f"needs {smallest.peak / 2**20:.1f} MiB per proc (give more procs or "
             "memory_per_proc)"
@@ -447,7 +452,8 @@ def choose(
     runner = next((e for e in fits[1:] if _shape(e) != _shape(best)), None)
     why = (
         f"fastest (or simplest within {TIE:.0%} of it) of {len(ests)} layouts estimated ({len(fits)} fit in "
-        f"{cap / 2**20:.1f} MiB per proc); measured on {mesh.procs} procs, "
+        f"{least / 2**20:.1f} MiB per proc{' or more' if cap > least else ''}); measured "
+        f"on {mesh.procs} procs, "
         f"{mesh.procs_per_host} per host on {mesh.cores_per_host} cores; data plane "
         f"{mesh.bandwidth / 1e9:.2f} GB/s between procs, all-reduce "
         f"{mesh.collective_bw / 1e9:.2f} GB/s (bus), {mesh.collective_latency_s * 1e6:.0f} µs, "
@@ -543,7 +549,8 @@ def _as_plan(e: Estimate, layers: str | None, cap: int, why: str, runner_up: str
         schedule=c.schedule,
         sharded=c.sharded,
         layers=layers,
-        memory_per_proc=cap,
+        # the least any of its procs may hold (each stage's own is its limit_bytes)
+        memory_per_proc=min((st.limit_bytes for st in e.stages), default=cap),
         why=why,
         runner_up=runner_up,
     )

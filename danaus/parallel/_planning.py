@@ -132,8 +132,10 @@ def _check_room(model: nn.Module, facts: list[ProcFacts]) -> None:
             f"{2 * weights / len(facts) / mib:.1f} MiB per proc even spread over all "
             f"{len(facts)} procs (give more procs, or more memory)"
         )
-    # the proc that measures is alone at work then: its group's whole room is its own
-    alone = max((f.group.free for f in facts if f.group is not None), default=None)
+    # the proc that measures (the roomiest of the fastest) is alone at work then: its
+    # group's whole room is its own; one under no cgroup limit has the host's RAM
+    rooms = [f.group.free for f in facts if f.group is not None]
+    alone = max(rooms) if len(rooms) == len(facts) else None
     if alone is not None and 2 * weights > alone:
         raise PlanError(
             f"measuring the model needs its weights and gradients "
@@ -148,6 +150,11 @@ def _check_room(model: nn.Module, facts: list[ProcFacts]) -> None:
 #: pipeline's stages: their gather and reduce-scatter buffers; 1.2x for plain data
 #: parallel, 1.66x for a pipeline): the room under it is planned over this
 CGROUP_MARGIN = 2.0
+
+
+def _room(f: ProcFacts) -> float:
+    """The room under the cgroup limit over a proc (infinite where none limits it)."""
+    return math.inf if f.group is None else f.group.free
 
 
 def usable_memory(facts: list[ProcFacts]) -> tuple[tuple[int, ...], str]:
@@ -283,8 +290,12 @@ async def _plan(
         sizes = profile_sizes(cands, batch)
         speed = await _speeds(procs, profilers, model, parts, sample, loss, min(sizes), threads)
         mesh = replace(mesh, speed=speed)
-        # the model is measured on a fastest proc: the others' times are its over their speed
-        fastest = speed.index(1.0) if speed else 0
+        # the model is measured on a fastest proc (the others' times are its over their
+        # speed), of those the one with the most room under its cgroup limit, if any
+        fastest = max(
+            (r for r in range(len(facts)) if not speed or speed[r] == 1.0),
+            key=lambda r: (_room(facts[r]), -r),
+        )
         first = _one(procs, profilers, fastest)
         measure = (model, parts, sample, loss, optimizer, sizes, threads, precision)
         cost = await first.model.call_one(*measure, bool(checkpointing), compile)

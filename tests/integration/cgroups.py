@@ -127,3 +127,18 @@ def peak_usage(group: Path) -> int:
         if path.exists():
             return int(path.read_text())
     raise FileNotFoundError(f"{group} has no memory peak (memory.max_usage_in_bytes, memory.peak)")
+
+
+def usage(group: Path) -> int:
+    """The bytes ``group``'s procs are charged now."""
+    for name in ("memory.usage_in_bytes", "memory.current"):
+        path = group / name
+        if path.exists():
+            return int(path.read_text())
+    raise FileNotFoundError(f"{group} has no memory usage (memory.usage_in_bytes, memory.current)")
+
+
+def set_limit(group: Path, limit: int) -> None:
+    """Change ``group``'s memory limit."""
+    name = "memory.limit_in_bytes" if (group / "memory.limit_in_bytes").exists() else "memory.max"
+    (group / name).write_text(str(limit))

@@ -6,6 +6,7 @@ sent anywhere."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -115,3 +116,39 @@ def test_a_real_group_s_limit_and_room_are_read() -> None:
         child.wait()
         assert child.stdin is not None
         child.stdin.close()
+
+
+async def test_a_proc_with_less_memory_gets_a_smaller_stage() -> None:
+    """Rank 3 alone under a cgroup limit with room for about one block's training state
+    (the others have the host's RAM): at pp=4 its stage holds fewer blocks than the
+    others', and the plan trains with no proc killed."""
+    cgroups.skip_unless("memory")
+    widths, dim = [2048] * 8, 1024
+    batch = _batch(dim)
+    # one block's weights, gradients and AdamW's two moments
+    block = 4 * sum(p.numel() * p.element_size() for p in pm.mlp(widths[:1], dim).parameters())
+    kw = {"sample": batch, "loss_fn": pm.mse, "pp": 4, "microbatches": 4}
+
+    async def train(p: Any) -> list[float]:
+        trainer = parallelize(pm.mlp(widths, dim), procs, p, optimizer=pm.adamw)
+        losses = [await trainer.step(batch) for _ in range(3)]
+        await trainer.stop()
+        return losses
+
+    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        with cgroups.memory_limit(procs.pids[3:], 2 << 30) as group:
+            roomy = await plan(pm.mlp(widths, dim), procs, **kw)
+            assert [s.last - s.first + 1 for s in roomy.stages] == [2, 2, 2, 2], str(roomy)
+            await train(roomy)  # (what training loads is charged to the group once)
+            # measuring again gives back what the trainer left (a plan trims the heap)
+            await plan(pm.mlp(widths, dim), procs, **kw)
+            # room for ~3.2 blocks over what is charged now: ~1.6 after the margin of 2
+            cgroups.set_limit(group, cgroups.usage(group) + int(3.2 * block))
+            tight = await plan(pm.mlp(widths, dim), procs, **kw)
+            blocks = [s.last - s.first + 1 for s in tight.stages]
+            assert blocks[3] < min(blocks[:3]), str(tight)
+            assert tight.stages[3].limit_bytes < tight.stages[0].limit_bytes
+            assert all(s.peak_bytes <= s.limit_bytes for s in tight.stages)
+            losses = await train(tight)
+            assert cgroups.oom_kills(group) == 0
+    assert all(math.isfinite(v) for v in losses), losses

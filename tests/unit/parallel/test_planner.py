@@ -293,11 +293,13 @@ def test_a_proc_with_less_memory_gets_a_smaller_stage() -> None:
     cands = _all(n=4, blocks=8, pp=4)
     # AdamW: each block holds 4 MiB (weights, grads, two moments); rank 3 may hold 4.5,
     # the others 13
-    mesh = replace(_mesh(memory=13 * MiB), memory=(64 * MiB, 64 * MiB, 64 * MiB, 9 * MiB // 2))
+    mesh = replace(_mesh(memory=9 * MiB // 2), memory=(13 * MiB,) * 3 + (9 * MiB // 2,))
     p = choose(cost, mesh, batch=8, cands=cands, layers=None)
     assert p.stages[3].last == p.stages[3].first, str(p)  # one block on rank 3
     assert p.stages[3].limit_bytes == 9 * MiB // 2 and p.stages[0].limit_bytes == 13 * MiB
     assert all(s.peak_bytes <= s.limit_bytes for s in p.stages)
+    assert p.memory_per_proc == 9 * MiB // 2  # the least any proc of it may hold
+    assert "fit in 4.5 MiB per proc or more" in p.why
     # no cut fits where that rank cannot hold one block
     with pytest.raises(PlanError, match="no plan fits"):
         choose(cost, replace(mesh, memory=(64 * MiB,) * 3 + (MiB,)), batch=8, cands=cands,
