@@ -43,7 +43,16 @@ def why_not(controller: str) -> str | None:
 
 
 def skip_unless(controller: str) -> None:
+    """Skip the test, saying why, where a group under ``controller`` cannot be made here
+    (not root, no such controller, or a hierarchy this process may not write: a
+    container's read-only cgroup mount)."""
     why = why_not(controller)
+    if why is None:
+        try:
+            with _group(controller, [], {}):
+                pass
+        except OSError as e:
+            why = f"cannot make a cgroup under the {controller} controller here: {e}"
     if why is not None:
         pytest.skip(why)
 
