@@ -45,10 +45,13 @@ def _stat(path: Path, key: str) -> int:
     return 0
 
 
-def _own_path(cgroup_file: str, v2: bool) -> str | None:
+def own_group(cgroup_file: str, controller: str, v2: bool) -> str | None:
+    """The group a process is in under ``controller`` (its ``/proc/<pid>/cgroup`` is
+    ``cgroup_file``): a path below the hierarchy's root, v1's or v2's; None where the
+    file does not say."""
     for line in (_read(Path(cgroup_file)) or "").splitlines():
         _, names, path = line.split(":", 2)
-        if (v2 and names == "") or (not v2 and "memory" in names.split(",")):
+        if (v2 and names == "") or (not v2 and controller in names.split(",")):
             return path
     return None
 
@@ -68,12 +71,12 @@ def group_memory(cgroup_file: str = "/proc/self/cgroup") -> GroupMemory | None:
     where cgroups cannot be read)."""
     v1 = ROOT / "memory"
     if (v1 / "memory.limit_in_bytes").exists():
-        path = _own_path(cgroup_file, v2=False)
+        path = own_group(cgroup_file, "memory", v2=False)
         names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
         base: Path | None = v1
     else:
         base = _v2_root()
-        path = _own_path(cgroup_file, v2=True) if base is not None else None
+        path = own_group(cgroup_file, "memory", v2=True) if base is not None else None
         names = ("memory.max", "memory.current", "inactive_file")
     if base is None or path is None:
         return None

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Layout:
     """The grid a plan runs on: ``dp`` replicas of a ``pp``-stage pipeline whose blocks are
-    split ``tp`` ways. Rank ``r`` of the mesh is ``(dp_i * pp + pp_i) * tp + tp_i``: the
-    ``tp`` procs of one stage are neighbours (the fastest links), replicas are farthest.
+    split ``tp`` ways. Place ``(dp_i * pp + pp_i) * tp + tp_i`` of the grid (:func:`position`)
+    is held by mesh rank ``order[place]``, or by the rank of that number where ``order``
+    is empty: the ``tp`` procs of one stage are neighbours (the fastest links), replicas
+    are farthest. The planner reorders unlike procs so that each stage's are alike.
 
     Attributes:
         dp, pp, tp: the grid's sizes.
@@ -75,7 +77,7 @@ class Layout:
         return pos // (self.tp * self.pp), pp_i, tp_i
 
     def rank(self, dp_i: int, pp_i: int, tp_i: int) -> int:
-        pos = (dp_i * self.pp + pp_i) * self.tp + tp_i
+        pos = position(self.pp, self.tp, dp_i, pp_i, tp_i)
         return self.order[pos] if self.order else pos
 
     def grid(self) -> list[list[list[int]]]:
@@ -90,13 +92,19 @@ class Layout:
         return stage_ranks(self.dp, self.pp, self.tp, pp_i, self.order)
 
 
+def position(pp: int, tp: int, dp_i: int, pp_i: int, tp_i: int) -> int:
+    """The place of ``(dp_i, pp_i, tp_i)`` in a grid of ``pp`` stages split ``tp`` ways:
+    the ``tp`` shards of a stage are neighbours, replicas farthest apart."""
+    return (dp_i * pp + pp_i) * tp + tp_i
+
+
 def stage_ranks(
     dp: int, pp: int, tp: int, pp_i: int, order: tuple[int, ...] = ()
 ) -> tuple[int, ...]:
     """The ranks of a ``dp x pp x tp`` grid that hold stage ``pp_i``, in order (replica,
     then tensor-parallel shard); ``order``: the rank at each position, as
     :class:`Layout`'s."""
-    pos = [(d * pp + pp_i) * tp + t for d in range(dp) for t in range(tp)]
+    pos = [position(pp, tp, d, pp_i, t) for d in range(dp) for t in range(tp)]
     return tuple(order[p] for p in pos) if order else tuple(pos)
 
 
@@ -110,5 +118,5 @@ def order_of(dp: int, pp: int, tp: int, stages: list[tuple[int, ...]]) -> tuple[
     for k, ranks in enumerate(stages):
         for i, r in enumerate(ranks):
             d, t = divmod(i, tp)
-            order[(d * pp + k) * tp + t] = r
+            order[position(pp, tp, d, k, t)] = r
     return () if order == list(range(len(order))) else tuple(order)

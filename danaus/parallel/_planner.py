@@ -521,14 +521,14 @@ def _unlike(mesh: MeshFacts, best: Estimate) -> str:
         )
     if out:
         c = best.cand
-        order = arrange(c.dp, c.pp, c.tp, mesh)
-        out += (
-            "; the stages placed on alike procs ("
-            + ", ".join(f"stage {k}: ranks {list(st.ranks)}" for k, st in enumerate(best.stages))
-            + ")"
-            if order
-            else ""
-        )
+        if order_of(c.dp, c.pp, c.tp, [st.ranks for st in best.stages]):  # reordered
+            out += (
+                "; the stages placed on alike procs ("
+                + ", ".join(
+                    f"stage {k}: ranks {list(st.ranks)}" for k, st in enumerate(best.stages)
+                )
+                + ")"
+            )
         if c.pp > 1:
             out += "; blocks per stage " + ", ".join(
                 str(st.last - st.first + 1) for st in best.stages

@@ -18,10 +18,6 @@ from ._plan import Plan
 from ._planner import candidates, check_forced, choose, classes, profile_sizes
 from ._profile import MeshFacts, ModelCost, ProcFacts, TPProbe
 
-#: seconds each proc's pace is timed over, each of two rounds: several of a CPU quota's
-#: periods (100 ms by default), so that a proc held to its quota is timed at its pace
-PACE_WINDOW_S = 0.3
-
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -80,14 +76,10 @@ async def _measure_mesh(
         per_host[f.host] = per_host.get(f.host, 0) + 1
     bw, lat = float("inf"), 0.0
     if n > 1:
-
-        def one(rank: int) -> Any:
-            return _one(procs, profilers, rank)
-
         # rank 0 to its neighbour, and to the farthest rank (another host, if any)
         for reader in sorted({1, n - 1}):
-            buf = await one(0).offer.call_one(PROBE_BYTES)
-            b, lt = await one(reader).read.call_one(buf, PROBE_BYTES)
+            buf = await _one(procs, profilers, 0).offer.call_one(PROBE_BYTES)
+            b, lt = await _one(procs, profilers, reader).read.call_one(buf, PROBE_BYTES)
             bw, lat = min(bw, b), max(lat, lt)
         await setup_torch_elastic_env_async(procs)
         probes = (await profilers.collective.call(PROBE_BYTES, tp)).values()
@@ -134,9 +126,8 @@ def _check_room(model: nn.Module, facts: list[ProcFacts]) -> None:
         )
     # the proc that measures (the roomiest of the fastest) is alone at work then: its
     # group's whole room is its own; one under no cgroup limit has the host's RAM
-    rooms = [f.group.free for f in facts if f.group is not None]
-    alone = max(rooms) if len(rooms) == len(facts) else None
-    if alone is not None and 2 * weights > alone:
+    alone = max(map(_room, facts))
+    if 2 * weights > alone:
         raise PlanError(
             f"measuring the model needs its weights and gradients "
             f"({2 * weights / mib:.1f} MiB) on one proc, and the roomiest may hold "
@@ -218,8 +209,7 @@ async def _speeds(
     for _ in range(2):
         for r in range(n):
             one = _one(procs, profilers, r).pace
-            pace = await one.call_one(piece, parts, sample, loss, size, threads, PACE_WINDOW_S)
-            paces[r] = min(paces[r], pace)
+            paces[r] = min(paces[r], await one.call_one(piece, parts, sample, loss, size, threads))
     cls = classes(paces)
     if max(cls) == 0:
         return ()
@@ -308,10 +298,7 @@ async def _plan(
         # to the procs' cgroup: the room under its limit is read again after it
         await profilers.release.call()
         rooms = list((await profilers.room.call()).values())
-        facts = [
-            replace(f, group=g) if f.group is not None else f
-            for f, g in zip(facts, rooms, strict=True)
-        ]
+        facts = [replace(f, group=g) for f, g in zip(facts, rooms, strict=True)]
         memory, why_memory = usable_memory(facts)
         mesh = replace(mesh, memory=memory, memory_per_proc=min(memory), memory_why=why_memory)
     finally:

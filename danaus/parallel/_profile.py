@@ -444,6 +444,11 @@ def _measure_optimizer(
     cost.opt_s_per_byte = statistics.median(timed(opt.step) for _ in range(3)) / weight_bytes
 
 
+#: seconds a proc's pace is timed over: several of a CPU quota's periods (100 ms by
+#: default), so that a proc held to its quota is timed at the pace it keeps
+PACE_WINDOW_S = 0.3
+
+
 class Profiler(Actor):
     """Measures on its proc for the planner: the model, the proc, and data-plane links."""
 
@@ -458,7 +463,6 @@ class Profiler(Actor):
         planner shares among the procs under it."""
         host = proc_host()
         cores = len(os.sched_getaffinity(0))
-        group = group_memory()
         if torch.cuda.is_available():
             dev = device()
             free, _ = torch.cuda.mem_get_info(dev)
@@ -466,7 +470,7 @@ class Profiler(Actor):
             return ProcFacts(host, cores, int(mem), str(dev))
         mem = _available_ram() // max(1, local_procs)
         mem = min(mem, memory_per_proc) if memory_per_proc else mem
-        return ProcFacts(host, cores, int(mem), "cpu", group)
+        return ProcFacts(host, cores, int(mem), "cpu", group_memory())
 
     @endpoint
     def model(
@@ -508,7 +512,7 @@ class Profiler(Actor):
         loss_fn: LossFn,
         size: int,
         threads: int,
-        window_s: float = 0.3,
+        window_s: float = PACE_WINDOW_S,
     ) -> float:
         """Seconds of one forward + backward of the model's first block (of the whole
         model, where it is not cut into blocks) on ``size`` samples, as this proc runs

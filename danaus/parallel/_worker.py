@@ -326,9 +326,9 @@ class ParallelWorker(Actor):
         self._tied_groups(tied or [], layout)
         first, last = layout.stages[self.pp_i]
         module: nn.Module
-        if layout.pp > 1:  # the stage's piece, cut by the trainer
-            module = StageModule(model, parts, first, last)
-        elif parts.can_pipeline or parts.family == "hf":  # a pipeline's path: the output
+        # a pipeline's stage (its piece, cut by the trainer), or a whole model run along
+        # a pipeline's path (for its output)
+        if layout.pp > 1 or parts.can_pipeline or parts.family == "hf":
             module = StageModule(model, parts, first, last)
         else:
             module = model

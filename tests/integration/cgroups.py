@@ -59,11 +59,9 @@ def skip_unless(controller: str) -> None:
 
 def _own_group(pid: int, controller: str, v2: bool) -> str:
     """The group ``pid`` is in for ``controller`` (a path below the hierarchy's root)."""
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, names, path = line.split(":", 2)
-        if (v2 and names == "") or (not v2 and controller in names.split(",")):
-            return path
-    return "/"
+    from danaus.parallel._cgroup import own_group
+
+    return own_group(f"/proc/{pid}/cgroup", controller, v2) or "/"
 
 
 @contextlib.contextmanager
@@ -117,37 +115,32 @@ def memory_limit(pids: list[int], limit: int) -> Iterator[Path]:
         yield group
 
 
+def _memory_file(group: Path, v1: str, v2: str) -> Path:
+    """``group``'s memory-controller file ``v1`` (cgroup v1) or ``v2``, whichever it has."""
+    path = group / v1
+    return path if path.exists() else group / v2
+
+
 def oom_kills(group: Path) -> int:
     """How many of ``group``'s procs the OOM killer has killed."""
-    for name in ("memory.oom_control", "memory.events"):
-        path = group / name
-        if path.exists():
-            for line in path.read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
+    path = _memory_file(group, "memory.oom_control", "memory.events")
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
     return 0
 
 
 def peak_usage(group: Path) -> int:
     """The most bytes ``group``'s procs have been charged at once."""
-    for name in ("memory.max_usage_in_bytes", "memory.peak"):
-        path = group / name
-        if path.exists():
-            return int(path.read_text())
-    raise FileNotFoundError(f"{group} has no memory peak (memory.max_usage_in_bytes, memory.peak)")
+    return int(_memory_file(group, "memory.max_usage_in_bytes", "memory.peak").read_text())
 
 
 def usage(group: Path) -> int:
     """The bytes ``group``'s procs are charged now."""
-    for name in ("memory.usage_in_bytes", "memory.current"):
-        path = group / name
-        if path.exists():
-            return int(path.read_text())
-    raise FileNotFoundError(f"{group} has no memory usage (memory.usage_in_bytes, memory.current)")
+    return int(_memory_file(group, "memory.usage_in_bytes", "memory.current").read_text())
 
 
 def set_limit(group: Path, limit: int) -> None:
     """Change ``group``'s memory limit."""
-    name = "memory.limit_in_bytes" if (group / "memory.limit_in_bytes").exists() else "memory.max"
-    (group / name).write_text(str(limit))
+    _memory_file(group, "memory.limit_in_bytes", "memory.max").write_text(str(limit))
