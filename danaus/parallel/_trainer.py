@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..actors._api import Future, current_runtime, run_task
 from ..mesh._api import add_section
 from ..spmd import setup_torch_elastic_env_async
-from ._errors import PlanError
+from ._errors import ROLLED_BACK, PlanError
 from ._model import (
     Batch,
     LossFn,
@@ -87,9 +87,15 @@ class Trainer:
 
     Made by :func:`parallelize`; each method returns a danaus ``Future``: ``await`` it in
     async code, ``.get()`` in sync code. Calls run one after another, in the order made.
-    A rank that raises fails the call with its traceback (an ``ActorError``); the trainer
-    is then broken (later calls raise the same) and every rank has been stopped, so none
-    waits in a collective: build a new trainer on a new mesh.
+
+    Where the user's code raises on a rank (the ``loss_fn``, ``data``; a loss that is
+    not one number), the step fails with that rank's traceback (an ``ActorError`` that
+    is also the error's own type), every rank has rolled it back (no optimizer step,
+    gradients dropped, dropout's random state as before) and the trainer goes on: the
+    next step gives the numbers of a run that never saw the bad batch. Any other rank
+    failure (the model's own forward raising, a proc lost) fails the call with its
+    traceback; the trainer is then broken (later calls raise the same) and every rank
+    has been stopped, so none waits in a collective: build a new trainer on a new mesh.
     """
 
     def __init__(
@@ -231,6 +237,8 @@ class Trainer:
                 try:
                     return await what(await self._workers)
                 except Exception as e:
+                    if _rolled_back(e):  # the user's code raised; every rank undid it
+                        raise
                     self._failed = e
                     # a rank failed: the others may wait in a collective for it forever
                     await self._procs.stop(reason="a rank of the trainer failed")
@@ -515,6 +523,14 @@ class Trainer:
             await w.stop()
 
         return run_task(self._rt, go)
+
+
+def _rolled_back(e: BaseException) -> bool:
+    """Whether ``e`` is a rank's error in the user's code (the loss, ``data``) after
+    which every rank rolled its step back (the workers' note says so)."""
+    from ..errors import ActorError
+
+    return isinstance(e, ActorError) and ROLLED_BACK in e.remote_traceback
 
 
 def _runs(ranks: Iterable[int]) -> Ranks:

@@ -27,6 +27,7 @@ from torch import nn
 from ..actors import Actor, context, endpoint
 from ..config import config
 from . import _tp
+from ._errors import ROLLED_BACK
 from ._layout import Layout
 from ._model import (
     LossFn,
@@ -227,6 +228,32 @@ def set_threads() -> None:
     torch.set_num_threads(max(1, cores // max(1, local)))
 
 
+def zero_loss(output: Any) -> torch.Tensor:
+    """A loss of zero that depends on every floating-point tensor of ``output``: its
+    backward runs the same path (and the same collectives) as a real loss's, with zero
+    gradients."""
+    from torch.utils._pytree import tree_leaves
+
+    leaves = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+    parts = [t.sum() * 0 for t in leaves if t.is_floating_point() and t.requires_grad]
+    if not parts:
+        return torch.zeros((), requires_grad=True)
+    return torch.stack([p.to_local() if hasattr(p, "to_local") else p for p in parts]).sum()
+
+
+def rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """The CPU's and this proc's GPUs' random states (dropout's), to roll a step back."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return torch.random.get_rng_state(), cuda
+
+
+def set_rng_state(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
+    cpu, cuda = state
+    torch.random.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
 def tensor_bytes(t: torch.Tensor) -> int:
     """Bytes this proc holds of ``t`` (its local shard for a DTensor)."""
     local = t.to_local() if hasattr(t, "to_local") else t
@@ -323,6 +350,8 @@ class ParallelWorker(Actor):
         self._scale_now = 1.0
         self._good_steps = 0
         self.skipped_steps = 0
+        #: the first error the user's code (the loss, ``data``) raised this step here
+        self._user_error: Exception | None = None
         self._tied_groups(tied or [], layout)
         first, last = layout.stages[self.pp_i]
         module: nn.Module
@@ -458,9 +487,24 @@ class ParallelWorker(Actor):
         averaged), so that the gradients add up to the global token mean's. A user's
         loss_fn: as it returns it (the schedule or the caller averages)."""
         assert self.layout is not None
-        if self.own_loss is None:
-            return self.loss_fn(output, target) * self._scale_now
-        loss = self.own_loss(output, target, num_items_in_batch=self._counted)
+        try:
+            if self.own_loss is None:
+                loss = self.loss_fn(output, target)
+                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                    raise TypeError(
+                        f"loss_fn returned {type(loss).__name__}"
+                        f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}: "
+                        "backward needs one number, a tensor of one element"
+                    )
+                return loss * self._scale_now
+            loss = self.own_loss(output, target, num_items_in_batch=self._counted)
+        except Exception as e:
+            # the user's loss raised (a NaN check, a shape it refuses): backward still
+            # runs, on a zero loss, so that every collective of the step is met; the
+            # ranks then agree to roll the step back (see step)
+            if self._user_error is None:
+                self._user_error = e
+            return zero_loss(output)
         return loss * (self.layout.dp * self._scale_now)
 
     def _reported(self, losses: list[torch.Tensor]) -> float:
@@ -474,12 +518,18 @@ class ParallelWorker(Actor):
         """This rank's shard of step ``step``, loaded here by ``data``, and the labels
         the global batch counts (the replicas' counts added up: a collective over dp)."""
         assert self.layout is not None and self.data is not None
-        rows = self.data(step, self.dp_i, self.layout.dp)
         last = self.pp_i == self.layout.pp - 1
-        shard = shard_batch(rows, 1, 0, self.pp_i == 0, last)
+        try:
+            rows = self.data(step, self.dp_i, self.layout.dp)
+            shard = shard_batch(rows, 1, 0, self.pp_i == 0, last)
+            counted = counted_tokens(split_batch(rows)[1]) if self.own_loss is not None else 0
+        except Exception as e:  # the user's data raised, or gave rows that are no batch
+            self._user_error = e
+        # every rank learns whether any rank's data raised, before any of them computes
+        self._agree(overflow=False)
         if self.own_loss is None:
             return shard, 0
-        count = torch.tensor([counted_tokens(split_batch(rows)[1])], dtype=torch.int64)
+        count = torch.tensor([counted], dtype=torch.int64)
         if self.layout.dp > 1:
             group = self.mesh["dp"].get_group()
             count = count.to(self.device)
@@ -496,33 +546,65 @@ class ParallelWorker(Actor):
         where this rank computes it (the last stage's first tensor-parallel rank), else
         None."""
         assert self.layout is not None and self.module is not None
-        if shard is None:
-            assert data_step is not None
-            shard, counted = self._own_shard(data_step)
-        inputs, target, kwargs = self._local(shard)
-        self._counted = counted
-        self._scale_now = self.loss_scale
-        self.module.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        schedule = self._schedule(shard.shape)
-        if schedule is not None:
-            losses = self._through(schedule.step, inputs, target, kwargs)
-            self._sum_tied_grads()
-            loss = self._reported(losses) if losses is not None else None
-        else:
-            loss = self._accumulate(inputs, target, kwargs)
-        if self._unscaled():
-            self.optimizer.step()
+        self._user_error = None
+        rng = rng_state()
+        try:
+            if shard is None:
+                assert data_step is not None
+                shard, counted = self._own_shard(data_step)
+            inputs, target, kwargs = self._local(shard)
+            self._counted = counted
+            self._scale_now = self.loss_scale
+            self.module.train()
+            self.optimizer.zero_grad(set_to_none=True)
+            schedule = self._schedule(shard.shape)
+            if schedule is not None:
+                losses = self._through(schedule.step, inputs, target, kwargs)
+                self._sum_tied_grads()
+                loss = self._reported(losses) if losses is not None else None
+            else:
+                loss = self._accumulate(inputs, target, kwargs)
+            if self._unscaled():
+                self.optimizer.step()
+        except _RolledBack:
+            self.optimizer.zero_grad(set_to_none=True)
+            set_rng_state(rng)  # dropout draws as if the step had never been sent
+            self._raise_user_error()
+            return None
         return loss if self._reports_loss() else None
+
+    def _agree(self, overflow: bool) -> bool:
+        """Every rank learns whether any rank's fp16 gradients overflowed (True where
+        one did) and whether any rank's user code raised this step (then every rank
+        raises :class:`_RolledBack`, before any has changed its weights): one small
+        all-reduce over the whole mesh."""
+        flags = torch.tensor(
+            [float(overflow), float(self._user_error is not None)], device=self.device
+        )
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if flags[1].item():
+            raise _RolledBack
+        return bool(flags[0].item())
+
+    def _raise_user_error(self) -> None:
+        """After a rolled-back step: this rank's own error, noted as rolled back (what
+        the controller raises to the user); nothing where another rank's code raised."""
+        e = self._user_error
+        self._user_error = None
+        if e is None:
+            return
+        e.add_note(ROLLED_BACK)
+        raise e
 
     def _unscaled(self) -> bool:
         """fp16: the gradients scaled back down; False (the step to be skipped, the
         scale halved) where any rank's overflowed, which every rank learns, so that all
         skip it together. Where none did for ``GROWTH_INTERVAL`` steps, the scale
-        doubles. True at once in other precisions."""
+        doubles. In other precisions True, unless (in any precision) a user's error on
+        any rank rolls the step back (:meth:`_agree`)."""
         assert self.module is not None and self.layout is not None
         if self.layout.precision != "fp16":
-            return True
+            return not self._agree(overflow=False)
         inv = 1.0 / self._scale_now
         bad = torch.zeros((), device=self.device)
         for p in self.module.parameters():
@@ -530,8 +612,7 @@ class ParallelWorker(Actor):
                 g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
                 g.mul_(inv)
                 bad = torch.maximum(bad, (~torch.isfinite(g)).any().to(bad.dtype))
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # every rank of the mesh
-        if bad.item():
+        if self._agree(overflow=bool(bad.item())):
             self.loss_scale /= 2
             self._good_steps = 0
             self.skipped_steps += 1
@@ -609,6 +690,7 @@ class ParallelWorker(Actor):
         """This replica's part of the loss on a global batch (as :meth:`step` gives
         it), without touching the weights."""
         assert self.layout is not None and self.module is not None
+        self._user_error = None
         inputs, target, kwargs = self._local(shard)
         self._counted = counted
         self._scale_now = 1.0
@@ -625,6 +707,11 @@ class ParallelWorker(Actor):
                         for x, y, kw in self._microbatches(inputs, target, kwargs)
                     ]
                 )
+        try:
+            self._agree(overflow=False)
+        except _RolledBack:
+            self._raise_user_error()
+            return None
         return loss if self._reports_loss() else None
 
     @endpoint
@@ -690,6 +777,10 @@ class ParallelWorker(Actor):
         self.module = None
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class _RolledBack(Exception):
+    """Some rank's user code raised this step: every rank drops it (see ``_agree``)."""
 
 
 def timed(fn: Callable[[], Any]) -> float:

@@ -166,6 +166,16 @@ class Tower(nn.Module):
         return self.out(x)
 
 
+class FussyTower(Tower):
+    """A :class:`Tower` whose forward raises on an infinite input (to fail one rank in
+    the model itself, not in the user's loss)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.isinf(x).any():
+            raise ValueError("inf in the input: this tower refuses it")
+        return super().forward(x)
+
+
 def mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(out, target)
 

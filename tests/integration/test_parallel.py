@@ -3,6 +3,7 @@ strategy, a planner that plans by measured cost and memory, and clear errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -497,24 +498,140 @@ async def test_shards_over_a_megabyte_go_by_the_data_plane_and_train_as_one_proc
     assert _close(losses, expected), (losses, expected)
 
 
-async def test_a_failing_rank_raises_its_traceback_and_a_new_mesh_trains_again() -> None:
-    model = pm.mlp([32, 32], dim=16)
+@pytest.mark.parametrize(
+    ("dims", "sharded"), [({"dp": 2}, False), ({"pp": 2}, False), ({"dp": 2}, True)]
+)
+async def test_a_users_error_on_one_rank_rolls_the_step_back_and_training_goes_on(
+    dims: dict[str, Any], sharded: bool
+) -> None:
+    """The user's loss raises on one rank only (its replica's targets, or the last
+    stage's): that step fails with the rank's traceback, no rank applies it (the others
+    met every collective on a zero loss, so none waits), and the next steps give the
+    losses of a run where the bad batch was never sent."""
+    torch.manual_seed(1)
     target = torch.rand(8, 16)
-    target[4:] = -1.0  # the second replica's half
-    bad = (torch.randn(8, 16), target)
-    good = (bad[0], target.abs())
+    good = (torch.randn(8, 16), target)
+    bad = (good[0], torch.cat([target[:4], -target[4:]]))  # the second replica's half
+    expected = pm.train_over(pm.mlp([32] * 4, dim=16), [good] * 3, pm.mse)
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        p = await plan(pm.mlp([32] * 4, dim=16), procs, sample=good, loss_fn=pm.mse, **dims)
+        p = dataclasses.replace(p, sharded=sharded)  # FSDP's gathers and reduce-scatters
+        trainer = parallelize(
+            pm.mlp([32] * 4, dim=16), procs, p, optimizer=pm.adamw,
+            loss_fn=pm.mse_refusing_negative_targets,
+        )  # fmt: skip
+        losses = [await trainer.step(good)]
+        for _ in range(2):  # twice: a rolled-back step leaves nothing behind
+            with pytest.raises(ValueError, match="negative target") as info:
+                await trainer.step(bad)
+            assert isinstance(info.value, ActorError)
+            assert "mse_refusing_negative_targets" in info.value.remote_traceback
+            assert "rolled back on every rank" in info.value.remote_traceback
+            assert "{'procs': 1/2}" in str(info.value)
+            with pytest.raises(ValueError, match="negative target"):
+                await trainer.evaluate(bad)
+        losses += [await trainer.step(good), await trainer.step(good)]
+        assert "ready" in repr(trainer)
+        state = await trainer.state_dict()
+        await trainer.stop()
+    assert _close(losses, expected), (losses, expected)
+    reference = pm.mlp([32] * 4, dim=16)
+    pm.train_over(reference, [good] * 3, pm.mse)
+    for k, v in reference.state_dict().items():
+        assert torch.allclose(state[k], v, rtol=RTOL, atol=1e-6), k
+
+
+def _refusing_lm_loss(out: Any, labels: Any) -> Any:
+    """A causal LM's shifted cross-entropy that refuses a batch with the pad token (0)
+    among its counted labels, as a careful user's loss refuses what it cannot trust."""
+    if (labels == 0).any():
+        raise ValueError("the pad token among the labels: this batch is refused")
+    logits = out.logits if hasattr(out, "logits") else out
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
+
+
+@pytest.mark.slow
+async def test_a_user_loss_refusing_a_batch_in_a_gpt2_pipeline_changes_nothing() -> None:
+    """GPT-2 at dp=2 x pp=2 with the user's own loss, which refuses one replica's rows
+    on its last stage: the step fails, and the steps after it give the losses of the
+    same layout trained without it, to the bit."""
+    batches = [pm.padded_lm_batch(seed=s) for s in (1, 2, 3)]
+    bad = {**batches[0], "labels": batches[0]["labels"].clone()}
+    bad["labels"][5, 0] = 0  # a row of the second replica
+    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        p = await plan(pm.gpt2(), procs, sample=batches[0], dp=2, pp=2)
+        runs = []
+        for send_bad in (True, False):
+            trainer = parallelize(
+                pm.gpt2(), procs, p, optimizer=pm.adamw, loss_fn=_refusing_lm_loss
+            )
+            losses = [await trainer.step(batches[0])]
+            if send_bad:
+                with pytest.raises(ValueError, match="the pad token among the labels") as info:
+                    await trainer.step(bad)
+                assert "{'procs': 3/4}" in str(info.value)  # replica 1's last stage
+            losses += [await trainer.step(b) for b in batches[1:]]
+            runs.append((losses, await trainer.state_dict()))
+            await trainer.stop()
+    (with_bad, state), (without, want) = runs
+    assert with_bad == without, (with_bad, without)
+    for k, v in want.items():
+        assert torch.equal(state[k], v), k
+
+
+def _rows_or_refuse(step: int, dp_rank: int, dp_size: int) -> tuple[Any, Any]:
+    """Replica ``dp_rank``'s rows of step ``step``; replica 1's data raises at step 1."""
+    if step == 1 and dp_rank == 1:
+        raise OSError("shard 1 of step 1 is unreadable")
+    torch.manual_seed(step)
+    x, y = torch.randn(8, 16), torch.rand(8, 16)
+    part = slice(dp_rank * 8 // dp_size, (dp_rank + 1) * 8 // dp_size)
+    return x[part], y[part]
+
+
+async def test_a_replicas_data_that_raises_fails_that_step_and_the_next_goes_on() -> None:
+    """``data=`` raising on one replica (an unreadable shard): that step fails with its
+    error before any rank computed, and training goes on with the next step's rows."""
+
+    def whole(step: int) -> tuple[Any, Any]:
+        x, y = zip(*(_rows_or_refuse(step, r, 1) for r in range(1)), strict=True)
+        return x[0], y[0]
+
+    expected = pm.train_over(pm.mlp([32] * 2, dim=16), [whole(0), whole(2)], pm.mse)
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        p = await plan(pm.mlp([32] * 2, dim=16), procs, sample=whole(0), loss_fn=pm.mse, dp=2)
+        trainer = parallelize(
+            pm.mlp([32] * 2, dim=16), procs, p, optimizer=pm.adamw, loss_fn=pm.mse,
+            data=_rows_or_refuse,
+        )  # fmt: skip
+        losses = [await trainer.step()]
+        with pytest.raises(OSError, match="shard 1 of step 1 is unreadable"):
+            await trainer.step()
+        losses.append(await trainer.step())  # step 2's rows
+        await trainer.stop()
+    assert _close(losses, expected), (losses, expected)
+
+
+async def test_a_rank_that_fails_outside_the_users_code_breaks_the_trainer() -> None:
+    """Not the user's loss or data but the model itself raising on one rank (mid-way
+    through its replica's collectives): the call fails with that rank's traceback, no
+    rank is left waiting, the trainer says it is broken, and a new mesh trains again."""
+    model = pm.Tower(dim=16)
+    bad = (torch.randn(8, 16), torch.rand(8, 1))
+    good = (bad[0].abs(), bad[1])
+    bad[0][4:] = float("inf")  # the second replica's rows
     async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
         p = await plan(model, procs, sample=good, loss_fn=pm.mse, dp=2)
-        trainer = parallelize(
-            model, procs, p, optimizer=pm.adamw, loss_fn=pm.mse_refusing_negative_targets
-        )
+        trainer = parallelize(pm.FussyTower(dim=16), procs, p, optimizer=pm.adamw, loss_fn=pm.mse)
         await trainer.step(good)
-        with pytest.raises(ActorError, match="negative target") as info:
-            await trainer.step(bad)  # rank 0 waits in DDP's all-reduce: it must not hang
-        assert "mse_refusing_negative_targets" in info.value.remote_traceback
+        with pytest.raises(ActorError, match="inf in the input") as info:
+            await trainer.step(bad)
         assert "{'procs': 1/2}" in str(info.value)
-        with pytest.raises(ActorError, match="negative target"):
+        with pytest.raises(ActorError, match="inf in the input"):
             await trainer.step(good)  # the trainer is broken, and says why
+        assert "failed" in repr(trainer)
         await trainer.stop()
     async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
         trainer = parallelize(model, procs, p, optimizer=pm.adamw, loss_fn=pm.mse)
