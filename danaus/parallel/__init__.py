@@ -23,9 +23,18 @@ except ImportError as e:  # torch is an extra: the actor, mesh and RDMA layers r
         f"danaus.parallel needs torch ({e}): install it, e.g. `pip install 'danaus[torch]'`"
     ) from e
 
+from ._checkpoint import load_state_dict
 from ._errors import PlanError
 from ._plan import Plan, StagePlan
 from ._planning import plan
 from ._trainer import Trainer, parallelize
 
-__all__ = ["Plan", "PlanError", "StagePlan", "Trainer", "parallelize", "plan"]
+__all__ = [
+    "Plan",
+    "PlanError",
+    "StagePlan",
+    "Trainer",
+    "load_state_dict",
+    "parallelize",
+    "plan",
+]

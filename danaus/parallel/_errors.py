@@ -11,6 +11,7 @@ class PlanError(DanausError):
     model whose blocks cannot be found). The message names what to change."""
 
 
-#: the note on a user's error (in the loss, in ``data``) after which every rank rolled
-#: the step back: the worker adds it, and the trainer, seeing it, goes on
-ROLLED_BACK = "danaus: the step was rolled back on every rank; the trainer goes on"
+#: the note on an error after which every rank rolled its call back (the user's loss or
+#: ``data`` raising in a step, a checkpoint that could not be written): the worker adds
+#: it, and the trainer, seeing it, goes on
+ROLLED_BACK = "danaus: this call was rolled back on every rank; the trainer goes on"

@@ -12,7 +12,9 @@ A plan is, for one block, pairs of (the submodule's path inside the block, a sty
   become ``nn.Linear`` (out x in) so that torch's styles apply.
 
 :func:`whole` turns a gathered weight back into the model's own layout, so that a
-tensor-parallel trainer's ``state_dict()`` loads into a plain copy of the model.
+tensor-parallel trainer's ``state_dict()`` loads into a plain copy of the model, and
+:func:`split_layout` turns one of the model's own (a checkpoint's) into the layout
+the plan split.
 """
 
 from __future__ import annotations
@@ -137,3 +139,22 @@ def whole(
     if style == QKV:
         t = t[torch.argsort(_qkv_order(t.shape[0], tp))]
     return t.t().contiguous() if kind == "weight" else t
+
+
+def split_layout(
+    name: str, t: torch.Tensor, plan: Plan, blocks_path: str, tp: int, conv: bool
+) -> torch.Tensor:
+    """:func:`whole` undone: the model's own layout of tensor ``name`` (a weight, or an
+    optimizer's state of one) in the layout the plan split, before it is sharded."""
+    if not conv or not name.startswith(f"{blocks_path}." if blocks_path else ""):
+        return t
+    rest = name.removeprefix(f"{blocks_path}.").partition(".")[2]
+    path, _, kind = rest.rpartition(".")
+    style = dict(plan).get(path)
+    if style is None:
+        return t
+    if kind == "weight":
+        t = t.t()
+    if style == QKV:
+        t = t[_qkv_order(t.shape[0], tp)]
+    return t.contiguous()

@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import logging
 import math
+import os
 import sys
 import time
 import weakref
@@ -106,6 +107,7 @@ class Trainer:
         optimizer: Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer],
         loss_fn: LossFn | None,
         data: DataFn | None = None,
+        resume: str | os.PathLike[str] | None = None,
     ) -> None:
         if data is not None and not callable(data):
             raise TypeError(
@@ -138,6 +140,15 @@ class Trainer:
         #: the latest steps, for the dashboard: (step, loss, tokens/s or None, seconds)
         self._history: deque[tuple[int, float, float | None, float]] = deque(maxlen=HISTORY)
         self._done = 0  # steps that ended
+        self._resume: str | None = None
+        if resume is not None:
+            from . import _checkpoint
+
+            # at once, here: a path that is no checkpoint is the caller's to hear of
+            self._resume = str(_checkpoint.check(resume))
+            _checkpoint.check_model(resume, model)
+            counts = _checkpoint.meta(resume)
+            self._done, self._steps = int(counts["steps"]), int(counts["data_step"])
         self._started = time.time()
         self._plan_html: str | None = None
         _LIVE.add(self)
@@ -149,19 +160,19 @@ class Trainer:
             await setup_torch_elastic_env_async(procs)
             workers = procs.spawn(f"_parallel{next(_names)}", ParallelWorker)
             layout = plan.layout
-            args = (parts, layout, loss_fn, optimizer, data)
+            tied = tied_params(model, parts)
+            args = (parts, layout, loss_fn, optimizer, data, tied, self._resume)
             if layout.pp == 1:
                 await workers.setup.call(model, *args)
                 return workers
             # each stage's procs get that stage only: a proc never holds the whole model
-            tied = tied_params(model, parts)
             flat = workers.flatten("rank")
             calls = []
             for k, (first, last) in enumerate(layout.stages):
                 piece = parts.cut(model, first, last)
                 for run in _runs(layout.stage_ranks(k)):
                     group = flat.slice(rank=slice(run.start, run.stop))
-                    calls.append(group.setup.call(piece, *args, tied))
+                    calls.append(group.setup.call(piece, *args))
                 del piece
             await asyncio.gather(*calls)
             return workers
@@ -392,7 +403,14 @@ class Trainer:
         return self._run(go)
 
     def fit(
-        self, batches: Iterable[Batch] | None = None, steps: int | None = None, log_every: int = 10
+        self,
+        batches: Iterable[Batch] | None = None,
+        steps: int | None = None,
+        log_every: int = 10,
+        *,
+        checkpoint: str | os.PathLike[str] | None = None,
+        every: int = 100,
+        keep: int = 2,
     ) -> Future[list[float]]:
         """Train one step on each global batch of ``batches`` (a list, a generator, a
         ``DataLoader``: any iterable), until it ends or ``steps`` steps ran; the losses,
@@ -404,6 +422,10 @@ class Trainer:
         ``danaus.parallel`` logger at INFO. The next batch is taken from ``batches`` off
         the event loop (a loader may block), while nothing else of danaus waits for it.
 
+        With ``checkpoint=dir``, every ``every`` steps (counted as :attr:`steps`, the
+        run's whole count) and after the last, a checkpoint is saved (:meth:`save`) to
+        ``dir/step-00000100`` and so on, and only the newest ``keep`` are kept.
+
         Raises (through the Future):
             As :meth:`step` does: a bad batch stops the loop there, with the losses of
             the steps before it lost to the caller but not to the model (they were
@@ -413,8 +435,10 @@ class Trainer:
             isinstance(steps, bool) or not isinstance(steps, int) or steps < 0
         ):
             raise ValueError(f"steps must be a non-negative int or None, not {steps!r}")
-        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
-            raise ValueError(f"log_every must be a positive int, not {log_every!r}")
+        for name, n in (("log_every", log_every), ("every", every), ("keep", keep)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"{name} must be a positive int, not {n!r}")
+        saving = None if checkpoint is None else (os.path.abspath(checkpoint), every, keep)
         if (batches is None) != (self._data is not None):
             raise ValueError(
                 "fit() takes batches, or none where the workers load their own (data=)"
@@ -428,7 +452,7 @@ class Trainer:
                 loss = await self.step()
                 return loss, None, time.perf_counter() - start
 
-            return run_task(self._rt, lambda: self._fit_loop(own, steps, steps, log_every))
+            return run_task(self._rt, lambda: self._fit_loop(own, steps, steps, log_every, saving))
         total = steps
         if total is None and isinstance(batches, Sized):
             total = len(batches)
@@ -449,7 +473,7 @@ class Trainer:
             loss = await self._send("step", counted, shards, tokens=tokens)
             return loss, tokens, time.perf_counter() - start
 
-        return run_task(self._rt, lambda: self._fit_loop(given, steps, total, log_every))
+        return run_task(self._rt, lambda: self._fit_loop(given, steps, total, log_every, saving))
 
     async def _fit_loop(
         self,
@@ -457,16 +481,21 @@ class Trainer:
         steps: int | None,
         total: int | None,
         log_every: int,
+        saving: tuple[str, int, int] | None = None,
     ) -> list[float]:
         """:meth:`fit`'s loop: ``one()`` runs a step (its loss, tokens where known, and
-        seconds), None at the end of the batches; the progress bar or the log lines."""
+        seconds), None at the end of the batches; the progress bar or the log lines;
+        ``saving``: (directory, every, keep) of its checkpoints."""
         losses: list[float] = []
         bar = _progress_bar(total)
+        saved = -1
         try:
             while steps is None or len(losses) < steps:
                 done = await one()
                 if done is None:
                     break
+                if saving is not None and self._done % saving[1] == 0:
+                    saved = await self._save_kept(*saving)
                 loss, tokens, took = done
                 losses.append(loss)
                 rate = None if tokens is None else tokens / took
@@ -476,10 +505,28 @@ class Trainer:
                     bar.update(1)
                 elif len(losses) % log_every == 0:
                     log.info("step %s", shown)
+            if saving is not None and losses and saved != self._done:
+                await self._save_kept(*saving)
         finally:
             if bar is not None:
                 bar.close()
         return losses
+
+    async def _save_kept(self, where: str, every: int, keep: int) -> int:
+        """Save to ``where/step-N`` (N: :attr:`steps`); remove all but the newest
+        ``keep`` of ``where``'s checkpoints. The step saved."""
+        import shutil
+
+        step = self._done
+        await self.save(os.path.join(where, f"step-{step:08d}"))
+
+        def prune() -> None:
+            ours = sorted(d for d in os.listdir(where) if d.startswith("step-") and d[5:].isdigit())
+            for old in ours[:-keep]:
+                shutil.rmtree(os.path.join(where, old), ignore_errors=True)
+
+        await asyncio.to_thread(prune)
+        return step
 
     def state_dict(self) -> Future[dict[str, torch.Tensor]]:
         """The whole model's weights on the controller, under the model's own keys (loads
@@ -491,6 +538,53 @@ class Trainer:
                 if piece:
                     out.update(piece)
             return out
+
+        return self._run(go)
+
+    @property
+    def steps(self) -> int:
+        """The optimizer steps the model has taken: those of this trainer, and those of
+        the run it resumed (``parallelize(..., resume=path)``)."""
+        return self._done
+
+    def save(self, path: str | os.PathLike[str]) -> Future[str]:
+        """Write a checkpoint of the model and its optimizer to the directory ``path``
+        (made where missing; a shared filesystem where procs are on several hosts): the
+        weights and the optimizer's state, whole under the model's own names, written
+        by ``torch.distributed.checkpoint`` (each stage's first rank writes its own
+        file, at once), and the trainer's counts (the steps taken; with ``data=``, the
+        next step's number). Any plan on any number of procs resumes it
+        (``parallelize(..., resume=path)``), and :func:`load_state_dict` gives a plain
+        model's weights from it. Runs after the calls before it; the path written.
+
+        Raises (through the Future): a write that failed on a rank (a full disk), with
+        its traceback; every rank rolled the save back and the trainer goes on.
+        """
+        where = os.path.abspath(os.fspath(path))
+
+        async def go(w: Any) -> str:
+            from . import _checkpoint
+
+            try:
+                await asyncio.to_thread(os.makedirs, where, exist_ok=True)
+            except OSError as e:  # nothing was sent: the trainer is as it was
+                e.add_note(ROLLED_BACK)
+                raise
+            done = await _each(w.save, where)
+            counts = {
+                "format": 1,
+                "steps": self._done,
+                "data_step": self._steps,
+                "loss_scale": max(d["loss_scale"] for d in done),
+                "plan": str(self.plan.strategy),
+                "procs": len(self._procs),
+            }
+            try:
+                await asyncio.to_thread(_checkpoint.write_meta, where, counts)
+            except OSError as e:  # the checkpoint lacks its counts: no trainer resumes it
+                e.add_note(ROLLED_BACK)
+                raise
+            return where
 
         return self._run(go)
 
@@ -526,11 +620,14 @@ class Trainer:
 
 
 def _rolled_back(e: BaseException) -> bool:
-    """Whether ``e`` is a rank's error in the user's code (the loss, ``data``) after
-    which every rank rolled its step back (the workers' note says so)."""
+    """Whether ``e`` is an error after which every rank rolled its call back (the
+    user's loss or ``data`` raising in a step, a checkpoint that could not be written:
+    the note :data:`ROLLED_BACK` says so), so that the trainer goes on."""
     from ..errors import ActorError
 
-    return isinstance(e, ActorError) and ROLLED_BACK in e.remote_traceback
+    if isinstance(e, ActorError):
+        return ROLLED_BACK in e.remote_traceback
+    return ROLLED_BACK in getattr(e, "__notes__", ())
 
 
 def _runs(ranks: Iterable[int]) -> Ranks:
@@ -581,6 +678,7 @@ def parallelize(
     loss_fn: LossFn | None = None,
     data: DataFn | None = None,
     compile: bool | None = None,
+    resume: str | os.PathLike[str] | None = None,
 ) -> Trainer:
     """Lay ``model`` out on ``procs`` as ``plan`` says and return its :class:`Trainer` at
     once (the workers set up in the background; the first call waits for them).
@@ -598,11 +696,18 @@ def parallelize(
     rest run compiled); by default the plan's ``compile`` (``plan(..., compile=True)``
     measures the compiled blocks, so that its estimate is of them). On CPU it needs a
     C++ compiler, and the first call says so plainly where a proc has none.
+
+    ``resume=path`` starts from a checkpoint ``Trainer.save(path)`` wrote, under any
+    plan and on any number of procs (saved at dp=4, resumed at dp=2 x pp=2 or on one
+    proc): the weights, the optimizer's state, the steps taken and, with ``data=``,
+    the next step's number; training goes on as if it had never stopped. ``model`` is
+    then only the architecture (its weights are replaced). A path that is no
+    checkpoint raises FileNotFoundError here, and one of another model a KeyError or
+    ValueError naming a weight it lacks or holds in another shape.
     """
     if compile is not None:
         if not isinstance(compile, bool):
             raise TypeError(f"compile={compile!r}: give True or False")
         plan = dataclasses.replace(plan, compile=compile)
-    return Trainer(
-        model, procs, plan, optimizer, loss_fn if loss_fn is not None else plan.loss_fn, data
-    )
+    loss = loss_fn if loss_fn is not None else plan.loss_fn
+    return Trainer(model, procs, plan, optimizer, loss, data, resume)

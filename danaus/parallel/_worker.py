@@ -16,7 +16,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -26,7 +26,7 @@ from torch import nn
 
 from ..actors import Actor, context, endpoint
 from ..config import config
-from . import _tp
+from . import _checkpoint, _tp
 from ._errors import ROLLED_BACK
 from ._layout import Layout
 from ._model import (
@@ -305,13 +305,16 @@ class ParallelWorker(Actor):
         optimizer: OptimizerFactory,
         data: Callable[[int, int, int], Any] | None = None,
         tied: list[tuple[str, str]] | None = None,
+        resume: str | None = None,
     ) -> None:
         """Join the process group and build this proc's piece, its wrappers and optimizer;
         ``data(step, dp_rank, dp_size)``, where given, loads this replica's rows.
 
-        ``model``: of a pipeline, only this proc's stage (:meth:`ModelParts.cut`), and
-        ``tied`` the weights its first and last stage share (:func:`tied_params` of the
-        whole model); else the whole model."""
+        ``model``: of a pipeline, only this proc's stage (:meth:`ModelParts.cut`); else
+        the whole model. ``tied``: the weights the model shares between two names
+        (:func:`tied_params`: a pipeline's first and last stage each hold one).
+        ``resume``: a checkpoint's directory (:mod:`._checkpoint`), whose weights and
+        optimizer state this rank's piece starts from."""
         self.data = data
         set_threads()
         self.layout = layout
@@ -353,6 +356,8 @@ class ParallelWorker(Actor):
         #: the first error the user's code (the loss, ``data``) raised this step here
         self._user_error: Exception | None = None
         self._tied_groups(tied or [], layout)
+        #: each tied weight's other name (a checkpoint may hold its state under either)
+        self.aliases = {a: b for a, b in tied or []} | {b: a for a, b in tied or []}
         first, last = layout.stages[self.pp_i]
         module: nn.Module
         # a pipeline's stage (its piece, cut by the trainer), or a whole model run along
@@ -362,6 +367,11 @@ class ParallelWorker(Actor):
         else:
             module = model
         blocks_owner = module.model if isinstance(module, StageModule) else module
+        if resume is not None:  # whole weights, before anything splits them
+            mine = model.state_dict()
+            saved = _checkpoint.read(resume, [f"model.{k}" for k in mine])
+            model.load_state_dict({k: saved[f"model.{k}"] for k in mine})
+            del saved, mine
         module.to(self.device)
         if layout.tp > 1:
             self._tensor_parallel(blocks_owner, parts, first, last)
@@ -376,11 +386,84 @@ class ParallelWorker(Actor):
             module = self._replicate(module, layout)
         self.module = module
         self.optimizer = optimizer(iter(module.parameters()))
+        if resume is not None:
+            self._load_optimizer(resume)
         #: a pipeline's schedule per shape of a replica's batch, the most recent last:
         #: a stage sizes its buffers for the activations of the first step it runs
         self._schedules: OrderedDict[tuple[int, ...], Any] = OrderedDict()
         release_memory()  # the model as it came (the message, what was cut away)
         reset_peak(self.device)
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def _named_params(self) -> list[tuple[str, nn.Parameter]]:
+        """This proc's parameters in its optimizer's order, each under the model's own
+        name (without the stage's ``model.``, the checkpoint wrapper's prefix)."""
+        out = []
+        staged = isinstance(self.inner, StageModule)
+        for name, p in self.inner.named_parameters():
+            name = name.replace("._checkpoint_wrapped_module", "")
+            out.append((name.removeprefix("model.") if staged else name, p))
+        return out
+
+    def _own_layout(self, name: str, t: torch.Tensor, back: bool) -> torch.Tensor:
+        """Tensor ``name`` (whole) from the layout the tensor-parallel plan split into
+        the model's own (``back``), or from the model's own into the split one."""
+        assert self.layout is not None
+        if self.layout.tp == 1:
+            return t
+        p = self.parts
+        turn = _tp.whole if back else _tp.split_layout
+        return turn(name, t, p.tp_plan, p.blocks_path, self.layout.tp, p.family == "gpt2")
+
+    def _load_optimizer(self, path: str) -> None:
+        """The optimizer's state of each of this proc's parameters from the checkpoint at
+        ``path`` (whole, in the model's own layout): each rank cuts its shard out."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        have = _checkpoint.tensors(path)
+        state: dict[int, dict[str, Any]] = {}
+        for i, (name, p) in enumerate(self._named_params()):
+            saved = name
+            if not any(k.startswith(f"optim.{name}.") for k in have):
+                saved = self.aliases.get(name, name)
+            keys = [k for k in have if k.rpartition(".")[0] == f"optim.{saved}"]
+            if not keys:
+                continue  # no state (a parameter the optimizer never stepped)
+            got: dict[str, Any] = {}
+            for key, t in _checkpoint.read(path, keys).items():
+                if t.dim() > 0:  # a tensor of the parameter's shape (not Adam's step)
+                    t = self._own_layout(name, t, back=False).to(self.device)
+                    if isinstance(p, DTensor):
+                        t = distribute_tensor(t, p.device_mesh, p.placements, src_data_rank=None)
+                got[key.rpartition(".")[2]] = t
+            state[i] = got
+        whole = self.optimizer.state_dict()
+        whole["state"] = state
+        self.optimizer.load_state_dict(whole)
+
+    @endpoint
+    def save(self, path: str) -> dict[str, Any]:
+        """Write this stage's weights and optimizer state, whole, into the checkpoint at
+        ``path`` (every rank of the trainer calls it: it gathers shards, then DCP's save
+        coordinates the writers). What the controller keeps beside them: this rank's
+        fp16 loss scale. A write that fails (a full disk) fails on every rank, which
+        all go on."""
+        assert self.layout is not None
+        with _quiet_gathers():
+            state = self._gathered("model." if isinstance(self.inner, StageModule) else "")
+            owner = state is not None
+            out = {f"model.{k}": v for k, v in (state or {}).items()}
+            for name, p in self._named_params():
+                for key, v in sorted(self.optimizer.state.get(p, {}).items()):
+                    if not isinstance(v, torch.Tensor):
+                        continue
+                    full = v.full_tensor() if hasattr(v, "full_tensor") else v  # collective
+                    if owner:
+                        full = self._own_layout(name, full, back=True) if full.dim() else full
+                        out[f"optim.{name}.{key}"] = full.detach().to("cpu").clone()
+        _checkpoint.save(path, out)  # (a failure: every rank raises it, none waits)
+        return {"rank": self.rank, "loss_scale": self.loss_scale}
 
     def _tied_groups(self, tied: list[tuple[str, str]], layout: Layout) -> None:
         """A process group of the first and last stage of each pipeline, for the weights
@@ -718,21 +801,12 @@ class ParallelWorker(Actor):
     def state_dict(self) -> dict[str, torch.Tensor] | None:
         """This stage's weights under the model's own names, whole (tensor-parallel
         shards gathered); from the first replica only (the others hold the same)."""
-        prefix = "model." if isinstance(self.inner, StageModule) else ""
-        ident = {n for n, m in self.inner.named_modules() if isinstance(m, nn.Identity) and n}
-        # gathering a weight sharded over dp and tp takes two all-gathers, which DTensor
-        # warns of on every rank for every weight: a note on its own speed, which a
-        # user can do nothing about, silenced while this gathers
-        quiet = logging.getLogger("torch.distributed.tensor._redistribute")
-        level = quiet.level
-        quiet.setLevel(logging.ERROR)
-        try:
-            return self._gathered(prefix, ident)
-        finally:
-            quiet.setLevel(level)
+        with _quiet_gathers():
+            return self._gathered("model." if isinstance(self.inner, StageModule) else "")
 
-    def _gathered(self, prefix: str, ident: set[str]) -> dict[str, torch.Tensor] | None:
+    def _gathered(self, prefix: str) -> dict[str, torch.Tensor] | None:
         assert self.layout is not None
+        ident = {n for n, m in self.inner.named_modules() if isinstance(m, nn.Identity) and n}
         out: dict[str, torch.Tensor] = {}
         for name, t in self.inner.state_dict().items():
             if any(name.startswith(i + ".") for i in ident):
@@ -740,10 +814,7 @@ class ParallelWorker(Actor):
             full = t.full_tensor() if hasattr(t, "full_tensor") else t  # a collective: all ranks
             if self.dp_i == 0 and self.tp_i == 0:
                 own = name.removeprefix(prefix)
-                if self.layout.tp > 1:  # GPT-2's Conv1D weights were made nn.Linear
-                    p = self.parts
-                    conv = p.family == "gpt2"
-                    full = _tp.whole(own, full, p.tp_plan, p.blocks_path, self.layout.tp, conv)
+                full = self._own_layout(own, full, back=True)  # (GPT-2's Conv1D made Linear)
                 out[own] = full.detach().to("cpu").clone()
         return out if self.dp_i == 0 and self.tp_i == 0 else None
 
@@ -777,6 +848,20 @@ class ParallelWorker(Actor):
         self.module = None
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+@contextmanager
+def _quiet_gathers() -> Iterator[None]:
+    """Gathering a weight sharded over dp and tp takes two all-gathers, which DTensor
+    warns of on every rank for every weight: a note on its own speed, which a user can
+    do nothing about, silenced while this gathers."""
+    quiet = logging.getLogger("torch.distributed.tensor._redistribute")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        quiet.setLevel(level)
 
 
 class _RolledBack(Exception):
