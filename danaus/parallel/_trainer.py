@@ -43,6 +43,13 @@ T = TypeVar("T")
 Ranks = tuple[range, ...]
 #: ``data(step, dp_rank, dp_size)``: a replica's rows of a step's global batch
 DataFn = Callable[[int, int, int], Any]
+#: a batch cut for a plan: the plan, its counted labels, each shard with its ranks
+Prepared = tuple[Plan, int, list[tuple[Ranks, "Shard | Packed"]]]
+#: what a lost proc does to a trainer (see parallelize)
+ON_LOST_PROC = ("respawn", "replan", "fail")
+#: how long a failed call waits for supervision to name a lost proc, before it counts
+#: as a rank's own error (a proc's exit is seen within milliseconds here)
+LOST_PROC_WAIT_S = 2.0
 _names = itertools.count()
 _END = object()  # (the end of fit's batches)
 log = logging.getLogger("danaus.parallel")
@@ -108,7 +115,17 @@ class Trainer:
         loss_fn: LossFn | None,
         data: DataFn | None = None,
         resume: str | os.PathLike[str] | None = None,
+        on_lost_proc: str = "respawn",
+        snapshot_every: int = 10,
     ) -> None:
+        if on_lost_proc not in ON_LOST_PROC:
+            raise ValueError(
+                f"on_lost_proc={on_lost_proc!r}: give one of {', '.join(map(repr, ON_LOST_PROC))}"
+            )
+        if isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int):
+            raise TypeError(f"snapshot_every must be a positive int, not {snapshot_every!r}")
+        if snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be a positive int, not {snapshot_every}")
         if data is not None and not callable(data):
             raise TypeError(
                 f"data must be a function (step, dp_rank, dp_size) -> batch, not {data!r}"
@@ -140,6 +157,7 @@ class Trainer:
         #: the latest steps, for the dashboard: (step, loss, tokens/s or None, seconds)
         self._history: deque[tuple[int, float, float | None, float]] = deque(maxlen=HISTORY)
         self._done = 0  # steps that ended
+        self._last_batch: Batch | None = None  # (a sample to re-plan with)
         self._resume: str | None = None
         if resume is not None:
             from . import _checkpoint
@@ -151,33 +169,55 @@ class Trainer:
             self._done, self._steps = int(counts["steps"]), int(counts["data_step"])
         self._started = time.time()
         self._plan_html: str | None = None
+        self._model, self._optimizer, self._loss_fn = model, optimizer, loss_fn
+        #: what a lost proc does (see parallelize), and the recoveries made so far
+        self._on_lost = on_lost_proc
+        self._recoveries: list[dict[str, Any]] = []
+        #: where a recovery restores from: the latest snapshot (a checkpoint in memory,
+        #: /dev/shm), or the checkpoint resumed, or None (the model as it was given);
+        #: the counts (steps, data step) there; the steps sent since, to run again
+        self._snapshot_every = snapshot_every
+        self._snapshot: str | None = self._resume
+        self._snapshot_at = (self._done, self._steps)
+        self._since: list[Batch | int] = []
+        self._snapshots = _Snapshots()
         _LIVE.add(self)
         add_section("trainers", _trainers_picture)
+        self._workers: Future[Any] = run_task(
+            self._rt, lambda: self._setup(procs, plan, self._resume)
+        )
 
-        async def setup() -> Any:
-            from ._worker import ParallelWorker, tied_params
+    async def _setup(self, procs: ProcMesh, plan: Plan, resume: str | None) -> Any:
+        """Spawn the workers on ``procs`` and set each up with its piece of the model as
+        ``plan`` lays it out (from the checkpoint ``resume``, where given)."""
+        from ._worker import ParallelWorker, tied_params
 
-            await setup_torch_elastic_env_async(procs)
-            workers = procs.spawn(f"_parallel{next(_names)}", ParallelWorker)
-            layout = plan.layout
-            tied = tied_params(model, parts)
-            args = (parts, layout, loss_fn, optimizer, data, tied, self._resume)
-            if layout.pp == 1:
-                await workers.setup.call(model, *args)
-                return workers
-            # each stage's procs get that stage only: a proc never holds the whole model
-            flat = workers.flatten("rank")
-            calls = []
-            for k, (first, last) in enumerate(layout.stages):
-                piece = parts.cut(model, first, last)
-                for run in _runs(layout.stage_ranks(k)):
-                    group = flat.slice(rank=slice(run.start, run.stop))
-                    calls.append(group.setup.call(piece, *args))
-                del piece
-            await asyncio.gather(*calls)
+        model, parts = self._model, self._parts
+        await setup_torch_elastic_env_async(procs)
+        workers = procs.spawn(f"_parallel{next(_names)}", ParallelWorker)
+        layout = plan.layout
+        tied = tied_params(model, parts)
+        args = (parts, layout, self._loss_fn, self._optimizer, self._data, tied, resume)
+        if layout.pp == 1:
+            await workers.setup.call(model, *args)
             return workers
+        # each stage's procs get that stage only: a proc never holds the whole model
+        flat = workers.flatten("rank")
+        calls = []
+        for k, (first, last) in enumerate(layout.stages):
+            piece = parts.cut(model, first, last)
+            for run in _runs(layout.stage_ranks(k)):
+                group = flat.slice(rank=slice(run.start, run.stop))
+                calls.append(group.setup.call(piece, *args))
+            del piece
+        await asyncio.gather(*calls)
+        return workers
 
-        self._workers: Future[Any] = run_task(self._rt, setup)
+    @property
+    def procs(self) -> ProcMesh:
+        """The procs training the model: those given to :func:`parallelize`, or, after a
+        recovery from a lost proc, the new ones the trainer spawned."""
+        return self._procs
 
     def __repr__(self) -> str:
         return f"<Trainer {self.plan.strategy} on {len(self._procs)} procs: {self._state()}>"
@@ -245,15 +285,133 @@ class Trainer:
                     raise RuntimeError("this trainer was stopped")
                 if self._failed is not None:
                     raise self._failed
-                try:
-                    return await what(await self._workers)
-                except Exception as e:
-                    if _rolled_back(e):  # the user's code raised; every rank undid it
-                        raise
-                    self._failed = e
-                    # a rank failed: the others may wait in a collective for it forever
-                    await self._procs.stop(reason="a rank of the trainer failed")
-                    raise
+                while True:
+                    try:
+                        return await what(await self._workers)
+                    except Exception as e:
+                        if _rolled_back(e):  # the user's code raised; every rank undid it
+                            raise
+                        lost = await self._lost_ranks(e)
+                        # a rank failed: the others may wait in a collective for it forever
+                        await self._procs.stop(reason="a rank of the trainer failed")
+                        if not lost or self._on_lost == "fail":
+                            self._failed = e
+                            raise
+                        try:
+                            await self._recover(e, lost)
+                        except Exception as again:
+                            self._failed = again
+                            raise again from e
+                        # and the call that failed runs again, on the new workers
+
+        return run_task(self._rt, go)
+
+    async def _lost_ranks(self, e: BaseException) -> dict[int, str]:
+        """The trainer's procs that are lost (killed, their host gone), with why; empty
+        where none is (a rank's code raised). A survivor's error (gloo's "connection
+        closed by peer") may come before supervision has seen its peer's exit: where
+        none is known lost yet, it is given ``LOST_PROC_WAIT_S`` to say so."""
+        from ..errors import ActorError, SupervisionError
+
+        group = self._procs.proc_group
+        if not isinstance(e, (ActorError, SupervisionError)) or self._on_lost == "fail":
+            return group.failed_procs()
+        deadline = time.monotonic() + LOST_PROC_WAIT_S
+        # (a failure comes by several paths, a proc's exit, a missed heartbeat, a host
+        # agent's report, with no one event to wait on: the group's record is polled)
+        while not group.failed_procs() and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        return group.failed_procs()
+
+    async def _recover(self, error: BaseException, lost: dict[int, str]) -> None:
+        """Train on after losing the procs ``lost``: new procs on the same host (all of
+        them: the survivors were stopped, since their ranks may wait in a collective
+        for the lost one), as many (``respawn``) or as many as survived (``replan``,
+        with a new plan for them); the workers set up from the latest snapshot; the
+        steps since it run again. Recorded in :meth:`recoveries`."""
+        from ._planning import plan as make_plan
+
+        started = time.perf_counter()
+        phases: dict[str, float] = {}
+        step = self._done
+        old = self._procs
+        host = _host_of(old)
+        if host is None:
+            raise PlanError(
+                f"rank(s) {sorted(lost)} were lost, and the trainer's procs are on several "
+                "hosts, where it cannot yet start new ones: give on_lost_proc='fail' and "
+                "resume from a checkpoint (Trainer.save)"
+            ) from error
+        mode = self._on_lost
+        n = len(old) if mode == "respawn" else len(old) - len(lost)
+        if n < 1:
+            raise PlanError(f"every proc of the trainer was lost ({lost})") from error
+        t = time.perf_counter()
+        procs = host.spawn_procs(per_host={"procs": n}, name=f"{old.name}-r")
+        await procs.initialized
+        phases["spawn"] = time.perf_counter() - t
+        self._procs = procs
+        if mode == "replan":
+            t = time.perf_counter()
+            sample = self._sample()
+            self.plan = await make_plan(
+                self._model, procs, sample=sample, loss_fn=self._loss_fn,
+                precision=self.plan.precision, compile=self.plan.compile,
+            )  # fmt: skip
+            self._plan_html = None
+            phases["plan"] = time.perf_counter() - t
+        t = time.perf_counter()
+        self._done, self._steps = self._snapshot_at
+        self._workers = run_task(self._rt, lambda: self._setup(procs, self.plan, self._snapshot))
+        w = await self._workers
+        phases["restore"] = time.perf_counter() - t
+        t = time.perf_counter()
+        todo, self._since = self._since, []
+        for item in todo:  # the steps since the snapshot, again
+            await self._one_step(w, item)
+        phases["rerun"] = time.perf_counter() - t
+        record = {
+            "step": step,
+            "lost": sorted(lost),
+            "why": "; ".join(sorted(set(lost.values()))),
+            "action": mode,
+            "procs": n,
+            "plan": self.plan.strategy,
+            "rerun_steps": len(todo),
+            "seconds": phases,
+            "total_s": time.perf_counter() - started,
+        }
+        self._recoveries.append(record)
+        log.warning(
+            "rank(s) %s lost after step %d (%s): %s, %d procs, %s; %d step(s) run again; "
+            "%.1f s (%s)",
+            record["lost"], step, record["why"], mode, n, self.plan.strategy,
+            record["rerun_steps"], record["total_s"],
+            ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()),
+        )  # fmt: skip
+
+    def _sample(self) -> Batch:
+        """A batch for re-planning: the latest the controller saw, or ``data``'s rows of
+        the next step, whole."""
+        for item in reversed(self._since):
+            if not isinstance(item, int):
+                return item
+        if self._last_batch is not None:
+            return self._last_batch
+        assert self._data is not None
+        return self._data(self._steps, 0, 1)
+
+    def recoveries(self) -> Future[list[dict[str, Any]]]:
+        """Each recovery from a lost proc, oldest first: ``step``, the steps that had
+        ended when the loss was seen; the ranks ``lost`` and ``why``; the ``action``
+        (``respawn``, ``replan``); the ``procs`` and ``plan`` it went on with; the steps
+        since the latest snapshot, run again (``rerun_steps``; the call that failed then
+        runs again too, unless its step had ended); the ``seconds`` of each phase
+        (``spawn``, ``plan``, ``restore``: the workers set up from the snapshot,
+        ``rerun``) and in all (``total_s``)."""
+
+        async def go() -> list[dict[str, Any]]:
+            return [dict(r) for r in self._recoveries]
 
         return run_task(self._rt, go)
 
@@ -345,62 +503,123 @@ class Trainer:
                 raise ValueError(
                     "this trainer's workers load their own batches (data=): step() takes none"
                 )
-            self._steps += 1
-            return self._send("step", 0, [], data_step=self._steps - 1)
+            return self._send("step", None)
         if batch is None:
             raise ValueError("step() needs the global batch (or parallelize(..., data=fn))")
-        return self._send("step", *self._prepare(batch), tokens=_tokens(batch))
+        return self._send("step", batch, self._prepare(batch), _tokens(batch))
 
     def evaluate(self, batch: Batch) -> Future[float]:
         """The loss on ``batch`` (as :meth:`step` gives it), without updating the weights."""
-        return self._send("evaluate", *self._prepare(batch))
+        return self._send("evaluate", batch, self._prepare(batch))
 
-    def _prepare(self, batch: Batch) -> tuple[int, list[tuple[Ranks, Shard | Packed]]]:
-        """``batch`` checked and cut into shards (in the caller's thread): its counted
-        labels, and each shard with its ranks; a shard over ``LARGE`` bytes packed into
-        one buffer for the data plane."""
+    def _prepare(self, batch: Batch) -> Prepared:
+        """``batch`` checked and cut into shards for the current plan (in the caller's
+        thread): the plan, its counted labels, and each shard with its ranks; a shard
+        over ``LARGE`` bytes packed into one buffer for the data plane."""
         counted = self._check(batch)
         out: list[tuple[Ranks, Shard | Packed]] = []
         for ranks, shard in self._shards(batch):
             out.append((ranks, Packed(shard) if shard.nbytes > LARGE else shard))
-        return counted, out
+        return self.plan, counted, out
 
     def _send(
         self,
         name: str,
-        counted: int,
-        shards: list[tuple[Ranks, Shard | Packed]],
-        data_step: int | None = None,
+        batch: Batch | None,
+        prepared: Prepared | None = None,
         tokens: int | None = None,
     ) -> Future[float]:
-        """Endpoint ``name`` of the workers on a prepared batch (or, with ``data_step``,
-        on the one each loads itself); the batch's loss. A step is kept in the
-        trainer's history (its loss, ``tokens`` per second where known, its seconds)."""
+        """Endpoint ``name`` of the workers on a global ``batch`` (``prepared`` for the
+        plan of the moment; None: each worker loads its own, ``data=``); the batch's
+        loss. A step is kept in the trainer's history (its loss, ``tokens`` per second
+        where known, its seconds)."""
+
+        start = time.perf_counter()
+        done: list[float] = []  # the step's loss, once it ran
 
         async def go(w: Any) -> float:
-            start = time.perf_counter()
-            loss = await run(w)
-            if name == "step":
-                took = time.perf_counter() - start
-                rate = None if tokens is None else tokens / max(took, 1e-9)
-                self._done += 1
-                self._history.append((self._done, loss, rate, took))
-            return loss
-
-        async def run(w: Any) -> float:
-            if data_step is not None:
-                return self._loss(await _each(getattr(w, name), None, 0, data_step))
-            staged = [(r, s.register() if isinstance(s, Packed) else s) for r, s in shards]
-            self.bytes_staged += sum(s.nbytes for _, s in staged if isinstance(s, Staged))
-            try:
-                parts = await _each_its_own(self._per_shard(w, name, staged, counted))
-            finally:  # read, or never to be: the workers are done with it either way
-                for _, s in staged:
-                    if isinstance(s, Staged):
-                        await s.buffer.drop()
-            return self._loss([v for part in parts for v in part])
+            if name != "step":
+                return await self._call(w, name, batch, prepared)
+            if not done:  # (else it ran, and what failed after it was its snapshot)
+                item = self._steps if batch is None else batch  # (data=: its step's number)
+                try:
+                    await self._one_step(w, item, prepared, done)
+                except Exception as e:
+                    if isinstance(item, int) and _rolled_back(e):
+                        self._steps = item + 1  # a step whose data raised is skipped
+                    raise
+            took = time.perf_counter() - start
+            rate = None if tokens is None else tokens / max(took, 1e-9)
+            self._history.append((self._done, done[0], rate, took))
+            return done[0]
 
         return self._run(go)
+
+    async def _call(
+        self, w: Any, name: str, batch: Batch | int | None, prepared: Prepared | None
+    ) -> float:
+        """Endpoint ``name`` of the workers ``w`` on a global batch (cut again where the
+        plan has changed since ``prepared``), or on step ``batch``'s rows, which each
+        loads itself (``data=``); the batch's loss."""
+        if batch is None or isinstance(batch, int):
+            return self._loss(await _each(getattr(w, name), None, 0, batch))
+        if prepared is None or prepared[0] is not self.plan:  # re-planned meanwhile
+            prepared = await asyncio.to_thread(self._prepare, batch)
+        _, counted, shards = prepared
+        staged = [(r, s.register() if isinstance(s, Packed) else s) for r, s in shards]
+        self.bytes_staged += sum(s.nbytes for _, s in staged if isinstance(s, Staged))
+        try:
+            parts = await _each_its_own(self._per_shard(w, name, staged, counted))
+        finally:  # read, or never to be: the workers are done with it either way
+            for _, s in staged:
+                if isinstance(s, Staged):
+                    await s.buffer.drop()
+        return self._loss([v for part in parts for v in part])
+
+    async def _one_step(
+        self,
+        w: Any,
+        item: Batch | int,
+        prepared: Prepared | None = None,
+        done: list[float] | None = None,
+    ) -> None:
+        """A training step on the global batch ``item`` (or data step ``item``), its
+        loss put in ``done``; kept for a recovery to run again until the next snapshot,
+        which it takes every ``snapshot_every`` steps (a lost proc may fail that
+        snapshot after the step ran: the recovery runs the step again, and the caller
+        has its loss)."""
+        loss = await self._call(w, "step", item, prepared)
+        if done is not None:
+            done.append(loss)
+        self._done += 1
+        if isinstance(item, int):
+            self._steps = item + 1
+        else:
+            self._last_batch = item
+        self._since.append(item)
+        if self._done % self._snapshot_every == 0:
+            await self._take_snapshot(w)
+
+    async def _take_snapshot(self, w: Any) -> None:
+        """A checkpoint of the model as it is now into memory (/dev/shm), where a
+        recovery restores from; the one before it removed. One that cannot be written
+        is logged, and the one before it kept (the steps since it are kept too)."""
+        from . import _checkpoint
+
+        path = self._snapshots.fresh()
+        try:
+            done = await _each(w.save, path)
+            counts = {"format": 1, "steps": self._done, "data_step": self._steps}
+            counts["loss_scale"] = max(d["loss_scale"] for d in done)
+            await asyncio.to_thread(_checkpoint.write_meta, path, counts)
+        except Exception as e:
+            if not _rolled_back(e):
+                raise
+            log.warning("the snapshot of step %d could not be written: %s", self._done, e)
+            await asyncio.to_thread(self._snapshots.drop, path)
+            return
+        self._snapshot, self._snapshot_at, self._since = path, (self._done, self._steps), []
+        await asyncio.to_thread(self._snapshots.keep_only, path)
 
     def fit(
         self,
@@ -458,19 +677,19 @@ class Trainer:
             total = len(batches)
         it = iter(batches)
 
-        def take() -> tuple[int, int, list[tuple[Ranks, Shard | Packed]]] | None:
-            """The next batch, checked and cut (off the loop): its tokens, counted
-            labels and shards; None at the end."""
+        def take() -> tuple[int, Batch, Prepared] | None:
+            """The next batch, checked and cut (off the loop): its tokens, itself and
+            its shards; None at the end."""
             batch = next(it, _END)
-            return None if batch is _END else (_tokens(batch), *self._prepare(batch))
+            return None if batch is _END else (_tokens(batch), batch, self._prepare(batch))
 
         async def given() -> tuple[float, int | None, float] | None:
             taken = await asyncio.to_thread(take)
             if taken is None:
                 return None
-            tokens, counted, shards = taken
+            tokens, batch, prepared = taken
             start = time.perf_counter()  # (the step's own time, as estimated)
-            loss = await self._send("step", counted, shards, tokens=tokens)
+            loss = await self._send("step", batch, prepared, tokens)
             return loss, tokens, time.perf_counter() - start
 
         return run_task(self._rt, lambda: self._fit_loop(given, steps, total, log_every, saving))
@@ -603,20 +822,78 @@ class Trainer:
 
     def stop(self) -> Future[None]:
         """Leave the process groups and stop the workers; the procs stay up for another
-        trainer. Returns at once: ``await`` (or ``.get()``) the result to wait for it."""
+        trainer (those the trainer spawned itself, after a lost proc, are stopped).
+        Returns at once: ``await`` (or ``.get()``) the result to wait for it."""
         self._stopped = True
 
         async def go() -> None:
-            if self._failed is not None:
-                return
             try:
-                w = await self._workers
-            except Exception:
-                return
-            await w.close.call()
-            await w.stop()
+                if self._failed is not None:
+                    return
+                try:
+                    w = await self._workers
+                except Exception:
+                    return
+                await w.close.call()
+                await w.stop()
+            finally:
+                await asyncio.to_thread(self._snapshots.close)
+                if self._recoveries:  # procs the trainer spawned itself
+                    await self._procs.stop(reason="the trainer that spawned them stopped")
 
         return run_task(self._rt, go)
+
+
+class _Snapshots:
+    """The directories of a trainer's snapshots, in memory where Linux has a tmpfs
+    (/dev/shm), removed when the trainer stops or is collected."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        shm = "/dev/shm"
+        base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+        self.root = tempfile.mkdtemp(prefix="danaus-snapshots-", dir=base)
+        self._n = itertools.count()
+        self._finalizer = weakref.finalize(self, _remove_tree, self.root)
+
+    def fresh(self) -> str:
+        return os.path.join(self.root, f"{next(self._n):08d}")
+
+    def drop(self, path: str) -> None:
+        _remove_tree(path)
+
+    def keep_only(self, path: str) -> None:
+        for name in os.listdir(self.root):
+            if os.path.join(self.root, name) != path:
+                _remove_tree(os.path.join(self.root, name))
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _remove_tree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _host_of(procs: ProcMesh) -> Any:
+    """The host mesh where new procs can replace ``procs``: this host where they are
+    all local, their one host agent's where they share one; None where they are on
+    several hosts."""
+    from ..mesh._host_mesh import HostMesh, this_host
+    from ..mesh._procs.host_agent import agent_ref
+    from ..mesh._shape import Shape
+
+    group = procs.proc_group
+    agents = {group.agent_of(r) for r in range(len(group.handles))}
+    if agents == {None}:
+        return this_host()
+    (agent,) = agents if len(agents) == 1 else (None,)
+    if agent is None:
+        return None
+    return HostMesh(Shape.from_sizes({}), f"host of {procs.name}", agent_ref(agent))
 
 
 def _rolled_back(e: BaseException) -> bool:
@@ -679,6 +956,8 @@ def parallelize(
     data: DataFn | None = None,
     compile: bool | None = None,
     resume: str | os.PathLike[str] | None = None,
+    on_lost_proc: str = "respawn",
+    snapshot_every: int = 10,
 ) -> Trainer:
     """Lay ``model`` out on ``procs`` as ``plan`` says and return its :class:`Trainer` at
     once (the workers set up in the background; the first call waits for them).
@@ -704,10 +983,22 @@ def parallelize(
     then only the architecture (its weights are replaced). A path that is no
     checkpoint raises FileNotFoundError here, and one of another model a KeyError or
     ValueError naming a weight it lacks or holds in another shape.
+
+    ``on_lost_proc`` says what a lost proc (killed, out of memory, its host agent gone)
+    does to training. ``"respawn"``: the trainer stops its procs (the survivors' ranks
+    may wait in a collective for the lost one), spawns as many new ones on the same
+    host, sets them up from the latest snapshot and runs the steps since it, and the
+    step that failed, again: the call returns that step's loss as if nothing had
+    happened. ``"replan"``: the same on as many procs as survived, with a new plan for
+    them. ``"fail"``: the call raises ``SupervisionError`` and the trainer is broken.
+    A snapshot is a checkpoint of the whole state written into memory (/dev/shm) every
+    ``snapshot_every`` steps; the global batches since it are kept on the controller
+    (with ``data=``, their step numbers). See :meth:`Trainer.recoveries`. The procs
+    given are stopped on a recovery: actors of yours there are lost with them.
     """
     if compile is not None:
         if not isinstance(compile, bool):
             raise TypeError(f"compile={compile!r}: give True or False")
         plan = dataclasses.replace(plan, compile=compile)
     loss = loss_fn if loss_fn is not None else plan.loss_fn
-    return Trainer(model, procs, plan, optimizer, loss, data, resume)
+    return Trainer(model, procs, plan, optimizer, loss, data, resume, on_lost_proc, snapshot_every)
