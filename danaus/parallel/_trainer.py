@@ -294,9 +294,12 @@ class Trainer:
                         lost = await self._lost_ranks(e)
                         # a rank failed: the others may wait in a collective for it forever
                         await self._procs.stop(reason="a rank of the trainer failed")
-                        if not lost or self._on_lost == "fail":
+                        if not lost:
                             self._failed = e
                             raise
+                        if self._on_lost == "fail":
+                            self._failed = _lost_error(e, lost)
+                            raise self._failed from e
                         try:
                             await self._recover(e, lost)
                         except Exception as again:
@@ -314,7 +317,7 @@ class Trainer:
         from ..errors import ActorError, SupervisionError
 
         group = self._procs.proc_group
-        if not isinstance(e, (ActorError, SupervisionError)) or self._on_lost == "fail":
+        if not isinstance(e, (ActorError, SupervisionError)):
             return group.failed_procs()
         deadline = time.monotonic() + LOST_PROC_WAIT_S
         # (a failure comes by several paths, a proc's exit, a missed heartbeat, a host
@@ -894,6 +897,18 @@ def _host_of(procs: ProcMesh) -> Any:
     if agent is None:
         return None
     return HostMesh(Shape.from_sizes({}), f"host of {procs.name}", agent_ref(agent))
+
+
+def _lost_error(e: BaseException, lost: dict[int, str]) -> BaseException:
+    """The error a call fails with where procs were lost (``on_lost_proc="fail"``): the
+    lost proc's own ``SupervisionError`` where that came first, else one naming the
+    ranks lost (a survivor's error, gloo's "connection closed", came first)."""
+    from ..errors import SupervisionError
+
+    if isinstance(e, SupervisionError):
+        return e
+    why = "; ".join(f"rank {r}: {w}" for r, w in sorted(lost.items()))
+    return SupervisionError(f"the trainer lost a proc ({why}); on_lost_proc='fail'")
 
 
 def _rolled_back(e: BaseException) -> bool:

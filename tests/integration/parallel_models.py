@@ -185,3 +185,29 @@ def mse_refusing_negative_targets(out: torch.Tensor, target: torch.Tensor) -> to
     if (target < 0).any():
         raise ValueError("negative target: this replica refuses its batch")
     return nn.functional.mse_loss(out, target)
+
+
+def lm_loss(out: Any, labels: torch.Tensor) -> torch.Tensor:
+    """A causal LM's shifted cross-entropy over its counted labels, as a user writes it
+    (on a batch with no -100, its mean over microbatches and replicas is the batch's)."""
+    logits = out.logits if hasattr(out, "logits") else out
+    return nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
+
+
+def lm_loss_dying_once(out: Any, labels: torch.Tensor, armed: str, fired: str) -> torch.Tensor:
+    """:func:`lm_loss`, except that once the file ``armed`` exists, the first proc to
+    compute it after that kills itself with SIGKILL, mid-step (between its forward and
+    its backward), leaving ``fired`` behind so that none does again."""
+    import os
+    import signal
+
+    if os.path.exists(armed):
+        try:
+            os.close(os.open(fired, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return lm_loss(out, labels)

@@ -1,0 +1,203 @@
+"""Training that survives lost procs: a proc killed with SIGKILL mid-step or between
+steps, or stopped (SIGSTOP) past the heartbeat, under each layout; the trainer respawns
+it or re-plans onto the survivors, restores the latest snapshot, runs the steps since
+again, and its losses and final weights equal an unfailed single-process run's."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from danaus import this_host  # noqa: E402
+from danaus.config import config  # noqa: E402
+from danaus.errors import SupervisionError  # noqa: E402
+from danaus.parallel import parallelize, plan  # noqa: E402
+
+from . import parallel_models as pm  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+RTOL = 1e-4
+STEPS = 6
+
+
+def _batches() -> list[dict[str, torch.Tensor]]:
+    # every label counted: a user's loss, averaged over microbatches and replicas, is the
+    # batch's token mean, as the one-process reference computes it
+    return [pm.lm_batch(seed=s) for s in range(1, STEPS + 1)]
+
+
+def _close(a: list[float], b: list[float]) -> bool:
+    return all(math.isclose(x, y, rel_tol=RTOL) for x, y in zip(a, b, strict=True))
+
+
+def _same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert torch.allclose(got[k], v, rtol=RTOL, atol=1e-5), k
+
+
+def _reference(batches: list[Any]) -> tuple[list[float], dict[str, torch.Tensor]]:
+    model = pm.gpt2()
+    losses = pm.train_over(model, batches)
+    return losses, model.state_dict()
+
+
+async def _run(
+    procs: Any, dims: dict[str, int], batches: list[Any], kill: Any, **kw: Any
+) -> tuple[list[float], dict[str, torch.Tensor], list[dict[str, Any]], Any]:
+    """Train on ``batches``; ``kill(step, trainer)`` runs before each step is sent."""
+    p = await plan(pm.gpt2(), procs, sample=batches[0], loss_fn=pm.lm_loss, **dims)
+    trainer = parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw, **kw)
+    losses = []
+    for i, b in enumerate(batches):
+        kill(i, trainer)
+        losses.append(await trainer.step(b))
+    state = await trainer.state_dict()
+    recoveries = await trainer.recoveries()
+    await trainer.stop()
+    return losses, state, recoveries, trainer
+
+
+def _mid_step(tmp: Path, at: int) -> tuple[Any, Any]:
+    """A loss that kills its own proc mid-step at step ``at`` (see lm_loss_dying_once),
+    and the hook that arms it."""
+    armed, fired = str(tmp / "armed"), str(tmp / "fired")
+    loss = functools.partial(pm.lm_loss_dying_once, armed=armed, fired=fired)
+
+    def kill(step: int, trainer: Any) -> None:
+        if step == at:
+            Path(armed).touch()
+
+    return loss, kill
+
+
+@pytest.mark.parametrize(
+    "dims",
+    [
+        pytest.param({"dp": 2, "pp": 2}, id="dp2xpp2"),
+        pytest.param({"dp": 4}, id="dp4", marks=pytest.mark.slow),
+        pytest.param({"tp": 2, "dp": 2}, id="tp2xdp2", marks=pytest.mark.slow),
+    ],
+)
+async def test_a_proc_killed_mid_step_is_respawned_and_no_step_is_lost(
+    dims: dict[str, int], tmp_path: Path
+) -> None:
+    batches = _batches()
+    expected, want = _reference(batches)
+    loss, kill = _mid_step(tmp_path, at=3)
+    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        losses, state, recoveries, trainer = await _run(
+            procs, dims, batches, kill, loss_fn=loss, snapshot_every=2
+        )
+        assert trainer.procs is not procs and len(trainer.procs) == 4
+    assert (tmp_path / "fired").exists()  # a proc did die
+    assert _close(losses, expected), (losses, expected)
+    _same_weights(state, want)
+    (r,) = recoveries
+    assert r["action"] == "respawn" and r["procs"] == 4 and len(r["lost"]) == 1
+    assert "SIGKILL" in r["why"]
+    assert r["step"] == 3 and r["rerun_steps"] == 1  # the snapshot after step 2; step 3 again
+    assert r["total_s"] >= sum(r["seconds"].values()) > 0
+
+
+async def test_a_proc_killed_between_steps_is_replanned_onto_the_survivors(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    batches = _batches()
+    expected, want = _reference(batches)
+
+    def kill(step: int, trainer: Any) -> None:
+        if step == 4:  # the next step meets a dead rank
+            os.kill(trainer.procs.pids[2], signal.SIGKILL)
+
+    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        losses, state, recoveries, trainer = await _run(
+            procs, {"dp": 4}, batches, kill, loss_fn=pm.lm_loss, on_lost_proc="replan",
+            snapshot_every=3,
+        )  # fmt: skip
+        assert len(trainer.procs) == 3
+    assert _close(losses, expected), (losses, expected)
+    _same_weights(state, want)
+    (r,) = recoveries
+    assert r["action"] == "replan" and r["procs"] == 3 and r["lost"] == [2]
+    assert r["step"] == 4 and r["rerun_steps"] == 1  # the snapshot after step 3
+    assert "plan" in r["seconds"]
+    said = [m.getMessage() for m in caplog.records if m.levelname == "WARNING"]
+    assert any("rank(s) [2] lost after step 4" in s and "replan, 3 procs" in s for s in said)
+
+
+async def test_two_procs_lost_one_after_the_other_are_each_respawned(tmp_path: Path) -> None:
+    """One killed mid-step, then, after the recovery, another between steps."""
+    batches = _batches()
+    expected, want = _reference(batches)
+    loss, arm = _mid_step(tmp_path, at=1)
+
+    def kill(step: int, trainer: Any) -> None:
+        arm(step, trainer)
+        if step == 4:
+            os.kill(trainer.procs.pids[0], signal.SIGKILL)
+
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        losses, state, recoveries, _ = await _run(
+            procs, {"pp": 2}, batches, kill, loss_fn=loss, snapshot_every=2
+        )
+    assert _close(losses, expected), (losses, expected)
+    _same_weights(state, want)
+    assert [r["step"] for r in recoveries] == [1, 4]
+    assert [r["lost"] for r in recoveries] == [[1], [0]]  # the loss is the last stage's
+
+
+@pytest.mark.slow
+async def test_a_stopped_proc_is_declared_dead_past_the_heartbeat_and_respawned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(config, "heartbeat_timeout", 3.0)
+    monkeypatch.setattr(config, "heartbeat_interval", 0.5)
+    batches = _batches()[:4]
+    expected, want = _reference(batches)
+    stopped: list[int] = []
+
+    def kill(step: int, trainer: Any) -> None:
+        if step == 2:
+            stopped.append(trainer.procs.pids[1])
+            os.kill(stopped[0], signal.SIGSTOP)
+
+    try:
+        async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+            losses, state, recoveries, _ = await _run(
+                procs, {"dp": 2}, batches, kill, loss_fn=pm.lm_loss
+            )
+    finally:
+        for pid in stopped:
+            with pytest.raises(ProcessLookupError):  # killed, and reaped
+                os.kill(pid, signal.SIGCONT)
+    assert _close(losses, expected), (losses, expected)
+    _same_weights(state, want)
+    (r,) = recoveries
+    assert r["lost"] == [1] and "heartbeat" in r["why"], r
+
+
+async def test_with_fail_a_lost_proc_breaks_the_trainer_as_before() -> None:
+    batches = _batches()[:2]
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        p = await plan(pm.gpt2(), procs, sample=batches[0], dp=2)
+        trainer = parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw, on_lost_proc="fail")
+        await trainer.step(batches[0])
+        os.kill(procs.pids[1], signal.SIGKILL)
+        with pytest.raises(SupervisionError):
+            await trainer.step(batches[1])
+        assert "failed" in repr(trainer)
+        assert await trainer.recoveries() == []
+        await trainer.stop()
+    with pytest.raises(ValueError, match="on_lost_proc='sometimes': give one of"):
+        parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw, on_lost_proc="sometimes")
