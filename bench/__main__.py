@@ -10,6 +10,7 @@ from . import (
     bench_mesh,
     bench_parallel,
     bench_planner,
+    bench_recovery,
     bench_runtime,
     bench_slurm,
     bench_spawn,
@@ -58,6 +59,8 @@ def main() -> None:
     bench_tensor_engine.main()
     print("\n== whole-model parallelism: strategies against one process ==")
     bench_parallel.main()
+    print("\n== whole-model parallelism: snapshots' cost, recovery from a lost proc ==")
+    bench_recovery.main()
     print("\n== the planner's search on recorded costs, 4 to 4,096 simulated procs ==")
     bench_planner.main()
     print("\n== inference server example ==")

@@ -100,6 +100,7 @@ async def test_a_checkpoint_resumes_under_another_plan_as_if_never_stopped(
     assert len([n for n in sizes if n > 100_000]) == saved.get("pp", 1), sizes
 
 
+@pytest.mark.slow
 async def test_a_checkpoint_loads_into_a_plain_model_and_resumes_on_one_proc(
     tmp_path: Path,
 ) -> None:
@@ -125,6 +126,7 @@ async def test_a_checkpoint_loads_into_a_plain_model_and_resumes_on_one_proc(
     _same_weights(state, reference.state_dict())
 
 
+@pytest.mark.slow
 async def test_fit_keeps_the_newest_checkpoints_and_data_resumes_at_its_step(
     tmp_path: Path,
 ) -> None:

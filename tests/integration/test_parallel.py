@@ -499,7 +499,12 @@ async def test_shards_over_a_megabyte_go_by_the_data_plane_and_train_as_one_proc
 
 
 @pytest.mark.parametrize(
-    ("dims", "sharded"), [({"dp": 2}, False), ({"pp": 2}, False), ({"dp": 2}, True)]
+    ("dims", "sharded"),
+    [
+        pytest.param({"dp": 2}, False, id="ddp"),
+        pytest.param({"pp": 2}, False, id="pp", marks=pytest.mark.slow),
+        pytest.param({"dp": 2}, True, id="fsdp", marks=pytest.mark.slow),
+    ],
 )
 async def test_a_users_error_on_one_rank_rolls_the_step_back_and_training_goes_on(
     dims: dict[str, Any], sharded: bool

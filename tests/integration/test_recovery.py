@@ -110,6 +110,7 @@ async def test_a_proc_killed_mid_step_is_respawned_and_no_step_is_lost(
     assert r["total_s"] >= sum(r["seconds"].values()) > 0
 
 
+@pytest.mark.slow
 async def test_a_proc_killed_between_steps_is_replanned_onto_the_survivors(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -136,6 +137,7 @@ async def test_a_proc_killed_between_steps_is_replanned_onto_the_survivors(
     assert any("rank(s) [2] lost after step 4" in s and "replan, 3 procs" in s for s in said)
 
 
+@pytest.mark.slow
 async def test_two_procs_lost_one_after_the_other_are_each_respawned(tmp_path: Path) -> None:
     """One killed mid-step, then, after the recovery, another between steps."""
     batches = _batches()
