@@ -38,7 +38,7 @@ def _model() -> torch.nn.Module:
     torch.manual_seed(0)
     cfg = GPT2Config(
         n_layer=4, n_embd=128, n_head=4, n_positions=SEQ, vocab_size=2048,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     )  # fmt: skip
     return GPT2LMHeadModel(cfg)
 

@@ -68,6 +68,9 @@ class Plan:
     #: seconds ``plan()`` spent measuring (the model, the procs, the links) and searching
     profile_s: float = field(default=0.0, compare=False)
     search_s: float = field(default=0.0, compare=False)
+    #: what ``plan()`` measured (the model's costs, the mesh's facts, the batch), so
+    #: that a trainer that lost procs plans again for the rest without measuring again
+    measured: Any = field(default=None, repr=False, compare=False)
     loss_fn: Any = field(default=None, repr=False, compare=False)
     #: what the forward computes in: "fp32", "bf16" or "fp16" (autocast; weights stay
     #: fp32)

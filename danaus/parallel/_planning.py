@@ -7,7 +7,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..actors._api import Future, current_runtime, run_task
@@ -308,27 +308,84 @@ async def _plan(
         cost, mesh, batch=batch, cands=cands, layers=layers, recompute=recompute,
         cut=blocks_per_stage,
     )  # fmt: skip
+    measured = Measured(cost, mesh, recompute, batch, layers, loss_fn, checkpointing)
+    profiled, search = searched - started, time.perf_counter() - searched
+    return _finished(chosen, measured, precision, compile, profiled, search)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What :func:`plan` measured and was asked, kept on its :class:`Plan`: enough to
+    plan again for fewer procs (:func:`replan`) without measuring again."""
+
+    cost: ModelCost
+    mesh: MeshFacts
+    recompute: ModelCost | None
+    batch: int
+    layers: str | None
+    loss_fn: Any
+    checkpointing: bool | None
+
+
+def _finished(
+    chosen: Plan, m: Measured, precision: str, compile: bool, profiled: float, search: float
+) -> Plan:
+    """``chosen`` and its candidates as they are to run: how they compute, and (every
+    stage, as measured) whether they recompute."""
 
     def finish(p: Plan) -> Plan:
-        """``p`` as it is to run: how it computes, and (every stage, as measured)
-        whether it recomputes."""
         stages = p.stages
-        if checkpointing:
+        if m.checkpointing:
             stages = tuple(replace(st, checkpointing=True) for st in stages)
         return replace(
             p,
             stages=stages,
-            loss_fn=loss_fn,
+            loss_fn=m.loss_fn,
             precision=precision,
-            checkpointing=checkpointing,
+            checkpointing=m.checkpointing,
             compile=compile,
             candidates=(),
             profile_s=profiled,
             search_s=search,
+            measured=m,
         )
 
-    profiled, search = searched - started, time.perf_counter() - searched
     return replace(finish(chosen), candidates=tuple(finish(c) for c in chosen.candidates))
+
+
+def replan(p: Plan, model: nn.Module, n: int) -> Plan:
+    """A plan of ``model`` for ``n`` new procs on the host ``p`` was planned for, from
+    what ``plan()`` measured for ``p`` (the blocks' costs, the links; the new procs
+    taken as alike, each with the least memory the old ones had): no measuring, so it
+    takes milliseconds. The dims ``p`` was forced to are not kept.
+
+    Raises:
+        PlanError: ``p`` was not made by ``plan()`` (nothing measured is kept on it),
+            or no layout of ``n`` procs fits.
+    """
+    m = p.measured
+    if not isinstance(m, Measured):
+        raise PlanError("this plan keeps nothing plan() measured: plan for the procs again")
+    started = time.perf_counter()
+    parts = find_parts(model, m.layers)
+    tp_ok, _ = tp_sizes(model, parts, n)
+    kw = {"can_pipeline": parts.can_pipeline, "tp_ok": tp_ok}
+    sizes = set(m.cost.blocks[0].time_s)  # the microbatch sizes measured
+    cands = [
+        c
+        for c in candidates(n, m.batch, parts.n_blocks, **kw)  # type: ignore[arg-type]
+        if m.batch // (c.dp * c.microbatches) in sizes
+    ]
+    if not cands:
+        raise PlanError(
+            f"no layout of {n} procs suits a batch of {m.batch} samples in microbatches of "
+            f"the sizes measured ({sorted(sizes)})"
+        )
+    mesh = replace(m.mesh, procs=n, procs_per_host=n, speed=(), memory=())
+    chosen = choose(
+        m.cost, mesh, batch=m.batch, cands=cands, layers=m.layers, recompute=m.recompute
+    )
+    return _finished(chosen, m, p.precision, p.compile, 0.0, time.perf_counter() - started)
 
 
 def _scaled(

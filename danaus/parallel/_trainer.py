@@ -50,6 +50,8 @@ ON_LOST_PROC = ("respawn", "replan", "fail")
 #: how long a failed call waits for supervision to name a lost proc, before it counts
 #: as a rank's own error (a proc's exit is seen within milliseconds here)
 LOST_PROC_WAIT_S = 2.0
+#: how many times a recovery starts again on new procs when one of its own is lost
+RECOVERY_TRIES = 3
 _names = itertools.count()
 _END = object()  # (the end of fit's batches)
 log = logging.getLogger("danaus.parallel")
@@ -177,7 +179,9 @@ class Trainer:
         #: /dev/shm), or the checkpoint resumed, or None (the model as it was given);
         #: the counts (steps, data step) there; the steps sent since, to run again
         self._snapshot_every = snapshot_every
-        self._snapshot: str | None = self._resume
+        self._snapshot: tuple[str, str] | None = None
+        if self._resume is not None:
+            self._snapshot = ("whole", self._resume)
         self._snapshot_at = (self._done, self._steps)
         self._since: list[Batch | int] = []
         self._snapshots = _Snapshots()
@@ -187,9 +191,12 @@ class Trainer:
             self._rt, lambda: self._setup(procs, plan, self._resume)
         )
 
-    async def _setup(self, procs: ProcMesh, plan: Plan, resume: str | None) -> Any:
+    async def _setup(
+        self, procs: ProcMesh, plan: Plan, resume: str | None, snapshot: str | None = None
+    ) -> Any:
         """Spawn the workers on ``procs`` and set each up with its piece of the model as
-        ``plan`` lays it out (from the checkpoint ``resume``, where given)."""
+        ``plan`` lays it out (from the checkpoint ``resume``, or from each rank's own
+        file of the snapshot ``snapshot``, where given)."""
         from ._worker import ParallelWorker, tied_params
 
         model, parts = self._model, self._parts
@@ -197,7 +204,7 @@ class Trainer:
         workers = procs.spawn(f"_parallel{next(_names)}", ParallelWorker)
         layout = plan.layout
         tied = tied_params(model, parts)
-        args = (parts, layout, self._loss_fn, self._optimizer, self._data, tied, resume)
+        args = (parts, layout, self._loss_fn, self._optimizer, self._data, tied, resume, snapshot)
         if layout.pp == 1:
             await workers.setup.call(model, *args)
             return workers
@@ -229,8 +236,9 @@ class Trainer:
         """What the dashboard's training view shows of this trainer, as plain JSON-able
         data: its plan (dims, stages with their blocks and ranks, the estimate), its
         state (``ready``, ``stopped``, ``failed``), the steps run and the latest
-        ``HISTORY`` of them as ``[step, loss, tokens/s or None, seconds]``, and the plan
-        drawn (``picture_html``: :meth:`Plan.html`)."""
+        ``HISTORY`` of them as ``[step, loss, tokens/s or None, seconds]``, its
+        recoveries from lost procs (:meth:`recoveries`), and the plan drawn
+        (``picture_html``: :meth:`Plan.html`)."""
         p, layout = self.plan, self.plan.layout
         stages = []
         for k, s in enumerate(p.stages):
@@ -266,6 +274,8 @@ class Trainer:
             },
             "steps": self._done,
             "history": [list(h) for h in self._history],
+            # each recovery from a lost proc (see recoveries())
+            "recoveries": [dict(r) for r in self._recoveries],
             # the plan drawn (Plan.html: the ranks, the estimated schedule, memory per
             # proc against its limit), made once: a plan does not change
             "picture_html": self._picture_html(),
@@ -332,8 +342,6 @@ class Trainer:
         for the lost one), as many (``respawn``) or as many as survived (``replan``,
         with a new plan for them); the workers set up from the latest snapshot; the
         steps since it run again. Recorded in :meth:`recoveries`."""
-        from ._planning import plan as make_plan
-
         started = time.perf_counter()
         phases: dict[str, float] = {}
         step = self._done
@@ -349,30 +357,20 @@ class Trainer:
         n = len(old) if mode == "respawn" else len(old) - len(lost)
         if n < 1:
             raise PlanError(f"every proc of the trainer was lost ({lost})") from error
-        t = time.perf_counter()
-        procs = host.spawn_procs(per_host={"procs": n}, name=f"{old.name}-r")
-        await procs.initialized
-        phases["spawn"] = time.perf_counter() - t
-        self._procs = procs
-        if mode == "replan":
+        for attempt in range(1, RECOVERY_TRIES + 1):
             t = time.perf_counter()
-            sample = self._sample()
-            self.plan = await make_plan(
-                self._model, procs, sample=sample, loss_fn=self._loss_fn,
-                precision=self.plan.precision, compile=self.plan.compile,
-            )  # fmt: skip
-            self._plan_html = None
-            phases["plan"] = time.perf_counter() - t
-        t = time.perf_counter()
-        self._done, self._steps = self._snapshot_at
-        self._workers = run_task(self._rt, lambda: self._setup(procs, self.plan, self._snapshot))
-        w = await self._workers
-        phases["restore"] = time.perf_counter() - t
-        t = time.perf_counter()
-        todo, self._since = self._since, []
-        for item in todo:  # the steps since the snapshot, again
-            await self._one_step(w, item)
-        phases["rerun"] = time.perf_counter() - t
+            procs = host.spawn_procs(per_host={"procs": n}, name=f"{old.name}-r")
+            try:
+                await self._recover_on(procs, mode, n, phases, t)
+                break
+            except Exception as e:
+                # a new proc lost during the recovery: the same again, on new procs
+                again = await self._lost_ranks(e) if self._procs is procs else {}
+                await procs.stop(reason="a proc was lost while the trainer recovered")
+                if not again or attempt == RECOVERY_TRIES:
+                    raise
+                log.warning("rank(s) %s lost while recovering; recovering again", sorted(again))
+                lost = {**lost, **{r: f"{w} (while recovering)" for r, w in again.items()}}
         record = {
             "step": step,
             "lost": sorted(lost),
@@ -380,7 +378,7 @@ class Trainer:
             "action": mode,
             "procs": n,
             "plan": self.plan.strategy,
-            "rerun_steps": len(todo),
+            "rerun_steps": phases.pop("_rerun_steps"),
             "seconds": phases,
             "total_s": time.perf_counter() - started,
         }
@@ -392,6 +390,47 @@ class Trainer:
             record["rerun_steps"], record["total_s"],
             ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()),
         )  # fmt: skip
+
+    async def _recover_on(
+        self, procs: ProcMesh, mode: str, n: int, phases: dict[str, float], t: float
+    ) -> None:
+        """:meth:`_recover` once the new procs are spawning: wait for them, plan for
+        them (``replan``), set the workers up from the snapshot, run the steps since."""
+        from ._planning import plan as make_plan
+        from ._planning import replan
+
+        await procs.initialized
+        phases["spawn"] = time.perf_counter() - t
+        self._procs = procs
+        if mode == "replan":
+            t = time.perf_counter()
+            try:  # from what plan() measured: no measuring again
+                self.plan = replan(self.plan, self._model, n)
+            except PlanError:  # (a plan not made by plan(): measure these procs)
+                self.plan = await make_plan(
+                    self._model, procs, sample=self._sample(), loss_fn=self._loss_fn,
+                    precision=self.plan.precision, compile=self.plan.compile,
+                )  # fmt: skip
+            self._plan_html = None
+            phases["plan"] = time.perf_counter() - t
+        t = time.perf_counter()
+        self._done, self._steps = self._snapshot_at
+        kind, path = self._snapshot or ("", None)
+        whole, own = (path, None) if kind == "whole" else (None, path)
+        self._workers = run_task(self._rt, lambda: self._setup(procs, self.plan, whole, own))
+        w = await self._workers
+        phases["restore"] = time.perf_counter() - t
+        t = time.perf_counter()
+        todo, self._since = self._since, []
+        for k, item in enumerate(todo):  # the steps since the snapshot, again
+            before = self._done
+            try:
+                await self._one_step(w, item)
+            except BaseException:  # (lost again: what is yet to run again is kept)
+                self._since += todo[k + 1 :] if self._done > before else todo[k:]
+                raise
+        phases["rerun"] = time.perf_counter() - t
+        phases["_rerun_steps"] = len(todo)
 
     def _sample(self) -> Batch:
         """A batch for re-planning: the latest the controller saw, or ``data``'s rows of
@@ -600,28 +639,37 @@ class Trainer:
         else:
             self._last_batch = item
         self._since.append(item)
-        if self._done % self._snapshot_every == 0:
+        if self._on_lost != "fail" and self._done % self._snapshot_every == 0:
             await self._take_snapshot(w)
 
     async def _take_snapshot(self, w: Any) -> None:
-        """A checkpoint of the model as it is now into memory (/dev/shm), where a
-        recovery restores from; the one before it removed. One that cannot be written
+        """The model's state as it is now, into memory (/dev/shm), where a recovery
+        restores from; the one before it removed. For ``respawn``, each rank writes its
+        own shards as they lie (no collective: a new proc at the same rank reads its
+        predecessor's file); for ``replan``, a checkpoint of whole tensors (which any
+        plan loads; each stage gathers its tensors first). One that cannot be written
         is logged, and the one before it kept (the steps since it are kept too)."""
         from . import _checkpoint
 
         path = self._snapshots.fresh()
+        kind = "own" if self._on_lost == "respawn" else "whole"
         try:
-            done = await _each(w.save, path)
-            counts = {"format": 1, "steps": self._done, "data_step": self._steps}
-            counts["loss_scale"] = max(d["loss_scale"] for d in done)
-            await asyncio.to_thread(_checkpoint.write_meta, path, counts)
+            if kind == "own":
+                await asyncio.to_thread(os.makedirs, path)
+                await _each(w.snapshot, path)
+            else:
+                done = await _each(w.save, path)
+                counts = {"format": 1, "steps": self._done, "data_step": self._steps}
+                counts["loss_scale"] = max(d["loss_scale"] for d in done)
+                await asyncio.to_thread(_checkpoint.write_meta, path, counts)
         except Exception as e:
-            if not _rolled_back(e):
+            if not (_rolled_back(e) or isinstance(e, OSError)):
                 raise
             log.warning("the snapshot of step %d could not be written: %s", self._done, e)
             await asyncio.to_thread(self._snapshots.drop, path)
             return
-        self._snapshot, self._snapshot_at, self._since = path, (self._done, self._steps), []
+        self._snapshot, self._snapshot_at = (kind, path), (self._done, self._steps)
+        self._since = []
         await asyncio.to_thread(self._snapshots.keep_only, path)
 
     def fit(

@@ -306,6 +306,7 @@ class ParallelWorker(Actor):
         data: Callable[[int, int, int], Any] | None = None,
         tied: list[tuple[str, str]] | None = None,
         resume: str | None = None,
+        snapshot: str | None = None,
     ) -> None:
         """Join the process group and build this proc's piece, its wrappers and optimizer;
         ``data(step, dp_rank, dp_size)``, where given, loads this replica's rows.
@@ -314,7 +315,9 @@ class ParallelWorker(Actor):
         the whole model. ``tied``: the weights the model shares between two names
         (:func:`tied_params`: a pipeline's first and last stage each hold one).
         ``resume``: a checkpoint's directory (:mod:`._checkpoint`), whose weights and
-        optimizer state this rank's piece starts from."""
+        optimizer state this rank's piece starts from. ``snapshot``: a directory of
+        :meth:`snapshot`'s files, written under this same layout, whose rank's file
+        this rank starts from."""
         self.data = data
         set_threads()
         self.layout = layout
@@ -388,6 +391,8 @@ class ParallelWorker(Actor):
         self.optimizer = optimizer(iter(module.parameters()))
         if resume is not None:
             self._load_optimizer(resume)
+        if snapshot is not None:
+            self._load_snapshot(snapshot)
         #: a pipeline's schedule per shape of a replica's batch, the most recent last:
         #: a stage sizes its buffers for the activations of the first step it runs
         self._schedules: OrderedDict[tuple[int, ...], Any] = OrderedDict()
@@ -441,6 +446,58 @@ class ParallelWorker(Actor):
         whole = self.optimizer.state_dict()
         whole["state"] = state
         self.optimizer.load_state_dict(whole)
+
+    @endpoint
+    def snapshot(self, path: str) -> int:
+        """Write this rank's own state (its shards of the weights, buffers and optimizer
+        state, as they lie here) to ``path/rank-NNNNN.pt``: no collective, no gather,
+        for a proc of the same layout to start from (:meth:`_load_snapshot`). The
+        bytes written."""
+        assert self.module is not None
+        opt = self.optimizer.state_dict()
+        state = {
+            "model": {k: _local_copy(t) for k, t in self.inner.state_dict().items()},
+            "optim": {
+                i: {k: _local_copy(v) if isinstance(v, torch.Tensor) else v for k, v in st.items()}
+                for i, st in opt["state"].items()
+            },
+            "loss_scale": self.loss_scale,
+            "good_steps": self._good_steps,
+        }
+        name = os.path.join(path, f"rank-{self.rank:05d}.pt")
+        torch.save(state, name + ".tmp")
+        os.replace(name + ".tmp", name)
+        return os.path.getsize(name)
+
+    def _load_snapshot(self, path: str) -> None:
+        """This rank's state from :meth:`snapshot`'s file in ``path`` (written by the
+        proc this one replaces, under the same layout)."""
+        from torch.distributed.tensor import DTensor
+
+        assert self.module is not None
+        saved = torch.load(
+            os.path.join(path, f"rank-{self.rank:05d}.pt"), map_location="cpu", weights_only=False
+        )
+        with torch.no_grad():
+            for k, t in self.inner.state_dict().items():
+                local = t.to_local() if isinstance(t, DTensor) else t
+                local.copy_(saved["model"][k])
+        params = list(self.module.parameters())  # the optimizer's order
+        state: dict[int, dict[str, Any]] = {}
+        for i, st in saved["optim"].items():
+            p = params[i]
+            got = {}
+            for k, v in st.items():
+                if isinstance(v, torch.Tensor) and v.dim() > 0:
+                    v = v.to(self.device)
+                    if isinstance(p, DTensor):
+                        v = DTensor.from_local(v, p.device_mesh, p.placements, run_check=False)
+                got[k] = v
+            state[i] = got
+        whole = self.optimizer.state_dict()
+        whole["state"] = state
+        self.optimizer.load_state_dict(whole)
+        self.loss_scale, self._good_steps = saved["loss_scale"], saved["good_steps"]
 
     @endpoint
     def save(self, path: str) -> dict[str, Any]:
@@ -848,6 +905,12 @@ class ParallelWorker(Actor):
         self.module = None
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _local_copy(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t`` (a DTensor's local shard), copied to the CPU."""
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.detach().to("cpu", copy=True)
 
 
 @contextmanager

@@ -64,6 +64,7 @@ async def _run(
         losses.append(await trainer.step(b))
     state = await trainer.state_dict()
     recoveries = await trainer.recoveries()
+    assert trainer.picture()["recoveries"] == recoveries  # (the dashboard's training view)
     await trainer.stop()
     return losses, state, recoveries, trainer
 
