@@ -196,18 +196,21 @@ def lm_loss(out: Any, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
-def lm_loss_dying_once(out: Any, labels: torch.Tensor, armed: str, fired: str) -> torch.Tensor:
+def lm_loss_dying_once(
+    out: Any, labels: torch.Tensor, armed: str, fired: str, times: int = 1
+) -> torch.Tensor:
     """:func:`lm_loss`, except that once the file ``armed`` exists, the first proc to
     compute it after that kills itself with SIGKILL, mid-step (between its forward and
-    its backward), leaving ``fired`` behind so that none does again."""
+    its backward), leaving ``fired-0`` behind; with ``times`` > 1, the first after that
+    does again (``fired-1``), and so on: ``times`` procs die in all."""
     import os
     import signal
 
     if os.path.exists(armed):
-        try:
-            os.close(os.open(fired, os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            pass
-        else:
+        for i in range(times):
+            try:
+                os.close(os.open(f"{fired}-{i}", os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                continue
             os.kill(os.getpid(), signal.SIGKILL)
     return lm_loss(out, labels)

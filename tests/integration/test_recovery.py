@@ -69,11 +69,11 @@ async def _run(
     return losses, state, recoveries, trainer
 
 
-def _mid_step(tmp: Path, at: int) -> tuple[Any, Any]:
-    """A loss that kills its own proc mid-step at step ``at`` (see lm_loss_dying_once),
-    and the hook that arms it."""
+def _mid_step(tmp: Path, at: int, times: int = 1) -> tuple[Any, Any]:
+    """A loss that kills its own proc mid-step at step ``at`` (see lm_loss_dying_once;
+    ``times`` procs one after the other), and the hook that arms it."""
     armed, fired = str(tmp / "armed"), str(tmp / "fired")
-    loss = functools.partial(pm.lm_loss_dying_once, armed=armed, fired=fired)
+    loss = functools.partial(pm.lm_loss_dying_once, armed=armed, fired=fired, times=times)
 
     def kill(step: int, trainer: Any) -> None:
         if step == at:
@@ -101,7 +101,7 @@ async def test_a_proc_killed_mid_step_is_respawned_and_no_step_is_lost(
             procs, dims, batches, kill, loss_fn=loss, snapshot_every=2
         )
         assert trainer.procs is not procs and len(trainer.procs) == 4
-    assert (tmp_path / "fired").exists()  # a proc did die
+    assert (tmp_path / "fired-0").exists()  # a proc did die
     assert _close(losses, expected), (losses, expected)
     _same_weights(state, want)
     (r,) = recoveries
@@ -158,6 +158,24 @@ async def test_two_procs_lost_one_after_the_other_are_each_respawned(tmp_path: P
     _same_weights(state, want)
     assert [r["step"] for r in recoveries] == [1, 4]
     assert [r["lost"] for r in recoveries] == [[1], [0]]  # the loss is the last stage's
+
+
+@pytest.mark.slow
+async def test_a_proc_lost_while_recovering_starts_the_recovery_again(tmp_path: Path) -> None:
+    """Killed mid-step at step 4 (the snapshot after step 2), then again while the
+    recovery runs step 3 again: the recovery starts again on new procs, once."""
+    batches = _batches()
+    expected, want = _reference(batches)
+    loss, kill = _mid_step(tmp_path, at=3, times=2)
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        losses, state, recoveries, _ = await _run(
+            procs, {"pp": 2}, batches, kill, loss_fn=loss, snapshot_every=2
+        )  # (the last stage alone computes the loss: one proc dies at a time)
+    assert (tmp_path / "fired-1").exists()
+    assert _close(losses, expected), (losses, expected)
+    _same_weights(state, want)
+    (r,) = recoveries
+    assert "(while recovering)" in r["why"] and r["rerun_steps"] == 1, r
 
 
 @pytest.mark.slow
