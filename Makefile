@@ -36,10 +36,11 @@ test: compile
 # does not depend on how procs start: the people's tools (they read the controller),
 # SLURM (srun starts its agents), the rdma-bench CLI, the model-sized tensor-engine tests
 # (test_tensor_engine covers fresh interpreters there) and whole-model parallelism
-# (torch.distributed in actors; test_spmd covers exec there).
+# (torch.distributed in actors; test_spmd covers exec there), with its checkpoints and
+# recoveries (a respawn spawns procs the way the mesh's were; checked by hand in exec).
 COV ?= --cov=danaus --cov-report=term:skip-covered
 EXEC_SKIP := test_top test_dashboard test_slurm test_spmd_slurm test_rdma_bench \
-	test_tensor_engine_models test_parallel
+	test_tensor_engine_models test_parallel test_checkpoints test_recovery
 test-all: compile
 	$(PY) -m pytest -q $(COV) tests
 	DANAUS_SPAWN_METHOD=exec $(PY) -m pytest -q tests/integration tests/conformance \

@@ -118,6 +118,16 @@ def read(path: str | os.PathLike[str], keys: list[str]) -> dict[str, torch.Tenso
     return out
 
 
+def bytes_by_rank(path: str | os.PathLike[str]) -> dict[int, int]:
+    """The bytes each rank wrote into the checkpoint at ``path`` (DCP's
+    ``__<rank>_<n>.distcp`` files)."""
+    out: dict[int, int] = {}
+    for f in Path(path).glob("__*_*.distcp"):
+        rank = int(f.name[2:].split("_", 1)[0])
+        out[rank] = out.get(rank, 0) + f.stat().st_size
+    return out
+
+
 def save(path: str | os.PathLike[str], state: dict[str, torch.Tensor]) -> None:
     """Write this rank's ``state`` (whole tensors; empty on ranks that hold nothing of
     their own) into the checkpoint at ``path``: a collective over the default process

@@ -184,6 +184,7 @@ class Trainer:
             self._snapshot = ("whole", self._resume)
         self._snapshot_at = (self._done, self._steps)
         self._since: list[Batch | int] = []
+        self._snapshot_bytes: dict[int, int] = {}  # (per rank, of the latest)
         self._snapshots = _Snapshots()
         _LIVE.add(self)
         add_section("trainers", _trainers_picture)
@@ -656,12 +657,13 @@ class Trainer:
         try:
             if kind == "own":
                 await asyncio.to_thread(os.makedirs, path)
-                await _each(w.snapshot, path)
+                held = {d["rank"]: d["bytes"] for d in await _each(w.snapshot, path)}
             else:
                 done = await _each(w.save, path)
                 counts = {"format": 1, "steps": self._done, "data_step": self._steps}
                 counts["loss_scale"] = max(d["loss_scale"] for d in done)
                 await asyncio.to_thread(_checkpoint.write_meta, path, counts)
+                held = await asyncio.to_thread(_checkpoint.bytes_by_rank, path)
         except Exception as e:
             if not (_rolled_back(e) or isinstance(e, OSError)):
                 raise
@@ -669,7 +671,7 @@ class Trainer:
             await asyncio.to_thread(self._snapshots.drop, path)
             return
         self._snapshot, self._snapshot_at = (kind, path), (self._done, self._steps)
-        self._since = []
+        self._since, self._snapshot_bytes = [], held
         await asyncio.to_thread(self._snapshots.keep_only, path)
 
     def fit(
@@ -860,12 +862,14 @@ class Trainer:
 
     def held_bytes(self) -> Future[list[dict[str, int]]]:
         """Per proc, in rank order: bytes of ``weights``, ``grads``, ``optimizer`` state
-        held there, and their ``total``."""
+        held there, and their ``total``; and ``snapshot``, the bytes of its part of the
+        latest snapshot, which the host holds in memory (/dev/shm) for a recovery."""
 
         async def go(w: Any) -> list[dict[str, int]]:
             held = await _each(w.held_bytes)
             return [
                 {k: v for k, v in h.items() if k != "rank"}
+                | {"snapshot": self._snapshot_bytes.get(h["rank"], 0)}
                 for h in sorted(held, key=lambda h: h["rank"])
             ]
 

@@ -448,11 +448,11 @@ class ParallelWorker(Actor):
         self.optimizer.load_state_dict(whole)
 
     @endpoint
-    def snapshot(self, path: str) -> int:
+    def snapshot(self, path: str) -> dict[str, int]:
         """Write this rank's own state (its shards of the weights, buffers and optimizer
         state, as they lie here) to ``path/rank-NNNNN.pt``: no collective, no gather,
-        for a proc of the same layout to start from (:meth:`_load_snapshot`). The
-        bytes written."""
+        for a proc of the same layout to start from (:meth:`_load_snapshot`). This
+        rank, and the bytes written."""
         assert self.module is not None
         opt = self.optimizer.state_dict()
         state = {
@@ -467,7 +467,7 @@ class ParallelWorker(Actor):
         name = os.path.join(path, f"rank-{self.rank:05d}.pt")
         torch.save(state, name + ".tmp")
         os.replace(name + ".tmp", name)
-        return os.path.getsize(name)
+        return {"rank": self.rank, "bytes": os.path.getsize(name)}
 
     def _load_snapshot(self, path: str) -> None:
         """This rank's state from :meth:`snapshot`'s file in ``path`` (written by the

@@ -63,6 +63,10 @@ async def _run(
         kill(i, trainer)
         losses.append(await trainer.step(b))
     state = await trainer.state_dict()
+    held = await trainer.held_bytes()
+    snapped = kw.get("snapshot_every", 10) <= len(batches)
+    if snapped and kw.get("on_lost_proc", "respawn") == "respawn":  # (each rank's own)
+        assert all(h["snapshot"] >= h["weights"] > 0 for h in held), held
     recoveries = await trainer.recoveries()
     assert trainer.picture()["recoveries"] == recoveries  # (the dashboard's training view)
     await trainer.stop()
