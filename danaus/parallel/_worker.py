@@ -451,9 +451,12 @@ class ParallelWorker(Actor):
     def snapshot(self, path: str) -> dict[str, int]:
         """Write this rank's own state (its shards of the weights, buffers and optimizer
         state, as they lie here) to ``path/rank-NNNNN.pt``: no collective, no gather,
-        for a proc of the same layout to start from (:meth:`_load_snapshot`). This
-        rank, and the bytes written."""
+        for a proc of the same layout to start from (:meth:`_load_snapshot`). Where
+        data parallel keeps whole copies (DDP), the first replica's ranks alone write:
+        the others' state is the same. This rank, and the bytes written."""
         assert self.module is not None
+        if self._snapshot_source() != self.rank:
+            return {"rank": self.rank, "bytes": 0}
         opt = self.optimizer.state_dict()
         state = {
             "model": {k: _local_copy(t) for k, t in self.inner.state_dict().items()},
@@ -469,15 +472,24 @@ class ParallelWorker(Actor):
         os.replace(name + ".tmp", name)
         return {"rank": self.rank, "bytes": os.path.getsize(name)}
 
+    def _snapshot_source(self) -> int:
+        """The rank whose snapshot file holds this rank's state: its own, or under DDP
+        (replicas hold the same whole state) the first replica's rank at its place."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        assert self.layout is not None
+        if isinstance(self.module, DistributedDataParallel):
+            return self.layout.rank(0, self.pp_i, self.tp_i)
+        return self.rank
+
     def _load_snapshot(self, path: str) -> None:
         """This rank's state from :meth:`snapshot`'s file in ``path`` (written by the
         proc this one replaces, under the same layout)."""
         from torch.distributed.tensor import DTensor
 
         assert self.module is not None
-        saved = torch.load(
-            os.path.join(path, f"rank-{self.rank:05d}.pt"), map_location="cpu", weights_only=False
-        )
+        name = os.path.join(path, f"rank-{self._snapshot_source():05d}.pt")
+        saved = torch.load(name, map_location="cpu", weights_only=False)
         with torch.no_grad():
             for k, t in self.inner.state_dict().items():
                 local = t.to_local() if isinstance(t, DTensor) else t
