@@ -428,6 +428,23 @@ def _rebuild(ref: GroupRef, shape: Shape) -> ProcMesh:
     return ProcMesh(shape, ProcGroup.from_reference(ref))
 
 
+def host_of(procs: ProcMesh) -> HostMesh | None:
+    """The host mesh where new procs can take the place of ``procs``' (to respawn
+    them): this host where this process started them all itself, their one host
+    agent's where they share one; None where they are on several hosts."""
+    from ._host_mesh import HostMesh, this_host
+    from ._procs.host_agent import agent_ref
+
+    group = procs.proc_group
+    agents = {group.agent_of(r) for r in group.all_ranks()}
+    if agents == {None}:
+        return this_host()
+    (agent,) = agents if len(agents) == 1 else (None,)
+    if agent is None:
+        return None
+    return HostMesh(Shape.from_sizes({}), f"host of {procs.name}", agent_ref(agent))
+
+
 def live_proc_meshes() -> list[ProcMesh]:
     """Every proc mesh this process spawned and has not stopped, whole."""
     return [ProcMesh(g.shape, g) for g in live_meshes.groups()]

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, 
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..actors._api import Future, current_runtime, run_task
-from ..mesh._api import add_section
+from ..mesh._api import add_section, host_of
 from ..spmd import setup_torch_elastic_env_async
 from ._errors import ROLLED_BACK, PlanError
 from ._model import (
@@ -347,7 +347,7 @@ class Trainer:
         phases: dict[str, float] = {}
         step = self._done
         old = self._procs
-        host = _host_of(old)
+        host = host_of(old)
         if host is None:
             raise PlanError(
                 f"rank(s) {sorted(lost)} were lost, and the trainer's procs are on several "
@@ -931,24 +931,6 @@ def _remove_tree(path: str) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _host_of(procs: ProcMesh) -> Any:
-    """The host mesh where new procs can replace ``procs``: this host where they are
-    all local, their one host agent's where they share one; None where they are on
-    several hosts."""
-    from ..mesh._host_mesh import HostMesh, this_host
-    from ..mesh._procs.host_agent import agent_ref
-    from ..mesh._shape import Shape
-
-    group = procs.proc_group
-    agents = {group.agent_of(r) for r in range(len(group.handles))}
-    if agents == {None}:
-        return this_host()
-    (agent,) = agents if len(agents) == 1 else (None,)
-    if agent is None:
-        return None
-    return HostMesh(Shape.from_sizes({}), f"host of {procs.name}", agent_ref(agent))
 
 
 def _lost_error(e: BaseException, lost: dict[int, str]) -> BaseException:
