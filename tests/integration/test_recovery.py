@@ -91,7 +91,8 @@ def _mid_step(tmp: Path, at: int, times: int = 1) -> tuple[Any, Any]:
 @pytest.mark.parametrize(
     "dims",
     [
-        pytest.param({"dp": 2, "pp": 2}, id="dp2xpp2"),
+        pytest.param({"dp": 2}, id="dp2"),
+        pytest.param({"dp": 2, "pp": 2}, id="dp2xpp2", marks=pytest.mark.slow),
         pytest.param({"dp": 4}, id="dp4", marks=pytest.mark.slow),
         pytest.param({"tp": 2, "dp": 2}, id="tp2xdp2", marks=pytest.mark.slow),
     ],
@@ -102,16 +103,17 @@ async def test_a_proc_killed_mid_step_is_respawned_and_no_step_is_lost(
     batches = _batches()
     expected, want = _reference(batches)
     loss, kill = _mid_step(tmp_path, at=3)
-    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+    n = math.prod(dims.values())
+    async with this_host().spawn_procs(per_host={"procs": n}) as procs:
         losses, state, recoveries, trainer = await _run(
             procs, dims, batches, kill, loss_fn=loss, snapshot_every=2
         )
-        assert trainer.procs is not procs and len(trainer.procs) == 4
+        assert trainer.procs is not procs and len(trainer.procs) == n
     assert (tmp_path / "fired-0").exists()  # a proc did die
     assert _close(losses, expected), (losses, expected)
     _same_weights(state, want)
     (r,) = recoveries
-    assert r["action"] == "respawn" and r["procs"] == 4 and len(r["lost"]) == 1
+    assert r["action"] == "respawn" and r["procs"] == n and len(r["lost"]) >= 1
     assert "SIGKILL" in r["why"]
     assert r["step"] == 3 and r["rerun_steps"] == 1  # the snapshot after step 2; step 3 again
     assert r["total_s"] >= sum(r["seconds"].values()) > 0
