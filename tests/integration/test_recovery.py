@@ -190,7 +190,7 @@ async def test_a_proc_lost_while_recovering_starts_the_recovery_again(tmp_path: 
 async def test_a_stopped_proc_is_declared_dead_past_the_heartbeat_and_respawned(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(config, "heartbeat_timeout", 3.0)
+    monkeypatch.setattr(config, "heartbeat_timeout", 5.0)
     monkeypatch.setattr(config, "heartbeat_interval", 0.5)
     batches = _batches()[:4]
     expected, want = _reference(batches)
