@@ -102,10 +102,13 @@ class Trainer:
     not one number), the step fails with that rank's traceback (an ``ActorError`` that
     is also the error's own type), every rank has rolled it back (no optimizer step,
     gradients dropped, dropout's random state as before) and the trainer goes on: the
-    next step gives the numbers of a run that never saw the bad batch. Any other rank
-    failure (the model's own forward raising, a proc lost) fails the call with its
-    traceback; the trainer is then broken (later calls raise the same) and every rank
-    has been stopped, so none waits in a collective: build a new trainer on a new mesh.
+    next step gives the numbers of a run that never saw the bad batch. A lost proc is
+    recovered from as ``parallelize(..., on_lost_proc=)`` says (by default on new
+    procs, from the latest snapshot: the call returns as if nothing had happened; see
+    :meth:`recoveries`). Any other rank failure (the model's own forward raising) fails
+    the call with its traceback; the trainer is then broken (later calls raise the
+    same) and every rank has been stopped, so none waits in a collective: build a new
+    trainer on a new mesh.
     """
 
     def __init__(
@@ -296,7 +299,7 @@ class Trainer:
                     raise RuntimeError("this trainer was stopped")
                 if self._failed is not None:
                     raise self._failed
-                while True:
+                for tries in itertools.count(1):
                     try:
                         return await what(await self._workers)
                     except Exception as e:
@@ -311,12 +314,20 @@ class Trainer:
                         if self._on_lost == "fail":
                             self._failed = _lost_error(e, lost)
                             raise self._failed from e
+                        if tries > RECOVERY_TRIES:  # the call itself kills a proc?
+                            self._failed = _lost_error(e, lost)
+                            self._failed.add_note(
+                                f"the same call lost a proc {tries} times in a row, each time "
+                                "after a recovery: what it sends may be what kills the proc"
+                            )
+                            raise self._failed from e
                         try:
                             await self._recover(e, lost)
                         except Exception as again:
                             self._failed = again
                             raise again from e
                         # and the call that failed runs again, on the new workers
+                raise AssertionError("unreachable")  # (for mypy: the loop returns or raises)
 
         return run_task(self._rt, go)
 
