@@ -308,3 +308,24 @@ def test_compile_without_a_cpp_compiler_says_so_and_compiles_nothing(
     with pytest.raises(RuntimeError, match="needs a C\\+\\+ compiler"):
         compile_blocks(model, parts, 0, parts.n_blocks - 1)
     assert not any(getattr(b, "_compiled_call_impl", None) for b in parts.blocks(model))
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_a_checkpoint_s_own_layout_and_tensor_parallel_s_undo_each_other(tp: int) -> None:
+    """GPT-2's Conv1D weights (in x out) become nn.Linear (out x in) under tensor
+    parallel, with q/k/v interleaved per rank: ``split_layout`` makes that layout from the
+    model's own (a checkpoint's), ``whole`` makes the model's own back, for weights and
+    biases (and so for the optimizer's state of them)."""
+    from danaus.parallel import _tp
+
+    model = pm.gpt2()
+    path = "transformer.h"
+    plan = _tp.GPT2_PLAN
+    for name, t in model.state_dict().items():
+        split = _tp.split_layout(name, t, plan, path, tp, conv=True)
+        assert torch.equal(_tp.whole(name, split, plan, path, tp, conv=True), t), name
+        if name.endswith("attn.c_attn.weight"):  # (in, 3 x out): rows of q, k, v per rank
+            assert split.shape == (t.shape[1], t.shape[0])
+            linear = _tp._as_linear(model.get_submodule(name.rpartition(".")[0]),
+                                    _tp._qkv_order(t.shape[1], tp))  # fmt: skip
+            assert torch.equal(split, linear.weight)  # what apply() makes of it

@@ -334,3 +334,24 @@ def test_a_shard_goes_to_its_ranks_in_runs_of_neighbours() -> None:
 
     assert _runs([3, 0, 1, 5]) == (range(0, 2), range(3, 4), range(5, 6))
     assert _runs(range(4)) == (range(0, 4),)
+
+
+def test_a_trainer_that_lost_a_proc_replans_from_what_was_measured() -> None:
+    """``replan``: the plan for 3 procs from the costs measured for 4, in milliseconds
+    and without a proc; a batch of 8 that 3 replicas cannot split goes to stages."""
+    from torch import nn
+
+    from danaus.parallel._planning import Measured, replan
+
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(8)))
+    cost = _cost([1.0] * 8, [MiB] * 8)
+    mesh = _mesh(4)
+    p = choose(cost, mesh, batch=8, cands=_all(4), layers=None)
+    p = replace(p, measured=Measured(cost, mesh, None, 8, None, None, False))
+    q = replan(p, model, 3)
+    assert (q.dp, q.pp, q.tp) == (1, 3, 1), str(q)
+    assert sorted(s.last - s.first + 1 for s in q.stages) == [2, 3, 3]
+    assert q.measured is p.measured and q.estimated_step_s > 0 and q.profile_s == 0.0
+    assert all(c.dp * c.pp * c.tp == 3 for c in q.candidates)
+    with pytest.raises(PlanError, match=r"keeps nothing plan\(\) measured"):
+        replan(replace(p, measured=None), model, 3)
