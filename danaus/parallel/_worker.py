@@ -426,23 +426,26 @@ class ParallelWorker(Actor):
         ``path`` (whole, in the model's own layout): each rank cuts its shard out."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 
-        have = _checkpoint.tensors(path)
+        by_param: dict[str, list[str]] = {}  # a parameter's name: its state's keys
+        for k in _checkpoint.tensors(path):
+            if k.startswith("optim."):
+                by_param.setdefault(k.removeprefix("optim.").rpartition(".")[0], []).append(k)
+        params = self._named_params()
+        # (a tied weight's state may be under its other name)
+        keys = [by_param.get(n, by_param.get(self.aliases.get(n, n), [])) for n, _ in params]
+        saved = _checkpoint.read(path, [k for ks in keys for k in ks])  # this stage's, at once
         state: dict[int, dict[str, Any]] = {}
-        for i, (name, p) in enumerate(self._named_params()):
-            saved = name
-            if not any(k.startswith(f"optim.{name}.") for k in have):
-                saved = self.aliases.get(name, name)
-            keys = [k for k in have if k.rpartition(".")[0] == f"optim.{saved}"]
-            if not keys:
-                continue  # no state (a parameter the optimizer never stepped)
+        for i, ((name, p), ks) in enumerate(zip(params, keys, strict=True)):
             got: dict[str, Any] = {}
-            for key, t in _checkpoint.read(path, keys).items():
+            for key in ks:  # (none: a parameter the optimizer never stepped)
+                t = saved.pop(key)
                 if t.dim() > 0:  # a tensor of the parameter's shape (not Adam's step)
                     t = self._own_layout(name, t, back=False).to(self.device)
                     if isinstance(p, DTensor):
                         t = distribute_tensor(t, p.device_mesh, p.placements, src_data_rank=None)
                 got[key.rpartition(".")[2]] = t
-            state[i] = got
+            if got:
+                state[i] = got
         whole = self.optimizer.state_dict()
         whole["state"] = state
         self.optimizer.load_state_dict(whole)
