@@ -140,20 +140,14 @@ class ProcMesh(Shaped):
         Raises:
             NotImplementedError: the mesh has more than one proc (as Monarch's).
         """
-        from ._host_mesh import HostMesh, this_host
-        from ._procs.host_agent import HostAgent, agent_ref
-
         if len(self._shape) != 1:
             raise NotImplementedError(
                 f"ProcMesh.host_mesh is for a proc mesh of one proc; this one has "
                 f"{len(self._shape)} (slice it first: procs.slice(...))"
             )
-        (rank,) = self._shape.global_ranks()
-        agent = self._group.agent_of(rank)
-        if agent is None:
-            return this_host()
-        agents: ActorMesh[HostAgent] = agent_ref(agent)
-        return HostMesh(Shape.from_sizes({}), f"host of {self.name}", agents)
+        host = host_of(self)
+        assert host is not None  # (one proc is on one host)
+        return host
 
     def rank_tensor(self, dim: str | Sequence[str]) -> object:
         """A tensor of the tensor engine whose shard on each proc is its rank along
@@ -436,7 +430,7 @@ def host_of(procs: ProcMesh) -> HostMesh | None:
     from ._procs.host_agent import agent_ref
 
     group = procs.proc_group
-    agents = {group.agent_of(r) for r in group.all_ranks()}
+    agents = {group.agent_of(r) for r in procs.shape.global_ranks()}
     if agents == {None}:
         return this_host()
     (agent,) = agents if len(agents) == 1 else (None,)
