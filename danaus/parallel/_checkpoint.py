@@ -93,16 +93,21 @@ def check_model(path: str | os.PathLike[str], model: torch.nn.Module) -> None:
             )
 
 
-def read(path: str | os.PathLike[str], keys: list[str]) -> dict[str, torch.Tensor]:
+def read(
+    path: str | os.PathLike[str],
+    keys: list[str],
+    have: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
+) -> dict[str, torch.Tensor]:
     """The tensors ``keys`` of a checkpoint, whole, on the CPU; this process reads only
-    those (no process group needed).
+    those (no process group needed). ``have``: its :func:`tensors`, where the caller
+    read them already.
 
     Raises:
         KeyError: a key the checkpoint does not have, naming it.
     """
     from torch.distributed.checkpoint.state_dict_loader import load
 
-    have = tensors(path)
+    have = tensors(path) if have is None else have
     missing = [k for k in keys if k not in have]
     if missing:
         raise KeyError(

@@ -670,10 +670,7 @@ class Trainer:
                 await asyncio.to_thread(os.makedirs, path)
                 held = {d["rank"]: d["bytes"] for d in await _each(w.snapshot, path)}
             else:
-                done = await _each(w.save, path)
-                counts = {"format": 1, "steps": self._done, "data_step": self._steps}
-                counts["loss_scale"] = max(d["loss_scale"] for d in done)
-                await asyncio.to_thread(_checkpoint.write_meta, path, counts)
+                await self._write_checkpoint(w, path)
                 held = await asyncio.to_thread(_checkpoint.bytes_by_rank, path)
         except Exception as e:
             if not (_rolled_back(e) or isinstance(e, OSError)):
@@ -846,30 +843,35 @@ class Trainer:
         where = os.path.abspath(os.fspath(path))
 
         async def go(w: Any) -> str:
-            from . import _checkpoint
-
             try:
                 await asyncio.to_thread(os.makedirs, where, exist_ok=True)
             except OSError as e:  # nothing was sent: the trainer is as it was
                 e.add_note(ROLLED_BACK)
                 raise
-            done = await _each(w.save, where)
-            counts = {
-                "format": 1,
-                "steps": self._done,
-                "data_step": self._steps,
-                "loss_scale": max(d["loss_scale"] for d in done),
-                "plan": str(self.plan.strategy),
-                "procs": len(self._procs),
-            }
-            try:
-                await asyncio.to_thread(_checkpoint.write_meta, where, counts)
-            except OSError as e:  # the checkpoint lacks its counts: no trainer resumes it
-                e.add_note(ROLLED_BACK)
-                raise
+            await self._write_checkpoint(w, where)
             return where
 
         return self._run(go)
+
+    async def _write_checkpoint(self, w: Any, where: str) -> None:
+        """The workers ``w`` write a checkpoint into the directory ``where``, and then
+        the trainer's counts beside it (:meth:`save`, and ``replan``'s snapshots)."""
+        from . import _checkpoint
+
+        done = await _each(w.save, where)
+        counts = {
+            "format": 1,
+            "steps": self._done,
+            "data_step": self._steps,
+            "loss_scale": max(d["loss_scale"] for d in done),
+            "plan": str(self.plan.strategy),
+            "procs": len(self._procs),
+        }
+        try:
+            await asyncio.to_thread(_checkpoint.write_meta, where, counts)
+        except OSError as e:  # the checkpoint lacks its counts: no trainer resumes it
+            e.add_note(ROLLED_BACK)
+            raise
 
     def held_bytes(self) -> Future[list[dict[str, int]]]:
         """Per proc, in rank order: bytes of ``weights``, ``grads``, ``optimizer`` state

@@ -370,9 +370,11 @@ class ParallelWorker(Actor):
         else:
             module = model
         blocks_owner = module.model if isinstance(module, StageModule) else module
+        # the checkpoint's tensors (its metadata, read once)
+        have = _checkpoint.tensors(resume) if resume is not None else {}
         if resume is not None:  # whole weights, before anything splits them
             mine = model.state_dict()
-            saved = _checkpoint.read(resume, [f"model.{k}" for k in mine])
+            saved = _checkpoint.read(resume, [f"model.{k}" for k in mine], have)
             model.load_state_dict({k: saved[f"model.{k}"] for k in mine})
             del saved, mine
         module.to(self.device)
@@ -390,7 +392,7 @@ class ParallelWorker(Actor):
         self.module = module
         self.optimizer = optimizer(iter(module.parameters()))
         if resume is not None:
-            self._load_optimizer(resume)
+            self._load_optimizer(resume, have)
         if snapshot is not None:
             self._load_snapshot(snapshot)
         #: a pipeline's schedule per shape of a replica's batch, the most recent last:
@@ -421,19 +423,22 @@ class ParallelWorker(Actor):
         turn = _tp.whole if back else _tp.split_layout
         return turn(name, t, p.tp_plan, p.blocks_path, self.layout.tp, p.family == "gpt2")
 
-    def _load_optimizer(self, path: str) -> None:
+    def _load_optimizer(
+        self, path: str, have: dict[str, tuple[tuple[int, ...], torch.dtype]]
+    ) -> None:
         """The optimizer's state of each of this proc's parameters from the checkpoint at
-        ``path`` (whole, in the model's own layout): each rank cuts its shard out."""
+        ``path`` (whole, in the model's own layout; ``have``: its tensors): each rank
+        cuts its shard out."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 
         by_param: dict[str, list[str]] = {}  # a parameter's name: its state's keys
-        for k in _checkpoint.tensors(path):
+        for k in have:
             if k.startswith("optim."):
                 by_param.setdefault(k.removeprefix("optim.").rpartition(".")[0], []).append(k)
         params = self._named_params()
         # (a tied weight's state may be under its other name)
         keys = [by_param.get(n, by_param.get(self.aliases.get(n, n), [])) for n, _ in params]
-        saved = _checkpoint.read(path, [k for ks in keys for k in ks])  # this stage's, at once
+        saved = _checkpoint.read(path, [k for ks in keys for k in ks], have)  # at once
         state: dict[int, dict[str, Any]] = {}
         for i, ((name, p), ks) in enumerate(zip(params, keys, strict=True)):
             got: dict[str, Any] = {}
@@ -446,9 +451,7 @@ class ParallelWorker(Actor):
                 got[key.rpartition(".")[2]] = t
             if got:
                 state[i] = got
-        whole = self.optimizer.state_dict()
-        whole["state"] = state
-        self.optimizer.load_state_dict(whole)
+        self._set_optimizer_state(state)
 
     @endpoint
     def snapshot(self, path: str) -> dict[str, int]:
@@ -509,10 +512,15 @@ class ParallelWorker(Actor):
                         v = DTensor.from_local(v, p.device_mesh, p.placements, run_check=False)
                 got[k] = v
             state[i] = got
+        self._set_optimizer_state(state)
+        self.loss_scale, self._good_steps = saved["loss_scale"], saved["good_steps"]
+
+    def _set_optimizer_state(self, state: dict[int, dict[str, Any]]) -> None:
+        """The optimizer's state, by each parameter's place in its order (its own
+        hyperparameters kept: those of the optimizer given to ``parallelize``)."""
         whole = self.optimizer.state_dict()
         whole["state"] = state
         self.optimizer.load_state_dict(whole)
-        self.loss_scale, self._good_steps = saved["loss_scale"], saved["good_steps"]
 
     @endpoint
     def save(self, path: str) -> dict[str, Any]:
