@@ -127,6 +127,8 @@ class ProcGroup:
         self._bootstrap: ActorMesh[_Bootstrap] | None = None
         self._phase = GroupState.RUNNING
         self._actors: dict[str, MeshState] = {}  # by wire name, in spawn order
+        #: set by a proc's failure, for those who wait for one (wait_failed)
+        self._a_proc_failed: asyncio.Event | None = None
         if reference:
             return  # no proc of this process's: nothing to watch
         rt = current_runtime()
@@ -242,6 +244,19 @@ class ProcGroup:
         """Why each proc known to have failed did, by global rank (a copy)."""
         return dict(self.state.failed)
 
+    async def wait_failed(self) -> dict[int, str]:
+        """:meth:`failed_procs`, once at least one proc is known to have failed (at
+        once where one is). For a caller that has seen something fail (a peer's
+        "connection closed") before supervision has named the proc, under a bound of
+        its own (``asyncio.timeout``): every path a failure comes by (an exit, a missed
+        heartbeat, a host agent's report) ends in :meth:`proc_failed`, on the runtime's
+        loop."""
+        if not self.state.failed:
+            if self._a_proc_failed is None:
+                self._a_proc_failed = asyncio.Event()
+            await self._a_proc_failed.wait()
+        return self.failed_procs()
+
     def addrs(self) -> list[str]:
         """The address of every proc, by global rank (see :meth:`addr_of`)."""
         return [h.addr or "" for h in self.handles]
@@ -307,6 +322,8 @@ class ProcGroup:
             self.state.failed.setdefault(rank, report)
         else:
             self.state.fail([rank], report, "proc")
+        if self._a_proc_failed is not None:
+            self._a_proc_failed.set()
 
     def _index_remote(self, h: RemoteProcHandle) -> None:
         if h.addr is not None:

@@ -341,12 +341,11 @@ class Trainer:
         group = self._procs.proc_group
         if not isinstance(e, (ActorError, SupervisionError)):
             return group.failed_procs()
-        deadline = time.monotonic() + LOST_PROC_WAIT_S
-        # (a failure comes by several paths, a proc's exit, a missed heartbeat, a host
-        # agent's report, with no one event to wait on: the group's record is polled)
-        while not group.failed_procs() and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.02)
-        return group.failed_procs()
+        try:
+            async with asyncio.timeout(LOST_PROC_WAIT_S):
+                return await group.wait_failed()
+        except TimeoutError:
+            return group.failed_procs()
 
     async def _recover(self, error: BaseException, lost: dict[int, str]) -> None:
         """Train on after losing the procs ``lost``: new procs on the same host (all of
