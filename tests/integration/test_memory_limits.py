@@ -57,6 +57,11 @@ async def test_the_chosen_plan_trains_under_a_real_memory_limit(name: str, gib: 
     batch = _batch(dim)
     limit = int(gib * GiB)
     async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        # torch and the planner's actors are loaded before the limit (procs started as
+        # fresh interpreters would otherwise charge some 600 MiB of imports to the group,
+        # which forked procs share from the fork server), so that the group holds what
+        # this model costs
+        await plan(pm.mlp([64] * 2, 32), procs, sample=_batch(32), loss_fn=pm.mse)
         with cgroups.memory_limit(procs.pids, limit) as group:
             p = await plan(pm.mlp(widths, dim), procs, sample=batch, loss_fn=pm.mse)
             # planned against its share of the room under the limit, not the host's RAM
