@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	# The CPU wheel, pinned: a bare `torch` would pull a multi-GB CUDA build.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,torch,hf]'
+	$(PY) -m pip install -q -e '.[dev,torch,hf,lightning]'
 	bash scripts/install_pyverbs.sh $(PY)
 	touch $(STAMP)
 

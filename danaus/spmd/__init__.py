@@ -6,6 +6,9 @@ actors then call ``torch.distributed.init_process_group()`` themselves. ``SPMDAc
 runs a torchrun-style script on every rank; ``python -m danaus run`` does it from a
 command line, as torchrun does. ``serve([...torchrun command...])`` reserves hosts for a
 script and ``job.run_spmd()`` runs it there, again and again (``monarch.job.spmd``).
+``launch(fn, procs, *args)`` runs a function on every rank (a Hugging Face ``Trainer``
+or an Accelerate loop, from a notebook), as Accelerate's ``notebook_launcher`` does on one
+machine.
 Monarch's names (``monarch.spmd``).
 """
 
@@ -14,13 +17,14 @@ from __future__ import annotations
 from ._actor import SPMDActor, elastic_env
 from ._env import setup_torch_elastic_env, setup_torch_elastic_env_async
 from ._job import SPMDJob, serve
-from ._run import RankFailure, run_spmd
+from ._run import RankFailure, launch, run_spmd
 
 __all__ = [
     "RankFailure",
     "SPMDActor",
     "SPMDJob",
     "elastic_env",
+    "launch",
     "run_spmd",
     "serve",
     "setup_torch_elastic_env",

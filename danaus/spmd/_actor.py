@@ -9,6 +9,8 @@ import socket
 import sys
 import traceback
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 from ..actors import Actor, context, current_rank, endpoint
 from ..actors._api import Point
@@ -135,3 +137,62 @@ class SPMDActor(Actor):
             sys.stdout.flush()
             sys.stderr.flush()
         return 0
+
+    @endpoint
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        master_addr: str,
+        master_port: int,
+        run_id: str,
+    ) -> Any:
+        """``fn(*args, **kwargs)`` here, with torchrun's environment set; its result.
+
+        A default process group ``fn`` leaves behind is destroyed after it (aborted
+        first where ``fn`` raised, so no other rank waits for this one; and
+        Accelerate's process-wide state reset), as a torchrun process would end: the
+        next launch on these procs starts afresh.
+        """
+        if self.point is None or os.environ.get("TORCHELASTIC_RUN_ID") != run_id:
+            self._setup_env(master_addr, master_port, run_id)
+        failed = True
+        try:
+            result = fn(*args, **kwargs)
+            failed = False
+            return result
+        except BaseException as e:
+            traceback.print_exc()  # in the rank's own log, with its prefix
+            # what the frames held (a DistributedDataParallel holding the process group
+            # open) goes now, not when the error has been sent: the group's connections
+            # close below, and the other ranks' collectives fail instead of waiting
+            traceback.clear_frames(e.__traceback__)
+            raise
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            try:
+                _end_process_group(abort=failed)
+            except Exception as e:  # fn's own error (or result) is what the caller hears
+                print(f"danaus: ending the process group failed: {e!r}", file=sys.stderr)
+
+
+def _end_process_group(abort: bool) -> None:
+    """Destroy the default process group ``fn`` left. After a failure, abort it first:
+    its connections close even where a ``DistributedDataParallel`` still holds it, so
+    the other ranks' collectives fail at once instead of waiting for this rank."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        if abort:
+            import gc
+
+            gc.collect()  # (cycles through what fn built, its process group among them)
+            from torch.distributed.distributed_c10d import _abort_process_group
+
+            _abort_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    state = sys.modules.get("accelerate.state")
+    if state is not None:
+        state.AcceleratorState._reset_state(reset_partial_state=True)  # noqa: SLF001

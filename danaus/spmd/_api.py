@@ -6,6 +6,6 @@
 from __future__ import annotations
 
 from ._actor import proc_host
-from ._run import main_run
+from ._run import launch_ranks, main_run
 
-__all__ = ["main_run", "proc_host"]
+__all__ = ["launch_ranks", "main_run", "proc_host"]

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..actors._api import Future, Point, current_runtime, run_task
 from ..errors import DanausError
+from ..mesh import ValueMesh
 from ._env import _setup
 
 if TYPE_CHECKING:
     from ..mesh import HostMesh, ProcMesh
+
+T = TypeVar("T")
 
 
 class RankFailure(DanausError):
@@ -35,24 +40,42 @@ class RankFailure(DanausError):
         return (RankFailure, (self.rank, self.exit_code, self.cause))
 
 
-async def _run(
+#: what a collective raises on a rank whose peer has left (gloo, NCCL): a consequence of
+#: another rank's failure, not its cause
+_PEER_LEFT = re.compile(
+    r"Connection (closed|reset) by peer|Broken pipe|remote process exited|NCCL communicator was aborted"
+)
+
+
+def _the_cause(first: RankFailure, others: list[tuple[int, BaseException | None]]) -> RankFailure:
+    """Of the ranks that failed, the one to report: the first whose error is not a
+    collective failing because a peer left (replies can come in any order: the rank
+    that failed first ends its process group before it replies)."""
+    if first.cause is None or not _PEER_LEFT.search(str(first.cause)):
+        return first
+    for rank, exc in sorted(others, key=lambda p: p[0]):
+        if exc is not None and not _PEER_LEFT.search(str(exc)):
+            return RankFailure(rank, 1, exc)
+    return first
+
+
+async def _each_rank(
     procs: ProcMesh,
-    script_args: list[str],
-    master_addr: str | None,
-    master_port: int | None,
-) -> list[int]:
-    actors, addr, port, run_id = await _setup(procs, master_addr, master_port, None)
+    call: Callable[[Point, int], Awaitable[T]],
+    ok: Callable[[T], int],
+    grace_s: float = 0.0,
+) -> list[T]:
+    """``call(point, rank)`` on every rank at once; every result, in rank order.
+
+    The first rank that raises, or whose result ``ok`` gives a non-zero exit code for,
+    fails the whole with :class:`RankFailure`, and the mesh is stopped: the other ranks
+    may be waiting in a collective for it, forever. With ``grace_s``, they get that long
+    to end by themselves first; the procs are stopped only if some have not.
+    """
     sizes = dict(procs.sizes)
     n = len(procs)
-    tasks = {
-        asyncio.ensure_future(
-            actors.slice(**dict(Point.from_rank(r, sizes))).main.call_one(
-                addr, port, script_args, run_id
-            )
-        ): r
-        for r in range(n)
-    }
-    codes: list[int] = [0] * n
+    tasks = {asyncio.ensure_future(call(Point.from_rank(r, sizes), r)): r for r in range(n)}
+    results: list[Any] = [None] * n
     pending = set(tasks)
     try:
         while pending:
@@ -62,11 +85,16 @@ async def _run(
                 exc = t.exception()
                 if exc is not None:
                     raise RankFailure(rank, 1, exc)
-                codes[rank] = t.result()
-                if codes[rank] != 0:
-                    raise RankFailure(rank, codes[rank], None)
-    except RankFailure:
-        # The others may wait forever in a collective for the failed rank: stop them all.
+                results[rank] = t.result()
+                if code := ok(results[rank]):
+                    raise RankFailure(rank, code, None)
+    except BaseException as e:
+        if grace_s > 0 and isinstance(e, RankFailure):
+            if pending:
+                ended, pending = await asyncio.wait(pending, timeout=grace_s)
+                e = _the_cause(e, [(tasks[t], t.exception()) for t in ended])
+            if not pending:
+                raise e from None
         for t in pending:
             t.cancel()
         await procs.stop(reason="a rank of the SPMD run failed")
@@ -76,7 +104,21 @@ async def _run(
             except BaseException:
                 pass
         raise
-    return codes
+    return results
+
+
+async def _run(
+    procs: ProcMesh,
+    script_args: list[str],
+    master_addr: str | None,
+    master_port: int | None,
+) -> list[int]:
+    actors, addr, port, run_id = await _setup(procs, master_addr, master_port, None)
+
+    def main(point: Point, rank: int) -> Awaitable[int]:
+        return actors.slice(**dict(point)).main.call_one(addr, port, script_args, run_id)  # type: ignore[no-any-return]
+
+    return await _each_rank(procs, main, lambda code: code)
 
 
 def run_spmd(
@@ -93,6 +135,53 @@ def run_spmd(
     stopped, so no other rank hangs in a collective waiting for it.
     """
     return run_task(current_runtime(), lambda: _run(procs, script_args, master_addr, master_port))
+
+
+def launch(
+    fn: Callable[..., T], procs: ProcMesh, *args: Any, **kwargs: Any
+) -> Future[ValueMesh[T]]:
+    """Run ``fn(*args, **kwargs)`` on every proc of ``procs`` at once, with torchrun's
+    environment set there (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ... as
+    :func:`setup_torch_elastic_env` sets them), and give every rank's result as a
+    :class:`ValueMesh`; ``await`` it or ``.get()``.
+
+    What Accelerate's ``notebook_launcher`` does on one machine, on any mesh: a
+    ``transformers.Trainer`` or an Accelerate training loop in ``fn`` trains as under
+    ``torchrun`` with as many processes. ``fn``, its arguments and its results travel
+    pickled (cloudpickle: a function defined in a notebook or ``__main__`` works). Each
+    rank's prints and logs reach this process prefixed with the mesh's name and rank.
+    A process group ``fn`` leaves initialized is destroyed when it returns, so ``launch``
+    can be called again on the same procs.
+
+    Raises:
+        RankFailure: the first rank whose ``fn`` raised (its traceback in ``cause``);
+            the procs are stopped, as no other rank can finish without it.
+    """
+
+    return launch_ranks(fn, procs, args, kwargs=kwargs)
+
+
+def launch_ranks(
+    fn: Callable[..., T],
+    procs: ProcMesh,
+    args: tuple[Any, ...],
+    grace_s: float = 0.0,
+    kwargs: dict[str, Any] | None = None,
+) -> Future[ValueMesh[T]]:
+    """:func:`launch`, with ``grace_s``: once a rank has failed, how long the others get
+    to end by themselves (they have failed too, their collectives broken by the failed
+    rank's process group ending with it) before the procs are stopped."""
+
+    async def go() -> ValueMesh[T]:
+        actors, addr, port, run_id = await _setup(procs, None, None, None)
+
+        def run(point: Point, rank: int) -> Awaitable[T]:
+            target = actors.slice(**dict(point))
+            return target.run.call_one(fn, args, kwargs or {}, addr, port, run_id)  # type: ignore[no-any-return]
+
+        return ValueMesh(procs.shape, await _each_rank(procs, run, lambda _: 0, grace_s))
+
+    return run_task(current_runtime(), go)
 
 
 # --- danaus run ----------------------------------------------------------------------

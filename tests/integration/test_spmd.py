@@ -15,6 +15,7 @@ from danaus import this_host
 from danaus.spmd import (
     RankFailure,
     elastic_env,
+    launch,
     run_spmd,
     setup_torch_elastic_env,
     setup_torch_elastic_env_async,
@@ -23,6 +24,7 @@ from danaus.spmd import (
 from .spmd_actors import Trainer
 
 SCRIPT = str(Path(__file__).parent / "spmd_programs" / "ddp_train.py")
+HF_SCRIPT = str(Path(__file__).parent / "spmd_programs" / "hf_trainer.py")
 
 
 FAIL_1 = ["--fail-rank", "1", "--steps", "1000"]
@@ -207,3 +209,78 @@ def test_danaus_run_refuses_bad_flags() -> None:
             env=_env(),
         )
         assert r.returncode != 0 and msg in r.stderr, (flags, r.stderr)
+
+
+def _all_reduce_rank(scale: int) -> tuple[int, int, float]:
+    """(RANK, WORLD_SIZE, the sum of every rank's (rank + 1) * scale by gloo)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank() + 1) * scale])
+    dist.all_reduce(t)
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), float(t.item())
+
+
+async def test_launch_runs_a_function_on_every_rank_and_again() -> None:
+    async with this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2}) as procs:
+        got = await asyncio.wait_for(launch(_all_reduce_rank, procs, 10), 90)
+        assert got.item(hosts=1, gpus=0) == (2, 4, 100.0)
+        assert [v[0] for v in got.values()] == [0, 1, 2, 3]
+        # the process group the function left was ended: a second launch starts afresh
+        again = await asyncio.wait_for(launch(_all_reduce_rank, procs, scale=1), 90)
+        assert {v[2] for v in again.values()} == {10.0}
+
+
+def _raise_on(rank: int) -> int:
+    if int(os.environ["RANK"]) == rank:
+        raise KeyError(f"rank {rank} refuses on purpose")
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.barrier()  # would wait for the failed rank forever
+    return 0
+
+
+async def test_launch_of_a_failing_rank_raises_its_error_and_stops_the_procs() -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    with pytest.raises(RankFailure) as info:
+        await asyncio.wait_for(launch(_raise_on, procs, 1), 90)
+    assert info.value.rank == 1
+    assert "rank 1 refuses on purpose" in str(info.value.cause)
+    assert "KeyError" in str(info.value.cause)
+    await procs.stop()
+
+
+def _hf_train(steps: int) -> dict[str, object]:
+    import sys
+
+    sys.path.insert(0, str(Path(HF_SCRIPT).parent))
+    from hf_trainer import train
+
+    return train(steps)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_launch_of_a_transformers_trainer_equals_torchrun(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    out = tmp_path / "torchrun.json"
+    r = await asyncio.to_thread(
+        subprocess.run,
+        [torchrun, "--nproc-per-node", "2", HF_SCRIPT, "--out", str(out), "--steps", "6"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=_env(),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    theirs = json.loads(out.read_text())
+    async with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        ours = (await asyncio.wait_for(launch(_hf_train, procs, 6), 150)).item(gpus=0)
+    assert ours["world"] == theirs["world"] == 2
+    assert len(ours["losses"]) == len(theirs["losses"]) == 6
+    assert max(abs(a - b) for a, b in zip(ours["losses"], theirs["losses"], strict=True)) < 1e-4
+    assert abs(ours["weights_sum"] - theirs["weights_sum"]) < 1e-3
