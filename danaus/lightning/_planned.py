@@ -109,6 +109,8 @@ class PlannedStrategy(SingleDeviceStrategy):
         #: the trainer on the mesh (made at the first training batch of a fit), and
         #: whether the weights here are behind the mesh's
         self.trainer_on_mesh: Trainer | None = None
+        #: the plan the model is trained in (the one given, or chosen at the first batch)
+        self.plan: Plan | None = plan if isinstance(plan, Plan) else None
         self._behind = False
         self._replay_type: type | None = None  # the model's output type (its own loss)
         self._replay_failed = False
@@ -233,6 +235,7 @@ class PlannedStrategy(SingleDeviceStrategy):
                 model, self.procs, sample=batch, loss_fn=self._loss_fn, optimizer=make,
                 **self._plan_kwargs,
             ).get()  # fmt: skip
+        self.plan = chosen
         return parallelize(model, self.procs, chosen, optimizer=make, loss_fn=self._loss_fn)
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:

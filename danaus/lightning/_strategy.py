@@ -29,6 +29,10 @@ class DanausStrategy(DDPOnMesh):
             (``find_unused_parameters``, ``process_group_backend``, ``timeout``...).
     """
 
+    #: the ``danaus.parallel.Plan`` the model is trained in (given, or chosen at the first
+    #: batch); ``None`` for Lightning's DDP
+    plan: Any = None
+
     def __new__(cls, procs: ProcMesh | None = None, plan: Any = None, **kwargs: Any) -> Any:
         if procs is None or (plan is None and not any(k in kwargs for k in _DIMS)):
             return super().__new__(cls)

@@ -198,3 +198,25 @@ def test_a_training_step_the_plan_cannot_run_is_refused_before_the_procs_work() 
         )  # fmt: skip
         with pytest.raises(PlanError, match=r"learning-rate scheduler"):
             again.fit(module, _lm_loader(8))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_example_trains_gpt2_with_the_planner_and_with_a_pipeline() -> None:
+    import subprocess
+    import sys
+
+    example = Path(__file__).parents[2] / "examples" / "lightning_gpt2.py"
+    out = subprocess.run(
+        [sys.executable, str(example), "--steps", "12", "--batch", "8"],
+        capture_output=True, text=True, timeout=280, check=True,
+    ).stdout  # fmt: skip
+    lines = [line for line in out.splitlines() if line.startswith("DanausStrategy(procs, ")]
+    assert [line.split(":")[0] for line in lines] == [
+        "DanausStrategy(procs, plan='auto')",
+        "DanausStrategy(procs, dp=2, pp=2)",
+    ], out
+    assert "dp=2 x pp=2" in lines[1] or "pp=2" in lines[1], lines[1]
+    for line in lines:  # each learned
+        first, last = (float(v) for v in line.split("loss ")[1].split(" in ")[0].split(" -> "))
+        assert last < first, line

@@ -284,3 +284,20 @@ async def test_launch_of_a_transformers_trainer_equals_torchrun(tmp_path: Path) 
     assert len(ours["losses"]) == len(theirs["losses"]) == 6
     assert max(abs(a - b) for a, b in zip(ours["losses"], theirs["losses"], strict=True)) < 1e-4
     assert abs(ours["weights_sum"] - theirs["weights_sum"]) < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_hf_trainer_example_trains_on_a_mesh() -> None:
+    pytest.importorskip("accelerate")
+    example = Path(__file__).parents[2] / "examples" / "hf_trainer.py"
+    r = subprocess.run(
+        [sys.executable, str(example), "--procs", "2", "--steps", "20"],
+        capture_output=True, text=True, timeout=200, env=_env(),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = r.stdout.strip().splitlines()[-1]
+    assert line.startswith("trained on 2 ranks; the loss every 10 steps: ["), line
+    losses = json.loads(line.split(": ", 1)[1])
+    assert len(losses) == 2 and losses[1] < losses[0]
+    assert "[procs 0] {'loss': " in r.stdout + r.stderr  # rank 0's log, with its prefix
