@@ -7,6 +7,7 @@ from . import (
     bench_calls,
     bench_hops,
     bench_inference,
+    bench_lightning,
     bench_mesh,
     bench_parallel,
     bench_planner,
@@ -47,6 +48,8 @@ def main() -> None:
     bench_spawn.main()
     print("\n== SPMD: danaus run vs torchrun ==")
     bench_spmd.main()
+    print("\n== Lightning: DanausStrategy vs ddp_spawn; a plan's step from Lightning's loop ==")
+    bench_lightning.main()
     print("\n== SLURM: SlurmJob.apply() to the first call ==")
     bench_slurm.main()
     print("\n== supervision ==")

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 class Regressor(L.LightningModule):
     """A small MLP fitted by SGD; logs ``train_loss``, ``val_loss`` and ``test_loss``."""
 
-    def __init__(self, fail_rank: int = -1, fail_step: int = -1) -> None:
+    def __init__(self, fail_rank: int = -1, fail_step: int = -1, how: str = "raise") -> None:
         super().__init__()
         self.save_hyperparameters()
         torch.manual_seed(0)
@@ -29,6 +29,10 @@ class Regressor(L.LightningModule):
             self.global_rank == self.hparams.fail_rank
             and self.global_step == self.hparams.fail_step
         ):
+            if self.hparams.how == "kill":
+                import signal
+
+                os.kill(os.getpid(), signal.SIGKILL)  # the proc is lost
             raise ValueError(f"rank {self.global_rank} fails at step {self.global_step} on purpose")
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)

@@ -4,6 +4,7 @@ trainer hold the result."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,13 @@ L = pytest.importorskip("lightning")
 
 from torch.utils.data import DataLoader  # noqa: E402
 
-from danaus import this_host  # noqa: E402
+from danaus import SupervisionError, attach_to_hosts, this_host  # noqa: E402
 from danaus.lightning import DanausStrategy  # noqa: E402
 from danaus.parallel import PlanError  # noqa: E402
 from danaus.spmd import RankFailure  # noqa: E402
 
 from . import parallel_models as pm  # noqa: E402
+from .agents_kit import controller_key, host_agents  # noqa: E402
 from .lightning_modules import CausalLM, Regressor, fit_by_hand, lm_rows, regression_data  # noqa: E402
 
 pytestmark = [
@@ -31,6 +33,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning"),
 ]
 
+KEY = "7c" * 32  # the host agents' job key
 QUIET = {"enable_progress_bar": False, "enable_model_summary": False}
 
 
@@ -110,6 +113,38 @@ def test_a_failing_rank_fails_fit_with_its_traceback_and_the_procs_live_on() -> 
         )  # fmt: skip
         again.fit(module, regression_data(4))
         assert again.state.finished
+
+
+def test_a_lost_proc_fails_fit_naming_it_and_no_rank_is_left_waiting() -> None:
+    with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        trainer = L.Trainer(
+            strategy=DanausStrategy(procs), accelerator="cpu", devices=2, max_epochs=1,
+            logger=False, enable_checkpointing=False, **QUIET,
+        )  # fmt: skip
+        with pytest.raises(RankFailure) as info:
+            trainer.fit(Regressor(fail_rank=1, fail_step=2, how="kill"), regression_data(4))
+        assert info.value.rank == 1
+        assert isinstance(info.value.cause, SupervisionError), repr(info.value.cause)
+        assert "procs" in str(info.value.cause) and "1" in str(info.value.cause)
+
+
+@pytest.mark.slow
+def test_ddp_across_two_host_agents_equals_one_process() -> None:
+    env = dict(os.environ, DANAUS_AUTH_KEY=KEY, PYTHONPATH=os.getcwd())
+    with host_agents([f"tcp://127.0.0.{i}:0" for i in (2, 3)], [env, env]) as agents:
+        with controller_key(KEY):
+            hosts = attach_to_hosts([addr for addr, _ in agents])
+            with hosts.spawn_procs(per_host={"gpus": 1}) as procs:
+                module = Regressor()
+                trainer = L.Trainer(
+                    strategy=DanausStrategy(procs), accelerator="cpu", devices=1,
+                    max_epochs=1, logger=False, enable_checkpointing=False, **QUIET,
+                )  # fmt: skip
+                trainer.fit(module, regression_data(batch_size=4))
+    one = Regressor()
+    fit_by_hand(one, regression_data(batch_size=8), epochs=1)
+    assert _max_diff(module, one) < 1e-4
+    assert trainer.global_step == 8
 
 
 def test_devices_unlike_the_mesh_are_refused() -> None:
