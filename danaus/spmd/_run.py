@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import re
 import sys
 from collections.abc import Awaitable, Callable
@@ -39,6 +40,9 @@ class RankFailure(DanausError):
     def __reduce__(self) -> tuple[type[RankFailure], tuple[int, int, BaseException | None]]:
         return (RankFailure, (self.rank, self.exit_code, self.cause))
 
+
+#: how long a launch's actors get to stop when it has ended
+ACTORS_STOP_S = 10.0
 
 #: what a collective raises on a rank whose peer has left (gloo, NCCL): a consequence of
 #: another rank's failure, not its cause
@@ -179,7 +183,11 @@ def launch_ranks(
             target = actors.slice(**dict(point))
             return target.run.call_one(fn, args, kwargs or {}, addr, port, run_id)  # type: ignore[no-any-return]
 
-        return ValueMesh(procs.shape, await _each_rank(procs, run, lambda _: 0, grace_s))
+        try:
+            return ValueMesh(procs.shape, await _each_rank(procs, run, lambda _: 0, grace_s))
+        finally:  # this launch's actors go with it (the procs stay, unless stopped above)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(actors.stop("the launch ended"), ACTORS_STOP_S)
 
     return run_task(current_runtime(), go)
 

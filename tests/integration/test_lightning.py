@@ -196,6 +196,40 @@ def test_a_pipeline_plan_trains_as_one_process(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_tensor_parallel_plan_trains_as_one_process() -> None:
+    with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        module = CausalLM(pm.gpt2(layers=2))
+        strategy = DanausStrategy(procs, tp=2)
+        trainer = L.Trainer(
+            strategy=strategy, accelerator="cpu", max_steps=3, logger=False,
+            enable_checkpointing=False, **QUIET,
+        )  # fmt: skip
+        trainer.fit(module, _lm_loader(24))
+        assert strategy.plan is not None and strategy.plan.tp == 2
+    one = pm.gpt2(layers=2)
+    pm.train_over(one, list(_lm_loader(24)))
+    assert _max_diff(module.model, one) < 1e-4
+
+
+def _gpus() -> int:
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2 CUDA GPUs (NCCL); this machine has none")
+def test_ddp_on_two_gpus_equals_one_process() -> None:
+    with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        module = Regressor()
+        trainer = L.Trainer(
+            strategy=DanausStrategy(procs), accelerator="gpu", devices=2, max_epochs=1,
+            logger=False, enable_checkpointing=False, **QUIET,
+        )  # fmt: skip
+        trainer.fit(module, regression_data(batch_size=4))
+    one = Regressor()
+    fit_by_hand(one, regression_data(batch_size=8), epochs=1)
+    assert _max_diff(module.cpu(), one) < 1e-4  # GPU kernels round unlike the CPU's
+
+
+@pytest.mark.slow
 def test_plan_auto_chooses_a_layout_and_trains_as_one_process() -> None:
     with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
         module = CausalLM(pm.gpt2(layers=2))
