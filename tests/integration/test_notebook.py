@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,11 +83,9 @@ print("stopped")""",
 ]
 
 
-@pytest.mark.slow
-def test_a_notebook_drives_meshes_with_get_and_await_in_any_mix(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A kernel spec of our own: this interpreter, whatever other kernels the machine has.
+def _run(cells: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Run ``cells`` in a real kernel (a kernel spec of our own: this interpreter,
+    whatever other kernels the machine has); the cells, with their outputs."""
     spec = tmp_path / "kernels" / "danaus-test"
     spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(
@@ -102,10 +101,73 @@ def test_a_notebook_drives_meshes_with_get_and_await_in_any_mix(
     old = os.environ.get("PYTHONPATH")
     monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{old}" if old else str(ROOT))
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
     client = nbclient.NotebookClient(
         nb, timeout=120, kernel_name="danaus-test", resources={"metadata": {"path": str(ROOT)}}
     )
     client.execute()
-    last = nb.cells[-1].outputs
+    return list(nb.cells)
+
+
+@pytest.mark.slow
+def test_a_notebook_drives_meshes_with_get_and_await_in_any_mix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    last = _run(CELLS, tmp_path, monkeypatch)[-1].outputs
     assert any("stopped" in out.get("text", "") for out in last), last
+
+
+#: Lightning and launch from a notebook: a LightningModule and a function defined in
+#: cells (pickled by value), trained on the procs of a mesh
+TRAINING_CELLS = [
+    """import os, warnings
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from danaus import this_host
+from danaus.lightning import DanausStrategy
+from danaus.spmd import launch
+warnings.filterwarnings("ignore")
+procs = this_host().spawn_procs(per_host={"gpus": 2})""",
+    """class Fit(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(4, 1)
+    def training_step(self, batch, idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.log("train_loss", loss)
+        return loss
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+x = torch.randn(32, 4)
+module = Fit()
+before = module.net.weight.detach().clone()
+trainer = L.Trainer(strategy=DanausStrategy(procs), accelerator="cpu", devices=2,
+                    max_epochs=2, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(module, DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4))
+assert trainer.global_step == 8 and not torch.equal(before, module.net.weight)""",
+    """def world():
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return int(os.environ["RANK"]), float(t)
+
+got = await launch(world, procs)
+print("launched", got.values())""",
+    """procs.stop().get()""",
+]
+
+
+@pytest.mark.slow
+def test_lightning_and_launch_from_a_notebook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("lightning")
+    cells = _run(TRAINING_CELLS, tmp_path, monkeypatch)
+    text = "".join(out.get("text", "") for out in cells[2].outputs)
+    assert "launched [(0, 2.0), (1, 2.0)]" in text, cells[2].outputs
