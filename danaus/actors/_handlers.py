@@ -230,11 +230,13 @@ def spawn_actor(rt: Runtime, conn: Connection, msg: Spawn, parts: list[Buffer]) 
             # On its thread, as its endpoints (Monarch's: thread-local state set in
             # __init__ is theirs); calls that come meanwhile wait for it (rt.arrivals).
             def then(job: InitJob, inst: ActorInstance = inst) -> None:
+                rt.initializing.pop(msg.actor, None)
                 if job.error is not None:
                     _spawn_failed(rt, conn, msg, inst, job.error, actor_id, point, display)
                 else:
                     _spawned(rt, conn, msg, inst)
 
+            rt.initializing[msg.actor] = inst  # (a hanging __init__ is reported as stuck)
             inst.init_on_thread(cast(JobFn, cls.__init__), (obj, *args), kwargs, then)
             return
         inst.cv.run(cls.__init__, obj, *args, **kwargs)
@@ -363,8 +365,8 @@ _next_warn: dict[tuple[int, str, str, float], float] = {}
 
 
 def check_stuck(rt: Runtime) -> None:
-    """Tell the spawner of each actor whose endpoint has run past ``stuck_warn_after``
-    (again at twice as long, and so on)."""
+    """Tell the spawner of each actor whose endpoint (or ``__init__``, on its thread) has
+    run past ``stuck_warn_after`` (again at twice as long, and so on)."""
     after = config.stuck_warn_after
     if after <= 0:
         return
@@ -372,7 +374,7 @@ def check_stuck(rt: Runtime) -> None:
 
     now = time.monotonic()
     seen: set[tuple[int, str, str, float]] = set()
-    for key, inst in list(rt.actors.items()):
+    for key, inst in [*rt.actors.items(), *rt.initializing.items()]:
         if not isinstance(inst, ActorInstance) or not inst.owner_addr:
             continue  # a system actor, or one nobody spawned from afar
         paused = _debug.is_paused(key)

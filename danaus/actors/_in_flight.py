@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
 
 from ..config import config
-from ._actor_thread import ActorThread, Job
+from ._actor_thread import ActorThread, InitJob, Job
 from ._wire import Call
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ class InFlight:
         """(endpoint, time.monotonic() it started) of each message running now."""
         thread = self._thread
         job = thread.current if thread is not None else None
-        out = [(job.msg.method, job.started_at)] if job is not None else []
+        out = [(_method(job), job.started_at)] if job is not None else []
         for task, since in list(self._since.items()):
             call = self._call_of(task)
             if call is not None:
@@ -199,7 +199,7 @@ class InFlight:
         job = thread.current if thread is not None else None
         if job is None or thread is None or thread.ident is None:
             return []
-        return [(thread.ident, job.msg.method, job.started_at)]
+        return [(thread.ident, _method(job), job.started_at)]
 
     def running_tasks(self) -> list[tuple[asyncio.Task[object], str, float]]:
         """(task, endpoint, start) of each async message running now."""
@@ -213,3 +213,8 @@ class InFlight:
     def not_started(self) -> int:
         """Sync messages handed to the thread that it has not started yet."""
         return sum(1 for j in list(self.jobs) if not j.started)
+
+
+def _method(job: Job) -> str:
+    """What a job runs, as reports name it: its endpoint, or ``__init__``."""
+    return "__init__" if isinstance(job, InitJob) else job.msg.method

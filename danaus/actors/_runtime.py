@@ -56,6 +56,7 @@ from ._wire import (
 
 if TYPE_CHECKING:
     from ._cast import GatherNode
+    from ._instance import ActorInstance
     from ._replier import ReplySink
 
 log = logging.getLogger("danaus.runtime")
@@ -144,6 +145,8 @@ class Runtime:
         self.conns: dict[str, Connection] = {}
         self.ports: dict[int, PortOwner] = {}
         self.actors: dict[str, LocalActor] = {}
+        #: actors whose ``__init__`` runs now on their thread (not in ``actors`` yet)
+        self.initializing: dict[str, ActorInstance] = {}
         self.closed = False
         #: a runtime on an application's own loop (made on first use, not by danaus)
         self.borrowed = False

@@ -8,23 +8,28 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
+import time
 from concurrent.futures import Future as ThreadFuture
 from typing import TypeVar
 
 from ..actors._api import (
     ERROR,
     Actor,
+    Point,
+    Runtime,
     Spawn,
+    Stuck,
     current_runtime,
     dumps,
     run_on,
     spawn_creators,
 )
+from ..config import config
 from ..errors import ActorError, SupervisionError
 from ._actor_mesh import ActorMesh
 from ._proc_group import ProcGroup
 from ._shape import Shape
-from ._supervision import MeshState, current_owner
+from ._supervision import MeshState, current_owner, report_stuck, stuck_reports
 
 __all__ = ["spawn_actor_mesh"]
 
@@ -77,7 +82,10 @@ def spawn_actor_mesh(
     )
     group.add(wire, state)
 
+    replied: set[int] = set()
+
     def on_reply(rank: int, status: int, value: object) -> bool:
+        replied.add(rank)
         if rank < 0:  # this runtime closed before every proc answered (Runtime.aclose)
             if not init.done():
                 init.set_exception(
@@ -120,7 +128,50 @@ def spawn_actor_mesh(
             else:
                 rt.deliver(port, r, ERROR, rt.peer_lost_error(addr, conn.close_reason))
         sent.set_result(None)
+        _watch_init(rt, init, replied, group, name, ranks)
 
     # Remote procs learn their addresses from their host agent: spawn once they have.
     group.started.add_done_callback(lambda _: run_on(rt, send))
     return ActorMesh(name, wire, actor_cls, shape, None, init, rt, group, sent, state)
+
+
+#: what a report of an ``__init__`` that runs on its proc's event loop says of its stack
+LOOP_INIT = (
+    "(not available: this actor has async endpoints, so its __init__ runs on its proc's "
+    "event loop, which it holds until it returns; `danaus debug` or py-spy can show it)"
+)
+
+
+def _watch_init(
+    rt: Runtime,
+    init: ThreadFuture[None],
+    replied: set[int],
+    group: ProcGroup,
+    name: str,
+    ranks: list[int],
+) -> None:
+    """Report each actor whose ``__init__`` has not returned after ``stuck_warn_after``
+    (again at twice as long, and so on), as a stuck endpoint is reported. An actor whose
+    endpoints are all sync runs ``__init__`` on its thread, and its proc reports it with
+    its stack; one with async endpoints runs it on its proc's loop, which then reports
+    nothing: the spawner does, a little later than the proc would have."""
+    after = config.stuck_warn_after
+    if after <= 0:
+        return
+    start = time.monotonic()
+
+    def check(wait: float) -> None:
+        if init.done():
+            return
+        told = {m.actor_id for _, m in stuck_reports if m.endpoint == "__init__"}
+        running = round(time.monotonic() - start, 3)
+        for r in ranks:
+            actor_id = f"{group.name}[{r}].{name}[{r}]"
+            if r in replied or actor_id in told:
+                continue  # done, or its proc told (with the stack)
+            point = str(Point.from_rank(r, group.shape.sizes))
+            report_stuck(Stuck(actor_id, name, point, "__init__", running, LOOP_INIT))
+        rt.loop.call_later(wait, check, 2 * wait)
+
+    first = after + 2 * config.heartbeat_interval
+    rt.loop.call_later(first, check, first)

@@ -389,10 +389,16 @@ failure_reports: collections.deque[FailureReport] = collections.deque(maxlen=256
 
 
 def handle_stuck(rt: Runtime, conn: Connection, msg: Stuck, parts: list[object]) -> None:
+    report_stuck(msg)
+
+
+def report_stuck(msg: Stuck) -> None:
+    """Keep a stuck report for the tools, and warn with its stack."""
     stuck_reports.append((time.time(), msg))
+    what = "__init__" if msg.endpoint == "__init__" else f"endpoint {msg.endpoint}"
     log.warning(
-        "endpoint %s of %s (mesh %s, rank %s) has been running for %.3g s; its stack:\n%s",
-        msg.endpoint,
+        "%s of %s (mesh %s, rank %s) has been running for %.3g s; its stack:\n%s",
+        what,
         msg.actor_id,
         msg.mesh,
         msg.rank,

@@ -51,3 +51,35 @@ class OwnStats(Actor):
     @endpoint
     def stats(self) -> str:
         return "mine"
+
+
+#: what a slow __init__ waits for: set by another actor of its proc
+_init_gate = threading.Event()
+
+
+class SlowInit(Actor):
+    """Sync endpoints only: its ``__init__`` runs on its thread, and waits for the gate."""
+
+    def __init__(self) -> None:
+        _init_gate.wait(60)  # the stack shows this line while it waits
+
+    @endpoint
+    def ok(self) -> int:
+        return 1
+
+
+class OpensInit(Actor):
+    @endpoint
+    async def open_init_gate(self) -> None:
+        _init_gate.set()
+
+
+class HangingAsyncInit(Actor):
+    """An async endpoint: its ``__init__`` runs on its proc's loop, and holds it."""
+
+    def __init__(self) -> None:
+        threading.Event().wait(60)
+
+    @endpoint
+    async def ok(self) -> int:
+        return 1
