@@ -126,7 +126,11 @@ def _commands(name: str) -> Any:
 
 
 #: monarch's top-level names that are submodules, and Monarch's older names
-_TOP_MODULES = {"timer": "monarch.timer", "builtins": "monarch.builtins"}
+_TOP_MODULES = {
+    "timer": "monarch.timer",
+    "builtins": "monarch.builtins",
+    "fetch": "monarch.fetch",
+}
 
 
 def _nothing(name: str) -> Any:
@@ -168,6 +172,35 @@ def _top(name: str) -> Any:
     return _config(name)
 
 
+def _only(module: str, names: frozenset[str]) -> Callable[[str], Any]:
+    """``names`` of the danaus module ``module``, and no other."""
+    lookup = _from(module)
+
+    def only(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(name)
+        return lookup(name)
+
+    return only
+
+
+def _cli(name: str) -> Any:
+    """``monarch.tools.cli.main(argv)``: the ``monarch`` command, whose verbs (``apply``,
+    ``exec``, ``shell``, ``context``, ``kill``, ``debug``, ``dashboard``) are danaus's."""
+    if name != "main":
+        raise AttributeError(name)
+
+    def main(argv: list[str] | None = None) -> None:
+        """Run one verb; return when it succeeded (``SystemExit`` with its code if not)."""
+        try:
+            importlib.import_module("danaus.__main__").main(sys.argv[1:] if argv is None else argv)
+        except SystemExit as e:
+            if e.code not in (0, None):
+                raise
+
+    return main
+
+
 #: module name -> how a name of it is found in danaus
 _MODULES: dict[str, Callable[[str], Any]] = {
     "monarch": _top,
@@ -192,6 +225,12 @@ _MODULES: dict[str, Callable[[str], Any]] = {
     "monarch.tools.commands": _commands,
     "monarch.tools.config": _tools_config,
     "monarch.tools.config.workspace": _tools_config,
+    "monarch.tools.network": _from("danaus.monarch._network"),
+    "monarch.tools.cli": _cli,
+    "monarch.fetch": _only(
+        "danaus.tensor_engine",
+        frozenset({"fetch_shard", "inspect", "show", "call_on_shard_and_fetch"}),
+    ),
 }
 
 

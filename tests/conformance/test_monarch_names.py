@@ -81,3 +81,46 @@ def test_the_runner_serves_monarchs_public_names_or_says_why_not() -> None:
         parts = name.split(".")
         named = [".".join(parts[:i]) for i in range(2, len(parts) + 1)]  # it, or its module
         assert any(f"{n} " in why or f"{n}:" in why for n in named), (name, why)
+
+
+MODULES_PROBE = r"""
+import danaus.monarch
+danaus.monarch.install()
+import danaus.tensor_engine as te
+from monarch import fetch
+from monarch.fetch import call_on_shard_and_fetch, fetch_shard, inspect, show
+assert (fetch_shard, inspect, show, call_on_shard_and_fetch) == (
+    te.fetch_shard, te.inspect, te.show, te.call_on_shard_and_fetch)
+try:
+    from monarch.fetch import no_mesh  # Monarch's import, not one of its names
+except ImportError as e:
+    assert "danaus does not provide monarch.fetch.no_mesh" in str(e), e
+else:
+    raise AssertionError("monarch.fetch served a name it does not have")
+from monarch.tools.network import AddrType, get_ipaddr, get_sockaddr
+assert get_ipaddr("127.0.0.1", 80, AddrType.IPv4) == "127.0.0.1"
+assert get_sockaddr("127.0.0.1", 8080) == "127.0.0.1:8080"
+assert get_ipaddr("::1", 80, AddrType.IPv6) == "::1"
+try:
+    get_ipaddr("127.0.0.1", 80, AddrType.IPv6)
+except RuntimeError as e:
+    assert "no IPv6 address" in str(e), e
+else:
+    raise AssertionError("an IPv4 literal resolved as IPv6")
+from monarch.tools.cli import main
+main(["context", "ls"])  # the monarch command's verbs are danaus's
+print("ok")
+"""
+
+
+def test_monarchs_fetch_network_and_cli_modules_are_served(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", MODULES_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,  # (the job verbs keep their contexts under the working directory)
+        env=dict(os.environ, PYTHONPATH=str(HERE.parents[1])),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "ok", out.stdout
