@@ -139,8 +139,8 @@ def _nothing(name: str) -> Any:
 
 #: top-level names left out on purpose, with the reason
 _TOP_WHY_NOT = {
-    "Simulator": "Monarch's simulator of its first-generation controller is not served",
-    "set_meta": "it configures Monarch's simulator, which is not served",
+    "set_meta": "it sets up Monarch's own simulator's internals (danaus's Simulator takes "
+    "its settings as arguments)",
     "mast_reserve": "it reserves hosts on MAST, Meta's internal scheduler",
 }
 
@@ -227,6 +227,8 @@ _MODULES: dict[str, Callable[[str], Any]] = {
     "monarch.tools.config.workspace": _tools_config,
     "monarch.tools.network": _from("danaus.monarch._network"),
     "monarch.tools.cli": _cli,
+    "monarch.simulator": _only("danaus.tensor_engine", frozenset({"Simulator"})),
+    "monarch.simulator.interface": _only("danaus.tensor_engine", frozenset({"Simulator"})),
     "monarch.fetch": _only(
         "danaus.tensor_engine",
         frozenset({"fetch_shard", "inspect", "show", "call_on_shard_and_fetch"}),
@@ -245,7 +247,6 @@ _WHY_NOT = {
         "remote mounts of the controller's files (FUSE) are not served; "
         "HostMesh.sync_workspace copies a directory to every host instead"
     ),
-    "monarch.simulator": "Monarch's simulator of its first-generation controller is not served",
 }
 
 

@@ -31,6 +31,7 @@ from ..mesh._api import TensorEngine, set_tensor_engine
 from . import _client, _dispatch
 from ._client import activate, active, active_stream
 from ._dtensor import Borrow, DTensor, MeshSlice, Stream, slice_mesh
+from ._simulator import SimulatedMesh, Simulator
 from .functions import function_resolvers, resolve_function
 from .gradient import grad_function, grad_generator
 from .opaque_ref import OpaqueRef, RemoteProcessGroup
@@ -44,6 +45,8 @@ __all__ = [
     "MeshSlice",
     "OpaqueRef",
     "RemoteProcessGroup",
+    "SimulatedMesh",
+    "Simulator",
     "Stream",
     "Tensor",
     "call_on_shard_and_fetch",

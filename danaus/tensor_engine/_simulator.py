@@ -1,0 +1,610 @@
+"""A mesh that simulates instead of computing: Monarch's ``Simulator``, with costs measured.
+
+``Simulator(hosts, gpus).mesh`` is a tensor-engine mesh with no procs behind it. Under
+its ``activate()`` torch calls make DTensors as on a real mesh (the controller records
+the same commands); the commands go to a simulated worker instead, which runs each
+operation on meta tensors (shapes and dtypes, no values) and times it from a cost
+table: an operation, its arguments' shapes and dtypes, measured on this machine the
+first time they are seen (running it on real tensors of those shapes), kept on disk by
+device kind, or given (``costs=``). A collective takes the link's latency and its bytes
+over the link's bandwidth (a ring: ``2 (n - 1) / n`` of the bytes for an all-reduce);
+by default the link is this host's shared memory, measured (memcpy bandwidth, a local
+socket's round trip).
+
+Every worker runs the same commands (the controller sends each its own copy), so their
+timelines are alike; per worker and stream, an operation starts when its stream is free
+and its inputs are ready (a borrow makes one stream wait for another), and a collective
+when every participant has reached it. ``display()`` prints each worker's streams (busy,
+idle, end) and peak memory, and writes the timeline as a Chrome trace (Perfetto,
+``chrome://tracing``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import EllipsisType
+from typing import Any
+
+import torch
+
+from ..actors._api import Future, current_runtime
+from ._client import _Client, _scope, no_mesh
+from ._worker import BORROW, CALL, FREE, PULL, REDUCE, Ref, _flatten, _op
+from .opaque_ref import GroupWire, OpaqueWire
+
+__all__ = ["SimulatedMesh", "Simulator"]
+
+TRACE_MODES = ("stream_only", "stream_and_memory")
+MAIN = "main"  # the name of the default stream in reports
+
+
+class SimulationWarning(UserWarning):
+    """A simulated tensor's values were asked for: they are not computed."""
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(root) / "danaus"
+
+
+class CostTable:
+    """Seconds per operation, keyed by the operation and its arguments' shapes and
+    dtypes: given, read from disk, or measured here on first sight (and saved)."""
+
+    def __init__(self, given: dict[str, float] | str | os.PathLike[str] | None, cache: Path | None):
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.path = cache / f"simulator-costs-{self.device}.json" if cache is not None else None
+        self.costs: dict[str, float] = {}
+        if self.path is not None and self.path.exists():
+            with contextlib.suppress(OSError, ValueError):
+                self.costs.update(json.loads(self.path.read_text()))
+        if isinstance(given, (str, os.PathLike)):
+            given = dict(json.loads(Path(given).read_text()))
+        self.given = dict(given or {})
+        self.measured = 0  # (new this run)
+        self.unmeasurable: dict[str, str] = {}
+
+    def cost(self, name: str, fn: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> float:
+        if "::" in name and "." not in name.partition("::")[2]:
+            name += ".default"  # (as torch names an op's overload)
+        key = f"{name}|{_signature(args)}|{_signature(kwargs)}"
+        if key in self.given:
+            return self.given[key]
+        if name in self.given:  # a cost for every call of the op
+            return self.given[name]
+        if key not in self.costs:
+            self.costs[key] = self._measure(key, fn, args, kwargs)
+            self.measured += 1
+        return self.costs[key]
+
+    def _measure(
+        self, key: str, fn: Callable[..., Any], args: Any, kwargs: dict[str, Any]
+    ) -> float:
+        try:
+            real_args, real_kwargs = _real(args), _real(kwargs)
+            fn(*real_args, **real_kwargs)  # warm
+            best = float("inf")
+            for _ in range(3):
+                real_args, real_kwargs = _real(args), _real(kwargs)  # (in-place ops)
+                start = time.perf_counter()
+                fn(*real_args, **real_kwargs)
+                best = min(best, time.perf_counter() - start)
+            return best
+        except Exception as e:
+            self.unmeasurable[key] = f"{type(e).__name__}: {e}"
+            return 0.0
+
+    def save(self) -> None:
+        if self.path is None or not self.measured:
+            return
+        with contextlib.suppress(OSError):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.costs, sort_keys=True))
+            tmp.replace(self.path)
+
+
+def _signature(obj: Any) -> str:
+    if isinstance(obj, torch.Tensor):
+        return f"T{tuple(obj.shape)}{str(obj.dtype).removeprefix('torch.')}"
+    if isinstance(obj, (list, tuple)):
+        return "[" + ",".join(_signature(x) for x in obj) + "]"
+    if isinstance(obj, dict):
+        return "{" + ",".join(f"{k}={_signature(v)}" for k, v in sorted(obj.items())) + "}"
+    return repr(obj)
+
+
+def _real(obj: Any) -> Any:
+    """Real CPU (or CUDA) tensors in place of meta ones: random floats, zero integers
+    (valid indices)."""
+    if isinstance(obj, torch.Tensor) and obj.device.type == "meta":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if obj.dtype.is_floating_point or obj.dtype.is_complex:
+            return torch.randn(obj.shape, dtype=obj.dtype, device=device)
+        return torch.zeros(obj.shape, dtype=obj.dtype, device=device)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_real(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _real(v) for k, v in obj.items()}
+    if isinstance(obj, torch.device) and obj.type == "meta":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return obj
+
+
+def _measure_link() -> tuple[float, float]:
+    """(bytes/s, seconds) of this host's shared memory: a 64 MiB memcpy, and half a round
+    trip of one byte over a local socket pair."""
+    src = torch.empty(64 << 20, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    bandwidth = src.numel() / best
+    a, b = socket.socketpair()
+    try:
+        trips = []
+        for _ in range(20):
+            start = time.perf_counter()
+            a.sendall(b"x")
+            b.recv(1)
+            b.sendall(b"x")
+            a.recv(1)
+            trips.append(time.perf_counter() - start)
+    finally:
+        a.close()
+        b.close()
+    return bandwidth, min(trips) / 2
+
+
+@dataclass
+class Event:
+    """One simulated operation on one stream (every worker's timeline is the same)."""
+
+    name: str
+    stream: str
+    start: float
+    end: float
+    collective: int | None = None  # its number, linking it across workers
+    live_bytes: int = 0
+
+
+@dataclass
+class _Timeline:
+    streams: dict[str, float] = field(default_factory=dict)  # when each is free
+    ready: dict[int, float] = field(default_factory=dict)  # when each tensor is
+    table: dict[int, Any] = field(default_factory=dict)  # meta tensors (and values)
+    sizes: dict[int, int] = field(default_factory=dict)  # bytes each id holds
+    live: int = 0
+    peak: int = 0
+    events: list[Event] = field(default_factory=list)
+
+
+class _SimClient(_Client):
+    """A mesh's tensor engine with a simulator where the workers would be."""
+
+    def __init__(self, sim: Simulator, mesh: SimulatedMesh) -> None:  # (no procs)
+        self.procs = mesh  # type: ignore[assignment]
+        self.sim = sim
+        self.sizes = dict(mesh.sizes)
+        n = 1
+        for s in self.sizes.values():
+            n *= s
+        self.global_ranks = list(range(n))
+        self.rendezvous = ("simulator", id(mesh))
+        self.sent = self.synced = 0
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.ids = itertools.count(1)
+        self.batch: list[tuple[Any, ...]] = []
+        self.frees: list[int] = []
+        self.lock = threading.Lock()
+        self.flush_at = 512
+        self.timeline = _Timeline()
+        self._streams_of: list[str | None] = []  # the stream each command was issued on
+
+    def __repr__(self) -> str:
+        return f"<simulated tensor engine of {self.procs!r}>"
+
+    def issue(self, cmd: tuple[Any, ...]) -> None:
+        with self.lock:
+            self._streams_of.append(self.stream)
+        super().issue(cmd)
+
+    def flush(self) -> None:
+        with self.lock:
+            if self.frees:
+                frees, self.frees = self.frees, []
+                self.batch.append((FREE, frees))
+                self._streams_of.append(None)
+            if not self.batch:
+                return
+            batch, self.batch = self.batch, []
+            streams, self._streams_of = self._streams_of, []
+            self.sent += 1
+            self.sim.run_batch(self, batch, streams)
+
+    def barrier(self) -> int:
+        self.flush()
+        self.synced = self.sent
+        return self.sent
+
+    def fetch(self, t: Any, coords: dict[str, int]) -> Future[Any]:
+        self.flush()
+        unknown = sorted(set(coords) - set(self.sizes))
+        if unknown:
+            raise ValueError(f"fetch_shard: {unknown} are not dims of this mesh {self.sizes}")
+        warnings.warn(
+            "a simulated tensor's values are not computed: fetch_shard gives zeros of its "
+            "shape and dtype",
+            SimulationWarning,
+            stacklevel=3,
+        )
+        f: Future[Any] = Future(loop=current_runtime().loop)
+        f.set_result(torch.zeros(tuple(t.shape), dtype=t.dtype))
+        return f
+
+
+class SimulatedMesh:
+    """A simulator's mesh: ``activate()`` it as a proc mesh; ``rename`` its dims."""
+
+    def __init__(self, sim: Simulator, sizes: dict[str, int]) -> None:
+        self._sim = sim
+        self.sizes = dict(sizes)
+        self._client: _SimClient | None = None
+
+    def __repr__(self) -> str:
+        return f"SimulatedMesh({self.sizes})"
+
+    def __len__(self) -> int:
+        n = 1
+        for s in self.sizes.values():
+            n *= s
+        return n
+
+    def size(self, dim: str | None = None) -> int:
+        return len(self) if dim is None else self.sizes[dim]
+
+    def rename(self, **names: str) -> SimulatedMesh:
+        """The same simulated devices with dims renamed: ``rename(gpu="dp")``."""
+        unknown = sorted(set(names) - set(self.sizes))
+        if unknown:
+            raise ValueError(f"rename: {unknown} are not dims of {self.sizes}")
+        return SimulatedMesh(self._sim, {names.get(d, d): s for d, s in self.sizes.items()})
+
+    def client(self) -> _SimClient:
+        if self._client is None:
+            self._client = _SimClient(self._sim, self)
+            self._sim.clients.append(self._client)
+        return self._client
+
+    def activate(self) -> contextlib.AbstractContextManager[Any]:
+        """Inside, torch calls make simulated DTensors on this mesh."""
+        return _scope(self.client())
+
+    def slice(self, **coords: Any) -> Any:
+        raise NotImplementedError(
+            "a simulated mesh is not sliced: simulate the slice's own mesh instead"
+        )
+
+
+class Simulator:
+    """Monarch's ``Simulator(hosts, gpus, trace_mode=...)``: ``simulator.mesh`` (dims
+    ``host``, ``gpu``) simulates instead of computing; ``display()`` tells what it would
+    have taken.
+
+    Args:
+        hosts: hosts of the simulated mesh.
+        gpus: devices per host.
+        trace_mode: ``"stream_only"`` (each worker's streams) or ``"stream_and_memory"``
+            (with each worker's memory, as a counter track).
+        trace_path: where ``display()`` writes the Chrome trace (``None``: nowhere).
+        costs: seconds per operation (a dict, or a JSON file of one) as this simulator
+            keys them (``aten::addmm.default|[T(4,)float32,...]|{}``, as a measured
+            table on disk has them, e.g. recorded on a GPU machine), or by operation
+            name alone (``aten::mm.default``); what is not given is measured here.
+        link_bandwidth: bytes/s of a link between devices (default: measured, this
+            host's shared memory).
+        link_latency: seconds of a message over it (default: measured, a local socket).
+        cost_cache: where measured costs are kept (default ``~/.cache/danaus``; ``None``
+            keeps nothing).
+    """
+
+    def __init__(
+        self,
+        hosts: int = 1,
+        gpus: int = 1,
+        *,
+        trace_mode: str = "stream_only",
+        trace_path: str | os.PathLike[str] | None = "trace.json",
+        costs: dict[str, float] | str | os.PathLike[str] | None = None,
+        link_bandwidth: float | None = None,
+        link_latency: float | None = None,
+        cost_cache: str | os.PathLike[str] | EllipsisType | None = ...,
+        **unused: Any,
+    ) -> None:
+        if trace_mode not in TRACE_MODES:
+            raise ValueError(f"trace_mode must be one of {TRACE_MODES}, not {trace_mode!r}")
+        for name, v in (("hosts", hosts), ("gpus", gpus)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, not {v!r}")
+        self.trace_mode = trace_mode
+        self.trace_path = None if trace_path is None else Path(trace_path)
+        if isinstance(cost_cache, EllipsisType):
+            cache: Path | None = _cache_dir()
+        else:
+            cache = None if cost_cache is None else Path(cost_cache)
+        self.costs = CostTable(costs, cache)
+        if link_bandwidth is None or link_latency is None:
+            measured_bw, measured_lat = _measure_link()
+            link_bandwidth = measured_bw if link_bandwidth is None else link_bandwidth
+            link_latency = measured_lat if link_latency is None else link_latency
+        self.link_bandwidth, self.link_latency = float(link_bandwidth), float(link_latency)
+        self.mesh = SimulatedMesh(self, {"host": hosts, "gpu": gpus})
+        self.clients: list[_SimClient] = []
+        self._collectives = 0
+
+    def __repr__(self) -> str:
+        return f"Simulator({self.mesh.sizes}, trace_mode={self.trace_mode!r})"
+
+    # ------------------------------------------------------------ running the commands
+
+    def run_batch(
+        self, client: _SimClient, batch: list[tuple[Any, ...]], streams: list[str | None]
+    ) -> None:
+        with no_mesh():  # (the simulation's own torch calls are local ones)
+            self._run_here(client, batch, streams)
+        self.costs.save()
+
+    def _run_here(
+        self, client: _SimClient, batch: list[tuple[Any, ...]], streams: list[str | None]
+    ) -> None:
+        tl = client.timeline
+        for cmd, stream in zip(batch, streams, strict=True):
+            kind = cmd[0]
+            if kind == FREE:
+                for i in cmd[1]:
+                    tl.table.pop(i, None)
+                    tl.ready.pop(i, None)
+                    tl.live -= tl.sizes.pop(i, 0)
+            elif kind == CALL:
+                self._call(client, tl, cmd)
+            elif kind == REDUCE:
+                self._reduce(client, tl, cmd, stream)
+            elif kind == BORROW:
+                _, src, from_stream, to_stream, out_ids, _ = cmd
+                src_stream, dst_stream = from_stream or MAIN, to_stream or MAIN
+                at = max(tl.streams.get(src_stream, 0.0), tl.ready.get(src.i, 0.0))
+                tl.streams[dst_stream] = max(tl.streams.get(dst_stream, 0.0), at)
+                for i in out_ids:
+                    tl.table[i] = tl.table.get(src.i)
+                    tl.ready[i] = at
+            elif kind == PULL:
+                raise NotImplementedError("moving tensors between simulated meshes")
+
+    def _resolve(self, tl: _Timeline, obj: Any, deps: list[float]) -> Any:
+        t = type(obj)
+        if isinstance(obj, Ref):
+            deps.append(tl.ready.get(obj.i, 0.0))
+            return tl.table.get(obj.i)
+        if t is tuple or t is list:
+            return t([self._resolve(tl, x, deps) for x in obj])
+        if t is GroupWire or t is OpaqueWire:
+            raise NotImplementedError("process groups and opaque references are not simulated")
+        if isinstance(obj, torch.Tensor):
+            return obj.to("meta")
+        return obj
+
+    def _call(self, client: _SimClient, tl: _Timeline, cmd: tuple[Any, ...]) -> None:
+        _, fn, args, kwargs, out_ids, written, _where, _, stream = cmd
+        deps: list[float] = []
+        margs = self._resolve(tl, args, deps)
+        mkwargs = {k: self._resolve(tl, v, deps) for k, v in (kwargs or {}).items()}
+        if "device" in mkwargs:
+            mkwargs["device"] = torch.device("meta")
+        name = fn if isinstance(fn, str) else getattr(fn, "__qualname__", repr(fn))
+        op = _op(fn) if isinstance(fn, str) else fn
+        result = op(*margs, **mkwargs)
+        cost = self.costs.cost(name, op, margs, mkwargs)
+        s = stream or MAIN
+        start = max([tl.streams.get(s, 0.0), *deps])
+        end = start + cost
+        tl.streams[s] = end
+        outs: list[Any] = []
+        if out_ids:
+            if isinstance(result, torch.Tensor):
+                outs = [result]
+            else:
+                _flatten(result, outs)
+        fresh = _fresh_outputs(fn, len(outs))
+        for i, r, new in zip(out_ids, outs, fresh, strict=False):
+            tl.table[i] = r
+            tl.ready[i] = end
+            nbytes = r.numel() * r.element_size() if new and isinstance(r, torch.Tensor) else 0
+            tl.sizes[i] = nbytes
+            tl.live += nbytes
+        for i in written:
+            tl.ready[i] = end
+        tl.peak = max(tl.peak, tl.live)
+        tl.events.append(Event(_short(name), s, start, end, live_bytes=tl.live))
+
+    def _reduce(
+        self, client: _SimClient, tl: _Timeline, cmd: tuple[Any, ...], stream: str | None
+    ) -> None:
+        _, src, dims, op, scatter, shape, dtype, out_ids, _ = cmd
+        n = 1
+        for d in dims:
+            n *= client.sizes[d]
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * itemsize
+        out_shape = list(shape)
+        if op == "stack":
+            moved = (n - 1) * nbytes  # an all-gather: every other rank's part comes in
+            if not scatter:
+                out_shape = [n, *out_shape]
+        elif scatter:
+            moved = (n - 1) * nbytes // n  # a reduce-scatter
+            out_shape[0] //= n
+        else:
+            moved = 2 * (n - 1) * nbytes // n  # a ring all-reduce
+        cost = 0.0 if n == 1 else 2 * (n - 1) * self.link_latency + moved / self.link_bandwidth
+        s = stream or MAIN
+        # every participant runs the same commands: they reach it at the same time
+        start = max(tl.streams.get(s, 0.0), tl.ready.get(src.i, 0.0))
+        end = start + cost
+        tl.streams[s] = end
+        self._collectives += 1
+        out = torch.empty(out_shape, dtype=dtype, device="meta")
+        for i in out_ids:
+            tl.table[i] = out
+            tl.ready[i] = end
+            size = out.numel() * out.element_size()
+            tl.sizes[i] = size
+            tl.live += size
+        tl.peak = max(tl.peak, tl.live)
+        what = f"reduce {op} over {'x'.join(dims)}" + (" (scatter)" if scatter else "")
+        tl.events.append(Event(what, s, start, end, self._collectives, tl.live))
+
+    # ------------------------------------------------------------ what it would have taken
+
+    def _flush_all(self) -> None:
+        for c in self.clients:
+            c.flush()
+
+    def summary(self) -> dict[str, Any]:
+        """Per simulated mesh: its dims, and per stream busy, idle and end (seconds),
+        the step's end, and each worker's peak bytes (every worker alike)."""
+        self._flush_all()
+        out = []
+        for c in self.clients:
+            tl = c.timeline
+            end = max(tl.streams.values(), default=0.0)
+            streams = {}
+            for s in sorted(tl.streams, key=lambda s: (s != MAIN, s)):
+                busy = sum(e.end - e.start for e in tl.events if e.stream == s)
+                streams[s] = {"busy_s": busy, "idle_s": end - busy, "end_s": tl.streams[s]}
+            out.append(
+                {
+                    "mesh": dict(c.sizes),
+                    "workers": len(c.global_ranks),
+                    "end_s": end,
+                    "streams": streams,
+                    "peak_bytes": tl.peak,
+                    "operations": sum(1 for e in tl.events if e.collective is None),
+                    "collectives": sum(1 for e in tl.events if e.collective is not None),
+                }
+            )
+        return {"meshes": out, "costs_measured_here": self.costs.measured}
+
+    def display(self) -> None:
+        """Print what each worker's streams did (busy, idle, the end of the work) and
+        each worker's peak memory, and write the trace (``trace_path``)."""
+        summary = self.summary()
+        for m in summary["meshes"]:
+            print(
+                f"simulated mesh {m['mesh']}: {m['operations']} operations, "
+                f"{m['collectives']} collectives, the work ends at {_ms(m['end_s'])} "
+                f"(costs: {self.costs.device}, measured here; links "
+                f"{self.link_bandwidth / 1e9:.1f} GB/s, {self.link_latency * 1e6:.0f} us)"
+            )
+            print(f"  {'worker':<8}{'stream':<12}{'busy':>12}{'idle':>12}{'end':>12}")
+            for w in range(m["workers"]):
+                for s, v in m["streams"].items():
+                    print(
+                        f"  {w:<8}{s:<12}{_ms(v['busy_s']):>12}{_ms(v['idle_s']):>12}"
+                        f"{_ms(v['end_s']):>12}"
+                    )
+            print(f"  peak memory per worker: {_bytes(m['peak_bytes'])}")
+        if self.costs.unmeasurable:
+            print(f"  {len(self.costs.unmeasurable)} operation(s) could not be measured "
+                  "(counted as 0 s)")  # fmt: skip
+        if self.trace_path is not None:
+            self.write_trace(self.trace_path)
+            print(
+                f"trace: {self.trace_path} (open it in https://ui.perfetto.dev or chrome://tracing)"
+            )
+
+    def trace(self) -> dict[str, Any]:
+        """The timeline in Chrome's trace event format: a process per worker, a thread
+        per stream, each operation a complete event, each collective linked across the
+        workers by a flow; with ``stream_and_memory``, a memory counter per worker."""
+        self._flush_all()
+        events: list[dict[str, Any]] = []
+        pid = 0
+        for c in self.clients:
+            names = list(c.sizes)
+            for rank in range(len(c.global_ranks)):
+                coords, r = {}, rank
+                for d in reversed(names):
+                    coords[d] = r % c.sizes[d]
+                    r //= c.sizes[d]
+                label = ", ".join(f"{d}={coords[d]}" for d in names)
+                events.append({"ph": "M", "name": "process_name", "pid": pid,
+                               "args": {"name": f"worker {rank} ({label})"}})  # fmt: skip
+                tids = {
+                    s: t
+                    for t, s in enumerate(sorted(c.timeline.streams, key=lambda s: (s != MAIN, s)))
+                }
+                for s, tid in tids.items():
+                    events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                                   "args": {"name": s}})  # fmt: skip
+                for e in c.timeline.events:
+                    ev = {"ph": "X", "name": e.name, "pid": pid, "tid": tids[e.stream],
+                          "ts": e.start * 1e6, "dur": (e.end - e.start) * 1e6,
+                          "cat": "collective" if e.collective is not None else "compute"}  # fmt: skip
+                    events.append(ev)
+                    if e.collective is not None:
+                        events.append({"ph": "s" if rank == 0 else "f", "bp": "e",
+                                       "id": e.collective, "name": "collective",
+                                       "cat": "collective", "pid": pid, "tid": tids[e.stream],
+                                       "ts": e.start * 1e6})  # fmt: skip
+                    if self.trace_mode == "stream_and_memory":
+                        events.append({"ph": "C", "name": "memory", "pid": pid,
+                                       "ts": e.end * 1e6, "args": {"bytes": e.live_bytes}})  # fmt: skip
+                pid += 1
+        return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+    def write_trace(self, path: str | os.PathLike[str]) -> None:
+        Path(path).write_text(json.dumps(self.trace()))
+
+
+def _fresh_outputs(fn: Any, n: int) -> list[bool]:
+    """Which outputs of ``fn`` are new memory (not views of, or the very, inputs)."""
+    if not isinstance(fn, str):
+        return [True] * n
+    try:
+        returns = _op(fn)._schema.returns  # noqa: SLF001 (torch's op schema)
+    except Exception:
+        return [True] * n
+    fresh = [r.alias_info is None for r in returns]
+    return (fresh + [True] * n)[:n] if len(fresh) >= 1 else [True] * n
+
+
+def _short(name: str) -> str:
+    return name.removeprefix("aten::").removesuffix(".default")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
