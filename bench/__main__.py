@@ -13,6 +13,7 @@ from . import (
     bench_planner,
     bench_recovery,
     bench_runtime,
+    bench_simulator,
     bench_slurm,
     bench_spawn,
     bench_spmd,
@@ -60,6 +61,8 @@ def main() -> None:
     rdma_bench(["--sizes", "4096,1048576,67108864"])
     print("\n== tensor engine ==")
     bench_tensor_engine.main()
+    print("\n== the tensor engine's simulator against a real mesh ==")
+    bench_simulator.main()
     print("\n== whole-model parallelism: strategies against one process ==")
     bench_parallel.main()
     print("\n== whole-model parallelism: snapshots' cost, recovery from a lost proc ==")

@@ -243,6 +243,8 @@ def test_the_distributed_tensors_pattern_runs_through_the_runner() -> None:
         "3d {'dp': 1, 'pp': 2, 'tp': 2}",
         "pipeline (3, 4)",
         "trained True",
+        "simulated 4 ['comms', 'main'] 4",
+        "overlap helps True",
     ]:
         assert line in lines, (line, out.stdout)
     assert lines[-1] == "done"

@@ -86,6 +86,47 @@ with dp.activate():
         losses.append(loss)
 first, last = monarch.inspect(losses[0], dp=0), monarch.inspect(losses[-1], dp=0)
 print("trained", bool(last < first))
+
+
+# The simulator: the same DDP step on a mesh that records and times instead of
+# computing, its gradients reduced on a comms stream while the backward pass goes on.
+comms = monarch.Stream("comms")
+
+
+def give_back(param, grad, borrow):
+    borrow.drop()  # from here the main stream waits for the reduction
+    param -= 0.5 * grad
+
+
+def simulated_step(drop_late):
+    simulator = monarch.Simulator(hosts=1, gpus=4, trace_mode="stream_only", trace_path=None)
+    with simulator.mesh.rename(gpu="dp").activate():
+        model = Net()
+        loss = model(torch.rand(64, 4), torch.full((64,), 1, dtype=torch.int64))
+        params = list(reversed(list(model.parameters())))
+        lent_before = None
+        with torch.no_grad():
+            for param, grad in zip(params, monarch.grad_generator(loss, params)):
+                if lent_before is not None:  # after the next backward step was issued
+                    give_back(*lent_before)
+                    lent_before = None
+                on_comms, borrow = comms.borrow(grad, mutable=True)
+                with comms.activate():
+                    on_comms.reduce_("dp", "sum")
+                if drop_late:
+                    lent_before = (param, grad, borrow)
+                else:
+                    give_back(param, grad, borrow)
+            if lent_before is not None:
+                give_back(*lent_before)
+        simulator.display()
+        [summary] = simulator.summary()["meshes"]
+    return summary
+
+
+early, late = simulated_step(False), simulated_step(True)
+print("simulated", early["workers"], sorted(early["streams"]), early["collectives"])
+print("overlap helps", late["end_s"] < early["end_s"])
 remote_mesh.stop().get()
 mesh.stop().get()
 print("done")
