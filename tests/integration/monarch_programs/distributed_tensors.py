@@ -106,7 +106,7 @@ def simulated_step(drop_late):
         params = list(reversed(list(model.parameters())))
         lent_before = None
         with torch.no_grad():
-            for param, grad in zip(params, monarch.grad_generator(loss, params)):
+            for param, grad in zip(params, monarch.grad_generator(loss, params), strict=True):
                 if lent_before is not None:  # after the next backward step was issued
                     give_back(*lent_before)
                     lent_before = None
