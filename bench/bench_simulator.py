@@ -29,7 +29,8 @@ def _program(mesh: Any, steps: int) -> Any:
             loss = ((model(x) - y) ** 2).mean()
             loss.backward()
             for p in model.parameters():
-                p.grad.reduce_("dp", "avg")
+                grad: Any = p.grad  # (a DTensor)
+                grad.reduce_("dp", "avg")
             opt.step()
             opt.zero_grad()
     return loss
