@@ -41,8 +41,8 @@ def test_ping_pong_with_a_monarch_fault_hook() -> None:
 def test_a_name_danaus_lacks_fails_at_import_naming_it() -> None:
     out = _run("-m", "danaus.monarch", str(PROGRAMS / "missing_name.py"))
     assert out.returncode != 0
-    assert "danaus does not provide monarch.Simulator" in out.stderr
-    assert "simulator" in out.stderr.split("monarch.Simulator", 1)[1]  # and why
+    assert "danaus does not provide monarch.mast_reserve" in out.stderr
+    assert "MAST" in out.stderr.split("monarch.mast_reserve", 1)[1]  # and why
 
 
 def test_without_the_runner_monarch_is_not_danaus() -> None:

@@ -1,1 +1,1 @@
-from monarch import Simulator  # noqa: F401 - danaus leaves Monarch's simulator out
+from monarch import mast_reserve  # noqa: F401 - danaus leaves out Meta's scheduler
