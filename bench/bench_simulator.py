@@ -46,6 +46,8 @@ def main() -> None:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=UserWarning)
     for n in (1, 2, 4):
+        # (warm, as the real run is: the controller's first commands cost it more)
+        _program(Simulator(hosts=1, gpus=n, trace_path=None).mesh.rename(gpu="dp"), 1)
         sim = Simulator(hosts=1, gpus=n, trace_path=None)
         _program(sim.mesh.rename(gpu="dp"), STEPS)
         [m] = sim.summary()["meshes"]

@@ -72,6 +72,8 @@ class CostTable:
             given = dict(json.loads(Path(given).read_text()))
         self.given = dict(given or {})
         self.measured = 0  # (new this run)
+        #: how much slower than measured a worker computes (cores shared), see Simulator
+        self.sharing = 1.0
         self.unmeasurable: dict[str, str] = {}
 
     def cost(self, name: str, fn: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> float:
@@ -85,7 +87,7 @@ class CostTable:
         if key not in self.costs:
             self.costs[key] = self._measure(key, fn, args, kwargs)
             self.measured += 1
-        return self.costs[key]
+        return self.costs[key] * self.sharing  # (measured alone, on one core)
 
     def _measure(
         self, key: str, fn: Callable[..., Any], args: Any, kwargs: dict[str, Any]
@@ -125,13 +127,13 @@ def _signature(obj: Any) -> str:
 
 
 def _real(obj: Any) -> Any:
-    """Real CPU (or CUDA) tensors in place of meta ones: random floats, zero integers
-    (valid indices)."""
+    """Real CPU (or CUDA) tensors in place of meta ones, with their shapes and strides:
+    random floats, zero integers (valid indices)."""
     if isinstance(obj, torch.Tensor) and obj.device.type == "meta":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        if obj.dtype.is_floating_point or obj.dtype.is_complex:
-            return torch.randn(obj.shape, dtype=obj.dtype, device=device)
-        return torch.zeros(obj.shape, dtype=obj.dtype, device=device)
+        # its strides too: a transposed operand (backward's matmuls) runs at its own pace
+        t = torch.empty_strided(obj.shape, obj.stride(), dtype=obj.dtype, device=device)
+        return t.normal_() if obj.dtype.is_floating_point or obj.dtype.is_complex else t.zero_()
     if isinstance(obj, (list, tuple)):
         return type(obj)(_real(x) for x in obj)
     if isinstance(obj, dict):
@@ -141,19 +143,33 @@ def _real(obj: Any) -> Any:
     return obj
 
 
-def _measure_link() -> tuple[float, float]:
-    """(bytes/s, seconds) of this host's shared memory: a 64 MiB memcpy, and half a round
-    trip of one byte over a local socket pair."""
-    src = torch.empty(64 << 20, dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(3):
+def _measure_link(device: str) -> tuple[float, float]:
+    """(bytes/s, seconds) of a link between two workers of one host, measured here: on
+    CPU, TCP over loopback (what gloo uses: 16 MiB sent, and half a one-byte round
+    trip); on GPU, a 64 MiB device copy and a local socket's half round trip."""
+    if device == "cuda":
+        src = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        torch.cuda.synchronize()
         start = time.perf_counter()
         dst.copy_(src)
-        best = min(best, time.perf_counter() - start)
-    bandwidth = src.numel() / best
-    a, b = socket.socketpair()
+        torch.cuda.synchronize()
+        bandwidth = src.numel() / (time.perf_counter() - start)
+        return bandwidth, _tcp(0)[1]
+    return _tcp(16 << 20)
+
+
+def _tcp(nbytes: int) -> tuple[float, float]:
+    """(bytes/s of sending ``nbytes``, half a one-byte round trip) over loopback TCP."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    a = socket.create_connection(server.getsockname())
+    b, _ = server.accept()
+    server.close()
+    for s in (a, b):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         trips = []
         for _ in range(20):
@@ -163,6 +179,23 @@ def _measure_link() -> tuple[float, float]:
             b.sendall(b"x")
             a.recv(1)
             trips.append(time.perf_counter() - start)
+        bandwidth = float("inf")
+        if nbytes:
+            payload = bytes(nbytes)
+
+            def drain() -> None:
+                left = nbytes
+                while left:
+                    left -= len(b.recv(min(left, 1 << 20)))
+                b.sendall(b"x")
+
+            reader = threading.Thread(target=drain)
+            reader.start()
+            start = time.perf_counter()
+            a.sendall(payload)
+            a.recv(1)
+            bandwidth = nbytes / (time.perf_counter() - start)
+            reader.join(timeout=30)
     finally:
         a.close()
         b.close()
@@ -190,6 +223,7 @@ class _Timeline:
     live: int = 0
     peak: int = 0
     events: list[Event] = field(default_factory=list)
+    floor: float = 0.0  # no command of the batch being run starts before (it was sent)
 
 
 class _SimClient(_Client):
@@ -213,14 +247,25 @@ class _SimClient(_Client):
         self.flush_at = 512
         self.timeline = _Timeline()
         self._streams_of: list[str | None] = []  # the stream each command was issued on
+        #: the controller's clock: seconds since this mesh's first command, less the time
+        #: the simulation itself took (a batch reaches the workers when it is sent)
+        self._started: float | None = None
+        self.simulating = 0.0
 
     def __repr__(self) -> str:
         return f"<simulated tensor engine of {self.procs!r}>"
 
     def issue(self, cmd: tuple[Any, ...]) -> None:
         with self.lock:
+            if self._started is None:
+                self._started = time.perf_counter()
             self._streams_of.append(self.stream)
         super().issue(cmd)
+
+    def clock(self) -> float:
+        if self._started is None:
+            return 0.0
+        return time.perf_counter() - self._started - self.simulating
 
     def flush(self) -> None:
         with self.lock:
@@ -233,7 +278,10 @@ class _SimClient(_Client):
             batch, self.batch = self.batch, []
             streams, self._streams_of = self._streams_of, []
             self.sent += 1
-            self.sim.run_batch(self, batch, streams)
+            sent_at = self.clock()
+            started = time.perf_counter()
+            self.sim.run_batch(self, batch, streams, sent_at)
+            self.simulating += time.perf_counter() - started
 
     def barrier(self) -> int:
         self.flush()
@@ -319,6 +367,8 @@ class Simulator:
         link_latency: seconds of a message over it (default: measured, a local socket).
         cost_cache: where measured costs are kept (default ``~/.cache/danaus``; ``None``
             keeps nothing).
+        cores: CPU cores of a simulated host (default: this machine's); a CPU mesh's
+            workers share them, each a core while there are enough.
     """
 
     def __init__(
@@ -332,6 +382,7 @@ class Simulator:
         link_bandwidth: float | None = None,
         link_latency: float | None = None,
         cost_cache: str | os.PathLike[str] | EllipsisType | None = ...,
+        cores: int | None = None,
         **unused: Any,
     ) -> None:
         if trace_mode not in TRACE_MODES:
@@ -347,10 +398,15 @@ class Simulator:
             cache = None if cost_cache is None else Path(cost_cache)
         self.costs = CostTable(costs, cache)
         if link_bandwidth is None or link_latency is None:
-            measured_bw, measured_lat = _measure_link()
+            measured_bw, measured_lat = _measure_link(self.costs.device)
             link_bandwidth = measured_bw if link_bandwidth is None else link_bandwidth
             link_latency = measured_lat if link_latency is None else link_latency
         self.link_bandwidth, self.link_latency = float(link_bandwidth), float(link_latency)
+        #: on CPU, a host's workers and the controller share its cores: a measured cost
+        #: (alone, on one core) is this much longer there; a GPU is a worker's own
+        self.cores = cores if cores is not None else len(os.sched_getaffinity(0))
+        if self.costs.device == "cpu":
+            self.costs.sharing = max(1.0, (gpus + 1) / self.cores)
         self.mesh = SimulatedMesh(self, {"host": hosts, "gpu": gpus})
         self.clients: list[_SimClient] = []
         self._collectives = 0
@@ -361,8 +417,16 @@ class Simulator:
     # ------------------------------------------------------------ running the commands
 
     def run_batch(
-        self, client: _SimClient, batch: list[tuple[Any, ...]], streams: list[str | None]
+        self,
+        client: _SimClient,
+        batch: list[tuple[Any, ...]],
+        streams: list[str | None],
+        sent_at: float = 0.0,
     ) -> None:
+        """Simulate one batch of commands, which the controller sent at ``sent_at``
+        (its clock): no worker starts one before."""
+        tl = client.timeline
+        tl.floor = max(tl.floor, sent_at)
         with no_mesh():  # (the simulation's own torch calls are local ones)
             self._run_here(client, batch, streams)
         self.costs.save()
@@ -385,7 +449,7 @@ class Simulator:
             elif kind == BORROW:
                 _, src, from_stream, to_stream, out_ids, _ = cmd
                 src_stream, dst_stream = from_stream or MAIN, to_stream or MAIN
-                at = max(tl.streams.get(src_stream, 0.0), tl.ready.get(src.i, 0.0))
+                at = max(tl.streams.get(src_stream, tl.floor), tl.ready.get(src.i, 0.0))
                 tl.streams[dst_stream] = max(tl.streams.get(dst_stream, 0.0), at)
                 for i in out_ids:
                     tl.table[i] = tl.table.get(src.i)
@@ -418,7 +482,7 @@ class Simulator:
         result = op(*margs, **mkwargs)
         cost = self.costs.cost(name, op, margs, mkwargs)
         s = stream or MAIN
-        start = max([tl.streams.get(s, 0.0), *deps])
+        start = max([tl.streams.get(s, 0.0), tl.floor, *deps])
         end = start + cost
         tl.streams[s] = end
         outs: list[Any] = []
@@ -464,7 +528,7 @@ class Simulator:
         cost = 0.0 if n == 1 else 2 * (n - 1) * self.link_latency + moved / self.link_bandwidth
         s = stream or MAIN
         # every participant runs the same commands: they reach it at the same time
-        start = max(tl.streams.get(s, 0.0), tl.ready.get(src.i, 0.0))
+        start = max(tl.streams.get(s, 0.0), tl.floor, tl.ready.get(src.i, 0.0))
         end = start + cost
         tl.streams[s] = end
         self._collectives += 1
@@ -486,8 +550,9 @@ class Simulator:
             c.flush()
 
     def summary(self) -> dict[str, Any]:
-        """Per simulated mesh: its dims, and per stream busy, idle and end (seconds),
-        the step's end, and each worker's peak bytes (every worker alike)."""
+        """Per simulated mesh: its dims, per stream busy, idle and end (seconds), the end
+        of the work (the controller's clock: a batch starts when it was sent) and its span
+        from the first operation, and each worker's peak bytes (every worker alike)."""
         self._flush_all()
         out = []
         for c in self.clients:
@@ -502,6 +567,9 @@ class Simulator:
                     "mesh": dict(c.sizes),
                     "workers": len(c.global_ranks),
                     "end_s": end,
+                    # from the first operation's start: the work without the controller's
+                    # time before it sent it
+                    "span_s": end - min((e.start for e in tl.events), default=0.0),
                     "streams": streams,
                     "peak_bytes": tl.peak,
                     "operations": sum(1 for e in tl.events if e.collective is None),
