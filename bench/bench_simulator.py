@@ -59,9 +59,37 @@ def main() -> None:
             real = (time.perf_counter() - start) / STEPS
         print(
             f"DDP step on {n} proc(s): simulated {simulated * 1e3:.1f} ms vs real "
-            f"{real * 1e3:.1f} ms: {simulated / real:.2f}x (peak {m['peak_bytes'] / 2**20:.0f} "
-            f"MiB a worker, simulated)"
+            f"{real * 1e3:.1f} ms: {simulated / real:.2f}x"
         )
+    _memory()
+
+
+def _memory() -> None:
+    """One step on one proc from cold: the simulated peak against the real proc's growth
+    of resident memory to its high-water mark (which also holds the allocator's cache
+    and the operations' own temporaries)."""
+    from danaus import this_host
+    from danaus.tensor_engine import Simulator, inspect
+
+    from ._actors import Memory
+
+    sim = Simulator(hosts=1, gpus=1, trace_path=None)
+    _program(sim.mesh.rename(gpu="dp"), 1)
+    simulated = sim.summary()["meshes"][0]["peak_bytes"]
+    with this_host().spawn_procs(per_host={"dp": 1}, env={"OMP_NUM_THREADS": "1"}) as procs:
+        memory = procs.spawn("memory", Memory)
+        import torch
+
+        with procs.activate():
+            inspect(torch.zeros(1))  # (the engine's worker up)
+        before = memory.status.call_one().get()
+        inspect(_program(procs, 1))
+        after = memory.status.call_one().get()
+    real = after["VmHWM"] - before["VmRSS"]
+    print(
+        f"one step's peak memory on 1 proc: simulated {simulated / 2**20:.1f} MiB vs the "
+        f"proc's resident growth {real / 2**20:.1f} MiB: {simulated / real:.2f}x"
+    )
 
 
 if __name__ == "__main__":
