@@ -87,6 +87,25 @@ class Plan:
         """``"dp=2 x pp=2"`` style: the dims above 1 (``"single"`` when none)."""
         return strategy_name(self.dp, self.pp, self.tp, self.sharded)
 
+    def simulate(self, hosts: int, gpus: int, *, batch: int | None = None) -> SimulatedPlan:
+        """This plan's layout on a mesh of ``hosts`` x ``gpus`` devices, none of which is
+        needed: its step time and memory per device, estimated from what ``plan()``
+        measured (the blocks' costs at this plan's microbatch size, the links and
+        collectives as measured here; each simulated device computes at the measured
+        pace, with a core of its own). The pipeline and tensor-parallel degrees are
+        kept; the data-parallel degree grows with the devices, and the global batch
+        with it (``batch=`` another), so each replica's microbatches stay the size
+        measured.
+
+        Raises:
+            PlanError: nothing measured is kept on this plan (made by hand), the devices
+                are not a multiple of ``pp x tp``, or the batch does not split into
+                microbatches of the size measured.
+        """
+        from ._planning import simulate_plan
+
+        return simulate_plan(self, hosts, gpus, batch)
+
     @property
     def layout(self) -> Layout:
         return Layout(
@@ -174,6 +193,41 @@ class Plan:
                 f"{self.search_s:.2f} s"
             )
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class SimulatedPlan:
+    """:meth:`Plan.simulate`'s answer: a plan's layout estimated on a mesh of ``hosts`` x
+    ``gpus`` devices.
+
+    Attributes:
+        hosts, gpus: the simulated mesh.
+        dp, pp, tp, microbatches: the layout there.
+        batch: the global batch of a step there.
+        step_s: the estimated time of one step.
+        peak_bytes_per_proc: the estimated peak bytes of the fullest device.
+        stages: each stage's blocks, time per microbatch and peak bytes per device.
+    """
+
+    hosts: int
+    gpus: int
+    dp: int
+    pp: int
+    tp: int
+    microbatches: int
+    batch: int
+    step_s: float
+    peak_bytes_per_proc: int
+    stages: tuple[StagePlan, ...]
+
+    def __str__(self) -> str:
+        return (
+            f"simulated on {self.hosts} x {self.gpus} devices: "
+            f"{strategy_name(self.dp, self.pp, self.tp, False)}, {self.batch} samples a "
+            f"step in {self.microbatches} microbatches per replica: "
+            f"{self.step_s * 1e3:.2f} ms a step, {self.peak_bytes_per_proc / 2**20:.1f} MiB "
+            "on the fullest device"
+        )
 
 
 def strategy_name(dp: int, pp: int, tp: int, sharded: bool) -> str:

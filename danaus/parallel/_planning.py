@@ -14,8 +14,16 @@ from ..actors._api import Future, current_runtime, run_task
 from ..spmd import setup_torch_elastic_env_async
 from ._errors import PlanError
 from ._model import ModelParts, check_batch, find_parts
-from ._plan import Plan
-from ._planner import candidates, check_forced, choose, classes, profile_sizes
+from ._plan import Plan, SimulatedPlan
+from ._planner import (
+    Candidate,
+    candidates,
+    check_forced,
+    choose,
+    classes,
+    estimate,
+    profile_sizes,
+)
 from ._profile import MeshFacts, ModelCost, ProcFacts, TPProbe
 
 if TYPE_CHECKING:
@@ -386,6 +394,38 @@ def replan(p: Plan, model: nn.Module, n: int) -> Plan:
         m.cost, mesh, batch=m.batch, cands=cands, layers=m.layers, recompute=m.recompute
     )
     return _finished(chosen, m, p.precision, p.compile, 0.0, time.perf_counter() - started)
+
+
+def simulate_plan(p: Plan, hosts: int, gpus: int, batch: int | None) -> SimulatedPlan:
+    """:meth:`Plan.simulate` (see there)."""
+    m = p.measured
+    if not isinstance(m, Measured):
+        raise PlanError("this plan keeps nothing plan() measured: simulate a plan plan() made")
+    for name, v in (("hosts", hosts), ("gpus", gpus)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise PlanError(f"{name} must be a positive int, not {v!r}")
+    n = hosts * gpus
+    if n % (p.pp * p.tp):
+        raise PlanError(
+            f"{hosts} x {gpus} devices do not hold whole replicas of pp={p.pp} x tp={p.tp}"
+        )
+    dp = n // (p.pp * p.tp)
+    per_replica = m.batch // p.dp  # the samples of one replica's step, as measured
+    batch = per_replica * dp if batch is None else batch
+    size = batch // max(1, dp * p.microbatches)
+    if batch % (dp * p.microbatches) or size not in m.cost.blocks[0].time_s:
+        raise PlanError(
+            f"a batch of {batch} over {dp} replicas in {p.microbatches} microbatches is not "
+            f"microbatches of a size measured ({sorted(m.cost.blocks[0].time_s)})"
+        )
+    # every simulated device its own: a core each (no contention), alike, unbounded
+    mesh = replace(m.mesh, procs=n, procs_per_host=gpus, cores_per_host=gpus, speed=(), memory=())
+    cand = Candidate(dp, p.pp, p.tp, p.microbatches, p.sharded)
+    cut = tuple(st.last - st.first + 1 for st in p.stages)
+    e = estimate(cand, m.cost, mesh, batch, 1 << 62, m.recompute, cut)
+    return SimulatedPlan(
+        hosts, gpus, dp, p.pp, p.tp, p.microbatches, batch, e.step_s, e.peak, e.stages
+    )
 
 
 def _scaled(

@@ -355,3 +355,32 @@ def test_a_trainer_that_lost_a_proc_replans_from_what_was_measured() -> None:
     assert all(c.dp * c.pp * c.tp == 3 for c in q.candidates)
     with pytest.raises(PlanError, match=r"keeps nothing plan\(\) measured"):
         replan(replace(p, measured=None), model, 3)
+
+
+def test_a_plan_is_simulated_on_a_bigger_mesh_from_what_was_measured() -> None:
+    """``Plan.simulate``: the plan's own size gives its own estimate; more devices give
+    more replicas of the same stages, each with the microbatches measured, and the
+    step's collectives grow with them; what cannot be simulated is named."""
+    from danaus.parallel._planning import Measured
+
+    cost = _cost([1.0] * 8, [MiB] * 8)
+    mesh = _mesh(4)
+    p = choose(cost, mesh, batch=8, cands=_all(4, dp=2, pp=2), layers=None)
+    p = replace(p, measured=Measured(cost, mesh, None, 8, None, None, False))
+    same = p.simulate(1, 4)
+    assert (same.dp, same.pp, same.batch) == (2, 2, 8)
+    assert same.step_s == pytest.approx(p.estimated_step_s, rel=1e-9)
+    assert same.peak_bytes_per_proc == p.peak_bytes_per_proc
+    big = p.simulate(4, 8)  # 32 devices: 16 replicas of the two stages, 64 samples
+    assert (big.dp, big.pp, big.tp, big.batch) == (16, 2, 1, 64)
+    assert [(s.first, s.last) for s in big.stages] == [(s.first, s.last) for s in p.stages]
+    # each replica computes what it did; the gradients' all-reduce over 16 takes longer
+    assert same.step_s < big.step_s < 1.5 * same.step_s
+    assert big.peak_bytes_per_proc == pytest.approx(same.peak_bytes_per_proc, rel=0.05)
+    assert "simulated on 4 x 8 devices: dp=16 x pp=2" in str(big)
+    with pytest.raises(PlanError, match="do not hold whole replicas of pp=2"):
+        p.simulate(1, 3)
+    with pytest.raises(PlanError, match="not microbatches of a size measured"):
+        p.simulate(1, 4, batch=6)
+    with pytest.raises(PlanError, match=r"keeps nothing plan\(\) measured"):
+        replace(p, measured=None).simulate(1, 4)
