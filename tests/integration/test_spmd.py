@@ -268,14 +268,17 @@ async def test_launch_of_a_transformers_trainer_equals_torchrun(tmp_path: Path) 
     pytest.importorskip("accelerate")
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     out = tmp_path / "torchrun.json"
-    r = await asyncio.to_thread(
-        subprocess.run,
-        [torchrun, "--nproc-per-node", "2", HF_SCRIPT, "--out", str(out), "--steps", "6"],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        env=_env(),
-    )
+    for _ in range(2):  # (torch's teardown flake under torchrun: see _train)
+        r = await asyncio.to_thread(
+            subprocess.run,
+            [torchrun, "--nproc-per-node", "2", HF_SCRIPT, "--out", str(out), "--steps", "6"],
+            capture_output=True,
+            text=True,
+            timeout=150,
+            env=_env(),
+        )
+        if r.returncode == 0 or "terminate called without an active exception" not in r.stderr:
+            break
     assert r.returncode == 0, r.stderr[-3000:]
     theirs = json.loads(out.read_text())
     async with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
