@@ -37,11 +37,13 @@ test: compile
 # SLURM (srun starts its agents), the rdma-bench CLI, the model-sized tensor-engine tests
 # (test_tensor_engine covers fresh interpreters there) and whole-model parallelism
 # (torch.distributed in actors; test_spmd covers exec there), with its checkpoints and
-# recoveries (a respawn spawns procs the way the mesh's were; checked by hand in exec), and
-# the tensor engine's simulator (no procs).
+# recoveries (a respawn spawns procs the way the mesh's were; checked by hand in exec),
+# Lightning's strategy (its ranks are test_spmd's launch, which runs in exec; passed in
+# exec by hand) and the tensor engine's simulator (no procs).
 COV ?= --cov=danaus --cov-report=term:skip-covered
 EXEC_SKIP := test_top test_dashboard test_slurm test_spmd_slurm test_rdma_bench \
-	test_tensor_engine_models test_parallel test_checkpoints test_recovery test_simulator
+	test_tensor_engine_models test_parallel test_checkpoints test_recovery test_simulator \
+	test_lightning
 test-all: compile
 	$(PY) -m pytest -q $(COV) tests
 	DANAUS_SPAWN_METHOD=exec $(PY) -m pytest -q tests/integration tests/conformance \
