@@ -76,13 +76,15 @@ bench: compile
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-# make lint: ruff, mypy --strict, and the import contracts in pyproject.toml (lint-imports:
-# imports point down the layers, and cross into a package only through its seams).
+# make lint: ruff, mypy --strict, the import contracts in pyproject.toml (lint-imports:
+# imports point down the layers, and cross into a package only through its seams), and
+# the actor and mesh layers' module-level process state, by name (it may not grow).
 lint: install
 	$(VENV)/bin/ruff check danaus tests bench examples
 	$(VENV)/bin/ruff format --check danaus tests bench examples
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(PY) scripts/process_state.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info .coverage .coverage.* site
