@@ -393,6 +393,10 @@ class ParallelWorker(Actor):
         self.optimizer = optimizer(iter(module.parameters()))
         if resume is not None:
             self._load_optimizer(resume, have)
+            if layout.precision == "fp16":  # the loss scale the checkpoint's run had reached
+                saved_scale = _checkpoint.meta(resume).get("loss_scale")
+                if isinstance(saved_scale, (int, float)) and saved_scale > 0:
+                    self.loss_scale = float(saved_scale)
         if snapshot is not None:
             self._load_snapshot(snapshot)
         #: a pipeline's schedule per shape of a replica's batch, the most recent last:

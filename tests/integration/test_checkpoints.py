@@ -198,3 +198,33 @@ async def test_bad_paths_and_failed_writes_are_named_and_the_trainer_goes_on(
             ValueError, match=r"holds model\.transformer\.wte\.weight as \(256, 64\)"
         ):
             parallelize(narrow, procs, p, optimizer=pm.adamw, resume=gpt2_ckpt)
+
+
+@pytest.mark.slow
+async def test_fp16_resumes_at_the_loss_scale_the_run_had_reached(tmp_path: Path) -> None:
+    """From a scale of 2**30 the first fp16 steps overflow and halve it; a run resumed
+    from a checkpoint goes on at the scale reached (its first steps are not skipped
+    again), as the run that was not stopped would."""
+    from danaus.parallel._checkpoint import meta
+
+    batch = pm.padded_lm_batch()
+    env = {"DANAUS_FP16_LOSS_SCALE": str(float(2**30))}
+    where = str(tmp_path / "ckpt")
+    async with this_host().spawn_procs(per_host={"procs": 2}, env=env) as procs:
+        p = await plan(pm.llama(), procs, sample=batch, precision="fp16", dp=2)
+        trainer = parallelize(pm.llama(), procs, p, optimizer=pm.adamw)
+        first = await trainer.fit([batch] * 20)
+        await trainer.save(where)
+        await trainer.stop()
+        reached = meta(where)["loss_scale"]
+        skipped = next(i for i, v in enumerate(first) if v != first[0])
+        assert skipped > 1 and reached < 2**30  # overflowed, and halved
+        resumed = parallelize(pm.llama(), procs, p, optimizer=pm.adamw, resume=where)
+        then = await resumed.fit([batch] * 4)
+        await resumed.save(str(tmp_path / "again"))
+        await resumed.stop()
+    # not the 2**30 the procs start from (its first ten or so steps would all overflow
+    # and be skipped, the loss unchanged): at the reached scale, at most the odd step
+    # at its edge is skipped, as in the run that went on
+    assert len(set(then)) >= 3, then
+    assert meta(str(tmp_path / "again"))["loss_scale"] <= 2 * reached
