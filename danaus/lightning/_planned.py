@@ -13,6 +13,7 @@ mesh when they are needed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import warnings
@@ -49,6 +50,17 @@ def _like(opt: torch.optim.Optimizer) -> Callable[[Iterator[nn.Parameter]], torc
     else:
         settings = {k: v for k, v in opt.defaults.items() if k in takes}
     return functools.partial(_optimizer, type(opt), settings)
+
+
+@contextlib.contextmanager
+def _standing_in(module: nn.Module, attr: str, stand_in: nn.Module) -> Iterator[None]:
+    """``module.<attr>`` is ``stand_in`` inside, its own model again after."""
+    model = getattr(module, attr)
+    setattr(module, attr, stand_in)
+    try:
+        yield
+    finally:
+        setattr(module, attr, model)
 
 
 class _Recorder(nn.Module):
@@ -175,15 +187,12 @@ class PlannedStrategy(SingleDeviceStrategy):
         """Run ``training_step`` on this process's model once, and check that its loss
         is the model's own (or ``loss_fn``'s of its output), for the batch as given."""
         attr = self._attr(module)
-        model = getattr(module, attr)
-        recorder = _Recorder(model)
-        setattr(module, attr, recorder)
+        recorder = _Recorder(getattr(module, attr))
         module.__dict__["log"] = module.__dict__["log_dict"] = lambda *a, **k: None
         try:
-            with torch.no_grad():
+            with _standing_in(module, attr, recorder), torch.no_grad():
                 loss = self._loss_of(module.training_step(batch, idx))
         finally:
-            setattr(module, attr, model)
             module.__dict__.pop("log", None)
             module.__dict__.pop("log_dict", None)
         how = f"self.{attr}(**batch).loss" if self._loss_fn is None else "loss_fn(out, y)"
@@ -252,11 +261,9 @@ class PlannedStrategy(SingleDeviceStrategy):
         """The module's own ``self.log`` calls, with the step's loss (the model's own);
         with a ``loss_fn``, or where they use more of the output, ``train_loss``."""
         if self._replay_type is not None and not self._replay_failed:
-            attr = self._attr(module)
-            model = getattr(module, attr)
-            setattr(module, attr, _Replay(self._replay_type, loss))
             try:
-                return module.training_step(batch, idx)
+                with _standing_in(module, self._attr(module), _Replay(self._replay_type, loss)):
+                    return module.training_step(batch, idx)
             except Exception as e:
                 self._replay_failed = True
                 warnings.warn(
@@ -265,8 +272,6 @@ class PlannedStrategy(SingleDeviceStrategy):
                     "loss is logged as train_loss",
                     stacklevel=2,
                 )
-            finally:
-                setattr(module, attr, model)
         module.log("train_loss", loss, prog_bar=True)
         return loss
 

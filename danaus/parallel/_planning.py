@@ -361,6 +361,13 @@ def _finished(
     return replace(finish(chosen), candidates=tuple(finish(c) for c in chosen.candidates))
 
 
+def _measured(p: Plan, instead: str) -> Measured:
+    """What ``plan()`` measured for ``p``; ``PlanError`` saying to ``instead`` if none."""
+    if not isinstance(p.measured, Measured):
+        raise PlanError(f"this plan keeps nothing plan() measured: {instead}")
+    return p.measured
+
+
 def replan(p: Plan, model: nn.Module, n: int) -> Plan:
     """A plan of ``model`` for ``n`` new procs on the host ``p`` was planned for, from
     what ``plan()`` measured for ``p`` (the blocks' costs, the links; the new procs
@@ -371,9 +378,7 @@ def replan(p: Plan, model: nn.Module, n: int) -> Plan:
         PlanError: ``p`` was not made by ``plan()`` (nothing measured is kept on it),
             or no layout of ``n`` procs fits.
     """
-    m = p.measured
-    if not isinstance(m, Measured):
-        raise PlanError("this plan keeps nothing plan() measured: plan for the procs again")
+    m = _measured(p, "plan for the procs again")
     started = time.perf_counter()
     parts = find_parts(model, m.layers)
     tp_ok, _ = tp_sizes(model, parts, n)
@@ -398,9 +403,7 @@ def replan(p: Plan, model: nn.Module, n: int) -> Plan:
 
 def simulate_plan(p: Plan, hosts: int, gpus: int, batch: int | None) -> SimulatedPlan:
     """:meth:`Plan.simulate` (see there)."""
-    m = p.measured
-    if not isinstance(m, Measured):
-        raise PlanError("this plan keeps nothing plan() measured: simulate a plan plan() made")
+    m = _measured(p, "simulate a plan plan() made")
     for name, v in (("hosts", hosts), ("gpus", gpus)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise PlanError(f"{name} must be a positive int, not {v!r}")

@@ -93,6 +93,11 @@ class SPMDActor(Actor):
         """Set torchrun's variables in this proc's environment."""
         self._setup_env(master_addr, master_port, run_id)
 
+    def _for_run(self, master_addr: str, master_port: int, run_id: str) -> None:
+        """Set the variables for run ``run_id`` unless this proc has them already."""
+        if self.point is None or os.environ.get("TORCHELASTIC_RUN_ID") != run_id:
+            self._setup_env(master_addr, master_port, run_id)
+
     def _setup_env(self, master_addr: str, master_port: int, run_id: str) -> None:
         self.point = current_rank()
         os.environ.update(
@@ -111,8 +116,7 @@ class SPMDActor(Actor):
         """
         if not script_args or script_args == ["-m"]:
             raise ValueError("no script or module to run: give ['-m', 'module', ...] or [path]")
-        if self.point is None or os.environ.get("TORCHELASTIC_RUN_ID") != run_id:
-            self._setup_env(master_addr, master_port, run_id)  # not set up for this run
+        self._for_run(master_addr, master_port, run_id)
         old_argv = sys.argv
         try:
             if script_args[0] == "-m":
@@ -155,8 +159,7 @@ class SPMDActor(Actor):
         Accelerate's process-wide state reset), as a torchrun process would end: the
         next launch on these procs starts afresh.
         """
-        if self.point is None or os.environ.get("TORCHELASTIC_RUN_ID") != run_id:
-            self._setup_env(master_addr, master_port, run_id)
+        self._for_run(master_addr, master_port, run_id)
         failed = True
         try:
             result = fn(*args, **kwargs)

@@ -46,8 +46,7 @@ class _Client:
             timeout=datetime.timedelta(seconds=config.collective_timeout),
         )
         self.rendezvous = (host, self.store.port)
-        self.sent = 0  # batches sent
-        self.synced = 0  # batches every worker is known to have run
+        self._init_commands()
         self.workers = procs.spawn(
             "tensor_worker",
             TensorWorker,
@@ -62,6 +61,11 @@ class _Client:
             if torch.cuda.is_available()
             else torch.device("cpu")
         )
+
+    def _init_commands(self) -> None:
+        """The command stream's state: ids, the batch being recorded, frees, counts."""
+        self.sent = 0  # batches sent
+        self.synced = 0  # batches every worker is known to have run
         self.ids = itertools.count(1)
         self.batch: list[tuple[Any, ...]] = []
         self.frees: list[int] = []
@@ -97,10 +101,13 @@ class _Client:
                 return
             batch, self.batch = self.batch, []
             self.sent += 1
-            seq = self.sent
-            # danaus pickles it (tensors out of band) with torch calls of its own: local
-            with _disable_current_modes():
-                self.workers.run.broadcast(batch, seq)
+            self._send(batch, self.sent)
+
+    def _send(self, batch: list[tuple[Any, ...]], seq: int) -> None:
+        """Batch number ``seq`` to every worker (under :attr:`lock`, in order)."""
+        # danaus pickles it (tensors out of band) with torch calls of its own: local
+        with _disable_current_modes():
+            self.workers.run.broadcast(batch, seq)
 
     def barrier(self) -> int:
         """Send the commands so far and wait until every worker ran them; their number.

@@ -22,7 +22,6 @@ idle, end) and peak memory, and writes the timeline as a Chrome trace (Perfetto,
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import socket
@@ -238,13 +237,8 @@ class _SimClient(_Client):
             n *= s
         self.global_ranks = list(range(n))
         self.rendezvous = ("simulator", id(mesh))
-        self.sent = self.synced = 0
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.ids = itertools.count(1)
-        self.batch: list[tuple[Any, ...]] = []
-        self.frees: list[int] = []
-        self.lock = threading.Lock()
-        self.flush_at = 512
+        self._init_commands()
         self.timeline = _Timeline()
         self._streams_of: list[str | None] = []  # the stream each command was issued on
         #: the controller's clock: seconds since this mesh's first command, less the time
@@ -267,21 +261,15 @@ class _SimClient(_Client):
             return 0.0
         return time.perf_counter() - self._started - self.simulating
 
-    def flush(self) -> None:
-        with self.lock:
-            if self.frees:
-                frees, self.frees = self.frees, []
-                self.batch.append((FREE, frees))
-                self._streams_of.append(None)
-            if not self.batch:
-                return
-            batch, self.batch = self.batch, []
-            streams, self._streams_of = self._streams_of, []
-            self.sent += 1
-            sent_at = self.clock()
-            started = time.perf_counter()
-            self.sim.run_batch(self, batch, streams, sent_at)
-            self.simulating += time.perf_counter() - started
+    def _send(self, batch: list[tuple[Any, ...]], seq: int) -> None:
+        """To the simulator, not to workers: the batch, sent now by the controller's
+        clock (the frees, added at its end by ``flush``, on no stream)."""
+        streams, self._streams_of = self._streams_of, []
+        streams += [None] * (len(batch) - len(streams))
+        sent_at = self.clock()
+        started = time.perf_counter()
+        self.sim.run_batch(self, batch, streams, sent_at)
+        self.simulating += time.perf_counter() - started
 
     def barrier(self) -> int:
         self.flush()
