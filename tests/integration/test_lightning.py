@@ -37,6 +37,15 @@ KEY = "7c" * 32  # the host agents' job key
 QUIET = {"enable_progress_bar": False, "enable_model_summary": False}
 
 
+def _trainer(strategy: Any, **kw: Any) -> Any:
+    """A quiet Lightning trainer on CPU with ``strategy``: no logger and no checkpoints
+    unless ``kw`` asks for them."""
+    return L.Trainer(
+        strategy=strategy,
+        **{"accelerator": "cpu", "logger": False, "enable_checkpointing": False, **QUIET, **kw},
+    )
+
+
 def _max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
     return max(
         float((p - q).detach().abs().max())
@@ -47,11 +56,14 @@ def _max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
 def test_ddp_on_two_procs_equals_one_process_on_the_global_batch(tmp_path: Path) -> None:
     with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
         module = Regressor()
-        trainer = L.Trainer(
-            strategy=DanausStrategy(procs), accelerator="cpu", devices=2, max_epochs=2,
-            default_root_dir=tmp_path, enable_checkpointing=False, log_every_n_steps=4,
-            **QUIET,
-        )  # fmt: skip
+        trainer = _trainer(
+            DanausStrategy(procs),
+            devices=2,
+            max_epochs=2,
+            default_root_dir=tmp_path,
+            log_every_n_steps=4,
+            logger=True,
+        )
         trainer.fit(module, regression_data(batch_size=4))  # 4 a rank: global batches of 8
     one = Regressor()
     fit_by_hand(one, regression_data(batch_size=8), epochs=2)
@@ -68,10 +80,13 @@ def test_model_checkpoint_files_load_back_and_validate_test_predict_run(tmp_path
     ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", mode="min")
     with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
         module = Regressor()
-        trainer = L.Trainer(
-            strategy=DanausStrategy(procs), accelerator="cpu", devices=2, max_epochs=3,
-            callbacks=[ckpt], logger=False, **QUIET,
-        )  # fmt: skip
+        trainer = _trainer(
+            DanausStrategy(procs),
+            devices=2,
+            max_epochs=3,
+            callbacks=[ckpt],
+            enable_checkpointing=True,
+        )
         trainer.fit(module, regression_data(4), regression_data(4, rows=32, seed=1))
         best = Path(ckpt.best_model_path)
         assert best.parent == tmp_path and best.exists(), ckpt.best_model_path
@@ -96,10 +111,7 @@ def test_model_checkpoint_files_load_back_and_validate_test_predict_run(tmp_path
 
 def test_a_failing_rank_fails_fit_with_its_traceback_and_the_procs_live_on() -> None:
     with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
-        trainer = L.Trainer(
-            strategy=DanausStrategy(procs), accelerator="cpu", devices=2, max_epochs=1,
-            logger=False, enable_checkpointing=False, **QUIET,
-        )  # fmt: skip
+        trainer = _trainer(DanausStrategy(procs), devices=2, max_epochs=1)
         with pytest.raises(RankFailure) as info:
             trainer.fit(Regressor(fail_rank=1, fail_step=2), regression_data(4))
         assert info.value.rank == 1
@@ -107,20 +119,14 @@ def test_a_failing_rank_fails_fit_with_its_traceback_and_the_procs_live_on() -> 
         assert "training_step" in str(info.value.cause)  # the rank's traceback
         # the procs were not stopped: a new trainer trains on them
         module = Regressor()
-        again = L.Trainer(
-            strategy=DanausStrategy(procs), accelerator="cpu", devices=2, max_epochs=1,
-            logger=False, enable_checkpointing=False, **QUIET,
-        )  # fmt: skip
+        again = _trainer(DanausStrategy(procs), devices=2, max_epochs=1)
         again.fit(module, regression_data(4))
         assert again.state.finished
 
 
 def test_a_lost_proc_fails_fit_naming_it_and_no_rank_is_left_waiting() -> None:
     with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
-        trainer = L.Trainer(
-            strategy=DanausStrategy(procs), accelerator="cpu", devices=2, max_epochs=1,
-            logger=False, enable_checkpointing=False, **QUIET,
-        )  # fmt: skip
+        trainer = _trainer(DanausStrategy(procs), devices=2, max_epochs=1)
         with pytest.raises(RankFailure) as info:
             trainer.fit(Regressor(fail_rank=1, fail_step=2, how="kill"), regression_data(4))
         assert info.value.rank == 1
@@ -136,10 +142,7 @@ def test_ddp_across_two_host_agents_equals_one_process() -> None:
             hosts = attach_to_hosts([addr for addr, _ in agents])
             with hosts.spawn_procs(per_host={"gpus": 1}) as procs:
                 module = Regressor()
-                trainer = L.Trainer(
-                    strategy=DanausStrategy(procs), accelerator="cpu", devices=1,
-                    max_epochs=1, logger=False, enable_checkpointing=False, **QUIET,
-                )  # fmt: skip
+                trainer = _trainer(DanausStrategy(procs), devices=1, max_epochs=1)
                 trainer.fit(module, regression_data(batch_size=4))
     one = Regressor()
     fit_by_hand(one, regression_data(batch_size=8), epochs=1)
@@ -149,10 +152,7 @@ def test_ddp_across_two_host_agents_equals_one_process() -> None:
 
 def test_devices_unlike_the_mesh_are_refused() -> None:
     with this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2}) as procs:
-        trainer = L.Trainer(
-            strategy=DanausStrategy(procs), accelerator="cpu", devices=3, max_epochs=1,
-            logger=False, enable_checkpointing=False, **QUIET,
-        )  # fmt: skip
+        trainer = _trainer(DanausStrategy(procs), devices=3, max_epochs=1)
         with pytest.raises(
             ValueError, match=r"Trainer\(devices=3\) but the mesh has 2 procs per host"
         ):
@@ -172,10 +172,7 @@ def test_a_pipeline_plan_trains_as_one_process(tmp_path: Path) -> None:
     with this_host().spawn_procs(per_host={"gpus": 4}) as procs:
         module = CausalLM(pm.gpt2())
         strategy = DanausStrategy(procs, dp=2, pp=2)
-        trainer = L.Trainer(
-            strategy=strategy, accelerator="cpu", max_epochs=1, logger=False,
-            callbacks=[ckpt], **QUIET,
-        )  # fmt: skip
+        trainer = _trainer(strategy, max_epochs=1, callbacks=[ckpt], enable_checkpointing=True)
         trainer.fit(module, _lm_loader(32), _lm_loader(8, seed=2))
         assert strategy.trainer_on_mesh is None  # stopped with the fit
         # the plan's schedule ran: dp=2 x pp=2
@@ -200,10 +197,7 @@ def test_a_tensor_parallel_plan_trains_as_one_process() -> None:
     with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
         module = CausalLM(pm.gpt2(layers=2))
         strategy = DanausStrategy(procs, tp=2)
-        trainer = L.Trainer(
-            strategy=strategy, accelerator="cpu", max_steps=3, logger=False,
-            enable_checkpointing=False, **QUIET,
-        )  # fmt: skip
+        trainer = _trainer(strategy, max_steps=3)
         trainer.fit(module, _lm_loader(24))
         assert strategy.plan is not None and strategy.plan.tp == 2
     one = pm.gpt2(layers=2)
@@ -219,10 +213,7 @@ def _gpus() -> int:
 def test_ddp_on_two_gpus_equals_one_process() -> None:
     with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
         module = Regressor()
-        trainer = L.Trainer(
-            strategy=DanausStrategy(procs), accelerator="gpu", devices=2, max_epochs=1,
-            logger=False, enable_checkpointing=False, **QUIET,
-        )  # fmt: skip
+        trainer = _trainer(DanausStrategy(procs), devices=2, max_epochs=1, accelerator="gpu")
         trainer.fit(module, regression_data(batch_size=4))
     one = Regressor()
     fit_by_hand(one, regression_data(batch_size=8), epochs=1)
@@ -234,10 +225,7 @@ def test_plan_auto_chooses_a_layout_and_trains_as_one_process() -> None:
     with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
         module = CausalLM(pm.gpt2(layers=2))
         strategy = DanausStrategy(procs, plan="auto")
-        trainer = L.Trainer(
-            strategy=strategy, accelerator="cpu", max_steps=3, logger=False,
-            enable_checkpointing=False, **QUIET,
-        )  # fmt: skip
+        trainer = _trainer(strategy, max_steps=3)
         trainer.fit(module, _lm_loader(24))
     one = pm.gpt2(layers=2)
     pm.train_over(one, list(_lm_loader(24)))
@@ -247,10 +235,7 @@ def test_plan_auto_chooses_a_layout_and_trains_as_one_process() -> None:
 def test_a_training_step_the_plan_cannot_run_is_refused_before_the_procs_work() -> None:
     with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
         strategy = DanausStrategy(procs, dp=2)
-        trainer = L.Trainer(
-            strategy=strategy, accelerator="cpu", max_steps=2, logger=False,
-            enable_checkpointing=False, **QUIET,
-        )  # fmt: skip
+        trainer = _trainer(strategy, max_steps=2)
         with pytest.raises(PlanError, match=r"training_step cannot be run as the plan's sch"):
             trainer.fit(CausalLM(pm.gpt2(layers=1), penalty=0.1), _lm_loader(8))
         assert strategy.trainer_on_mesh is None  # nothing was sent to the procs
@@ -261,10 +246,7 @@ def test_a_training_step_the_plan_cannot_run_is_refused_before_the_procs_work() 
             "optimizer": opt,
             "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 1),
         }
-        again = L.Trainer(
-            strategy=DanausStrategy(procs, dp=2), accelerator="cpu", max_steps=2,
-            logger=False, enable_checkpointing=False, **QUIET,
-        )  # fmt: skip
+        again = _trainer(DanausStrategy(procs, dp=2), max_steps=2)
         with pytest.raises(PlanError, match=r"learning-rate scheduler"):
             again.fit(module, _lm_loader(8))
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -102,12 +105,10 @@ async def test_an_actors_own_stats_endpoint_wins_and_mesh_stats_still_reaches_th
         assert any(s["thread"] == "MainThread" for s in (await mesh_stacks(own)).values()[0])
 
 
-async def test_an_endpoint_running_too_long_is_reported_on_the_controller_with_its_stack() -> None:
-    import logging
-    import threading
-
-    from danaus.mesh._supervision import stuck_reports
-
+@contextlib.contextmanager
+def _stuck_warnings() -> Iterator[tuple[threading.Event, list[logging.LogRecord]]]:
+    """Inside, danaus.supervision's stuck-endpoint warnings are kept: (an event set at
+    the first, the records)."""
     seen = threading.Event()
     records: list[logging.LogRecord] = []
 
@@ -120,6 +121,15 @@ async def test_an_endpoint_running_too_long_is_reported_on_the_controller_with_i
     catch = Catch(level=logging.WARNING)
     logging.getLogger("danaus.supervision").addHandler(catch)
     try:
+        yield seen, records
+    finally:
+        logging.getLogger("danaus.supervision").removeHandler(catch)
+
+
+async def test_an_endpoint_running_too_long_is_reported_on_the_controller_with_its_stack() -> None:
+    from danaus.mesh._supervision import stuck_reports
+
+    with _stuck_warnings() as (seen, records):
         env = {"DANAUS_STUCK_WARN_AFTER": "0.5", "DANAUS_HEARTBEAT_INTERVAL": "0.25"}
         async with this_host().spawn_procs(per_host={"procs": 1}, env=env, name="procs") as procs:
             busy = await procs.spawn("busy", Busy)
@@ -128,8 +138,6 @@ async def test_an_endpoint_running_too_long_is_reported_on_the_controller_with_i
             assert await asyncio.to_thread(seen.wait, 30), "no stuck-endpoint warning"
             await other.release.call_one()
             assert await asyncio.wait_for(blocked, 30) == "released"
-    finally:
-        logging.getLogger("danaus.supervision").removeHandler(catch)
     text = records[0].getMessage()
     assert "endpoint block of procs[0].busy[0] (mesh busy, rank {'procs': 0/1})" in text
     assert "_gate.wait(60)" in text  # where it is stuck
@@ -137,47 +145,21 @@ async def test_an_endpoint_running_too_long_is_reported_on_the_controller_with_i
     assert report.endpoint == "block" and report.seconds >= 0.5
 
 
-def _catch_stuck() -> tuple[Any, list[Any]]:
-    """A handler on danaus.supervision's log keeping its stuck reports (an event set at
-    the first), and the list they go to."""
-    import logging
-    import threading
-
-    seen = threading.Event()
-    records: list[logging.LogRecord] = []
-
-    class Catch(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if "has been running for" in record.getMessage():
-                records.append(record)
-                seen.set()
-
-    catch = Catch(level=logging.WARNING)
-    catch.seen = seen  # type: ignore[attr-defined]
-    return catch, records
-
-
 async def test_a_hanging_init_on_the_actors_thread_is_reported_with_its_stack() -> None:
-    import logging
-
     from danaus.mesh._admin.snapshot import snapshot
 
     from .obs_actors import OpensInit, SlowInit
 
-    catch, records = _catch_stuck()
-    logging.getLogger("danaus.supervision").addHandler(catch)
-    try:
+    with _stuck_warnings() as (seen, records):
         env = {"DANAUS_STUCK_WARN_AFTER": "0.5", "DANAUS_HEARTBEAT_INTERVAL": "0.25"}
         async with this_host().spawn_procs(per_host={"procs": 1}, env=env, name="procs") as procs:
             opener = await procs.spawn("opener", OpensInit)
             slow = procs.spawn("slow", SlowInit)  # its __init__ waits for the gate
-            assert await asyncio.to_thread(catch.seen.wait, 30), "no report of __init__"
+            assert await asyncio.to_thread(seen.wait, 30), "no report of __init__"
             # the proc kept serving meanwhile: the other actor opens the gate
             await opener.open_init_gate.call_one()
             assert await asyncio.wait_for(slow.ok.call_one(), 30) == 1
             picture = await snapshot()
-    finally:
-        logging.getLogger("danaus.supervision").removeHandler(catch)
     text = records[0].getMessage()
     assert text.startswith("__init__ of procs[0].slow[0] (mesh slow, rank {'procs': 0/1})")
     assert "_init_gate.wait(60)" in text  # where it waits
@@ -186,30 +168,25 @@ async def test_a_hanging_init_on_the_actors_thread_is_reported_with_its_stack() 
 
 
 async def test_a_hanging_init_on_the_procs_loop_is_reported_and_stop_ends_it() -> None:
-    import logging
-
+    from danaus import config
     from danaus.config import configured
 
     from .obs_actors import HangingAsyncInit
 
-    catch, records = _catch_stuck()
-    logging.getLogger("danaus.supervision").addHandler(catch)
-    try:
-        # (the spawner reports it: the controller's setting counts, the procs' too)
-        with configured(stuck_warn_after=0.5, heartbeat_interval=0.25):
-            procs = this_host().spawn_procs(per_host={"procs": 1}, name="procs")
-            procs.spawn("hangs", HangingAsyncInit)
-            assert await asyncio.to_thread(catch.seen.wait, 30), "no report of __init__"
-            started = time.monotonic()
-            await asyncio.wait_for(procs.stop(), 30)
-            took = time.monotonic() - started
-    finally:
-        logging.getLogger("danaus.supervision").removeHandler(catch)
+    # (the spawner reports it: the controller's setting counts, the procs' too)
+    with (
+        _stuck_warnings() as (seen, records),
+        configured(stuck_warn_after=0.5, heartbeat_interval=0.25),
+    ):
+        procs = this_host().spawn_procs(per_host={"procs": 1}, name="procs")
+        procs.spawn("hangs", HangingAsyncInit)
+        assert await asyncio.to_thread(seen.wait, 30), "no report of __init__"
+        started = time.monotonic()
+        await asyncio.wait_for(procs.stop(), 30)
+        took = time.monotonic() - started
     text = records[0].getMessage()
     assert text.startswith("__init__ of procs[0].hangs[0] (mesh hangs, rank {'procs': 0/1})")
     assert "runs on its proc's event loop" in text  # why there is no stack
-    from danaus import config
-
     assert took < config.stop_timeout + 5  # the proc could not stop itself: it was ended
 
 

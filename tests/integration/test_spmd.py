@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,7 +101,9 @@ def test_elastic_env_of_a_point() -> None:
     assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == ("8", "4", "2")
 
 
-def _train(tmp: Path, how: list[str], *extra: str, reference: bool = False) -> dict[str, object]:
+def _train(
+    tmp: Path, how: list[str], *extra: str, reference: bool = False, script: str = SCRIPT
+) -> dict[str, object]:
     """Run the training script as ``how`` says; its result. ``reference``: the run is the
     floor (torchrun), run again once if torch's own teardown aborted a rank after the
     result was written ("terminate called without an active exception", seen rarely
@@ -108,7 +111,7 @@ def _train(tmp: Path, how: list[str], *extra: str, reference: bool = False) -> d
     out = tmp / f"out{len(list(tmp.iterdir()))}.json"
     for _ in range(2 if reference else 1):
         r = subprocess.run(
-            [*how, SCRIPT, "--out", str(out), *extra],
+            [*how, script, "--out", str(out), *extra],
             capture_output=True,
             text=True,
             timeout=120,
@@ -267,20 +270,10 @@ async def test_launch_of_a_transformers_trainer_equals_torchrun(tmp_path: Path) 
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    out = tmp_path / "torchrun.json"
-    for _ in range(2):  # (torch's teardown flake under torchrun: see _train)
-        r = await asyncio.to_thread(
-            subprocess.run,
-            [torchrun, "--nproc-per-node", "2", HF_SCRIPT, "--out", str(out), "--steps", "6"],
-            capture_output=True,
-            text=True,
-            timeout=150,
-            env=_env(),
-        )
-        if r.returncode == 0 or "terminate called without an active exception" not in r.stderr:
-            break
-    assert r.returncode == 0, r.stderr[-3000:]
-    theirs = json.loads(out.read_text())
+    how = [torchrun, "--nproc-per-node", "2"]
+    theirs: dict[str, Any] = await asyncio.to_thread(
+        _train, tmp_path, how, "--steps", "6", reference=True, script=HF_SCRIPT
+    )
     async with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
         ours = (await asyncio.wait_for(launch(_hf_train, procs, 6), 150)).item(gpus=0)
     assert ours["world"] == theirs["world"] == 2
