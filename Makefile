@@ -39,11 +39,14 @@ test: compile
 # (torch.distributed in actors; test_spmd covers exec there), with its checkpoints and
 # recoveries (a respawn spawns procs the way the mesh's were; checked by hand in exec),
 # Lightning's strategy (its ranks are test_spmd's launch, which runs in exec; passed in
-# exec by hand) and the tensor engine's simulator (no procs).
+# exec by hand), the tensor engine's simulator (no procs), and the planner under cgroup
+# CPU quotas and memory limits (whole-model parallelism again; test_memory_limits alone took 7 minutes in exec;
+# test_memory_limits passed whole in exec by hand: it warms its procs before a limit, so
+# fresh interpreters' torch imports are not charged to the group).
 COV ?= --cov=danaus --cov-report=term:skip-covered
 EXEC_SKIP := test_top test_dashboard test_slurm test_spmd_slurm test_rdma_bench \
 	test_tensor_engine_models test_parallel test_checkpoints test_recovery test_simulator \
-	test_lightning
+	test_lightning test_memory_limits test_unlike_procs
 test-all: compile
 	$(PY) -m pytest -q $(COV) tests
 	DANAUS_SPAWN_METHOD=exec $(PY) -m pytest -q tests/integration tests/conformance \
