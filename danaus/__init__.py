@@ -5,9 +5,7 @@ from .actors import (
     Channel,
     Context,
     Endpoint,
-    Extent,
     Future,
-    Point,
     Port,
     PortReceiver,
     ProcId,
@@ -35,16 +33,14 @@ from .errors import (
     SerializationError,
     SupervisionError,
 )
+from .geometry import Extent, NDSlice, Point, Selection, Shape
 from .mesh import (
     Accumulator,
     ActorMesh,
     BootstrapCommand,
     HostMesh,
     MeshFailure,
-    NDSlice,
     ProcMesh,
-    Selection,
-    Shape,
     ValueMesh,
     as_endpoint,
     attach,

@@ -1,12 +1,12 @@
 """The actor runtime of one proc: actors, endpoints, ports, futures, context."""
 
+from ..geometry import Extent, Point
 from ._actor import Actor, Endpoint, concurrent_endpoint, endpoint
 from ._context import Context, context, current_actor_name, current_rank, current_size
 from ._future import Future
 from ._handlers import check_stuck as _check_stuck
 from ._ids import ProcId, Uid
 from ._loops import enable_transport
-from ._point import Extent, Point
 from ._port import Channel, Port, PortReceiver, RankedPortReceiver
 from ._runtime import on_every_heartbeat as _on_every_heartbeat
 from ._telemetry import get_meter, span, traced

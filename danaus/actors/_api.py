@@ -6,8 +6,8 @@ everything here is used above (``tests/unit/test_exports.py``). By what it is fo
 - **Actors and their values**: ``Actor``, ``Endpoint``, ``endpoint``,
   ``concurrent_endpoint``, ``AS_ENDPOINT``, ``endpoints_of``, ``describe_endpoints``,
   ``context``, ``context_state``, ``current_rank``, ``spawn_creators``, ``waiting_actor``,
-  ``Future``, ``Port``, ``PortReceiver``, ``Channel``, ``forward``, ``Extent``, ``Point``,
-  ``NDSlice``, ``NDRegion``, ``Selection``, ``set_region_shape``.
+  ``Future``, ``Port``, ``PortReceiver``, ``Channel``, ``forward`` (ranks and shapes are
+  ``danaus.geometry``'s, below this layer).
 - **The runtime of a loop**, which meshes send through: ``Runtime`` (``send_call``,
   ``send_cast``, ports), ``Connection``, ``current_runtime``, ``runtime_here``,
   ``background_runtime``, ``start_background_runtime``, ``runtime_started``,
@@ -90,13 +90,7 @@ from ._loops import (
     runtime_started,
     start_background_runtime,
 )
-from ._ndslice import NDSlice, Selection, set_region_shape
-from ._ndslice import Region as NDRegion
 from ._peers import peers
-from ._point import (
-    Extent,
-    Point,
-)
 from ._port import (
     Channel,
     Port,
@@ -176,16 +170,12 @@ __all__ = [
     "DebugOpen",
     "DebugOutput",
     "Endpoint",
-    "Extent",
     "Failure",
     "Future",
     "Gathered",
     "Handler",
-    "NDRegion",
-    "NDSlice",
     "Paused",
     "Ping",
-    "Point",
     "Pong",
     "Port",
     "PortReceiver",
@@ -195,7 +185,6 @@ __all__ = [
     "Region",
     "Result",
     "Runtime",
-    "Selection",
     "SeqSkip",
     "Spawn",
     "StackEntry",
@@ -248,7 +237,6 @@ __all__ = [
     "runtime_here",
     "runtime_started",
     "set_job_key",
-    "set_region_shape",
     "spawn_creators",
     "start_background_runtime",
     "waiting_actor",

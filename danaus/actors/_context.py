@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from ..config import config
 from ..errors import actor_display_name
-from ._point import Point, point_in_region
+from ..geometry import Point, point_in_region
 from ._wire import Creator, Region
 
 if TYPE_CHECKING:

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, TypeVar, cast
 
 from ..config import config
 from ..errors import ProtocolError, SerializationError, actor_failed
+from ..geometry import Point
 from ._actor import Actor, endpoint
 from ._actor_thread import InitJob, JobFn
 from ._connection import Connection
 from ._context import ActorContext, creator_from_wire
 from ._errinfo import encode_error, info_from_error
 from ._instance import ActorInstance
-from ._point import Point
 from ._serialize import loads
 from ._stats import StackEntry, actor_record, proc_record, thread_stacks
 from ._wire import (

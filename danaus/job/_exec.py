@@ -11,7 +11,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, TypedDict
 
-from ..actors._api import Actor, Future, Point, context, current_runtime, endpoint, run_task
+from ..actors._api import Actor, Future, context, current_runtime, endpoint, run_task
+from ..geometry import Point
 from ..mesh._api import check_per_host
 
 if TYPE_CHECKING:

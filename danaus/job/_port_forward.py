@@ -14,7 +14,8 @@ import contextlib
 import uuid
 from collections.abc import Callable
 
-from ..actors._api import Actor, Channel, Point, Port, current_rank, endpoint
+from ..actors._api import Actor, Channel, Port, current_rank, endpoint
+from ..geometry import Point
 from ..mesh._api import CLOSE_TIMEOUT, Message, Relays, close_writer
 
 __all__ = ["PortForwarder"]

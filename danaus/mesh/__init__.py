@@ -1,6 +1,7 @@
 """Meshes: hosts, procs and actors laid out as named multi-dimensional meshes."""
 
-from ..actors._api import NDSlice, Selection, on_every_heartbeat, set_region_shape
+from ..actors._api import on_every_heartbeat
+from ..geometry import NDSlice, Selection, Shape
 from . import _handler_table
 from ._actor_endpoint import ActorEndpoint
 from ._actor_mesh import ActorMesh
@@ -16,12 +17,10 @@ from ._host_mesh import HostMesh, attach_to_hosts, attach_to_workers, hosts_from
 from ._proc_mesh import ProcMesh, shutdown_context, this_proc
 from ._procs.bootstrap_cmd import BootstrapCommand, default_bootstrap_cmd
 from ._procs.host_agent import run_worker_loop_forever
-from ._shape import Shape
 from ._supervision import MeshFailure, exit_on_fault, set_unhandled_fault_hook
 from ._value_mesh import ValueMesh
 
 _handler_table.install()  # every message type's handler, from the one table
-set_region_shape(Shape.from_region)  # Region.as_shape: a region of a mesh
 on_every_heartbeat(_debug_sweep)  # debuggers that went away let their sessions go on
 
 __all__ = [

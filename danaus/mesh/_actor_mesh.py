@@ -27,15 +27,14 @@ from ..actors._api import (
 )
 from ..config import config
 from ..errors import EndpointNotFoundError, SerializationError
+from ..geometry import Shape, Shaped
 from ._actor_endpoint import ActorEndpoint
 from ._admin.inspect import mesh_stacks, mesh_stats, unless_endpoint
 from ._admin.records import ActorStats, GoneActorStats, StackEntry
 from ._endpoint_ops import NotAnEndpoint
 from ._proc_group import ProcGroup, remove_actor_mesh
-from ._shape import Shape
 from ._supervision import MeshState, resolved
 from ._value_mesh import ValueMesh
-from ._views import Shaped
 
 __all__ = ["ActorMesh", "mesh_ref"]
 

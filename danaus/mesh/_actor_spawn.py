@@ -15,7 +15,6 @@ from typing import TypeVar
 from ..actors._api import (
     ERROR,
     Actor,
-    Point,
     Runtime,
     Spawn,
     Stuck,
@@ -26,9 +25,9 @@ from ..actors._api import (
 )
 from ..config import config
 from ..errors import ActorError, SupervisionError
+from ..geometry import Point, Shape
 from ._actor_mesh import ActorMesh
 from ._proc_group import ProcGroup
-from ._shape import Shape
 from ._supervision import MeshState, current_owner, report_stuck, stuck_reports
 
 __all__ = ["spawn_actor_mesh"]

@@ -22,8 +22,8 @@ from ..actors._api import (
     install_actor,
     run_task,
 )
+from ..geometry import Shape
 from ._actor_mesh import ActorMesh, mesh_ref
-from ._shape import Shape
 from ._supervision import MeshFailure
 
 __all__ = ["get_or_spawn_controller"]

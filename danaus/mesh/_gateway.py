@@ -50,10 +50,10 @@ from ..actors._api import (
     start_background_runtime,
 )
 from ..config import config
+from ..geometry import Shape
 from ._actor_mesh import ActorMesh, mesh_ref
 from ._byte_relay import Message, Relays, close_writer
 from ._procs.local import bind_abstract, started_here
-from ._shape import Shape
 
 __all__ = ["GATEWAY", "Gateway", "attach"]
 

@@ -18,7 +18,6 @@ from ..actors._api import (
     OK,
     Actor,
     Future,
-    Point,
     Port,
     Runtime,
     current_runtime,
@@ -29,6 +28,7 @@ from ..actors._api import (
 )
 from ..config import config, get_runtime_config, runtime_env
 from ..errors import SupervisionError, a_type
+from ..geometry import Point, Shape, Shaped
 from ._actor_mesh import ActorMesh, mesh_ref
 from ._live_meshes import live_meshes
 from ._proc_group import ProcGroup
@@ -38,9 +38,7 @@ from ._procs.handles import Proc, RemoteProcHandle
 from ._procs.host_agent import AGENT, HostAgent, agent_ref
 from ._procs.local import start_proc
 from ._procs.logs import LogOptions, printer
-from ._shape import Shape
 from ._supervision import resolved
-from ._views import Shaped
 
 if TYPE_CHECKING:
     from ._workspace import Workspace

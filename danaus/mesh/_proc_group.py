@@ -44,11 +44,11 @@ from typing import TYPE_CHECKING, NamedTuple
 from ..actors._api import ERROR, Connection, Failure, Runtime, StopActor, current_runtime, peers
 from ..config import config
 from ..errors import SerializationError, SupervisionError
+from ..geometry import Shape
 from ._live_meshes import live_meshes
 from ._procs.handles import Proc, ProcHandle, RefProcHandle, RemoteProcHandle, SelfProcHandle
 from ._procs.local import stop_procs, wait_exited
 from ._procs.logs import LogOptions
-from ._shape import Shape
 from ._supervision import MeshState, Owner, current_owner, resolved
 
 if TYPE_CHECKING:

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 from ..actors._api import (
     Actor,
     Future,
-    Point,
     ProcControl,
     current_runtime,
     endpoints_of,
@@ -27,6 +26,7 @@ from ..actors._api import (
 )
 from ..actors._api import context_state as _context_module
 from ..errors import ClosedError
+from ..geometry import Point, Shape, Shaped
 from ._actor_mesh import ActorMesh
 from ._actor_spawn import spawn_actor_mesh
 from ._admin.inspect import unless_endpoint
@@ -37,11 +37,9 @@ from ._proc_group import GroupRef, ProcGroup
 from ._procs.forkserver import note_actor_module
 from ._procs.handles import Proc, RefProcHandle, SelfProcHandle
 from ._procs.logs import LogOptions
-from ._shape import Shape
 from ._supervision import current_owner, resolved
 from ._tensor_engine_hook import tensor_engine
 from ._value_mesh import ValueMesh
-from ._views import Shaped
 
 if TYPE_CHECKING:
     from ._host_mesh import HostMesh

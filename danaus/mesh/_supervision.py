@@ -33,9 +33,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import Protocol, TypedDict
 
-from ..actors._api import Connection, Point, Runtime, Stuck, context
+from ..actors._api import Connection, Runtime, Stuck, context
 from ..errors import SupervisionError, actor_display_name, actor_failed
-from ._shape import Shape
+from ..geometry import Point, Shape
 
 __all__ = ["MeshFailure", "set_unhandled_fault_hook"]
 

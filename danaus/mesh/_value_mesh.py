@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Generic, TypeVar
 
-from danaus.actors._api import Point
-from danaus.mesh._shape import Shape
-from danaus.mesh._views import Shaped
+from danaus.geometry import Point, Shape, Shaped
 
 T = TypeVar("T")
 

@@ -186,7 +186,7 @@ def usable_memory(facts: list[ProcFacts]) -> tuple[tuple[int, ...], str]:
 
 def _one(procs: ProcMesh, actors: Any, rank: int) -> Any:
     """The actor of ``actors`` (one per proc of ``procs``) on flat rank ``rank``."""
-    from ..actors._api import Point
+    from ..geometry import Point
 
     return actors.slice(**dict(Point.from_rank(rank, dict(procs.sizes))))
 

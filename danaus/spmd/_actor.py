@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..actors import Actor, context, current_rank, endpoint
-from ..actors._api import Point
+from ..geometry import Point
 
 #: the dim torchrun calls "per node" when a mesh has no dim named like one
 _LOCAL_DIMS = ("gpus", "gpu", "procs", "local", "nproc")

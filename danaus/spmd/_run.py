@@ -10,8 +10,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..actors._api import Future, Point, current_runtime, run_task
+from ..actors._api import Future, current_runtime, run_task
 from ..errors import DanausError
+from ..geometry import Point
 from ..mesh import ValueMesh
 from ._env import _setup
 

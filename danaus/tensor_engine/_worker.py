@@ -417,6 +417,6 @@ def _flatten(obj: Any, into: list[Any]) -> None:
 
 
 def current_rank_text(worker: TensorWorker) -> str:
-    from ..actors._api import Point
+    from ..geometry import Point
 
     return str(Point.from_rank(worker.rank, worker.mesh_sizes))

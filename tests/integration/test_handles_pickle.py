@@ -204,12 +204,12 @@ def test_pickled_handles_hold_no_socket_loop_lock_runtime_or_key() -> None:
     assert out.returncode == 0, out.stderr.decode()
     lines = out.stdout.decode().splitlines()
     assert eval(lines[0]) == [  # what the pickle names: references, never a process
+        "danaus.geometry._shape.Shape",
         "danaus.mesh._actor_endpoint.ActorEndpoint",
         "danaus.mesh._actor_mesh._rebuild",
         "danaus.mesh._host_mesh.HostMesh",
         "danaus.mesh._proc_group.GroupRef",
         "danaus.mesh._proc_mesh._rebuild",
-        "danaus.mesh._shape.Shape",
         "danaus.mesh._value_mesh.ValueMesh",
         "tests.integration.handles_actors.Leaf",
     ]

@@ -259,9 +259,9 @@ async def test_a_controller_killed_with_spawns_queued_leaves_no_procs_on_the_age
     # The agent handles one request at a time, in arrival order: our own request comes
     # after everything the dead controller had sent, so its answer means the agent has
     # dealt with all of it.
+    from danaus.geometry import Shape
     from danaus.mesh._actor_mesh import mesh_ref
     from danaus.mesh._procs.host_agent import AGENT, HostAgent
-    from danaus.mesh._shape import Shape
 
     one = mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: addr})
     info = await asyncio.wait_for(one.info.call_one(), 60)

@@ -94,7 +94,7 @@ def test_master_address_and_port_go_together() -> None:
 
 
 def test_elastic_env_of_a_point() -> None:
-    from danaus.actors._point import Point
+    from danaus.geometry import Point
 
     env = elastic_env(Point.from_rank(5, {"hosts": 2, "gpus": 4}), "h", 1, "r")
     assert (env["RANK"], env["LOCAL_RANK"], env["GROUP_RANK"]) == ("5", "1", "1")

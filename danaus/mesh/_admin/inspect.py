@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar, cast, overload
 
 from ...actors._api import Actor, Future, ProcControl, current_runtime, endpoints_of, run_task
+from ...geometry import Shape
 from .._actor_endpoint import ActorEndpoint
-from .._shape import Shape
 from .._value_mesh import ValueMesh
 from .records import (
     ActorStats,

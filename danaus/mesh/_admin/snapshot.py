@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Literal, Required, TypedDict
 
 from ...actors._api import ProcControl, process_uptime
 from ...errors import ProtocolError
+from ...geometry import Shape
 from .._live_meshes import live_meshes
-from .._shape import Shape
 from .records import ActorRecord, ProcReply, StackEntry, proc_reply, stack_entries
 
 if TYPE_CHECKING:

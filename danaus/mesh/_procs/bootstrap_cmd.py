@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from ...actors._api import Point
+from ...geometry import Point
 
 __all__ = ["BootstrapCommand", "cpu_set", "default_bootstrap_cmd", "resolve_commands"]
 

@@ -180,8 +180,8 @@ class HostAgent(Actor):
 
 def agent_ref(addr: str) -> ActorMesh[HostAgent]:
     """The host agent listening at ``addr``, as a mesh of one to call."""
+    from ...geometry import Shape
     from .._actor_mesh import mesh_ref
-    from .._shape import Shape
 
     return mesh_ref(AGENT, HostAgent, Shape.from_sizes({}), {0: addr})
 

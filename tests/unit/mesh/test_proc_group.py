@@ -46,7 +46,7 @@ def test_a_reference_mesh_pickles_to_its_name_addresses_and_shape() -> None:
     assert u.globals <= {
         "danaus.mesh._proc_mesh._rebuild",
         "danaus.mesh._proc_group.GroupRef",
-        "danaus.mesh._shape.Shape",
+        "danaus.geometry._shape.Shape",
     }
     assert isinstance(back, ProcMesh)
     assert repr(back) == "ProcMesh(grid, {'y': 2}, running)"

@@ -1,4 +1,4 @@
-"""Tests for danaus.mesh._shape.Shape."""
+"""Tests for danaus.geometry.Shape."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import pickle
 
 import pytest
 
-from danaus.actors._point import Extent, Point
-from danaus.mesh._shape import Shape
+from danaus.geometry import Extent, Point, Shape
 
 
 @pytest.fixture

@@ -6,8 +6,7 @@ import pickle
 
 import pytest
 
-from danaus.actors._point import Point
-from danaus.mesh._shape import Shape
+from danaus.geometry import Point, Shape
 from danaus.mesh._value_mesh import ValueMesh
 
 

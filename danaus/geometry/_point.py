@@ -5,13 +5,24 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ._ndslice import NDSlice
 from ._ndslice import Region as NDRegion
 
-if TYPE_CHECKING:
-    from ._wire import Region
+
+class Strided(Protocol):
+    """Named dims laid over flat ranks (``offset + sum(coord * stride)``): what a message's
+    region says on the wire (``danaus.actors``'s ``Region``)."""
+
+    @property
+    def labels(self) -> Sequence[str]: ...
+    @property
+    def sizes(self) -> Sequence[int]: ...
+    @property
+    def strides(self) -> Sequence[int]: ...
+    @property
+    def offset(self) -> int: ...
 
 
 class Extent(Mapping[str, int]):
@@ -206,7 +217,7 @@ def _coords_of(rank: int, sizes: Mapping[str, int]) -> dict[str, int]:
     return {d: coords[d] for d in sizes}
 
 
-def point_in_region(global_rank: int, region: Region) -> Point | None:
+def point_in_region(global_rank: int, region: Strided) -> Point | None:
     """Where ``global_rank`` lies in ``region`` (local, row-major coordinates), or ``None``
     when it is not one of its ranks. Dims of a region never overlap (sorted by stride,
     each steps past what the smaller ones reach), so greedy division finds the point."""

@@ -7,8 +7,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from itertools import pairwise
 from typing import NoReturn, SupportsIndex, TypeAlias
 
-from danaus.actors._api import Extent, NDRegion, NDSlice, Point
-
+from ._ndslice import NDSlice
+from ._ndslice import Region as NDRegion
+from ._point import Extent, Point
 from ._split import row_major as _row_major
 from ._split import split_dim, split_monarch
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
-from danaus.actors._api import Extent
-
+from ._point import Extent
 from ._shape import Selector, Shape
 
 M = TypeVar("M", bound="Shaped")

@@ -1,4 +1,4 @@
-"""Splitting dims of a :class:`~danaus.mesh._shape.Shape` into several: danaus's form
+"""Splitting dims of a :class:`~danaus.geometry.Shape` into several: danaus's form
 (one dim, every new size) and Monarch's (dims named, sizes inferred)."""
 
 from __future__ import annotations

@@ -26,11 +26,14 @@ import itertools
 import operator
 import random
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias, overload
+from typing import TYPE_CHECKING, TypeAlias, overload
 
-__all__ = ["NDSlice", "Region", "Selection", "set_region_shape"]
+if TYPE_CHECKING:
+    from ._shape import Shape
+
+__all__ = ["NDSlice", "Region", "Selection"]
 
 _Slice: TypeAlias = "slice[int | None, int | None, int | None]"
 
@@ -203,16 +206,6 @@ def _make(offset: int, sizes: tuple[int, ...], strides: tuple[int, ...]) -> NDSl
     return NDSlice(offset=offset, sizes=sizes, strides=strides)
 
 
-#: ``Region.as_shape``: set by the mesh layer (a ``Shape`` is a region of a mesh)
-shape_of_region: Callable[[Region], object] | None = None
-
-
-def set_region_shape(make: Callable[[Region], object]) -> None:
-    """How ``Region.as_shape`` makes a shape (the mesh layer says, at import)."""
-    global shape_of_region
-    shape_of_region = make
-
-
 class Region:
     """Named dims over an :class:`NDSlice` of a possibly larger rank space (Monarch's
     ``Region``): what ``extent.region`` and a mesh's ``region`` cover."""
@@ -239,11 +232,11 @@ class Region:
         the region does not hold it)."""
         return dict(zip(self._labels, self._slice.coordinates(rank), strict=True))
 
-    def as_shape(self) -> object:
-        """This region as a ``danaus.Shape``."""
-        if shape_of_region is None:
-            raise RuntimeError("Region.as_shape needs danaus.mesh (import danaus)")
-        return shape_of_region(self)
+    def as_shape(self) -> Shape:
+        """This region as a :class:`~danaus.Shape`."""
+        from ._shape import Shape  # (it is built on this module)
+
+        return Shape.from_region(self)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Region):
