@@ -15,12 +15,13 @@ everything here is used above (``tests/unit/test_exports.py``). By what it is fo
   ``call_in_loop``, ``on_every_heartbeat``, ``listen_address``, ``parse_addr``, ``auth``,
   ``set_job_key``, and ``peers`` (what the process knows of its peers).
 - **Being a proc**: ``run_proc``, ``die_with_parent``, ``install_actor``,
-  ``ProcControl``, ``proc_parent``, and what a proc says of itself (``ActorRecord``,
+  ``ProcControl``, ``proc_parent``, ``SUPERVISOR`` (the key of the system actor a spawner
+  installs to hear of its actors' failures and stuck endpoints), and what a proc says of itself (``ActorRecord``,
   ``ProcRecord``, ``ProcFields``, ``StackEntry``, ``process_uptime``).
 - **Encoding, tracing**: ``dumps``, ``dumps_args``, ``outgoing_trace``,
   ``otlp_traces_url``.
 - **Wire messages the mesh layer sends or handles itself**: ``Spawn``, ``StopActor``,
-  ``StopProc``, ``Cancel``, ``Failure``, ``Stuck``, the ``Debug*`` messages, ``Region``,
+  ``StopProc``, ``Cancel``, the ``Debug*`` messages, ``Region``,
   and the status and cast-mode constants.
 - **For the one handler table** (``danaus/mesh/_handler_table.py``) only: ``Handler``,
   ``install_handlers``, the actor layer's handlers (``on_*``, ``handle_cast``,
@@ -77,6 +78,7 @@ from ._handlers import (
     on_stop_actor,
     on_stop_proc,
 )
+from ._instance import SUPERVISOR
 from ._loops import (
     all_runtimes,
     background_runtime,
@@ -136,7 +138,6 @@ from ._wire import (
     DebugInput,
     DebugOpen,
     DebugOutput,
-    Failure,
     Gathered,
     Paused,
     Ping,
@@ -147,7 +148,6 @@ from ._wire import (
     Spawn,
     StopActor,
     StopProc,
-    Stuck,
 )
 
 __all__ = [
@@ -157,6 +157,7 @@ __all__ = [
     "CAST_REDUCE",
     "ERROR",
     "OK",
+    "SUPERVISOR",
     "Actor",
     "ActorRecord",
     "Call",
@@ -170,7 +171,6 @@ __all__ = [
     "DebugOpen",
     "DebugOutput",
     "Endpoint",
-    "Failure",
     "Future",
     "Gathered",
     "Handler",
@@ -190,7 +190,6 @@ __all__ = [
     "StackEntry",
     "StopActor",
     "StopProc",
-    "Stuck",
     "all_runtimes",
     "auth",
     "background_runtime",

@@ -20,7 +20,7 @@ from ._actor_thread import InitJob, JobFn
 from ._connection import Connection
 from ._context import ActorContext, creator_from_wire
 from ._errinfo import encode_error, info_from_error
-from ._instance import ActorInstance
+from ._instance import ActorInstance, tell_supervisor
 from ._serialize import loads
 from ._stats import StackEntry, actor_record, proc_record, thread_stacks
 from ._wire import (
@@ -35,7 +35,6 @@ from ._wire import (
     Spawn,
     StopActor,
     StopProc,
-    Stuck,
 )
 
 if TYPE_CHECKING:
@@ -388,15 +387,16 @@ def check_stuck(rt: Runtime) -> None:
             if running < _next_warn.get(k, after):
                 continue
             _next_warn[k] = 2 * running
-            rt.connection(inst.owner_addr).send(
-                Stuck(
-                    inst.ctx.actor_id,
-                    inst.ctx.name,
-                    inst.rank_text,
-                    method,
-                    round(now - since, 3),
-                    _stack_of(inst, method),
-                )
+            tell_supervisor(
+                rt,
+                inst.owner_addr,
+                "stuck",
+                inst.ctx.actor_id,
+                inst.ctx.name,
+                inst.rank_text,
+                method,
+                round(now - since, 3),
+                _stack_of(inst, method),
             )
     for k in [k for k in _next_warn if k[0] == id(rt) and k not in seen]:
         del _next_warn[k]  # finished: forget it

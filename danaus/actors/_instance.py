@@ -24,21 +24,41 @@ from ._context import ActorContext, Context, current
 from ._in_flight import InFlight
 from ._mailbox import Mailbox
 from ._replier import Describe, Replier, ReplySink, ResponsePort, error_info
-from ._serialize import loads_args
+from ._serialize import dumps_args, loads_args
 from ._stats import ActorStats
 from ._telemetry import await_in_span, run_in_span
-from ._wire import Buffer, Call, ErrorInfo, Failure
+from ._wire import Buffer, Call, ErrorInfo
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ["ActorInstance", "FailureKind", "RunnableEndpoint", "Stoppable"]
+__all__ = [
+    "SUPERVISOR",
+    "ActorInstance",
+    "FailureKind",
+    "RunnableEndpoint",
+    "Stoppable",
+    "tell_supervisor",
+]
 
 log = logging.getLogger("danaus.actor")
 _plain_decode = msgspec.msgpack.Decoder().decode
 
-#: Why an actor failed, as its owner hears it (``Failure.kind``).
+#: Why an actor failed, as its owner hears it (``failed``'s ``kind``).
 FailureKind = Literal["actor", "undeliverable", "unhandled"]
+
+#: The system actor, in the runtime that spawned an actor, that hears what became of it
+#: (the mesh layer installs it where it spawns): ordinary calls, nobody waiting for a
+#: reply, ``failed(mesh, actor, ranks, report, kind)`` when the actor failed and
+#: ``stuck(actor_id, mesh, rank, endpoint, seconds, stack)`` when an endpoint of it has
+#: run longer than ``stuck_warn_after``.
+SUPERVISOR = "__supervisor__"
+
+
+def tell_supervisor(rt: Runtime, owner_addr: str, method: str, *args: object) -> None:
+    """Call ``method`` of the :data:`SUPERVISOR` at ``owner_addr`` with ``args``."""
+    raw, pickled, parts = dumps_args(args, {}, lambda: f"a {method} report")
+    rt.send_call(owner_addr, SUPERVISOR, method, 0, 0, raw, pickled, parts)
 
 
 class RunnableEndpoint(Protocol):
@@ -369,8 +389,8 @@ class ActorInstance:
         self.failed_kind = kind
         log.error("actor %s failed: %s", self.ctx.actor_id, report)
         if self.owner_addr:
-            self.rt.connection(self.owner_addr).send(
-                Failure("", self.mesh, self.wire, [self.rank], report, kind)
+            tell_supervisor(
+                self.rt, self.owner_addr, "failed", self.mesh, self.wire, [self.rank], report, kind
             )
         self.deliver = self._refuse  # what arrives from now on fails at once
         if not self.stopped:

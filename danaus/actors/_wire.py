@@ -215,19 +215,8 @@ class Pong(msgspec.Struct, tag=25, array_like=True, frozen=True):
     """Alive."""
 
 
-class Failure(msgspec.Struct, tag=26, array_like=True, frozen=True):
-    """A failure event for the owner of mesh ``mesh``: ``ranks`` failed, ``report`` says how.
-
-    ``owner`` is the wire key of the owning actor in the receiving proc ("" for the
-    controller); ``actor`` the failed actor mesh's wire key ("" for a proc mesh).
-    """
-
-    owner: str
-    mesh: str
-    actor: str
-    ranks: list[int]
-    report: str
-    kind: str = "actor"  # "actor" (raised, no caller), "init", "proc" (exited or lost)
+# Tags 26 and 28 were Failure and Stuck, which the actor layer now tells the spawner's
+# system actor (``SUPERVISOR``, danaus/actors/_instance.py) as ordinary calls.
 
 
 class Cancel(msgspec.Struct, tag=27, array_like=True, frozen=True):
@@ -237,18 +226,6 @@ class Cancel(msgspec.Struct, tag=27, array_like=True, frozen=True):
 
     actor: str
     reply: int
-
-
-class Stuck(msgspec.Struct, tag=28, array_like=True, frozen=True):
-    """An endpoint has been running longer than ``stuck_warn_after``: told to the
-    runtime where the actor's failures go (its spawner), which warns."""
-
-    actor_id: str
-    mesh: str
-    rank: str
-    endpoint: str
-    seconds: float
-    stack: str
 
 
 # ---------------------------------------------------------------- debugger
@@ -324,9 +301,7 @@ Message: TypeAlias = (
     | SeqSkip
     | Ping
     | Pong
-    | Failure
     | Cancel
-    | Stuck
     | DebugOpen
     | DebugOutput
     | DebugInput

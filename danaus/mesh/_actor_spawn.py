@@ -17,7 +17,6 @@ from ..actors._api import (
     Actor,
     Runtime,
     Spawn,
-    Stuck,
     current_runtime,
     dumps,
     run_on,
@@ -27,8 +26,8 @@ from ..config import config
 from ..errors import ActorError, SupervisionError
 from ..geometry import Point, Shape
 from ._actor_mesh import ActorMesh
-from ._proc_group import ProcGroup
-from ._supervision import MeshState, current_owner, report_stuck, stuck_reports
+from ._proc_group import ProcGroup, ensure_supervisor
+from ._supervision import MeshState, StuckReport, current_owner, report_stuck, stuck_reports
 
 __all__ = ["spawn_actor_mesh"]
 
@@ -109,6 +108,7 @@ def spawn_actor_mesh(
         from ._controllers import ensure_controllers
 
         ensure_controllers(rt)  # the actors' get_or_spawn_controller requests come here
+        ensure_supervisor(rt)  # and their failures and stuck endpoints
         port = rt.open_port(on_reply)
         sizes = group.shape.sizes
         all_addrs = group.addrs()
@@ -169,7 +169,7 @@ def _watch_init(
             if r in replied or actor_id in told:
                 continue  # done, or its proc told (with the stack)
             point = str(Point.from_rank(r, group.shape.sizes))
-            report_stuck(Stuck(actor_id, name, point, "__init__", running, LOOP_INIT))
+            report_stuck(StuckReport(actor_id, name, point, "__init__", running, LOOP_INIT))
         rt.loop.call_later(wait, check, 2 * wait)
 
     first = after + 2 * config.heartbeat_interval

@@ -19,7 +19,6 @@ from ..actors._api import (
     DebugInput,
     DebugOpen,
     DebugOutput,
-    Failure,
     Gathered,
     Handler,
     Paused,
@@ -30,7 +29,6 @@ from ..actors._api import (
     Spawn,
     StopActor,
     StopProc,
-    Stuck,
     handle_cast,
     handle_gathered,
     install_handlers,
@@ -51,8 +49,6 @@ from ._debugging.relay import (
     handle_debug_open,
     handle_debug_output,
 )
-from ._proc_group import handle_failure
-from ._supervision import handle_stuck
 
 __all__ = ["HANDLERS", "install"]
 
@@ -72,9 +68,6 @@ HANDLERS: dict[type, Handler] = {
     # casting down a tree of procs and gathering back up: danaus/actors/_cast.py
     Cast: handle_cast,
     Gathered: handle_gathered,
-    # supervision, to the owner of an actor mesh
-    Failure: handle_failure,  # danaus/mesh/_proc_group.py
-    Stuck: handle_stuck,  # danaus/mesh/_supervision.py
     # debugger sessions relayed up to the controller and back: danaus/mesh/_debugging/relay.py
     DebugOpen: handle_debug_open,
     DebugOutput: handle_debug_output,

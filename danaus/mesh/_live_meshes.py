@@ -4,8 +4,8 @@
   group and rank, so that a lost connection becomes that proc's failure
   (:func:`~danaus.mesh._proc_group.on_peer_lost`); the groups they belong to are the
   proc meshes this process spawned and has not stopped (:meth:`LiveMeshes.groups`);
-- the actor meshes spawned on any group, by wire name, where a ``Failure`` message finds
-  the mesh it names (one dict lookup);
+- the actor meshes spawned on any group, by wire name, where a failure the runtime's
+  supervisor hears of finds the mesh it names (one dict lookup);
 - the proc meshes spawned here by name, for default names (``"procs"``, ``"procs2"``...).
 
 ``ProcGroup`` keeps the first two as its procs start, fail and stop and as actor meshes

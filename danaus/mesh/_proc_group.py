@@ -10,8 +10,8 @@ methods:
   ``states`` / ``states_at`` / ``stop_all``. It keeps this process's registry of live
   meshes (:data:`~danaus.mesh._live_meshes.live_meshes`) told of its procs, by address,
   through which a lost connection becomes a proc failure (:func:`on_peer_lost`), and of
-  its actor meshes, by wire name, where :func:`handle_failure` finds the mesh a
-  ``Failure`` message names;
+  its actor meshes, by wire name, where the runtime's supervisor (``_Supervisor``, the
+  system actor the actor layer tells of failed actors) finds the mesh a failure names;
 - who owns it (``owner``: :meth:`~ProcGroup.claim`) and the actors that ran its
   bootstrap function (``bootstrap``: :meth:`~ProcGroup.set_bootstrap`);
 - what a proc mesh pickles to (:meth:`ProcGroup.reference`, a :class:`GroupRef`: the
@@ -41,7 +41,17 @@ from collections.abc import Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..actors._api import ERROR, Connection, Failure, Runtime, StopActor, current_runtime, peers
+from ..actors._api import (
+    ERROR,
+    SUPERVISOR,
+    Actor,
+    Runtime,
+    StopActor,
+    current_runtime,
+    endpoint,
+    install_actor,
+    peers,
+)
 from ..config import config
 from ..errors import SerializationError, SupervisionError
 from ..geometry import Shape
@@ -49,7 +59,7 @@ from ._live_meshes import live_meshes
 from ._procs.handles import Proc, ProcHandle, RefProcHandle, RemoteProcHandle, SelfProcHandle
 from ._procs.local import stop_procs, wait_exited
 from ._procs.logs import LogOptions
-from ._supervision import MeshState, Owner, current_owner, resolved
+from ._supervision import MeshState, Owner, StuckReport, current_owner, report_stuck, resolved
 
 if TYPE_CHECKING:
     from ._actor_mesh import ActorMesh
@@ -59,7 +69,7 @@ __all__ = [
     "GroupRef",
     "GroupState",
     "ProcGroup",
-    "handle_failure",
+    "ensure_supervisor",
     "remove_actor_mesh",
 ]
 
@@ -402,15 +412,33 @@ def remove_actor_mesh(wire: str) -> None:
         group.remove(wire)
 
 
-def handle_failure(rt: Runtime, conn: Connection, msg: Failure, parts: list[object]) -> None:
-    """A proc reports that actors of one of our actor meshes failed."""
-    state = live_meshes.actor_mesh(msg.actor)
-    if state is None:
-        supervision_log.error(
-            "failure of unknown mesh %s (%s): %s", msg.mesh, msg.actor, msg.report
-        )
-        return
-    state.fail(msg.ranks, msg.report, msg.kind)
+class _Supervisor(Actor):
+    """The system actor (``SUPERVISOR``) of a runtime that spawns actor meshes: the actor
+    layer of their procs tells it, in ordinary calls, when actors failed and when an
+    endpoint has run too long. Its endpoints are sync: a system actor runs them inline,
+    in the order they arrive."""
+
+    @endpoint
+    def failed(self, mesh: str, actor: str, ranks: list[int], report: str, kind: str) -> None:
+        """Actors ``ranks`` of our actor mesh ``actor`` (named ``mesh``) failed."""
+        state = live_meshes.actor_mesh(actor)
+        if state is None:
+            supervision_log.error("failure of unknown mesh %s (%s): %s", mesh, actor, report)
+            return
+        state.fail(ranks, report, kind)
+
+    @endpoint
+    def stuck(
+        self, actor_id: str, mesh: str, rank: str, method: str, seconds: float, stack: str
+    ) -> None:
+        """Endpoint ``method`` of ``actor_id`` has been running for ``seconds``."""
+        report_stuck(StuckReport(actor_id, mesh, rank, method, seconds, stack))
+
+
+def ensure_supervisor(rt: Runtime) -> None:
+    """Before ``rt`` spawns actors: host the system actor their failures come to."""
+    if rt.local_actor(SUPERVISOR) is None:
+        install_actor(rt, SUPERVISOR, _Supervisor())
 
 
 def on_peer_lost(addr: str) -> None:

@@ -31,15 +31,28 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
-from typing import Protocol, TypedDict
+from typing import NamedTuple, Protocol, TypedDict
 
-from ..actors._api import Connection, Runtime, Stuck, context
+from ..actors._api import context
 from ..errors import SupervisionError, actor_display_name, actor_failed
 from ..geometry import Point, Shape
 
 __all__ = ["MeshFailure", "set_unhandled_fault_hook"]
 
 log = logging.getLogger("danaus.supervision")
+
+
+class StuckReport(NamedTuple):
+    """An endpoint (or ``__init__``) of an actor this process spawned has been running for
+    ``seconds``: what its proc said (or, for an ``__init__`` on the proc's loop, what the
+    spawner saw), with the stack it was running."""
+
+    actor_id: str
+    mesh: str
+    rank: str
+    endpoint: str
+    seconds: float
+    stack: str
 
 
 class FailureReport(TypedDict):
@@ -382,17 +395,13 @@ def resolved() -> ThreadFuture[None]:
 
 #: the last stuck-endpoint reports with when they came (time.time()), newest last (for
 #: tools: danaus top, the dashboard; bounded)
-stuck_reports: collections.deque[tuple[float, Stuck]] = collections.deque(maxlen=256)
+stuck_reports: collections.deque[tuple[float, StuckReport]] = collections.deque(maxlen=256)
 
 #: the last failures of meshes this process spawned, newest last (for tools; bounded)
 failure_reports: collections.deque[FailureReport] = collections.deque(maxlen=256)
 
 
-def handle_stuck(rt: Runtime, conn: Connection, msg: Stuck, parts: list[object]) -> None:
-    report_stuck(msg)
-
-
-def report_stuck(msg: Stuck) -> None:
+def report_stuck(msg: StuckReport) -> None:
     """Keep a stuck report for the tools, and warn with its stack."""
     stuck_reports.append((time.time(), msg))
     what = "__init__" if msg.endpoint == "__init__" else f"endpoint {msg.endpoint}"
