@@ -9,23 +9,23 @@ everything here is used above (``tests/unit/test_exports.py``). By what it is fo
   ``Future``, ``Port``, ``PortReceiver``, ``Channel``, ``forward`` (ranks and shapes are
   ``danaus.geometry``'s, below this layer).
 - **The runtime of a loop**, which meshes send through: ``Runtime`` (``send_call``,
-  ``send_cast``, ports), ``Connection``, ``current_runtime``, ``runtime_here``,
+  ``send_cast``, ports), ``current_runtime``, ``runtime_here``,
   ``background_runtime``, ``start_background_runtime``, ``runtime_started``,
   ``install_runtime``, ``all_runtimes``, ``new_event_loop``, ``run_on``, ``run_task``,
-  ``call_in_loop``, ``on_every_heartbeat``, ``listen_address``, ``parse_addr``, ``auth``,
+  ``call_in_loop``, ``listen_address``, ``parse_addr``, ``auth``,
   ``set_job_key``, and ``peers`` (what the process knows of its peers).
 - **Being a proc**: ``run_proc``, ``die_with_parent``, ``install_actor``,
-  ``ProcControl``, ``proc_parent``, ``SUPERVISOR`` (the key of the system actor a spawner
-  installs to hear of its actors' failures and stuck endpoints), and what a proc says of itself (``ActorRecord``,
-  ``ProcRecord``, ``ProcFields``, ``StackEntry``, ``process_uptime``).
+  ``ProcControl``, ``SUPERVISOR`` (the key of the system actor a
+  spawner installs to hear of its actors' failures and stuck endpoints), and what a proc
+  says of itself (``ActorRecord``, ``ProcRecord``, ``ProcFields``, ``StackEntry``,
+  ``process_uptime``).
+- **The debugger's sessions** in the controller, for ``danaus debug``'s admin operations
+  and ``DebugController``: ``debug_registry``, ``DebugRecord``.
 - **Encoding, tracing**: ``dumps``, ``dumps_args``, ``outgoing_trace``,
   ``otlp_traces_url``.
-- **Wire messages the mesh layer sends or handles itself**: ``Spawn``, ``StopActor``,
-  ``StopProc``, ``Cancel``, the ``Debug*`` messages, ``Region``,
-  and the status and cast-mode constants.
-- **For the one handler table** (``danaus/mesh/_handler_table.py``) only: ``Handler``,
-  ``install_handlers``, the actor layer's handlers (``on_*``, ``handle_cast``,
-  ``handle_gathered``) and the message types they take.
+- **Wire messages the mesh layer still builds**: ``Spawn``, ``StopActor``, ``StopProc``,
+  ``Cancel``, ``Region``, and the status and cast-mode constants. No message
+  is handled above this layer: the one table of handlers is ``_dispatch.py``'s.
 """
 
 from __future__ import annotations
@@ -53,30 +53,19 @@ from ._address import (
 from ._auth import (
     set_job_key,
 )
-from ._cast import handle_cast, handle_gathered
-from ._connection import (
-    Connection,
-)
 from ._context import (
     context,
     current_rank,
     spawn_creators,
 )
-from ._debugging.hook import (
-    proc_parent,
-)
+from ._debugging.sessions import DebugRecord
+from ._debugging.sessions import registry as debug_registry
 from ._future import (
     Future,
 )
 from ._handlers import (
     ProcControl,
     install_actor,
-    on_call,
-    on_cancel,
-    on_seq_skip,
-    on_spawn,
-    on_stop_actor,
-    on_stop_proc,
 )
 from ._instance import SUPERVISOR
 from ._loops import (
@@ -99,15 +88,8 @@ from ._port import (
     PortReceiver,
     forward,
 )
-from ._results import on_result
 from ._runtime import (
-    Handler,
     Runtime,
-    install_handlers,
-    on_every_heartbeat,
-    on_paused,
-    on_ping,
-    on_pong,
 )
 from ._serialize import (
     dumps,
@@ -130,21 +112,8 @@ from ._wire import (
     CAST_REDUCE,
     ERROR,
     OK,
-    Call,
     Cancel,
-    Cast,
-    DebugClose,
-    DebugDetach,
-    DebugInput,
-    DebugOpen,
-    DebugOutput,
-    Gathered,
-    Paused,
-    Ping,
-    Pong,
     Region,
-    Result,
-    SeqSkip,
     Spawn,
     StopActor,
     StopProc,
@@ -160,32 +129,18 @@ __all__ = [
     "SUPERVISOR",
     "Actor",
     "ActorRecord",
-    "Call",
     "Cancel",
-    "Cast",
     "Channel",
-    "Connection",
-    "DebugClose",
-    "DebugDetach",
-    "DebugInput",
-    "DebugOpen",
-    "DebugOutput",
+    "DebugRecord",
     "Endpoint",
     "Future",
-    "Gathered",
-    "Handler",
-    "Paused",
-    "Ping",
-    "Pong",
     "Port",
     "PortReceiver",
     "ProcControl",
     "ProcFields",
     "ProcRecord",
     "Region",
-    "Result",
     "Runtime",
-    "SeqSkip",
     "Spawn",
     "StackEntry",
     "StopActor",
@@ -199,6 +154,7 @@ __all__ = [
     "context_state",
     "current_rank",
     "current_runtime",
+    "debug_registry",
     "describe_endpoints",
     "die_with_parent",
     "dumps",
@@ -206,29 +162,14 @@ __all__ = [
     "endpoint",
     "endpoints_of",
     "forward",
-    "handle_cast",
-    "handle_gathered",
     "install_actor",
-    "install_handlers",
     "install_runtime",
     "listen_address",
     "new_event_loop",
-    "on_call",
-    "on_cancel",
-    "on_every_heartbeat",
-    "on_paused",
-    "on_ping",
-    "on_pong",
-    "on_result",
-    "on_seq_skip",
-    "on_spawn",
-    "on_stop_actor",
-    "on_stop_proc",
     "otlp_traces_url",
     "outgoing_trace",
     "parse_addr",
     "peers",
-    "proc_parent",
     "process_uptime",
     "run_on",
     "run_proc",

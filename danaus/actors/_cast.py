@@ -4,9 +4,9 @@ the mesh layer asks :meth:`Runtime.send_cast <danaus.actors._runtime.Runtime.sen
 and touches none of this state.
 
 A call on a mesh of N actors costs the sender at most ``fanout`` sends: each proc that
-receives a :class:`Cast` (:func:`handle_cast`) handles its own actor and forwards the rest
+receives a :class:`Cast` (:func:`on_cast`) handles its own actor and forwards the rest
 of its subtree, split into at most ``fanout`` parts. Replies come back up the same tree:
-each proc sends its parent one :class:`Gathered` (:func:`handle_gathered`) with its whole
+each proc sends its parent one :class:`Gathered` (:func:`on_gathered`) with its whole
 subtree's results (or, for an ``Accumulator``, one reduced value), never decoding user
 values on the way unless it has to reduce them. Per-sender order is kept by sequence
 numbers, which the runtime numbers (``Runtime.next_seq``) for direct calls and casts alike;
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from ._replier import ReplySink
     from ._runtime import Runtime
 
-__all__ = ["GatherNode", "SkipOnLoss", "Target", "handle_cast", "handle_gathered", "send_tree"]
+__all__ = ["GatherNode", "SkipOnLoss", "Target", "on_cast", "on_gathered", "send_tree"]
 
 Target = tuple[int, str, int]  # (rank, proc address, sequence number)
 
@@ -285,10 +285,10 @@ class GatherNode:
 _NOTHING = object()
 
 
-def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Buffer]) -> None:
+def on_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Buffer]) -> None:
     """In a proc: handle our own target of ``msg`` and forward the rest down the tree."""
     if msg.actor not in rt.actors and rt.arrivals.await_actor(
-        msg.actor, lambda: handle_cast(rt, conn, msg, parts)
+        msg.actor, lambda: on_cast(rt, conn, msg, parts)
     ):
         return  # the cast overtook the actor's Spawn: handle it once the actor exists
     rank, _, seq = msg.targets[0]
@@ -340,7 +340,7 @@ def handle_cast(rt: Runtime, conn: Connection, msg: Cast, parts: list[Buffer]) -
 
 class _SubtreeLoss:
     """Port handler at a tree node for one subtree: called per rank if its connection drops
-    (its results, when they come, arrive as one Gathered, handled by handle_gathered)."""
+    (its results, when they come, arrive as one Gathered, handled by on_gathered)."""
 
     def __init__(self, rt: Runtime, node: GatherNode, ranks: int) -> None:
         self.rt = rt
@@ -360,7 +360,7 @@ class _SubtreeLoss:
         return False
 
 
-def handle_gathered(rt: Runtime, conn: Connection, msg: Gathered, parts: list[Buffer]) -> None:
+def on_gathered(rt: Runtime, conn: Connection, msg: Gathered, parts: list[Buffer]) -> None:
     """Results of a subtree: into a tree node's gather, or the sender's port."""
     conn.pending.pop(msg.port, None)
     node = rt.gathers.pop(msg.port, None)

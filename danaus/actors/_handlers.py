@@ -1,6 +1,6 @@
 """Where the messages to actors are handled: ``Call``, ``Spawn``, ``StopActor``,
 ``StopProc``, ``Cancel`` and ``SeqSkip`` (the ``on_*`` functions, which the one handler
-table, ``danaus/mesh/_handler_table.py``, names); every proc's control actor
+table, ``_dispatch.py``, names); every proc's control actor
 (:class:`ProcControl`); and the check that reports endpoints running too long."""
 
 from __future__ import annotations

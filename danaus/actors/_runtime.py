@@ -9,7 +9,7 @@ the owners of its ports in :mod:`~danaus.actors._results`, messages held for act
 not spawned yet in :mod:`~danaus.actors._arrivals`, and casting to many actors down a
 tree of procs in :mod:`~danaus.actors._cast`. It numbers every message it sends to an
 actor (``next_seq``), and dispatches what arrives by the one handler table
-(``danaus/mesh/_handler_table.py``). The layers above use it through its methods, never
+(``_dispatch.py``). The layers above use it through its methods, never
 its tables.
 """
 
@@ -22,7 +22,7 @@ import socket
 import threading
 from asyncio.events import _get_running_loop
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import TYPE_CHECKING, Never, Protocol, TypeAlias, TypeVar, TypeVarTuple, cast
+from typing import TYPE_CHECKING, Protocol, TypeVar, TypeVarTuple
 
 import msgspec
 
@@ -56,6 +56,7 @@ from ._wire import (
 
 if TYPE_CHECKING:
     from ._cast import GatherNode
+    from ._dispatch import Dispatch
     from ._instance import ActorInstance
     from ._replier import ReplySink
 
@@ -88,17 +89,6 @@ class _Task(Protocol):
     def cancel(self) -> bool: ...
 
 
-#: What handles a message of the wire union: ``handler(runtime, conn, msg, parts)``,
-#: ``msg`` of the type it is registered for. Every such function is one (``Never``: a
-#: table of them is typed by its keys, which no type expresses).
-Handler: TypeAlias = "Callable[[Runtime, Connection, Never, Never], None]"
-#: A handler as the runtime calls it: with the message it is registered for.
-_Dispatch: TypeAlias = "Callable[[Runtime, Connection, Message, Sequence[object]], None]"
-
-#: The handler of each message type: the one table in ``danaus/mesh/_handler_table.py``
-#: (the lowest layer that sees every handler), installed when ``danaus.mesh`` is imported.
-#: A test checks that it covers every type of the wire union.
-_handlers: dict[type, _Dispatch] = {}
 #: checks every runtime runs on its heartbeat (see ``on_every_heartbeat``)
 _on_heartbeat: list[Callable[[Runtime], None]] = []
 
@@ -112,15 +102,12 @@ def on_every_heartbeat(check: Callable[[Runtime], None]) -> None:
         rt.on_heartbeat.append(check)
 
 
-def _table(handlers: Mapping[type, Handler]) -> Mapping[type, _Dispatch]:
-    """The handlers as dispatch calls them: each with messages of its key's type."""
-    return cast("Mapping[type, _Dispatch]", handlers)
+def _dispatch_table() -> Mapping[type, Dispatch]:
+    """The table every runtime dispatches by (``_dispatch.py``, which imports this module's
+    handlers: so here, once a runtime is built, not at import)."""
+    from ._dispatch import HANDLERS
 
-
-def install_handlers(handlers: Mapping[type, Handler]) -> None:
-    """Make ``handlers`` the table every runtime, present and future, dispatches by."""
-    _handlers.clear()
-    _handlers.update(_table(handlers))
+    return HANDLERS
 
 
 class Runtime:
@@ -166,8 +153,8 @@ class Runtime:
         #: what other threads handed to this loop that it has not run yet: while any is
         #: waiting, those threads write nothing themselves (it would overtake it)
         self._handed = 0
-        #: the handler of each message type (the one table, see ``install_handlers``)
-        self.handlers: dict[type, _Dispatch] = _handlers
+        #: the handler of each message type: the actor layer's one table
+        self.handlers = _dispatch_table()
         self._tasks: set[_Task] = set()
         self._all_conns: set[Connection] = set()
         #: how peers not dialed directly are reached (``attach``'s gateway); None: all are

@@ -1,15 +1,12 @@
 """Meshes: hosts, procs and actors laid out as named multi-dimensional meshes."""
 
-from ..actors._api import on_every_heartbeat
 from ..geometry import NDSlice, Selection, Shape
-from . import _handler_table
 from ._actor_endpoint import ActorEndpoint
 from ._actor_mesh import ActorMesh
 from ._admin.inspect import mesh_stacks, mesh_stats
 from ._admin.metrics import MetricsServer, serve_metrics
 from ._admin.server import AdminClient, AdminError, AdminServer, serve_admin
 from ._controllers import get_or_spawn_controller
-from ._debugging.relay import sweep as _debug_sweep
 from ._debugging.sessions import debug_controller, debug_sessions
 from ._endpoint_ops import Accumulator, as_endpoint, send
 from ._gateway import attach
@@ -19,9 +16,6 @@ from ._procs.bootstrap_cmd import BootstrapCommand, default_bootstrap_cmd
 from ._procs.host_agent import run_worker_loop_forever
 from ._supervision import MeshFailure, exit_on_fault, set_unhandled_fault_hook
 from ._value_mesh import ValueMesh
-
-_handler_table.install()  # every message type's handler, from the one table
-on_every_heartbeat(_debug_sweep)  # debuggers that went away let their sessions go on
 
 __all__ = [
     "Accumulator",

@@ -23,8 +23,8 @@ from typing import Any
 import pexpect
 import pytest
 
+from danaus.actors._debugging.sessions import HOLD
 from danaus.mesh import AdminClient
-from danaus.mesh._debugging.sessions import HOLD
 
 from ..ports import free_port
 

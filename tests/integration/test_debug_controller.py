@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from danaus import debug_controller, this_host
-from danaus.mesh._debugging.sessions import registry
+from danaus.actors._debugging.sessions import registry
 from tests.integration.debug_actors import Paused
 
 

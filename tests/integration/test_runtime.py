@@ -252,16 +252,6 @@ def _unhandled() -> list[str]:
     return sorted(t.__name__ for t in get_args(Message) if t not in handlers)
 
 
-def test_the_handler_table_names_every_wire_type_and_nothing_else() -> None:
-    from typing import get_args
-
-    from danaus.actors._wire import Message
-    from danaus.mesh._handler_table import HANDLERS
-
-    assert set(HANDLERS) == set(get_args(Message))
-    assert all(callable(h) for h in HANDLERS.values())
-
-
 @pytest.mark.parametrize("method", ["fork", "exec"])
 async def test_every_message_type_has_a_handler_in_a_fresh_proc(method: str) -> None:
     from danaus.config import config

@@ -26,7 +26,7 @@ from .._live_meshes import live_meshes
 from .records import ActorRecord, ProcReply, StackEntry, proc_reply, stack_entries
 
 if TYPE_CHECKING:
-    from .._debugging.sessions import DebugRecord
+    from ...actors._api import DebugRecord
     from .._proc_group import ProcGroup
     from .._supervision import FailureReport
 

@@ -15,7 +15,6 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 
-import danaus.mesh  # noqa: F401  (installs the one handler table every runtime dispatches by)
 from danaus.actors import Actor, Port, concurrent_endpoint, context, current_rank, endpoint
 from danaus.actors._future import Future
 from danaus.actors._handlers import ProcControl, install_actor

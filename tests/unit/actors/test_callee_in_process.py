@@ -18,6 +18,7 @@ from danaus.actors._runtime import Runtime
 from danaus.actors._wire import CAST_REDUCE
 from danaus.config import config
 from danaus.errors import ActorError, EndpointNotFoundError, SupervisionError
+from danaus.mesh._proc_group import ensure_supervisor
 
 from .callee_kit import (
     GATES,
@@ -43,6 +44,7 @@ StartProcs = Callable[[int], Awaitable[list[Proc]]]
 async def caller() -> AsyncIterator[Runtime]:
     """The test's own runtime, on its loop: what a controller calls through."""
     rt = Runtime(asyncio.get_running_loop(), key=KEY)
+    ensure_supervisor(rt)  # as a spawner does: its actors' failures and stuck endpoints come here
     try:
         yield rt
     finally:

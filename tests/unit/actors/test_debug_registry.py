@@ -1,4 +1,4 @@
-"""The controller's registry of paused actors (``danaus.mesh._debugging.sessions``): sessions from
+"""The controller's registry of paused actors (``danaus.actors._debugging.sessions``): sessions from
 their channels, output read with a cursor, lines typed, and holders that go away."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from danaus.actors._debugging import sessions as _debug
+from danaus.actors._debugging.sessions import DebugRegistry
 from danaus.actors._wire import DebugDetach, DebugInput, DebugOpen, DebugOutput
-from danaus.mesh._debugging import sessions as _debug
-from danaus.mesh._debugging.sessions import DebugRegistry
 
 
 class FakeConn:

@@ -1,5 +1,5 @@
 """Where the debugger's messages arriving at this process go: in the controller, to the
-registry of sessions (:mod:`danaus.mesh._debugging.sessions`); in a proc (an actor there spawned a
+registry of sessions (:mod:`danaus.actors._debugging.sessions`); in a proc (an actor there spawned a
 mesh of its own, whose actor is paused), up to the proc's own parent, and so on up to the
 controller, with input and detach relayed back down.
 """
@@ -11,27 +11,24 @@ import functools
 import secrets
 import weakref
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from ...actors._api import (
-    Connection,
-    DebugClose,
-    DebugDetach,
-    DebugInput,
-    DebugOpen,
-    DebugOutput,
-    Runtime,
-    context_state,
-    proc_parent,
-)
+from .. import _context as context_state
+from .._connection import Connection
+from .._wire import DebugClose, DebugDetach, DebugInput, DebugOpen, DebugOutput
+from .hook import proc_parent
 from .sessions import registry, unexcuse
 
+if TYPE_CHECKING:
+    from .._runtime import Runtime
+
 __all__ = [
-    "handle_debug_close",
-    "handle_debug_down",
-    "handle_debug_open",
-    "handle_debug_output",
+    "on_debug_close",
+    "on_debug_down",
+    "on_debug_open",
+    "on_debug_output",
     "sweep",
 ]
 
@@ -122,30 +119,26 @@ def _on_lost(rt: Runtime, peer: str) -> None:
     _relay.lost(rt, peer)
 
 
-def handle_debug_open(
-    rt: Runtime, conn: Connection, msg: DebugOpen, parts: list[bytearray]
-) -> None:
+def on_debug_open(rt: Runtime, conn: Connection, msg: DebugOpen, parts: list[bytearray]) -> None:
     _watch(rt)
     if context_state.in_proc and _relay.opened(rt, conn, msg):
         return
     registry.opened(conn, msg)
 
 
-def handle_debug_output(
+def on_debug_output(
     rt: Runtime, conn: Connection, msg: DebugOutput, parts: list[bytearray]
 ) -> None:
     if not _relay.output(conn, msg):
         registry.output(conn, msg)
 
 
-def handle_debug_close(
-    rt: Runtime, conn: Connection, msg: DebugClose, parts: list[bytearray]
-) -> None:
+def on_debug_close(rt: Runtime, conn: Connection, msg: DebugClose, parts: list[bytearray]) -> None:
     if not _relay.closed(conn, msg.session):
         registry.closed(conn, msg.session)
 
 
-def handle_debug_down(
+def on_debug_down(
     rt: Runtime, conn: Connection, msg: DebugInput | DebugDetach, parts: list[bytearray]
 ) -> None:
     """Input or detach from the parent, for a session relayed through this proc."""
