@@ -23,9 +23,11 @@ everything here is used above (``tests/unit/test_exports.py``). By what it is fo
   and ``DebugController``: ``debug_registry``, ``DebugRecord``.
 - **Encoding, tracing**: ``dumps``, ``dumps_args``, ``outgoing_trace``,
   ``otlp_traces_url``.
-- **Wire messages the mesh layer still builds**: ``Spawn``, ``StopActor``, ``StopProc``,
-  ``Cancel``, ``Region``, and the status and cast-mode constants. No message
-  is handled above this layer: the one table of handlers is ``_dispatch.py``'s.
+- **What a call's reply says, and how a cast gathers**: ``OK``, ``ERROR``, ``CAST_*``;
+  ``Region``, the slice of a mesh a call was sent to. Meshes build no other wire message:
+  they ask the runtime (``send_call``, ``send_cast``, ``spawn``, ``stop_actor``,
+  ``stop_proc``, ``cancel``), and no message is handled above this layer (the one table
+  of handlers is ``_dispatch.py``'s).
 """
 
 from __future__ import annotations
@@ -112,11 +114,7 @@ from ._wire import (
     CAST_REDUCE,
     ERROR,
     OK,
-    Cancel,
     Region,
-    Spawn,
-    StopActor,
-    StopProc,
 )
 
 __all__ = [
@@ -129,7 +127,6 @@ __all__ = [
     "SUPERVISOR",
     "Actor",
     "ActorRecord",
-    "Cancel",
     "Channel",
     "DebugRecord",
     "Endpoint",
@@ -141,10 +138,7 @@ __all__ = [
     "ProcRecord",
     "Region",
     "Runtime",
-    "Spawn",
     "StackEntry",
-    "StopActor",
-    "StopProc",
     "all_runtimes",
     "auth",
     "background_runtime",

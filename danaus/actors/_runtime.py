@@ -21,7 +21,7 @@ import logging
 import socket
 import threading
 from asyncio.events import _get_running_loop
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar, TypeVarTuple
 
 import msgspec
@@ -44,6 +44,8 @@ from ._wire import (
     ERROR,
     Buffer,
     Call,
+    Cancel,
+    Creator,
     ErrorInfo,
     Message,
     Paused,
@@ -51,6 +53,9 @@ from ._wire import (
     Pong,
     Region,
     Result,
+    Spawn,
+    StopActor,
+    StopProc,
     frame,
 )
 
@@ -619,6 +624,59 @@ class Runtime:
             seqs = self._seqs[addr] = {}
         seq = seqs[actor] = seqs.get(actor, 0) + 1
         return seq
+
+    # ------------------------------------------------------------ actors' lives
+
+    def spawn(
+        self,
+        addr: str,
+        reply: int,
+        rank: int,
+        actor: str,
+        mesh: str,
+        sizes: dict[str, int],
+        payload: tuple[msgspec.Raw, bool, Sequence[Buffer]],
+        proc_addrs: list[str],
+        creators: list[Creator],
+    ) -> None:
+        """Create actor ``actor`` (rank ``rank`` of actor mesh ``mesh``, laid over procs of
+        ``sizes`` at ``proc_addrs``) in the proc at ``addr``, from ``payload`` (the encoded
+        ``(cls, args, kwargs)``). Its failures and stuck endpoints are told to this
+        runtime's ``SUPERVISOR``. Its ``__init__``'s outcome comes to port ``reply`` as
+        rank ``rank``; a peer already lost answers at once."""
+        raw, pickled, parts = payload
+        conn = self.connection(addr)
+        msg = Spawn(actor, reply, mesh, rank, sizes, raw, pickled, self.addr, proc_addrs, creators)
+        if conn.send(msg, parts):
+            conn.pending[reply] = rank
+        else:
+            self.deliver(reply, rank, ERROR, self.peer_lost_error(addr, conn.close_reason))
+
+    def stop_actor(self, addr: str, actor: str, reply: int, rank: int) -> None:
+        """Stop actor ``actor`` in the proc at ``addr`` (what waits in its mailbox fails);
+        port ``reply`` hears, as rank ``rank``, once it has stopped, or at once (an error
+        of ``None``) when its proc is gone."""
+        conn = self.connection(addr) if addr else None
+        if conn is not None and conn.send(StopActor(actor, reply)):
+            conn.pending[reply] = rank
+        else:
+            self.deliver(reply, rank, ERROR, None)
+
+    def stop_proc(self, addr: str) -> None:
+        """Ask the proc at ``addr`` to stop its actors and exit."""
+        self.connection(addr).send(StopProc(0))
+
+    def cancel(self, actor: str, reply: int, addrs: Iterable[str]) -> None:
+        """The caller gave up on the calls to ``actor`` answering to port ``reply``: close
+        the port, and tell the procs at ``addrs`` (each drops the call if it is queued,
+        cancels it if it runs). A proc not connected now is not dialed for it."""
+        self.close_port(reply)
+        msg = Cancel(actor, reply)
+        for addr in addrs:
+            conn = self.open_connection(addr)
+            if conn is not None:
+                conn.pending.pop(reply, None)
+                conn.send(msg)
 
     # ------------------------------------------------------------ pauses
 

@@ -18,7 +18,6 @@ from ..actors._api import (
     CAST_NONE,
     ERROR,
     Actor,
-    Cancel,
     Future,
     PortReceiver,
     Runtime,
@@ -331,17 +330,8 @@ def _cancel_calls(rt: Runtime, ep: ActorEndpoint[object], port: int, ranks: list
     """The caller gave up on the calls of ``ep`` answering to ``port``: tell their actors."""
     mesh = ep.mesh
 
-    def go() -> None:
-        rt.close_port(port)
-        msg = Cancel(mesh.wire_name, port)
-        for r in ranks:
-            addr = mesh.addr_of(r)
-            conn = rt.open_connection(addr) if addr else None
-            if conn is not None:
-                conn.pending.pop(port, None)
-                conn.send(msg)
-
-    run_on(rt, go)
+    addrs = [a for r in ranks if (a := mesh.addr_of(r))]
+    run_on(rt, rt.cancel, mesh.wire_name, port, addrs)
 
 
 class _CallFuture(Future[T]):

@@ -14,12 +14,10 @@ from concurrent.futures import Future as ThreadFuture
 from typing import Generic, TypeVar
 
 from ..actors._api import (
-    ERROR,
     Actor,
     Future,
     Region,
     Runtime,
-    StopActor,
     current_runtime,
     describe_endpoints,
     endpoints_of,
@@ -327,12 +325,7 @@ class ActorMesh(Shaped, Generic[A_co]):
 
             port = rt.open_port(on_reply)
             for r in ranks:
-                addr = mesh.addr_of(r)
-                conn = rt.connection(addr) if addr else None
-                if conn is not None and conn.send(StopActor(mesh._wire, port)):
-                    conn.pending[port] = r
-                else:
-                    rt.deliver(port, r, ERROR, None)
+                rt.stop_actor(mesh.addr_of(r), mesh._wire, port, r)
 
         gate = self._sent if rt is self._spawn_rt else self._init
         gate.add_done_callback(lambda _: run_on(rt, go))

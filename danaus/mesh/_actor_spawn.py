@@ -16,7 +16,6 @@ from ..actors._api import (
     ERROR,
     Actor,
     Runtime,
-    Spawn,
     current_runtime,
     dumps,
     run_on,
@@ -59,7 +58,7 @@ def spawn_actor_mesh(
 ) -> ActorMesh[A]:
     """One ``actor_cls`` actor in each proc of ``group`` that ``shape`` (the whole
     group's, or a slice's) selects."""
-    raw, pickled, parts = dumps(
+    encoded = dumps(
         (actor_cls, args, kwargs), lambda: f"actor class {actor_cls.__name__} and its arguments"
     )
     rt = current_runtime()
@@ -118,14 +117,7 @@ def spawn_actor_mesh(
                 err = SupervisionError(f"proc {group.handles[r]} did not start")
                 rt.deliver(port, r, ERROR, err)
                 continue
-            conn = rt.connection(addr)
-            msg = Spawn(
-                wire, port, group.name, r, sizes, raw, pickled, rt.addr, all_addrs, creators
-            )
-            if conn.send(msg, parts):
-                conn.pending[port] = r
-            else:
-                rt.deliver(port, r, ERROR, rt.peer_lost_error(addr, conn.close_reason))
+            rt.spawn(addr, port, r, wire, group.name, sizes, encoded, all_addrs, creators)
         sent.set_result(None)
         _watch_init(rt, init, replied, group, name, ranks)
 

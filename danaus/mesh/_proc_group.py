@@ -42,11 +42,9 @@ from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..actors._api import (
-    ERROR,
     SUPERVISOR,
     Actor,
     Runtime,
-    StopActor,
     current_runtime,
     endpoint,
     install_actor,
@@ -392,12 +390,7 @@ def _stop_actor_at(rt: Runtime, addr: str, wire: str) -> asyncio.Future[None]:
             done.set_result(None)
         return True
 
-    port = rt.open_port(on_reply)
-    conn = rt.connection(addr)
-    if conn.send(StopActor(wire, port)):
-        conn.pending[port] = 0
-    else:
-        rt.deliver(port, 0, ERROR, None)
+    rt.stop_actor(addr, wire, rt.open_port(on_reply), 0)
     return done
 
 

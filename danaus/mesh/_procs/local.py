@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 
-from ...actors._api import Runtime, StopProc, peers, run_on
+from ...actors._api import Runtime, peers, run_on
 from ...config import config
 from ...errors import SupervisionError
 from .._supervision import interpreter_exiting
@@ -289,7 +289,7 @@ async def stop_procs(rt: Runtime, handles: Sequence[ProcHandle], grace: float) -
         if not h.is_alive():
             pass
         elif h.ready.done() and h.ready.exception() is None:
-            rt.connection(h.addr).send(StopProc(0))
+            rt.stop_proc(h.addr)
         else:
             h.kill()  # never came up: nothing to stop cleanly
     exited = await asyncio.gather(*(wait_exited(h, grace) for h in handles))
