@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeAlias, TypeVar, cast
 
 import msgspec
 
@@ -34,7 +34,9 @@ from ._tensor_engine_hook import tensor_engine
 from ._value_mesh import ValueMesh
 
 if TYPE_CHECKING:
+    from ..actors._api import Region
     from ._actor_mesh import ActorMesh
+    from ._supervision import MeshState
 
 __all__ = ["ActorEndpoint", "Encoded", "Stream", "as_error"]
 
@@ -44,6 +46,19 @@ T = TypeVar("T")
 
 #: a call's arguments, encoded: (header value, pickled?, out-of-band parts)
 Encoded: TypeAlias = tuple[msgspec.Raw, bool, list[bytes | bytearray | memoryview]]
+
+
+class _Hot(NamedTuple):
+    """Where ``call_one`` of a one-actor mesh goes once the mesh is open for a loop's
+    runtime: nothing of it changes while that runtime lives (it is checked on each call,
+    with the mesh's failures), so the call skips the mesh's lookups."""
+
+    rt: Runtime
+    ranks: list[int]  # the mesh's own list, of one rank
+    addr: str
+    wire: str
+    region: Region | None
+    state: MeshState
 
 
 class ActorEndpoint(Generic[R_co]):
@@ -60,6 +75,9 @@ class ActorEndpoint(Generic[R_co]):
     def __init__(self, mesh: ActorMesh[Actor], name: str) -> None:
         self._mesh = mesh
         self._name = name
+        #: ``call_one``'s route once it is known to need nothing but a write (see
+        #: :meth:`send_encoded`): (runtime, rank, proc address, region, mesh state)
+        self._hot: _Hot | None = None
 
     @property
     def mesh(self) -> ActorMesh[Actor]:
@@ -107,22 +125,16 @@ class ActorEndpoint(Generic[R_co]):
         method = self._name
         state = mesh.mesh_state
         if state.failed or state.stopped:  # fail those ranks at once, send to the rest
-            live = []
-            for r in ranks:
-                err = state.error_for(r)
-                if err is None:
-                    live.append(r)
-                elif port:
-                    run_on(rt, rt.deliver, port, r, ERROR, err)
-            ranks = live
+            ranks = _live_ranks(rt, state, ranks, port)
             if not ranks:
                 return
         region = mesh.call_region
         if here and len(ranks) == 1 and mesh.is_open_for(rt):
             rank = ranks[0]  # the hot path: one actor, already spawned, from its loop
-            rt.send_call(
-                mesh.addr_of(rank), actor, method, port, rank, raw, pickled, parts, region, trace
-            )
+            addr = mesh.addr_of(rank)
+            if ranks is mesh.global_ranks():  # a mesh of one: call_one goes straight here
+                self._hot = _Hot(rt, ranks, addr, actor, region, state)
+            rt.send_call(addr, actor, method, port, rank, raw, pickled, parts, region, trace)
             return
         gate = mesh.call_gate(rt, here)
         ready = gate.done()
@@ -183,6 +195,31 @@ class ActorEndpoint(Generic[R_co]):
 
     def call_one(self, *args: object, **kwargs: object) -> Future[R_co]:
         """Call the one actor of this mesh; ``ValueError`` if it holds more or fewer."""
+        hot = self._hot
+        if hot is not None:  # the hot path, as send_encoded's first branch, inlined
+            enc = dumps_args(args, kwargs, self._describe_args)
+            rt, here = runtime_here()
+            state = hot.state
+            if here and rt is hot.rt and not state.failed and not state.stopped:
+                fut: Future[R_co] = _CallFuture(loop=rt.loop)
+                port = rt.open_future_port(fut)
+                self._arm(fut, rt, port, hot.ranks)
+                raw, pickled, parts = enc
+                trace = outgoing_trace() if config.telemetry else ""
+                rt.send_call(
+                    hot.addr,
+                    hot.wire,
+                    self._name,
+                    port,
+                    hot.ranks[0],
+                    raw,
+                    pickled,
+                    parts,
+                    hot.region,
+                    trace,
+                )
+                return fut
+            return self._send_single(enc, rt, here, hot.ranks)
         ranks = self._mesh.global_ranks()
         if len(ranks) != 1:
             raise ValueError(
@@ -196,6 +233,9 @@ class ActorEndpoint(Generic[R_co]):
     ) -> Future[R_co]:
         enc = self.encode_args(args, kwargs)
         rt, here = runtime_here()
+        return self._send_single(enc, rt, here, ranks)
+
+    def _send_single(self, enc: Encoded, rt: Runtime, here: bool, ranks: list[int]) -> Future[R_co]:
         fut: Future[R_co] = _CallFuture(loop=rt.loop)
         port = rt.open_future_port(fut)
         self._arm(fut, rt, port, ranks)
@@ -324,6 +364,19 @@ def failed_call(ep: ActorEndpoint[object], exc: BaseException) -> BaseException:
             exc = SupervisionError(actor_failed(state.display_name(rank), why))
         return exc.for_endpoint(f"{state.name}.{ep.name}()")
     return exc
+
+
+def _live_ranks(rt: Runtime, state: MeshState, ranks: list[int], port: int) -> list[int]:
+    """Those of ``ranks`` not failed or stopped; the others' calls fail at once (their
+    replies to ``port``, if any)."""
+    live = []
+    for r in ranks:
+        err = state.error_for(r)
+        if err is None:
+            live.append(r)
+        elif port:
+            run_on(rt, rt.deliver, port, r, ERROR, err)
+    return live
 
 
 def _cancel_calls(rt: Runtime, ep: ActorEndpoint[object], port: int, ranks: list[int]) -> None:

@@ -209,6 +209,35 @@ async def test_a_segfault_or_os_exit_names_the_cause(
     assert [g.mesh for g in failures] == ["fragile"]  # the proc's stop (it had exited) is none
 
 
+async def test_a_call_one_that_went_the_fast_way_before_still_sees_the_failure(
+    failures: Failures,
+) -> None:
+    # call_one learns a one-actor mesh's route on its loop and skips the mesh's lookups
+    # after; a failure, a plain thread and a slice must still be seen as ever.
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        fragile = await procs.spawn("fragile", Fragile)
+        # a mesh stopped after going the fast way says so, as any stopped mesh does
+        other = await procs.spawn("other", Fragile)
+        for _ in range(3):
+            await other.pid.call_one()
+        await asyncio.wait_for(other.stop(), 10)
+        with pytest.raises(SupervisionError, match="mesh 'other' was stopped"):
+            await asyncio.wait_for(other.pid.call_one(), 10)
+        pids = {await fragile.pid.call_one() for _ in range(3)}
+        assert len(pids) == 1
+        assert await asyncio.to_thread(lambda: fragile.pid.call_one().get(timeout=10)) in pids
+        assert await fragile.slice(procs=0).pid.call_one() in pids
+        with pytest.raises(SupervisionError):
+            await asyncio.wait_for(fragile.exit_now.call_one(7), 10)
+        await failures.first()
+        with pytest.raises(
+            SupervisionError, match=r"fragile\.pid\(\) failed, .*exited with code 7"
+        ):
+            await asyncio.wait_for(fragile.pid.call_one(), 10)
+        with pytest.raises(SupervisionError, match="exited with code 7"):
+            await asyncio.to_thread(lambda: fragile.pid.call_one().get(timeout=10))
+
+
 @pytest.mark.parametrize("which", ["KeyboardInterrupt", "SystemExit"])
 def test_on_this_proc_it_fails_the_actor_not_the_controllers_loop(which: str) -> None:
     # Sync code: these actors run on danaus's background loop, which asyncio leaves
