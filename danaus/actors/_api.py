@@ -23,7 +23,7 @@ everything here is used above (``tests/unit/test_exports.py``). By what it is fo
   and ``DebugController``: ``debug_registry``, ``DebugRecord``.
 - **Encoding, tracing**: ``dumps``, ``dumps_args``, ``outgoing_trace``,
   ``otlp_traces_url``.
-- **What a call's reply says, and how a cast gathers**: ``OK``, ``ERROR``, ``CAST_*``;
+- **What a call's reply says**: ``OK``, ``ERROR``;
   ``Region``, the slice of a mesh a call was sent to. Meshes build no other wire message:
   they ask the runtime (``send_call``, ``send_cast``, ``spawn``, ``stop_actor``,
   ``stop_proc``, ``cancel``), and no message is handled above this layer (the one table
@@ -109,9 +109,6 @@ from ._telemetry import (
     outgoing_trace,
 )
 from ._wire import (
-    CAST_GATHER,
-    CAST_NONE,
-    CAST_REDUCE,
     ERROR,
     OK,
     Region,
@@ -119,9 +116,6 @@ from ._wire import (
 
 __all__ = [
     "AS_ENDPOINT",
-    "CAST_GATHER",
-    "CAST_NONE",
-    "CAST_REDUCE",
     "ERROR",
     "OK",
     "SUPERVISOR",

@@ -40,7 +40,9 @@ from ._peers import fail_pending, fail_pending_after_exit, peer_lost_error, peer
 from ._results import PortHandler, PortOwner, settle
 from ._sockets import Listener, Via, dial
 from ._wire import (
+    CAST_GATHER,
     CAST_NONE,
+    CAST_REDUCE,
     ERROR,
     Buffer,
     Call,
@@ -578,7 +580,6 @@ class Runtime:
         method: str,
         targets: Sequence[tuple[int, str]],
         reply: int,
-        mode: int,
         args: msgspec.Raw,
         pickled: bool,
         parts: Sequence[Buffer],
@@ -588,9 +589,9 @@ class Runtime:
     ) -> None:
         """Send one call to ``actor`` in each of ``targets`` (rank, proc address): one by
         one, or down a casting tree (``_cast``) when they are more than
-        ``config.cast_fanout``. Their replies (if ``reply``) come to that port, gathered
-        by ``mode`` (``CAST_GATHER``: each rank's; ``CAST_REDUCE``: combined by
-        ``reducer``, the accumulator's (identity, combine) encoded)."""
+        ``config.cast_fanout``. Their replies (if ``reply``) come to that port: each
+        rank's, or, with a ``reducer`` (an accumulator's (identity, combine), encoded),
+        combined on the way up the tree."""
         fanout = config.cast_fanout
         if not fanout or len(targets) <= fanout:
             for rank, addr in targets:
@@ -606,7 +607,7 @@ class Runtime:
             method,
             tree,
             reply,
-            mode if reply else CAST_NONE,
+            CAST_NONE if not reply else CAST_REDUCE if reducer is not None else CAST_GATHER,
             fanout,
             args,
             pickled,

@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Generic, NamedTuple, TypeAlias, TypeVar, cast
 import msgspec
 
 from ..actors._api import (
-    CAST_GATHER,
-    CAST_NONE,
     ERROR,
     Actor,
     Future,
@@ -109,7 +107,6 @@ class ActorEndpoint(Generic[R_co]):
         ranks: list[int],
         port: int,
         enc: Encoded,
-        mode: int = CAST_GATHER,
         reducer: tuple[msgspec.Raw, bool] | None = None,
         here: bool | None = None,
     ) -> None:
@@ -167,9 +164,7 @@ class ActorEndpoint(Generic[R_co]):
                             + mesh.why_not_started(r)
                         ),
                     )
-            rt.send_cast(
-                actor, method, targets, port, mode, raw, pickled, parts, reducer, region, trace
-            )
+            rt.send_cast(actor, method, targets, port, raw, pickled, parts, reducer, region, trace)
 
         if here:
             if ready:
@@ -316,7 +311,7 @@ class ActorEndpoint(Generic[R_co]):
     def broadcast(self, *args: object, **kwargs: object) -> None:
         """Send to every actor and do not wait (fire and forget)."""
         enc = self.encode_args(args, kwargs)
-        self.send_encoded(current_runtime(), self._mesh.global_ranks(), 0, enc, CAST_NONE)
+        self.send_encoded(current_runtime(), self._mesh.global_ranks(), 0, enc)
 
     async def post(self, *args: object, **kwargs: object) -> None:
         """``broadcast`` with backpressure: send, then wait while the way to these actors

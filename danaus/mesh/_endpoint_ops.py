@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Generic, NoReturn, TypeVar, cast
 
 from ..actors._api import (
     AS_ENDPOINT,
-    CAST_REDUCE,
     ERROR,
     Actor,
     Future,
@@ -80,7 +79,7 @@ class Accumulator(Generic[R, V]):
         if config.cast_fanout and len(ranks) > config.cast_fanout:
             # Each top-level subtree answers once, with its reduced value.
             left[0] = min(config.cast_fanout, len(ranks))
-        ep.send_encoded(rt, ranks, port, enc, CAST_REDUCE, (reducer[0], reducer[1]))
+        ep.send_encoded(rt, ranks, port, enc, (reducer[0], reducer[1]))
         return fut
 
 

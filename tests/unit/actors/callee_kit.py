@@ -22,7 +22,6 @@ from danaus.actors._loops import close_loop_runtime, install_runtime, new_event_
 from danaus.actors._runtime import Runtime
 from danaus.actors._serialize import dumps, dumps_args
 from danaus.actors._wire import (
-    CAST_GATHER,
     ERROR,
     Cancel,
     Spawn,
@@ -240,7 +239,6 @@ def cast(
     method: str,
     *args: object,
     port: int = 0,
-    mode: int = CAST_GATHER,
     reducer: object = None,
 ) -> None:
     """Cast ``method`` to ``actor`` in every proc (rank = index), as a mesh's ``call``
@@ -251,7 +249,7 @@ def cast(
         red_raw, red_pickled, _ = dumps(reducer, lambda: "the accumulator's combine function")
         red = (red_raw, red_pickled)
     targets = [(rank, p.addr) for rank, p in enumerate(procs)]
-    caller.send_cast(actor, method, targets, port, mode, raw, pickled, parts, red)
+    caller.send_cast(actor, method, targets, port, raw, pickled, parts, red)
 
 
 # ---------------------------------------------------------------- actors

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from danaus.actors._runtime import Runtime
-from danaus.actors._wire import CAST_REDUCE
 from danaus.config import config
 from danaus.errors import ActorError, EndpointNotFoundError, SupervisionError
 from danaus.mesh._proc_group import ensure_supervisor
@@ -386,7 +385,7 @@ async def test_a_reduce_down_a_tree_gives_the_combined_value(
     w = await spawned(caller, procs, Worker)
     # As Accumulator.accumulate: each of the caller's subtrees answers once, reduced.
     gather = Gather(caller)
-    cast(caller, procs, w, "value", port=gather.port, mode=CAST_REDUCE, reducer=(0, operator.add))
+    cast(caller, procs, w, "value", port=gather.port, reducer=(0, operator.add))
     await gather.until(lambda: len(gather.deliveries) == 2)
     # by the rank heading each subtree: its ranks' values combined on the way up
     assert dict(gather.deliveries) == {0: 0 + 10 + 20, 3: 30 + 40}
@@ -406,7 +405,6 @@ async def test_a_reduce_where_one_rank_raises_gives_that_ranks_error(
         "value_or_fail",
         4,
         port=gather.port,
-        mode=CAST_REDUCE,
         reducer=(0, operator.add),
     )
     await gather.until(lambda: len(gather.deliveries) == 2)
