@@ -20,6 +20,7 @@ from danaus.actors._future import Future
 from danaus.actors._handlers import ProcControl, install_actor
 from danaus.actors._runtime import Runtime
 from danaus.actors._serialize import dumps_args
+from danaus.actors._wire import CallSpec
 
 from . import _floors
 from ._stats import format_table, summarize
@@ -30,7 +31,7 @@ KEY = secrets.token_bytes(32)
 async def _call(d: Runtime, addr: str, enc: tuple[Any, bool, list[Any]]) -> Any:
     fut: Future[Any] = Future(loop=d.loop)
     port = d.open_future_port(fut)
-    d.send_call(addr, "__proc__", "pid", port, 0, *enc)
+    d.send_call(addr, 0, port, CallSpec("__proc__", "pid", *enc))
     try:
         return await fut
     except Exception as e:  # the 64 MiB call is refused by pid(): its reply is an error

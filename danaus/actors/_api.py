@@ -8,9 +8,10 @@ everything here is used above (``tests/unit/test_exports.py``). By what it is fo
   ``context``, ``context_state``, ``current_rank``, ``spawn_creators``, ``waiting_actor``,
   ``Future``, ``Port``, ``PortReceiver``, ``Channel``, ``forward`` (ranks and shapes are
   ``danaus.geometry``'s, below this layer).
-- **The runtime of a loop**, which meshes send through: ``Runtime`` (``send_call``,
-  ``send_cast``, ports), ``current_runtime``, ``runtime_here``,
-  ``background_runtime``, ``start_background_runtime``, ``runtime_started``,
+- **The runtime of a loop**, which meshes send through: ``Runtime`` (its verbs: ``call``
+  and ``send_call`` with a ``CallSpec``, ``spawn``, ``stop_actor``, ``stop_proc``,
+  ``cancel``, ports), ``current_runtime``, ``runtime_here``,
+  ``background_runtime``, ``start_background_runtime``,
   ``install_runtime``, ``all_runtimes``, ``new_event_loop``, ``run_on``, ``run_task``,
   ``call_in_loop``, ``listen_address``, ``parse_addr``, ``auth``,
   ``set_job_key``, and ``peers`` (what the process knows of its peers).
@@ -24,8 +25,9 @@ everything here is used above (``tests/unit/test_exports.py``). By what it is fo
 - **Encoding, tracing**: ``dumps``, ``dumps_args``, ``outgoing_trace``,
   ``otlp_traces_url``.
 - **What a call's reply says**: ``OK``, ``ERROR``;
-  ``Region``, the slice of a mesh a call was sent to. Meshes build no other wire message:
-  they ask the runtime (``send_call``, ``send_cast``, ``spawn``, ``stop_actor``,
+  ``Region``, the slice of a mesh a call was sent to; ``CallSpec``, one call as the
+  runtime takes it. Meshes build no wire message: they ask the runtime (``call``,
+  ``send_call``, ``spawn``, ``stop_actor``,
   ``stop_proc``, ``cancel``), and no message is handled above this layer (the one table
   of handlers is ``_dispatch.py``'s).
 """
@@ -80,7 +82,6 @@ from ._loops import (
     run_on,
     run_task,
     runtime_here,
-    runtime_started,
     start_background_runtime,
 )
 from ._peers import peers
@@ -111,6 +112,7 @@ from ._telemetry import (
 from ._wire import (
     ERROR,
     OK,
+    CallSpec,
     Region,
 )
 
@@ -121,6 +123,7 @@ __all__ = [
     "SUPERVISOR",
     "Actor",
     "ActorRecord",
+    "CallSpec",
     "Channel",
     "DebugRecord",
     "Endpoint",
@@ -163,7 +166,6 @@ __all__ = [
     "run_proc",
     "run_task",
     "runtime_here",
-    "runtime_started",
     "set_job_key",
     "spawn_creators",
     "start_background_runtime",

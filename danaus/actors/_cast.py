@@ -1,6 +1,6 @@
 """Casting: one call sent to many actors, down a fan-out tree of procs, and its results
 gathered (or reduced) on the way back up. The whole of it lives here, in the actor layer;
-the mesh layer asks :meth:`Runtime.send_cast <danaus.actors._runtime.Runtime.send_cast>`
+the mesh layer asks :meth:`Runtime.call <danaus.actors._runtime.Runtime.call>`
 and touches none of this state.
 
 A call on a mesh of N actors costs the sender at most ``fanout`` sends: each proc that
@@ -82,7 +82,7 @@ def send_tree(
 ) -> None:
     """From the sender: start a cast over ``targets``, numbered already (results to local
     ``port``); ``region``: the slice called, when not the actors' whole mesh; ``trace``:
-    the caller's span, with telemetry on. Use ``Runtime.send_cast``, which numbers them."""
+    the caller's span, with telemetry on. Use ``Runtime.call``, which numbers them."""
     red_raw, red_pickled = reducer or (NIL, False)
     for chunk in split(targets, fanout):
         _send_subtree(

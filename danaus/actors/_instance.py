@@ -27,7 +27,7 @@ from ._replier import Describe, Replier, ReplySink, ResponsePort, error_info
 from ._serialize import dumps_args, loads_args
 from ._stats import ActorStats
 from ._telemetry import await_in_span, run_in_span
-from ._wire import Buffer, Call, ErrorInfo
+from ._wire import Buffer, Call, CallSpec, ErrorInfo
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -57,8 +57,8 @@ SUPERVISOR = "__supervisor__"
 
 def tell_supervisor(rt: Runtime, owner_addr: str, method: str, *args: object) -> None:
     """Call ``method`` of the :data:`SUPERVISOR` at ``owner_addr`` with ``args``."""
-    raw, pickled, parts = dumps_args(args, {}, lambda: f"a {method} report")
-    rt.send_call(owner_addr, SUPERVISOR, method, 0, 0, raw, pickled, parts)
+    enc = dumps_args(args, {}, lambda: f"a {method} report")
+    rt.send_call(owner_addr, 0, 0, CallSpec(SUPERVISOR, method, *enc))
 
 
 class RunnableEndpoint(Protocol):

@@ -46,6 +46,7 @@ from ._wire import (
     ERROR,
     Buffer,
     Call,
+    CallSpec,
     Cancel,
     Creator,
     ErrorInfo,
@@ -53,7 +54,6 @@ from ._wire import (
     Paused,
     Ping,
     Pong,
-    Region,
     Result,
     Spawn,
     StopActor,
@@ -475,26 +475,17 @@ class Runtime:
 
     # ------------------------------------------------------------ sending
 
-    def send_call(
-        self,
-        addr: str,
-        actor: str,
-        method: str,
-        reply: int,
-        rank: int,
-        args: msgspec.Raw,
-        pickled: bool,
-        parts: Sequence[Buffer],
-        region: Region | None = None,
-        trace: str = "",
-    ) -> None:
-        """Send one call to ``actor`` at ``addr``; its reply (if ``reply``) comes to that port.
-        ``region``: the slice called, when not the actor's whole mesh (its message rank);
-        ``trace``: the caller's span, with telemetry on."""
+    def send_call(self, addr: str, rank: int, reply: int, spec: CallSpec) -> None:
+        """Send the call ``spec`` to its actor at ``addr`` (rank ``rank`` there); its
+        reply (if ``reply``) comes to that port."""
         conn = self.connection(addr)
         with self.send_lock:  # (numbered and queued in one step: see send_call_from_thread)
+            actor = spec.actor
             seq = self.next_seq(addr, actor)
-            sent = conn.send(Call(actor, method, reply, args, pickled, seq, region, trace), parts)
+            msg = Call(
+                actor, spec.method, reply, spec.args, spec.pickled, seq, spec.region, spec.trace
+            )
+            sent = conn.send(msg, spec.parts)
         if not sent:
             if reply:
                 self.deliver(reply, rank, ERROR, self.peer_lost_error(addr, conn.close_reason))
@@ -502,19 +493,7 @@ class Runtime:
         if reply:
             conn.pending[reply] = rank
 
-    def send_call_from_thread(
-        self,
-        addr: str,
-        actor: str,
-        method: str,
-        reply: int,
-        rank: int,
-        args: msgspec.Raw,
-        pickled: bool,
-        parts: Sequence[Buffer],
-        region: Region | None = None,
-        trace: str = "",
-    ) -> bool:
+    def send_call_from_thread(self, addr: str, rank: int, reply: int, spec: CallSpec) -> bool:
         """:meth:`send_call` from a thread that is not this loop's, written by that thread
         itself, without waking the loop: where the connection to ``addr`` is open on a
         Unix socket with nothing queued (``Connection.write_from_thread``). False, with
@@ -522,22 +501,52 @@ class Runtime:
         conn = self.conns.get(addr)
         if conn is None:
             return False
+        actor = spec.actor
         with self.send_lock:
             seq = self.next_seq(addr, actor)
             # (msgspec's module-level encoder: the loop's may be encoding at this moment)
-            call = Call(actor, method, reply, args, pickled, seq, region, trace)
+            call = Call(
+                actor, spec.method, reply, spec.args, spec.pickled, seq, spec.region, spec.trace
+            )
             header = msgspec.msgpack.encode(call)
             if reply:  # (before the write: the reply may come back at once)
                 conn.pending[reply] = rank
             written = False
             try:
-                written = self.send_from_thread(conn, frame(header, parts))
+                written = self.send_from_thread(conn, frame(header, spec.parts))
             finally:  # (not written, or raised: unnumbered and unregistered again)
                 if not written:
                     if reply:
                         conn.pending.pop(reply, None)
                     self._seqs[addr][actor] = seq - 1  # (nobody numbered since: we hold it)
             return written
+
+    def call(
+        self,
+        targets: Sequence[tuple[int, str]],
+        reply: int,
+        spec: CallSpec,
+        reducer: tuple[msgspec.Raw, bool] | None = None,
+        here: bool = True,
+    ) -> None:
+        """Send the call ``spec`` to its actor in each of ``targets`` (rank, proc address):
+        the one entry for a call, which picks how it travels. One target: straight to it,
+        from this loop (``here``) or written by the calling thread itself where it can;
+        several: one by one, or down a casting tree (``_cast``) when they are more than
+        ``config.cast_fanout``. Their replies (if ``reply``) come to that port: each
+        rank's, or, with a ``reducer`` (an accumulator's (identity, combine), encoded),
+        combined on the way up the tree. From another thread, what the loop must send
+        is handed to it, after anything that thread handed it before."""
+        if len(targets) == 1:
+            rank, addr = targets[0]
+            if here:
+                self.send_call(addr, rank, reply, spec)
+            elif not self.send_call_from_thread(addr, rank, reply, spec):
+                self.call_soon_handed(self.send_call, addr, rank, reply, spec)
+        elif here:
+            self._send_cast(targets, reply, spec, reducer)
+        else:
+            self.call_soon_handed(self._send_cast, targets, reply, spec, reducer)
 
     def hand_over(self, fn: Callable[[*Ts], object], *args: *Ts) -> Callable[[], None]:
         """For a thread that is not this loop's, about to have the loop call ``fn(*args)``
@@ -574,47 +583,35 @@ class Runtime:
         with self.send_lock:
             return not self._handed and conn.write_from_thread(bufs)
 
-    def send_cast(
+    def _send_cast(
         self,
-        actor: str,
-        method: str,
         targets: Sequence[tuple[int, str]],
         reply: int,
-        args: msgspec.Raw,
-        pickled: bool,
-        parts: Sequence[Buffer],
-        reducer: tuple[msgspec.Raw, bool] | None = None,
-        region: Region | None = None,
-        trace: str = "",
+        spec: CallSpec,
+        reducer: tuple[msgspec.Raw, bool] | None,
     ) -> None:
-        """Send one call to ``actor`` in each of ``targets`` (rank, proc address): one by
-        one, or down a casting tree (``_cast``) when they are more than
-        ``config.cast_fanout``. Their replies (if ``reply``) come to that port: each
-        rank's, or, with a ``reducer`` (an accumulator's (identity, combine), encoded),
-        combined on the way up the tree."""
         fanout = config.cast_fanout
         if not fanout or len(targets) <= fanout:
             for rank, addr in targets:
-                self.send_call(
-                    addr, actor, method, reply, rank, args, pickled, parts, region, trace
-                )
+                self.send_call(addr, rank, reply, spec)
             return
+        actor = spec.actor
         with self.send_lock:
             tree = [(rank, addr, self.next_seq(addr, actor)) for rank, addr in targets]
         send_tree(
             self,
             actor,
-            method,
+            spec.method,
             tree,
             reply,
             CAST_NONE if not reply else CAST_REDUCE if reducer is not None else CAST_GATHER,
             fanout,
-            args,
-            pickled,
-            parts,
+            spec.args,
+            spec.pickled,
+            spec.parts,
             reducer,
-            region,
-            trace,
+            spec.region,
+            spec.trace,
         )
 
     def next_seq(self, addr: str, actor: str) -> int:

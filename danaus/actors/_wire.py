@@ -96,6 +96,23 @@ class Call(msgspec.Struct, tag=16, array_like=True, frozen=True):
     trace: str = ""
 
 
+class CallSpec(msgspec.Struct, frozen=True):
+    """One call as the layers above hand it to the runtime (``Runtime.call``,
+    ``send_call``), not itself on the wire: the endpoint ``method`` of actor ``actor``, the
+    arguments encoded as :class:`Call` carries them (``args``, ``pickled``, and the
+    frame's out-of-band ``parts``), the slice called (``region``, ``None`` for the whole
+    mesh) and the caller's span (``trace``). Built once per call, whatever number of
+    actors it goes to and however it travels."""
+
+    actor: str
+    method: str
+    args: msgspec.Raw
+    pickled: bool = False
+    parts: Sequence[Buffer] = ()
+    region: Region | None = None
+    trace: str = ""
+
+
 class Result(msgspec.Struct, tag=17, array_like=True, frozen=True):
     """A value (or error, or close) for port ``port`` of the receiving peer.
 

@@ -16,6 +16,7 @@ import msgspec
 from ..actors._api import (
     ERROR,
     Actor,
+    CallSpec,
     Future,
     PortReceiver,
     Runtime,
@@ -117,36 +118,26 @@ class ActorEndpoint(Generic[R_co]):
         # with telemetry on, the caller's span (taken here, in the caller's context)
         trace = outgoing_trace() if config.telemetry else ""
         mesh = self._mesh
-        raw, pickled, parts = enc
-        actor = mesh.wire_name
-        method = self._name
         state = mesh.mesh_state
         if state.failed or state.stopped:  # fail those ranks at once, send to the rest
             ranks = _live_ranks(rt, state, ranks, port)
             if not ranks:
                 return
-        region = mesh.call_region
+        spec = CallSpec(mesh.wire_name, self._name, *enc, mesh.call_region, trace)
         if here and len(ranks) == 1 and mesh.is_open_for(rt):
             rank = ranks[0]  # the hot path: one actor, already spawned, from its loop
             addr = mesh.addr_of(rank)
             if ranks is mesh.global_ranks():  # a mesh of one: call_one goes straight here
-                self._hot = _Hot(rt, ranks, addr, actor, region, state)
-            rt.send_call(addr, actor, method, port, rank, raw, pickled, parts, region, trace)
+                self._hot = _Hot(rt, ranks, addr, spec.actor, spec.region, state)
+            rt.send_call(addr, rank, port, spec)
             return
         gate = mesh.call_gate(rt, here)
         ready = gate.done()
         if ready and len(ranks) == 1 and (addr := mesh.addr_of(ranks[0])):
-            if here:
-                rt.send_call(
-                    addr, actor, method, port, ranks[0], raw, pickled, parts, region, trace
-                )
-                return
-            # Another thread (a plain thread's call, a sync endpoint's): it writes the
-            # call itself where it can, without waking the loop to do it.
-            if rt.send_call_from_thread(
-                addr, actor, method, port, ranks[0], raw, pickled, parts, region, trace
-            ):
-                return
+            # From another thread (a plain thread's call, a sync endpoint's), the thread
+            # writes the call itself where it can, without waking the loop to do it.
+            rt.call([(ranks[0], addr)], port, spec, here=here)
+            return
 
         def go() -> None:
             targets = []
@@ -164,7 +155,7 @@ class ActorEndpoint(Generic[R_co]):
                             + mesh.why_not_started(r)
                         ),
                     )
-            rt.send_cast(actor, method, targets, port, raw, pickled, parts, reducer, region, trace)
+            rt.call(targets, port, spec, reducer)
 
         if here:
             if ready:
@@ -199,20 +190,9 @@ class ActorEndpoint(Generic[R_co]):
                 fut: Future[R_co] = _CallFuture(loop=rt.loop)
                 port = rt.open_future_port(fut)
                 self._arm(fut, rt, port, hot.ranks)
-                raw, pickled, parts = enc
                 trace = outgoing_trace() if config.telemetry else ""
-                rt.send_call(
-                    hot.addr,
-                    hot.wire,
-                    self._name,
-                    port,
-                    hot.ranks[0],
-                    raw,
-                    pickled,
-                    parts,
-                    hot.region,
-                    trace,
-                )
+                spec = CallSpec(hot.wire, self._name, *enc, hot.region, trace)
+                rt.send_call(hot.addr, hot.ranks[0], port, spec)
                 return fut
             return self._send_single(enc, rt, here, hot.ranks)
         ranks = self._mesh.global_ranks()

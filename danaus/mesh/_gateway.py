@@ -42,11 +42,11 @@ from ..actors._api import (
     Port,
     PortReceiver,
     Runtime,
+    all_runtimes,
     current_runtime,
     endpoint,
     parse_addr,
     run_on,
-    runtime_started,
     start_background_runtime,
 )
 from ..config import config
@@ -301,7 +301,7 @@ def attach(addr: str, *, key_file: str | None = None) -> None:
             f"attach({addr!r}): this process is attached through {_attached} already; "
             "detaching is not possible: attach elsewhere from a new process"
         )
-    if runtime_started():
+    if any(not rt.closed for rt in all_runtimes()):  # (danaus has begun here)
         raise RuntimeError(
             "danaus already runs in this process; call attach(addr) before anything else "
             "of danaus (the first spawn, call or other message)"

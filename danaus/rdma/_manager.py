@@ -17,6 +17,7 @@ from typing import Any
 
 from ..actors._api import (
     Actor,
+    CallSpec,
     Future,
     Runtime,
     current_runtime,
@@ -226,8 +227,8 @@ class RDMAManager:
         """Ask the owner proc's manager (``serve``); its answer, or RDMAOwnerError."""
         rt = self.rt
         fut: Future[Any] = Future(loop=rt.loop)
-        raw, pickled, parts = dumps_args((backend, request), {}, lambda: "an RDMA setup request")
-        rt.send_call(owner, "__rdma__", "serve", rt.open_future_port(fut), -1, raw, pickled, parts)
+        enc = dumps_args((backend, request), {}, lambda: "an RDMA setup request")
+        rt.send_call(owner, -1, rt.open_future_port(fut), CallSpec("__rdma__", "serve", *enc))
         try:
             result: dict[str, Any] = await fut
         except SupervisionError as e:
@@ -244,10 +245,8 @@ class RDMAManager:
         """Drop a buffer owned by another proc (through its ``__rdma__`` actor)."""
         rt = self.rt
         fut: Future[Any] = Future(loop=rt.loop)
-        raw, pickled, parts = dumps_args((handle.buf_id,), {}, lambda: "a drop request")
-        rt.send_call(
-            handle.owner, "__rdma__", "drop", rt.open_future_port(fut), -1, raw, pickled, parts
-        )
+        enc = dumps_args((handle.buf_id,), {}, lambda: "a drop request")
+        rt.send_call(handle.owner, -1, rt.open_future_port(fut), CallSpec("__rdma__", "drop", *enc))
         try:
             await fut
         except SupervisionError as e:

@@ -18,6 +18,7 @@ from danaus import (
     endpoint,
     this_host,
 )
+from danaus.actors._wire import CallSpec
 
 from .actors_lib import BadInit, Counter, Echo, Recorder, Streamer
 
@@ -126,7 +127,8 @@ async def test_unknown_endpoint_lists_the_endpoints() -> None:
         fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         port = rt.open_port(lambda rank, status, value: fut.set_result(value) or True)
         raw, pickled, parts = dumps([[], {}], lambda: "args")
-        rt.send_call(echo.rank_addrs()[0][1], echo.wire_name, "nope", port, 0, raw, pickled, parts)
+        spec = CallSpec(echo.wire_name, "nope", raw, pickled, parts)
+        rt.send_call(echo.rank_addrs()[0][1], 0, port, spec)
         err = await asyncio.wait_for(fut, 10)
         assert isinstance(err, EndpointNotFoundError)
         assert "no endpoint 'nope'" in str(err) and "whoami" in str(err)
@@ -226,9 +228,10 @@ async def test_a_malformed_plain_argument_payload_fails_only_that_call() -> None
         rt = current_runtime()
         fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         port = rt.open_port(lambda rank, status, value: fut.set_result(value) or True)
+        # not [args, kwargs]
         rt.send_call(
-            echo.rank_addrs()[0][1], echo.wire_name, "echo", port, 0, encode_plain(5), False, []
-        )  # not [args, kwargs]
+            echo.rank_addrs()[0][1], 0, port, CallSpec(echo.wire_name, "echo", encode_plain(5))
+        )
         err = await asyncio.wait_for(fut, 10)
         assert isinstance(err, SerializationError)
         assert "arguments of Echo.echo could not be decoded" in str(err)

@@ -23,6 +23,7 @@ from danaus.actors._runtime import Runtime
 from danaus.actors._serialize import dumps, dumps_args
 from danaus.actors._wire import (
     ERROR,
+    CallSpec,
     Cancel,
     Spawn,
     StopActor,
@@ -176,7 +177,7 @@ def call(caller: Runtime, addr: str, actor: str, method: str, *args: object, ran
     raw, pickled, parts = dumps_args(args, {}, lambda: f"arguments of {method}")
     fut: Future[object] = Future(loop=caller.loop)
     port = caller.open_future_port(fut)
-    caller.send_call(addr, actor, method, port, rank, raw, pickled, parts)
+    caller.send_call(addr, rank, port, CallSpec(actor, method, raw, pickled, parts))
     return Sent(fut, port, addr, actor)
 
 
@@ -249,7 +250,7 @@ def cast(
         red_raw, red_pickled, _ = dumps(reducer, lambda: "the accumulator's combine function")
         red = (red_raw, red_pickled)
     targets = [(rank, p.addr) for rank, p in enumerate(procs)]
-    caller.send_cast(actor, method, targets, port, raw, pickled, parts, red)
+    caller.call(targets, port, CallSpec(actor, method, raw, pickled, parts), red)
 
 
 # ---------------------------------------------------------------- actors

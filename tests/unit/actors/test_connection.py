@@ -28,6 +28,7 @@ from danaus.actors._wire import (
     Auth,
     Buffer,
     Call,
+    CallSpec,
     Challenge,
     Hello,
     Ping,
@@ -93,7 +94,7 @@ async def test_runtime_as_dialer_authenticates_then_sends_queued_calls(
     addr, accepted = raw_acceptor
     port, reply = reply_port(runtime)
     # Sent before the connection exists: queued until the handshake is done.
-    runtime.send_call(addr, "counter", "value", port, 3, encode_plain([[], {}]), False, [])
+    runtime.send_call(addr, 3, port, CallSpec("counter", "value", encode_plain([[], {}])))
     conn = runtime.conns[addr]
     assert repr(conn) == f"<Connection dialer peer={addr} handshake>"
     reader, writer = await asyncio.wait_for(accepted.get(), TIMEOUT)
@@ -122,7 +123,7 @@ async def test_a_dial_reset_before_a_word_dials_again_and_keeps_the_queued_call(
     # the peer is not lost; the dial is tried again with what was queued on it.
     addr, accepted = raw_acceptor
     port, reply = reply_port(runtime)
-    runtime.send_call(addr, "counter", "value", port, 3, encode_plain([[], {}]), False, [])
+    runtime.send_call(addr, 3, port, CallSpec("counter", "value", encode_plain([[], {}])))
     first = runtime.conns[addr]
     _, writer = await asyncio.wait_for(accepted.get(), TIMEOUT)
     writer.transport.abort()  # reset, not a byte sent
@@ -148,7 +149,7 @@ async def test_a_dial_reset_on_every_try_fails_once_the_connect_timeout_passed(
     monkeypatch.setattr(config, "connect_timeout", 0.3)
     addr, accepted = raw_acceptor
     port, reply = reply_port(runtime)
-    runtime.send_call(addr, "counter", "value", port, 3, encode_plain([[], {}]), False, [])
+    runtime.send_call(addr, 3, port, CallSpec("counter", "value", encode_plain([[], {}])))
     tries = 0
 
     async def reset_all() -> None:
@@ -175,7 +176,7 @@ async def test_runtime_as_dialer_refuses_an_acceptor_without_the_key(
 ) -> None:
     addr, accepted = raw_acceptor
     port, reply = reply_port(runtime)
-    runtime.send_call(addr, "counter", "value", port, 3, encode_plain([[], {}]), False, [])
+    runtime.send_call(addr, 3, port, CallSpec("counter", "value", encode_plain([[], {}])))
     conn = runtime.conns[addr]
     reader, writer = await asyncio.wait_for(accepted.get(), TIMEOUT)
 

@@ -19,7 +19,7 @@ import pytest
 from danaus.actors._future import Future
 from danaus.actors._handlers import ProcControl, install_actor
 from danaus.actors._runtime import Runtime
-from danaus.actors._wire import Call, frame
+from danaus.actors._wire import Call, CallSpec, frame
 
 KEY = b"k" * 32
 TIMEOUT = 10.0
@@ -94,7 +94,7 @@ async def _pid_through(dialer: Runtime, addr: str) -> Any:
     fut: Future[Any] = Future(loop=dialer.loop)
     port = dialer.open_future_port(fut)
     dialer.send_call(
-        addr, "__proc__", "pid", port, 0, msgspec.Raw(msgspec.msgpack.encode([[], {}])), False, []
+        addr, 0, port, CallSpec("__proc__", "pid", msgspec.Raw(msgspec.msgpack.encode([[], {}])))
     )
     return await asyncio.wait_for(fut, TIMEOUT)
 
@@ -157,7 +157,7 @@ async def test_tagged_frames_with_parts_round_trip(pair: tuple[Runtime, Runtime,
     assert parts
     fut: Future[Any] = Future(loop=dialer.loop)
     port = dialer.open_future_port(fut)
-    dialer.send_call(relay_addr, "__proc__", "pid", port, 0, raw, pickled, parts)
+    dialer.send_call(relay_addr, 0, port, CallSpec("__proc__", "pid", raw, pickled, parts))
     with pytest.raises(ActorError, match="positional argument"):
         await asyncio.wait_for(fut, TIMEOUT)
     assert await _pid_through(dialer, relay_addr) == os.getpid()
