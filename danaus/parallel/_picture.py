@@ -17,7 +17,7 @@ from html import escape
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._plan import Plan
+    from ._plan import Plan, SimulatedPlan
 
 #: one op of the schedule: (stage, microbatch, "F" or "B", start s, end s)
 Op = tuple[int, int, str, float, float]
@@ -37,7 +37,7 @@ def _order(stage: int, pp: int, m: int, schedule: str) -> list[tuple[str, int]]:
     return ops + [("B", i) for i in range(m - warm, m)]
 
 
-def schedule(plan: Plan) -> list[Op]:
+def schedule(plan: Plan | SimulatedPlan) -> list[Op]:
     """Every stage's forwards and backwards over time, as the plan's estimates have them
     (one replica: the others run the same)."""
     pp, m = plan.pp, plan.microbatches
@@ -172,3 +172,91 @@ def html(plan: Plan) -> str:
         f"<h2>Memory per proc (estimated)</h2>{_memory(plan)}"
         f"<h2>Why</h2><pre>{escape(plan.why or 'given by hand')}</pre></div></body></html>"
     )
+
+
+def simulated_trace(sim: SimulatedPlan) -> dict[str, object]:
+    """:meth:`SimulatedPlan.trace` (see there). The pipeline's ops are :func:`schedule`'s,
+    scaled as the step's estimate is (a typical pass, not the fastest); the gradients'
+    sync starts where the estimate's critical path ends (after the last backward, or
+    later where the estimate waits longer: its worst stage, or procs sharing cores) and
+    the optimizer's step follows it, so that the last event ends at ``step_s``."""
+    typical = sim.typical
+    ops = schedule(sim)
+    us = 1e6
+    sync_at, opt_at = sim.pipeline_s, sim.pipeline_s + sim.sync_s
+    stage_of = {r: k for k, st in enumerate(sim.stages) for r in st.ranks}
+    events: list[dict[str, object]] = []
+    # the devices that sync their gradients together: one stage's replicas, per
+    # tensor-parallel shard (its ranks are in replica-major order, tp shards adjacent)
+    groups: dict[int, int] = {}
+    for k, st in enumerate(sim.stages):
+        for i, r in enumerate(st.ranks):
+            groups[r] = k * sim.tp + i % sim.tp
+    for r in range(sim.hosts * sim.gpus):
+        k = stage_of[r]
+        st = sim.stages[k]
+        host, gpu = divmod(r, sim.gpus)
+        name = f"device {r} (host={host}, gpu={gpu}): stage {k}, blocks {st.first}-{st.last}"
+        events.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": name}})
+        for tid, thread in enumerate(("compute", "comm")):
+            events.append(
+                {"ph": "M", "name": "thread_name", "pid": r, "tid": tid, "args": {"name": thread}}
+            )
+        for stage, mb, kind, start, end in ops:
+            if stage == k:
+                events.append(
+                    {
+                        "ph": "X",
+                        "name": f"{'forward' if kind == 'F' else 'backward'} {mb}",
+                        "cat": "compute",
+                        "pid": r,
+                        "tid": 0,
+                        "ts": start * typical * us,
+                        "dur": (end - start) * typical * us,
+                    }
+                )
+        if sim.dp > 1 and sim.sync_s > 0:
+            what = (
+                "reduce-scatter and gathers"
+                if sim.sharded or sim.pp > 1 or sim.tp > 1
+                else "all-reduce"
+            )
+            events.append(
+                {
+                    "ph": "X",
+                    "name": f"gradients' {what}",
+                    "cat": "collective",
+                    "pid": r,
+                    "tid": 1,
+                    "ts": sync_at * us,
+                    "dur": sim.sync_s * us,
+                }
+            )
+            first = st.ranks[groups[r] % sim.tp] if sim.tp > 1 else st.ranks[0]
+            events.append(
+                {
+                    "ph": "s" if r == first else "f",
+                    "bp": "e",
+                    "id": groups[r],
+                    "name": "collective",
+                    "cat": "collective",
+                    "pid": r,
+                    "tid": 1,
+                    "ts": sync_at * us,
+                }
+            )
+        events.append(
+            {
+                "ph": "X",
+                "name": "optimizer step",
+                "cat": "compute",
+                "pid": r,
+                "tid": 0,
+                "ts": opt_at * us,
+                "dur": sim.optimizer_s * us,
+            }
+        )
+        events.append(
+            {"ph": "C", "name": "memory", "pid": r, "ts": 0, "args": {"bytes": st.peak_bytes}}
+        )
+    return {"traceEvents": events, "displayTimeUnit": "ms"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,7 +207,18 @@ class SimulatedPlan:
         batch: the global batch of a step there.
         step_s: the estimated time of one step.
         peak_bytes_per_proc: the estimated peak bytes of the fullest device.
-        stages: each stage's blocks, time per microbatch and peak bytes per device.
+        stages: each stage's blocks, time per microbatch, peak bytes per device and
+            the simulated devices (ranks) that hold it.
+        schedule, sharded: the pipeline's schedule, and whether replicas shard their
+            state (FSDP), as in the plan.
+        pipeline_s, sync_s, optimizer_s: the parts of ``step_s``: the pipeline's
+            critical path, the gradients' sync between replicas, the optimizer's step.
+        typical: how much slower a typical step ran than the fastest pass each part
+            was timed at (the stages' ``estimated_s`` are the fastest; ``step_s`` and
+            its parts count it).
+
+    :meth:`trace` (and :meth:`write_trace`) gives the simulated step as a timeline in
+    Chrome's trace event format, as ``Simulator.trace()`` does for a program.
     """
 
     hosts: int
@@ -219,11 +231,32 @@ class SimulatedPlan:
     step_s: float
     peak_bytes_per_proc: int
     stages: tuple[StagePlan, ...]
+    schedule: str = "1f1b"
+    sharded: bool = False
+    pipeline_s: float = 0.0
+    sync_s: float = 0.0
+    optimizer_s: float = 0.0
+    typical: float = 1.0
+
+    def trace(self) -> dict[str, object]:
+        """The simulated step in Chrome's trace event format (Perfetto and
+        ``chrome://tracing`` open it): a process per simulated device, named by its
+        host, gpu and stage; on its ``compute`` thread each microbatch's forward and
+        backward of its stage, as the schedule runs them, then the optimizer's step; on
+        its ``comm`` thread the gradients' sync, linked by a flow across the devices
+        that sync together; a ``memory`` counter with its stage's estimated peak."""
+        from ._picture import simulated_trace
+
+        return simulated_trace(self)
+
+    def write_trace(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`trace` as JSON at ``path``."""
+        Path(path).write_text(json.dumps(self.trace()))
 
     def __str__(self) -> str:
         return (
             f"simulated on {self.hosts} x {self.gpus} devices: "
-            f"{strategy_name(self.dp, self.pp, self.tp, False)}, {self.batch} samples a "
+            f"{strategy_name(self.dp, self.pp, self.tp, self.sharded)}, {self.batch} samples a "
             f"step in {self.microbatches} microbatches per replica: "
             f"{self.step_s * 1e3:.2f} ms a step, {self.peak_bytes_per_proc / 2**20:.1f} MiB "
             "on the fullest device"

@@ -72,6 +72,14 @@ class Estimate:
     stages: tuple[StagePlan, ...]
     #: every stage fits the memory of the procs that hold it
     fits: bool = True
+    #: the step's parts, as timed (``step_s`` is their sum times ``typical``): the
+    #: pipeline's critical path (or its work over the cores, where procs outnumber
+    #: them), the gradients' sync between replicas, the optimizer's step
+    pipeline_s: float = 0.0
+    sync_s: float = 0.0
+    optimizer_s: float = 0.0
+    #: how much slower a typical pass ran than the fastest one each part was timed at
+    typical: float = 1.0
 
 
 def divisors(n: int) -> list[int]:
@@ -294,7 +302,8 @@ def estimate(
         busy += c.microbatches * t / pace[k] * len(ranks)
     # the critical path, or, where procs outnumber cores, the work over the cores
     cores = max(1, mesh.cores_per_host) * hosts
-    step = max((c.microbatches + c.pp - 1) * worst_t, busy * threads / cores)
+    pipeline = max((c.microbatches + c.pp - 1) * worst_t, busy * threads / cores)
+    sync = 0.0
     if c.dp > 1 and (c.sharded or c.pp > 1 or c.tp > 1):
         # FSDP2: weights gathered for each microbatch's forward (and again for its
         # backward where sharded between them), gradients reduce-scattered once;
@@ -302,13 +311,16 @@ def estimate(
         gathers = (2 if c.sharded else 1) * c.microbatches
         scale = ((c.dp - 1) / c.dp) / max((mesh.procs - 1) / mesh.procs, 1e-9)
         per_byte = gathers * mesh.gather_s_per_byte + mesh.scatter_s_per_byte
-        step += worst_w * scale * per_byte + (gathers + 1) * lat
+        sync = worst_w * scale * per_byte + (gathers + 1) * lat
     elif c.dp > 1:  # DDP: one all-reduce of the gradients
-        step += 2 * (c.dp - 1) / c.dp * worst_w / bw + lat
+        sync = 2 * (c.dp - 1) / c.dp * worst_w / bw + lat
     opt_bytes = worst_w / (c.dp if c.sharded else 1)
-    step += cost.opt_s_per_byte * opt_bytes * contention * max(pace)
+    opt = cost.opt_s_per_byte * opt_bytes * contention * max(pace)
+    step = pipeline + sync + opt
     # the parts were timed at their fastest; a step runs as a typical pass did
-    return Estimate(c, step * cost.typical, peak, tuple(stages), fits)
+    return Estimate(
+        c, step * cost.typical, peak, tuple(stages), fits, pipeline, sync, opt, cost.typical
+    )
 
 
 #: procs whose speeds are this close (a fraction) count as alike: on a busy 2-core

@@ -426,8 +426,24 @@ def simulate_plan(p: Plan, hosts: int, gpus: int, batch: int | None) -> Simulate
     cand = Candidate(dp, p.pp, p.tp, p.microbatches, p.sharded)
     cut = tuple(st.last - st.first + 1 for st in p.stages)
     e = estimate(cand, m.cost, mesh, batch, 1 << 62, m.recompute, cut)
+    typical = e.typical
     return SimulatedPlan(
-        hosts, gpus, dp, p.pp, p.tp, p.microbatches, batch, e.step_s, e.peak, e.stages
+        hosts,
+        gpus,
+        dp,
+        p.pp,
+        p.tp,
+        p.microbatches,
+        batch,
+        e.step_s,
+        e.peak,
+        e.stages,
+        p.schedule,
+        p.sharded,
+        e.pipeline_s * typical,
+        e.sync_s * typical,
+        e.optimizer_s * typical,
+        typical,
     )
 
 

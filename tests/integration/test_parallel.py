@@ -724,3 +724,29 @@ def test_the_fine_tuning_example_shows_progress_on_a_terminal_and_learns(family:
     term.close()
     assert term.exitstatus == 0
     assert last < 0.9 * first, (first, last)
+
+
+@pytest.mark.slow
+async def test_a_measured_plan_is_simulated_on_a_bigger_mesh_with_its_trace(
+    tmp_path: Any,
+) -> None:
+    # plan() measures a GPT-2 on 2 procs here; simulate() lays that plan on 2 x 4 devices
+    # (dp=8) from those measurements, and its trace is the step it estimates.
+    import json
+
+    batch = pm.padded_lm_batch()
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        p = await plan(pm.gpt2(), procs, sample=batch, dp=2)
+    sim = p.simulate(2, 4)
+    assert (sim.dp, sim.pp, sim.tp, sim.batch) == (8, 1, 1, 4 * len(batch["input_ids"]))
+    assert sim.step_s == pytest.approx(sim.pipeline_s + sim.sync_s + sim.optimizer_s)
+    assert sim.sync_s > 0 and sim.peak_bytes_per_proc > 0
+    path = tmp_path / "sim.json"
+    sim.write_trace(path)
+    events = json.loads(path.read_text())["traceEvents"]
+    devices = {e["pid"] for e in events if e["name"] == "process_name"}
+    assert devices == set(range(8))
+    ends = [e["ts"] + e["dur"] for e in events if e["ph"] == "X"]
+    assert max(ends) == pytest.approx(sim.step_s * 1e6, rel=1e-6)
+    syncs = [e for e in events if e["ph"] == "X" and e["cat"] == "collective"]
+    assert len(syncs) == 8 and {e["name"] for e in syncs} == {"gradients' all-reduce"}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from itertools import pairwise
+from pathlib import Path
 
 import pytest
 
@@ -384,3 +386,66 @@ def test_a_plan_is_simulated_on_a_bigger_mesh_from_what_was_measured() -> None:
         p.simulate(1, 4, batch=6)
     with pytest.raises(PlanError, match=r"keeps nothing plan\(\) measured"):
         replace(p, measured=None).simulate(1, 4)
+
+
+def test_a_simulated_plan_gives_its_step_as_a_trace(tmp_path: Path) -> None:
+    """``SimulatedPlan.trace()``: a process per simulated device, each microbatch's
+    forward and backward of its stage in the schedule's order, the gradients' sync
+    linked across each group of replicas, then the optimizer; the step ends at the
+    estimate; ``write_trace`` writes the same as JSON."""
+    import json
+
+    from danaus.parallel._planning import Measured
+
+    cost = _cost([1.0] * 8, [MiB] * 8)
+    p = choose(cost, _mesh(4), batch=8, cands=_all(4, dp=2, pp=2), layers=None)
+    p = replace(p, measured=Measured(cost, _mesh(4), None, 8, None, None, False))
+    big = p.simulate(4, 8)  # 16 replicas of 2 stages
+    events = big.trace()["traceEvents"]
+    assert isinstance(events, list)
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert sorted(names) == list(range(32))
+    assert names[9] == "device 9 (host=1, gpu=1): stage 1, blocks 4-7"
+    work = [e for e in events if e["ph"] == "X"]
+    assert max(e["ts"] + e["dur"] for e in work) == pytest.approx(big.step_s * 1e6, rel=1e-9)
+    stage_of = {r: k for k, st in enumerate(big.stages) for r in st.ranks}
+    for r in (0, 9, 31):
+        mine = sorted((e for e in work if e["pid"] == r), key=lambda e: e["ts"])
+        compute = [e["name"] for e in mine if e["tid"] == 0]
+        assert sorted(compute[:-1]) == sorted(
+            f"{kind} {i}" for kind in ("forward", "backward") for i in range(big.microbatches)
+        )
+        assert compute[-1] == "optimizer step"
+        for a, b in pairwise(e for e in mine if e["tid"] == 0):  # one thing at a time
+            assert a["ts"] + a["dur"] <= b["ts"] + 1e-6
+        [sync] = [e for e in mine if e["tid"] == 1]
+        last_backward = max(e["ts"] + e["dur"] for e in mine if e["name"].startswith("backward"))
+        assert sync["ts"] >= last_backward - 1e-6 and sync["dur"] == pytest.approx(big.sync_s * 1e6)
+        [memory] = [e for e in events if e["ph"] == "C" and e["pid"] == r]
+        assert memory["args"]["bytes"] == big.stages[stage_of[r]].peak_bytes
+
+    # stage 0 runs forward 0 first; the last stage's backward of a microbatch follows its
+    # forward, and stage 0's backward follows the last stage's
+    def op(rank: int, name: str) -> dict[str, float]:
+        [e] = [e for e in work if e["pid"] == rank and e["name"] == name]
+        return e
+
+    s0, s1 = big.stages[0].ranks[0], big.stages[1].ranks[0]
+    assert min((e for e in work if e["pid"] == s0), key=lambda e: e["ts"])["name"] == "forward 0"
+    assert op(s1, "backward 0")["ts"] >= op(s1, "forward 0")["ts"] + op(s1, "forward 0")["dur"]
+    assert op(s0, "backward 0")["ts"] >= op(s1, "backward 0")["ts"] + op(s1, "backward 0")["dur"]
+    flows = [e for e in events if e["ph"] in "sf"]
+    assert sorted(e["ph"] for e in flows) == ["f"] * 30 + ["s"] * 2  # 2 groups of 16
+    for group in {e["id"] for e in flows}:
+        members = {e["pid"] for e in flows if e["id"] == group}
+        assert len(members) == 16 and len({stage_of[m] for m in members}) == 1
+    path = tmp_path / "plan.json"
+    big.write_trace(path)
+    assert json.loads(path.read_text()) == big.trace()
+    # one replica: nothing to sync, so no collective; the step still ends at the estimate
+    one = p.simulate(1, 2)
+    solo = one.trace()["traceEvents"]
+    assert isinstance(solo, list)
+    assert not [e for e in solo if e.get("cat") == "collective"]
+    end = max(e["ts"] + e["dur"] for e in solo if e["ph"] == "X")
+    assert end == pytest.approx(one.step_s * 1e6, rel=1e-9)
