@@ -185,8 +185,10 @@ class Replier:
         a = self._actor
         if msg.reply:
             a.rt.reply_error(conn, msg.reply, a.rank, info)
-        elif info.kind == "actor" and a.failed is None:
-            # Nobody waits for this result (broadcast): the actor has failed.
+        elif info.kind == "actor" and a.failed is None and a.owner_addr:
+            # Nobody waits for this result (broadcast): the actor has failed. (Not a
+            # system actor, installed rather than spawned: a runtime's supervisor, its
+            # controllers, its RDMA service serve on after one bad message, logged.)
             a.fail(
                 f"{info.exc_type}: {info.message} in {msg.method} (called with "
                 f"broadcast, so no caller saw it)\n{info.traceback}",

@@ -378,3 +378,22 @@ class Watcher(Actor):
         self.heard.append(str(failure))
         self.news.set()
         return self.handle
+
+
+class Liar(Actor):
+    """Tells its spawner's supervisor what no actor layer would: a peer gone wrong."""
+
+    @endpoint
+    def lie(self) -> None:
+        from danaus.actors._instance import tell_supervisor
+        from danaus.actors._loops import current_runtime
+
+        owner = context().actor_instance.runtime_actor.owner_addr  # type: ignore[union-attr]
+        rt = current_runtime()
+        tell_supervisor(rt, owner, "stuck", "too", "few")  # arguments missing
+        tell_supervisor(rt, owner, "failed", "m", "nobody", "not ranks", b"\xff", None)
+        tell_supervisor(rt, owner, "no_such_report")
+
+    @endpoint
+    def die(self) -> None:
+        raise SystemExit(3)

@@ -13,7 +13,7 @@ from danaus.config import config
 
 from .. import faults
 from ..faults import Failures
-from .actors_lib import Cleaner, Echo, Parent, Sink, Source
+from .actors_lib import Cleaner, Echo, Liar, Parent, Sink, Source
 from .test_robustness import _wait_gone
 
 
@@ -103,6 +103,25 @@ async def test_broadcast_endpoint_that_raises_fails_the_actor(failures: Failures
             await actors.slice(procs=0).ping.call_one()
     got = sorted([await asyncio.wait_for(receiver.recv(), 10) for _ in range(2)])
     assert got == ["cleanup {'procs': 0/2} exc=None", "cleanup {'procs': 1/2} exc=SupervisionError"]
+
+
+async def test_malformed_reports_to_the_supervisor_are_logged_and_it_serves_on(
+    failures: Failures, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The runtime's supervisor is a system actor the procs call without waiting: a report
+    # with missing or wrong arguments, or of no such kind, is an error logged there, not
+    # its end; the next real failure still reaches the hook.
+    async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        liar = await procs.spawn("liar", Liar)
+        await liar.lie.call_one()
+        with pytest.raises(SupervisionError):
+            await liar.die.call_one()
+        f = await failures.first()
+        assert (f.mesh, f.kind) == ("liar", "actor") and "SystemExit" in f.report
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert "missing 4 required positional arguments" in said
+    assert "no endpoint 'no_such_report'" in said
+    assert "__supervisor__ failed" not in said
 
 
 async def test_stopping_a_mesh_stops_the_meshes_its_actors_own() -> None:
