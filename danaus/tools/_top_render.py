@@ -151,6 +151,50 @@ def _proc_lines(snap: dict[str, Any], view: View) -> list[Line]:
     return lines
 
 
+def _trainer_lines(snap: dict[str, Any]) -> list[Line]:
+    """One line per ``danaus.parallel`` trainer of the controller (the snapshot's
+    ``trainers`` section): its state and layout, the steps run, the latest loss, tokens/s
+    and step time against the plan's estimate, and its recoveries from lost procs, the
+    latest said."""
+    trainers = (snap.get("sections") or {}).get("trainers")
+    if isinstance(trainers, dict) and trainers.get("error"):
+        return [Line(f"trainers: {_first_line(str(trainers['error']))}", "warn")]
+    if not isinstance(trainers, list):
+        return []
+    lines = []
+    for t in trainers:
+        plan = t.get("plan") or {}
+        state = str(t.get("state", "?"))
+        text = f"{t.get('name', 'trainer')}  {state}  {plan.get('strategy', '?')}"
+        text += f"  step {t.get('steps', 0)}"
+        history = t.get("history") or []
+        if history:
+            _, loss, tokens, seconds = history[-1]
+            text += f"  loss {float(loss):.4g}"
+            if tokens:
+                text += f"  {float(tokens):,.0f} tok/s"
+            estimated = plan.get("estimated_step_s")
+            text += f"  {float(seconds):.3g} s/step" + (
+                f" (est {float(estimated):.3g})" if estimated else ""
+            )
+        recoveries = t.get("recoveries") or []
+        if recoveries:
+            r = recoveries[-1]
+            text += (
+                f"  recoveries {len(recoveries)}, last: after step {r.get('step')} lost "
+                f"{r.get('lost')} ({_first_line(str(r.get('why', '')))}), {r.get('action')}, "
+                f"{float(r.get('total_s', 0.0)):.1f} s"
+            )
+        style: Style = "plain"
+        if state == "failed":
+            style = "failed"
+            text += "  " + _first_line(str(t.get("error") or ""))
+        elif recoveries:
+            style = "warn"
+        lines.append(Line(text, style))
+    return lines
+
+
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
 
@@ -219,6 +263,12 @@ def _main_screen(snap: dict[str, Any] | None, view: View, height: int) -> list[L
     lines = [*_header(snap, view, rows), Line("")]
     if not snap:
         return lines
+    trainers = _trainer_lines(snap)
+    if trainers:  # a few lines at most: the procs and actors below are what one selects
+        shown = trainers[:3]
+        if len(trainers) > 3:
+            shown[-1] = Line(f"  ... {len(trainers) - 2} more trainers")
+        lines += [*shown, Line("")]
     room = height - len(lines)
     procs = _proc_lines(snap, view)
     # the procs get up to a third of the room; the actors, whom one selects, the rest

@@ -336,3 +336,71 @@ def test_q_quits_and_other_keys_do_nothing() -> None:
     assert handle_key(view, "", [], 10) is None
     assert handle_key(view, "s", [], 10) is None and view.stacks is None
     assert handle_key(view, "q", rows, 10) == "quit"
+
+
+def _trainer(name: str, **over: Any) -> dict[str, Any]:
+    t: dict[str, Any] = {
+        "name": name,
+        "procs": "procs",
+        "state": "ready",
+        "error": None,
+        "started": 1000.0,
+        "plan": {"strategy": "dp=2 x pp=2", "estimated_step_s": 0.19},
+        "steps": 120,
+        "history": [[119, 2.5, 17000.0, 0.22], [120, 2.31456, 18400.0, 0.21]],
+        "recoveries": [],
+    }
+    return {**t, **over}
+
+
+def test_the_trainers_are_shown_with_their_steps_loss_and_recoveries() -> None:
+    recovered = {
+        "step": 40,
+        "lost": [2],
+        "why": "proc unix:@p2 killed by SIGKILL\nmore",
+        "action": "respawn",
+        "total_s": 3.14,
+    }
+    snap = {
+        **_snapshot(),
+        "sections": {
+            "trainers": [
+                _trainer("trainer 1a"),
+                _trainer("trainer 2b", recoveries=[recovered]),
+                _trainer("trainer 3c", state="failed", error="ValueError: bad\nTraceback"),
+            ]
+        },
+    }
+    lines = render(snap, View(source="unix:@x"), 240, 40)
+    by_name = {ln.text.split("  ")[0]: ln for ln in lines if ln.text.startswith("trainer ")}
+    first = by_name["trainer 1a"]
+    assert first.text == (
+        "trainer 1a  ready  dp=2 x pp=2  step 120  loss 2.315  18,400 tok/s  0.21 s/step (est 0.19)"
+    )
+    assert first.style == "plain"
+    second = by_name["trainer 2b"]
+    assert second.text.endswith(
+        "recoveries 1, last: after step 40 lost [2] (proc unix:@p2 killed by SIGKILL), respawn, 3.1 s"
+    )
+    assert second.style == "warn"
+    third = by_name["trainer 3c"]
+    assert third.style == "failed" and third.text.endswith("ValueError: bad")
+    # the procs and the actors are still there, below
+    assert any(" 102 " in ln.text for ln in lines) and _actor_lines(lines)
+
+
+def test_many_trainers_take_three_lines_and_a_broken_section_is_said() -> None:
+    snap = {**_snapshot(), "sections": {"trainers": [_trainer(f"trainer {i}") for i in range(5)]}}
+    text = [ln.text for ln in render(snap, View(source="unix:@x"), 200, 40)]
+    assert [t for t in text if t.startswith("trainer ")] == [
+        t for t in text if t.startswith(("trainer 0", "trainer 1"))
+    ]
+    assert "  ... 3 more trainers" in text
+    broken = {**_snapshot(), "sections": {"trainers": {"error": "KeyError: 'plan'"}}}
+    lines = render(broken, View(source="unix:@x"), 200, 40)
+    [said] = [ln for ln in lines if ln.text.startswith("trainers:")]
+    assert said.text == "trainers: KeyError: 'plan'" and said.style == "warn"
+    # no section at all (a controller with no trainer): nothing said
+    assert not [
+        ln for ln in render(_snapshot(), View(source="x"), 200, 40) if "trainer " in ln.text[:8]
+    ]
