@@ -424,6 +424,16 @@ async def test_the_training_view_shows_a_trainers_plan_and_its_loss_curve(
             assert (shown["state"], shown["steps"], shown["procs"]) == ("ready", 5, "dashtrain")
             assert [h[1] for h in shown["history"]] == losses
             assert [s["ranks"] for s in shown["plan"]["stages"]] == [[0], [1]]
+            # and danaus top draws the same trainer in a line of its own
+            from danaus.tools._top_model import View
+            from danaus.tools._top_render import render
+
+            [line] = [
+                ln.text
+                for ln in render(event, View(source="x"), 300, 60)
+                if ln.text.startswith(mine)
+            ]
+            assert line.startswith(f"{mine}  ready  pp=2  step 5  loss {losses[-1]:.4g}  ")
             card = f'#training .trainer[data-trainer="{mine}"]'
             await asyncio.to_thread(browser.get, server.url)
             await asyncio.to_thread(
