@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 
-from ..mesh._api import expand_hostlist
+from ._hostlist import expand_hostlist
 
 __all__ = ["COMMAND_TIMEOUT", "TERMINAL", "job_status", "slurm_command"]
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from ..mesh._api import expand_hostlist
+from ._hostlist import expand_hostlist
 from ._squeue import COMMAND_TIMEOUT, slurm_command
 
 __all__ = [

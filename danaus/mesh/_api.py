@@ -15,7 +15,6 @@ from ._byte_relay import CLOSE_TIMEOUT, Message, Relays, close_writer
 from ._host_mesh import check_per_host
 from ._proc_mesh import group_of, host_of
 from ._procs.host_agent import agent_ref, main_host_agent, read_key_file, serve
-from ._slurm import expand_hostlist
 from ._supervision import default_fault_hook, exit_on_fault
 from ._tensor_engine_hook import TensorEngine, set_tensor_engine, set_tensor_engine_loader
 from ._workspace import Workspace
@@ -34,7 +33,6 @@ __all__ = [
     "close_writer",
     "default_fault_hook",
     "exit_on_fault",
-    "expand_hostlist",
     "find_controllers",
     "group_of",
     "host_of",

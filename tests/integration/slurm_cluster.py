@@ -75,7 +75,7 @@ def start_cluster(nodes: int = 2, mode: str = "loopback") -> Cluster:
     if out.returncode != 0:
         raise RuntimeError(f"slurm_cluster.sh start failed:\n{out.stderr}")
     values = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
-    from danaus.mesh._slurm import expand_hostlist
+    from danaus.job._hostlist import expand_hostlist
 
     return Cluster(
         conf=values["SLURM_CONF"],

@@ -1,5 +1,6 @@
-"""SLURM's host lists: ``expand_hostlist("gpu[01-03,07]")``. SLURM jobs themselves are
-:class:`danaus.job.SlurmJob` (Monarch's ``monarch.job`` shape)."""
+"""SLURM's host lists: ``expand_hostlist("gpu[01-03,07]")``, as ``squeue`` and
+``scontrol`` print a job's nodes. SLURM jobs themselves are :class:`danaus.job.SlurmJob`
+(``_slurm.py``, Monarch's ``monarch.job`` shape)."""
 
 from __future__ import annotations
 

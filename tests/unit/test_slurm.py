@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from danaus.mesh._slurm import expand_hostlist
+from danaus.job._hostlist import expand_hostlist
 
 
 @pytest.mark.parametrize(
