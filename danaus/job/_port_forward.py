@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from ..actors._api import Actor, Channel, Port, current_rank, endpoint
 from ..geometry import Point
-from ..mesh._api import CLOSE_TIMEOUT, Message, Relays, close_writer
+from ..mesh._api import CLOSE_TIMEOUT, RelayMessage, Relays, close_writer
 
 __all__ = ["PortForwarder"]
 
@@ -56,12 +56,12 @@ class _Destination(Actor):
         self._port = _port("dst_port", dst_port(current_rank()) if callable(dst_port) else dst_port)
 
     @endpoint
-    async def open(self, back: Port[Message]) -> Port[Message]:
+    async def open(self, back: Port[RelayMessage]) -> Port[RelayMessage]:
         """Connect to the service; where to send it the source's bytes."""
         if self._port is None:
             raise RuntimeError("this port forward's destination has no port yet")
         reader, writer = await asyncio.open_connection(_LOOPBACK, self._port)
-        to_here, inbox = Channel[Message].open()
+        to_here, inbox = Channel[RelayMessage].open()
         self._relays.start(reader, writer, back, inbox)
         return to_here
 
@@ -93,7 +93,7 @@ class _Source(Actor):
             await close_writer(writer, abort=True)
             return
         try:
-            back, inbox = Channel[Message].open()
+            back, inbox = Channel[RelayMessage].open()
             to_there = await destination.open.call_one(back)
         except Exception:  # the service refused, or its proc is gone: reset this one
             await close_writer(writer, abort=True)

@@ -11,7 +11,7 @@ from ._actor_mesh import mesh_ref
 from ._admin.server import set_dashboard_starter, start_dashboard
 from ._admin.snapshot import add_section, proc_stacks, snapshot
 from ._admin.wire import find_controllers, runtime_dir
-from ._byte_relay import CLOSE_TIMEOUT, Message, Relays, close_writer
+from ._byte_relay import CLOSE_TIMEOUT, RelayMessage, Relays, close_writer
 from ._host_mesh import check_per_host
 from ._proc_mesh import group_of, host_of
 from ._procs.host_agent import agent_ref, main_host_agent, read_key_file, serve
@@ -22,7 +22,7 @@ from ._workspace import Workspace
 __all__ = [
     "CLOSE_TIMEOUT",
     "ActorFace",
-    "Message",
+    "RelayMessage",
     "Relays",
     "TensorEngine",
     "TypedEndpoint",

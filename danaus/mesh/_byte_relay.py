@@ -16,13 +16,13 @@ import contextlib
 
 from ..actors._api import Port, PortReceiver
 
-__all__ = ["CLOSE_TIMEOUT", "WINDOW", "Message", "Relays", "close_writer"]
+__all__ = ["CLOSE_TIMEOUT", "WINDOW", "RelayMessage", "Relays", "close_writer"]
 
 CHUNK = 64 << 10
 #: how long closing a socket may wait for its peer
 CLOSE_TIMEOUT = 1.0
 #: a chunk, its acknowledgement, the end of a direction, or its failure
-Message = tuple[str] | tuple[str, bytes] | tuple[str, int]
+RelayMessage = tuple[str] | tuple[str, bytes] | tuple[str, int]
 #: bytes of one direction sent and not yet written on the other side, at most
 WINDOW = 4 << 20
 
@@ -60,7 +60,7 @@ class _Window:
 
 
 async def _socket_to_port(
-    reader: asyncio.StreamReader, out: Port[Message], window: _Window
+    reader: asyncio.StreamReader, out: Port[RelayMessage], window: _Window
 ) -> None:
     try:
         while chunk := await reader.read(CHUNK):
@@ -73,10 +73,10 @@ async def _socket_to_port(
 
 
 async def _port_to_socket(
-    inbox: PortReceiver[Message],
+    inbox: PortReceiver[RelayMessage],
     writer: asyncio.StreamWriter,
     ended: asyncio.Event,
-    out: Port[Message],
+    out: Port[RelayMessage],
     window: _Window,
 ) -> None:
     """The other side's bytes to this socket, each chunk acknowledged once written, and
@@ -111,8 +111,8 @@ class Relays:
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        out: Port[Message],
-        inbox: PortReceiver[Message],
+        out: Port[RelayMessage],
+        inbox: PortReceiver[RelayMessage],
     ) -> None:
         task = asyncio.get_running_loop().create_task(self._relay(reader, writer, out, inbox))
         self._tasks.add(task)
@@ -122,8 +122,8 @@ class Relays:
     async def _relay(
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        out: Port[Message],
-        inbox: PortReceiver[Message],
+        out: Port[RelayMessage],
+        inbox: PortReceiver[RelayMessage],
     ) -> None:
         failed = False
         ended = asyncio.Event()

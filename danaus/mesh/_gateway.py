@@ -52,7 +52,7 @@ from ..actors._api import (
 from ..config import config
 from ..geometry import Shape
 from ._actor_mesh import ActorMesh, mesh_ref
-from ._byte_relay import Message, Relays, close_writer
+from ._byte_relay import RelayMessage, Relays, close_writer
 from ._procs.local import bind_abstract, started_here
 
 __all__ = ["GATEWAY", "Gateway", "attach"]
@@ -129,19 +129,19 @@ class Gateway(Actor):
             notify.send(number)
 
     @endpoint
-    async def join(self, addr: str, number: int, back: Port[Message]) -> Port[Message]:
+    async def join(self, addr: str, number: int, back: Port[RelayMessage]) -> Port[RelayMessage]:
         """Relay connection ``number`` made to ``addr`` to ``back``; where to send it
         the owner's bytes."""
         r = self.reserved.get(addr)
         pair = r.waiting.pop(number, None) if r is not None else None
         if r is None or pair is None:
             raise ValueError(f"no connection {number} waits at {addr}")
-        to_here, inbox = Channel[Message].open()
+        to_here, inbox = Channel[RelayMessage].open()
         r.relays.start(pair[0], pair[1], back, inbox)
         return to_here
 
     @endpoint
-    async def connect(self, addr: str, back: Port[Message]) -> Port[Message]:
+    async def connect(self, addr: str, back: Port[RelayMessage]) -> Port[RelayMessage]:
         """Dial ``addr`` from this host and relay it to ``back``; where to send it the
         caller's bytes. Fails (``OSError``) as the dial does, within ``connect_timeout``."""
         _, where = parse_addr(addr)
@@ -160,7 +160,7 @@ class Gateway(Actor):
                 tsock = writer.get_extra_info("socket")
                 if tsock is not None:
                     tsock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        to_here, inbox = Channel[Message].open()
+        to_here, inbox = Channel[RelayMessage].open()
         self.dialed.start(reader, writer, back, inbox)
         self._counts["dialed"] += 1
         return to_here
@@ -233,8 +233,8 @@ class _Route:
     async def open(self, addr: str) -> socket.socket:
         here, there = socket.socketpair()
         try:
-            back, inbox = Channel[Message].open()
-            to_there = cast("Port[Message]", await self.gateway.connect.call_one(addr, back))
+            back, inbox = Channel[RelayMessage].open()
+            to_there = cast("Port[RelayMessage]", await self.gateway.connect.call_one(addr, back))
             await self._relay(there, to_there, inbox)
         except BaseException:
             here.close()
@@ -253,9 +253,9 @@ class _Route:
     async def _join(self, number: int) -> None:
         here, there = socket.socketpair()
         try:
-            back, inbox = Channel[Message].open()
+            back, inbox = Channel[RelayMessage].open()
             joined = await self.gateway.join.call_one(self.rt.addr, number, back)
-            to_there = cast("Port[Message]", joined)
+            to_there = cast("Port[RelayMessage]", joined)
             await self._relay(there, to_there, inbox)
             here.setblocking(False)
             await self.rt.accept_socket(here, tag_as_tcp=self.rt.addr.startswith("tcp://"))
@@ -265,7 +265,7 @@ class _Route:
             log.warning("connection %d through the gateway could not be joined: %s", number, e)
 
     async def _relay(
-        self, sock: socket.socket, out: Port[Message], inbox: PortReceiver[Message]
+        self, sock: socket.socket, out: Port[RelayMessage], inbox: PortReceiver[RelayMessage]
     ) -> None:
         sock.setblocking(False)
         reader, writer = await asyncio.open_unix_connection(sock=sock)

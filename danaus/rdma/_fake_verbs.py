@@ -42,9 +42,9 @@ from ._verbs import (
     WR_RDMA_READ,
     WR_RDMA_WRITE,
     Completion,
+    MemoryRegion,
     QPInfo,
     QueuePair,
-    Region,
     WorkRequest,
 )
 
@@ -184,7 +184,7 @@ class FakeVerbs:
 
     # ------------------------------------------------------------ the adapter's interface
 
-    def register(self, addr: int, length: int, access: int) -> Region:
+    def register(self, addr: int, length: int, access: int) -> MemoryRegion:
         with self.fabric.lock:
             self._check_open()
             if addr == 0 or length <= 0:
@@ -195,12 +195,12 @@ class FakeVerbs:
             mr = _FakeMR(self, addr, length, key, key, access)
             self._regions[key] = mr
             self.fabric.regions[key] = mr
-            return Region(addr, length, key, key, access, mr)
+            return MemoryRegion(addr, length, key, key, access, mr)
 
-    def register_dmabuf(self, fd: int, offset: int, length: int, access: int) -> Region:
+    def register_dmabuf(self, fd: int, offset: int, length: int, access: int) -> MemoryRegion:
         raise FakeVerbsError("FAKE: the fake device has no dma-buf support")
 
-    def deregister(self, region: Region) -> None:
+    def deregister(self, region: MemoryRegion) -> None:
         with self.fabric.lock:
             mr = self._regions.pop(region.lkey, None)
             if mr is None:

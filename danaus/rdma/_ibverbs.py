@@ -44,7 +44,7 @@ from ._handle import BufferHandle
 from ._ibverbs_parts import LocalRegions, address, byte_view
 from ._ibverbs_post import Conn, Poster, Transfer
 from ._memory import is_cuda_tensor
-from ._verbs import Device, QPInfo, QueuePair, Region
+from ._verbs import Device, MemoryRegion, QPInfo, QueuePair
 
 __all__ = ["IbverbsBackend", "State", "make_ibverbs_backend"]
 
@@ -118,7 +118,7 @@ class IbverbsBackend(Backend):
         self._token = secrets.token_hex(8)  # who we are to owners
         self._locks: dict[str, asyncio.Lock] = {}
         self._served: dict[str, QueuePair] = {}  # reader token -> our queue pair
-        self._owned: dict[int, Region] = {}  # buf_id -> region
+        self._owned: dict[int, MemoryRegion] = {}  # buf_id -> region
         self._local = LocalRegions(device, mr_cache, self._deregister)
         self._poster = Poster(device, chunk_bytes, self._local, self._destroy_qp)
 
@@ -181,7 +181,7 @@ class IbverbsBackend(Backend):
             "port": self.device.port,
         }
 
-    def _register_cuda(self, ptr: int, size: int, access: int) -> Region:
+    def _register_cuda(self, ptr: int, size: int, access: int) -> MemoryRegion:
         if not self.device.supports_dmabuf:
             raise OSError(f"device {self.device.name} cannot register CUDA memory (no dma-buf)")
         fd, offset = _verbs.cuda_dmabuf(ptr, size)
@@ -396,7 +396,7 @@ class IbverbsBackend(Backend):
         except Exception as e:
             log.warning("ibverbs: destroying queue pair %#x failed: %s", qp.qpn, e)
 
-    def _deregister(self, region: Region) -> None:
+    def _deregister(self, region: MemoryRegion) -> None:
         try:
             self.device.deregister(region)
         except Exception as e:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import RDMABufferError, RDMATransferError
 from . import _verbs
-from ._verbs import Completion, Device, Region
+from ._verbs import Completion, Device, MemoryRegion
 
 __all__ = ["LocalMR", "LocalRegions", "Poller", "address", "byte_view"]
 
@@ -34,7 +34,7 @@ class LocalMR:
     """
 
     key: tuple[int, int, int]
-    region: Region
+    region: MemoryRegion
     view: memoryview
     inuse: int = 0
 
@@ -43,7 +43,9 @@ class LocalRegions:
     """The reader's registrations of its own memory, kept for reuse (most recently used
     last); at most ``size`` idle ones stay registered."""
 
-    def __init__(self, device: Device, size: int, deregister: Callable[[Region], None]) -> None:
+    def __init__(
+        self, device: Device, size: int, deregister: Callable[[MemoryRegion], None]
+    ) -> None:
         self._device = device
         self._size = size
         self._deregister = deregister

@@ -28,9 +28,9 @@ __all__ = [
     "Completion",
     "Device",
     "GidEntry",
+    "MemoryRegion",
     "QPInfo",
     "QueuePair",
-    "Region",
     "Verbs",
     "WorkRequest",
     "choose_gid",
@@ -158,7 +158,7 @@ class Completion:
 
 
 @dataclass(eq=False)
-class Region:
+class MemoryRegion:
     """A registered memory region.
 
     Attributes:
@@ -305,9 +305,9 @@ class Device(Protocol):
     cq_depth: int
     supports_dmabuf: bool
 
-    def register(self, addr: int, length: int, access: int) -> Region: ...
-    def register_dmabuf(self, fd: int, offset: int, length: int, access: int) -> Region: ...
-    def deregister(self, region: Region) -> None: ...
+    def register(self, addr: int, length: int, access: int) -> MemoryRegion: ...
+    def register_dmabuf(self, fd: int, offset: int, length: int, access: int) -> MemoryRegion: ...
+    def deregister(self, region: MemoryRegion) -> None: ...
     def create_qp(self, max_send_wr: int) -> QueuePair: ...
     def local_info(self, qp: QueuePair) -> QPInfo: ...
     def connect(self, qp: QueuePair, remote: QPInfo) -> None: ...
@@ -372,20 +372,20 @@ class Verbs:
     def __repr__(self) -> str:
         return f"<Verbs {self.name} port={self.port} lid={self.lid} gid={self.gid}>"
 
-    def register(self, addr: int, length: int, access: int) -> Region:
+    def register(self, addr: int, length: int, access: int) -> MemoryRegion:
         from pyverbs.mr import MR
 
         mr = MR(self._pd, length, access, address=addr)
-        return Region(addr, length, int(mr.lkey), int(mr.rkey), access, mr)
+        return MemoryRegion(addr, length, int(mr.lkey), int(mr.rkey), access, mr)
 
-    def register_dmabuf(self, fd: int, offset: int, length: int, access: int) -> Region:
+    def register_dmabuf(self, fd: int, offset: int, length: int, access: int) -> MemoryRegion:
         from pyverbs.mr import DmaBufMR
 
         # pyverbs registers with iova = offset: work requests address the region from there
         mr = DmaBufMR(self._pd, length, access, dmabuf=fd, offset=offset)
-        return Region(offset, length, int(mr.lkey), int(mr.rkey), access, mr)
+        return MemoryRegion(offset, length, int(mr.lkey), int(mr.rkey), access, mr)
 
-    def deregister(self, region: Region) -> None:
+    def deregister(self, region: MemoryRegion) -> None:
         region.handle.close()
 
     def create_qp(self, max_send_wr: int) -> QueuePair:
