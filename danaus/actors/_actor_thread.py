@@ -32,7 +32,7 @@ from ._context import current
 
 if TYPE_CHECKING:
     from ._instance import ActorInstance
-    from ._replier import ReplySink
+    from ._replies_out import ReplySink
     from ._runtime import Runtime
     from ._wire import Call
 

@@ -25,7 +25,7 @@ import msgspec
 
 from ..errors import ProtocolError, SerializationError
 from ._errinfo import encode_error, info_from_error
-from ._results import decode_reply
+from ._replies_in import decode_reply
 from ._serialize import dumps, loads
 from ._wire import (
     CAST_NONE,
@@ -44,7 +44,7 @@ from ._wire import (
 
 if TYPE_CHECKING:
     from ._connection import Connection
-    from ._replier import ReplySink
+    from ._replies_out import ReplySink
     from ._runtime import Runtime
 
 __all__ = ["GatherNode", "SkipOnLoss", "Target", "on_cast", "on_gathered", "send_tree"]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeAlias, cast
 from ._cast import on_cast, on_gathered
 from ._debugging.relay import on_debug_close, on_debug_down, on_debug_open, on_debug_output
 from ._handlers import on_call, on_cancel, on_seq_skip, on_spawn, on_stop_actor, on_stop_proc
-from ._results import on_result
+from ._replies_in import on_result
 from ._runtime import on_paused, on_ping, on_pong
 from ._wire import (
     Call,
@@ -53,7 +53,7 @@ HANDLERS: Mapping[type, Dispatch] = cast(
     "Mapping[type, Dispatch]",  # (each handler takes its own key's type, which no type says)
     {
         # the connection's own: replies to our ports, liveness, a peer paused in a debugger
-        Result: on_result,  # _results.py
+        Result: on_result,  # _replies_in.py
         Ping: on_ping,  # _runtime.py
         Pong: on_pong,  # _runtime.py
         Paused: on_paused,  # _runtime.py

@@ -37,7 +37,7 @@ class Future(asyncio.Future[T], Generic[T]):
     _self_wait: tuple[object, str] | None = None
     #: held as long as this future lives (the port receiver it answers from)
     _keepalive: object = None
-    #: settled only through its runtime's port (``_results.settle``), which wakes a
+    #: settled only through its runtime's port (``_replies_in.settle``), which wakes a
     #: thread waiting in :meth:`get` through :attr:`thread_waiter` itself
     settled_by_port = False
     #: set by :meth:`get` while a thread waits for this future (of a port, see above)

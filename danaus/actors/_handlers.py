@@ -38,7 +38,7 @@ from ._wire import (
 )
 
 if TYPE_CHECKING:
-    from ._replier import ReplySink
+    from ._replies_out import ReplySink
     from ._runtime import Runtime
 
 T = TypeVar("T")

@@ -20,7 +20,7 @@ from ._wire import Call
 
 if TYPE_CHECKING:
     from ._instance import ActorInstance
-    from ._replier import ReplySink
+    from ._replies_out import ReplySink
     from ._runtime import Runtime
 
 __all__ = ["InFlight", "Mine"]

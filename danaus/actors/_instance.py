@@ -1,7 +1,7 @@
 """An actor in its proc: it finds the endpoint a message names and runs it (on the loop,
 or on the actor's own thread for sync endpoints), one message at a time; it fails, is
 supervised and stops. Its parts: the messages waiting for their turn are in
-``_mailbox``, what runs now in ``_in_flight``, the answers to callers in ``_replier``; the
+``_mailbox``, what runs now in ``_in_flight``, the answers to callers in ``_replies_out``; the
 messages that reach it are handled in ``_handlers``."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ._actor_thread import InitJob, Job, JobFn
 from ._context import ActorContext, Context, current
 from ._in_flight import InFlight
 from ._mailbox import Mailbox
-from ._replier import Describe, Replier, ReplySink, ResponsePort, error_info
+from ._replies_out import Describe, Replier, ReplySink, ResponsePort, error_info
 from ._serialize import dumps_args, loads_args
 from ._stats import ActorStats
 from ._telemetry import await_in_span, run_in_span

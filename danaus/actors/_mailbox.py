@@ -18,7 +18,7 @@ from ._connection import Connection
 from ._wire import Buffer, Call
 
 if TYPE_CHECKING:
-    from ._replier import ReplySink
+    from ._replies_out import ReplySink
 
 __all__ = ["Event", "Letter", "Mailbox", "MailboxOwner", "Running"]
 

@@ -5,7 +5,7 @@ loop; in the controller, the application's running loop (async code) or danaus's
 background loop (sync code). Messages to a peer go over one connection per peer
 address, in the order sent. Its listening socket and dials are in
 :mod:`~danaus.actors._sockets`, what it knows of peers in :mod:`~danaus.actors._peers`,
-the owners of its ports in :mod:`~danaus.actors._results`, messages held for actors
+the owners of its ports in :mod:`~danaus.actors._replies_in`, messages held for actors
 not spawned yet in :mod:`~danaus.actors._arrivals`, and casting to many actors down a
 tree of procs in :mod:`~danaus.actors._cast`. It numbers every message it sends to an
 actor (``next_seq``), and dispatches what arrives by the one handler table
@@ -37,7 +37,7 @@ from ._errinfo import encode_error
 from ._future import Future
 from ._part_pool import trim_part_pool
 from ._peers import fail_pending, fail_pending_after_exit, peer_lost_error, peers
-from ._results import PortHandler, PortOwner, settle
+from ._replies_in import PortHandler, PortOwner, settle
 from ._sockets import Listener, Via, dial
 from ._wire import (
     CAST_GATHER,
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from ._cast import GatherNode
     from ._dispatch import Dispatch
     from ._instance import ActorInstance
-    from ._replier import ReplySink
+    from ._replies_out import ReplySink
 
 log = logging.getLogger("danaus.runtime")
 T = TypeVar("T")

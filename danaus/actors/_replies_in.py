@@ -5,7 +5,8 @@ finished) or by a :class:`~danaus.actors._future.Future` (one reply settles it);
 tree node in this proc waits for its subtrees elsewhere (``_cast``). This module owns
 those shapes, the settling of a future port, and the turning of a
 :class:`~danaus.actors._wire.Result` off the wire into a value or an exception
-(:func:`on_result`, the handler of ``Result``). The runtime owns the port table itself.
+(:func:`on_result`, the handler of ``Result``). The runtime owns the port table itself;
+the replies an actor of this runtime sends are ``_replies_out``'s.
 """
 
 from __future__ import annotations

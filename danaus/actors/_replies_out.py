@@ -2,7 +2,8 @@
 turns each outcome (a value, an exception, a cancellation, a stop) into a reply, encoding
 a value as plain msgpack when it is a small atom and as a pickle with out-of-band parts
 otherwise, and an exception as an :class:`ErrorInfo` with the user's traceback; an error
-that nobody waits for fails the actor. It also holds the :class:`ResponsePort` that an
+that nobody waits for fails the actor (a spawned one; an installed system actor logs it).
+Replies coming back to this runtime are ``_replies_in``'s. It also holds the :class:`ResponsePort` that an
 ``explicit_response_port`` endpoint answers through. Running the message is the actor
 instance's."""
 
