@@ -21,6 +21,7 @@ from ._connection import Connection
 from ._context import ActorContext, creator_from_wire
 from ._errinfo import encode_error, info_from_error
 from ._instance import ActorInstance, tell_supervisor
+from ._process import process
 from ._serialize import loads
 from ._stats import StackEntry, actor_record, proc_record, thread_stacks
 from ._wire import (
@@ -359,9 +360,6 @@ def _task_stack(task: asyncio.Task[T]) -> str:
 
 # ---------------------------------------------------------------- stuck endpoints
 
-#: (runtime, actor key, endpoint, start) -> when to warn next (seconds running)
-_next_warn: dict[tuple[int, str, str, float], float] = {}
-
 
 def check_stuck(rt: Runtime) -> None:
     """Tell the spawner of each actor whose endpoint (or ``__init__``, on its thread) has
@@ -384,9 +382,9 @@ def check_stuck(rt: Runtime) -> None:
                 continue  # in a debugger: waiting for a person, not stuck
             # Time spent paused in a debugger does not count: the clock restarts after.
             running = now - max(since, _debug.resumed_at(key))
-            if running < _next_warn.get(k, after):
+            if running < process.stuck_next.get(k, after):
                 continue
-            _next_warn[k] = 2 * running
+            process.stuck_next[k] = 2 * running
             tell_supervisor(
                 rt,
                 inst.owner_addr,
@@ -398,8 +396,8 @@ def check_stuck(rt: Runtime) -> None:
                 round(now - since, 3),
                 _stack_of(inst, method),
             )
-    for k in [k for k in _next_warn if k[0] == id(rt) and k not in seen]:
-        del _next_warn[k]  # finished: forget it
+    for k in [k for k in process.stuck_next if k[0] == id(rt) and k not in seen]:
+        del process.stuck_next[k]  # finished: forget it
 
 
 def _stack_of(inst: ActorInstance, method: str) -> str:

@@ -9,7 +9,6 @@ import inspect
 import socket
 import sys
 import threading
-import weakref
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future as ThreadFuture
 from types import FrameType
@@ -18,18 +17,16 @@ from typing import TypeVar, TypeVarTuple
 from ..config import config
 from ._actor_thread import thread_home
 from ._future import Future
+from ._process import process
 from ._runtime import Runtime, log
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
-_runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
-    weakref.WeakKeyDictionary()
-)
-_runtimes_lock = threading.Lock()
 
+class Background:
+    """danaus's background loop, on a thread of its own, and its runtime."""
 
-class _Background:
     """danaus's own event loop in a daemon thread, for calls made from sync code.
 
     It is stopped at interpreter exit (``atexit``, bounded): a daemon thread still
@@ -53,8 +50,8 @@ class _Background:
 
         self.loop.call_soon_threadsafe(make)
         self.runtime = fut.result(timeout=30)
-        with _runtimes_lock:
-            _runtimes[self.loop] = self.runtime
+        with process.runtimes_lock:
+            process.runtimes[self.loop] = self.runtime
         atexit.register(self.close)
 
     def close(self, timeout: float = 5.0) -> None:
@@ -84,10 +81,6 @@ class _Background:
                 continue
 
 
-_background: _Background | None = None
-_background_lock = threading.Lock()
-
-
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """A uvloop loop where uvloop is importable (and ``config.use_uvloop``), else asyncio's."""
     if config.use_uvloop:
@@ -102,13 +95,12 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 def background_runtime() -> Runtime:
     """The runtime of danaus's background loop (started on first use)."""
-    global _background
-    bg = _background
+    bg = process.background
     if bg is None:
-        with _background_lock:  # one background loop, even when threads race here
-            if _background is None:
-                _background = _Background()
-            bg = _background
+        with process.background_lock:  # one background loop, even when threads race here
+            if process.background is None:
+                process.background = Background()
+            bg = process.background
     return bg.runtime
 
 
@@ -119,15 +111,11 @@ def start_background_runtime(addr: str, sock: socket.socket) -> Runtime:
     Raises:
         RuntimeError: the background loop has started already.
     """
-    global _background
-    with _background_lock:
-        if _background is not None:
+    with process.background_lock:
+        if process.background is not None:
             raise RuntimeError("danaus's background runtime has started already")
-        _background = _Background(addr, sock)
-        return _background.runtime
-
-
-_last: tuple[asyncio.AbstractEventLoop | None, Runtime | None] = (None, None)
+        bg = process.background = Background(addr, sock)
+        return bg.runtime
 
 
 def current_runtime() -> Runtime:
@@ -147,29 +135,29 @@ def runtime_here() -> tuple[Runtime, bool]:
       plain statements (module-level code that the kernel runs from a coroutine) go through
       the background loop instead, so that ``.get()`` can block without deadlocking.
     """
-    global _last
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         home = thread_home()
         return (home, False) if home is not None else (background_runtime(), False)
-    last_loop, rt = _last
+    p = process
+    last_loop, rt = p.last
     if loop is not last_loop:
-        rt = _runtimes.get(loop)
+        rt = p.runtimes.get(loop)
     if (rt is None or rt.borrowed) and not _caller_can_await():
         return background_runtime(), False
     if rt is None:
-        with _runtimes_lock:
-            rt = _runtimes.get(loop)
+        with p.runtimes_lock:
+            rt = p.runtimes.get(loop)
             if rt is None:
-                for old_loop, old in list(_runtimes.items()):
+                for old_loop, old in list(p.runtimes.items()):
                     if old_loop.is_closed():  # e.g. an earlier asyncio.run()
-                        del _runtimes[old_loop]
+                        del p.runtimes[old_loop]
                         old.abandon()
                 rt = Runtime(loop)
                 rt.borrowed = True
-                _runtimes[loop] = rt
-    _last = (loop, rt)
+                p.runtimes[loop] = rt
+    p.last = (loop, rt)
     return rt, True
 
 
@@ -201,24 +189,23 @@ def _caller_can_await() -> bool:
 
 async def close_loop_runtime(loop: asyncio.AbstractEventLoop) -> None:
     """Close the runtime of ``loop`` if it has one (e.g. before the loop itself closes)."""
-    global _last
-    with _runtimes_lock:
-        rt = _runtimes.pop(loop, None)
-        if _last[0] is loop:
-            _last = (None, None)
+    with process.runtimes_lock:
+        rt = process.runtimes.pop(loop, None)
+        if process.last[0] is loop:
+            process.last = (None, None)
     if rt is not None:
         await rt.aclose()
 
 
 def install_runtime(rt: Runtime) -> None:
     """Make ``rt`` the runtime of its loop (a proc's main does this)."""
-    with _runtimes_lock:
-        _runtimes[rt.loop] = rt
+    with process.runtimes_lock:
+        process.runtimes[rt.loop] = rt
 
 
 def all_runtimes() -> list[Runtime]:
-    with _runtimes_lock:
-        return list(_runtimes.values())
+    with process.runtimes_lock:
+        return list(process.runtimes.values())
 
 
 def runtime_started() -> bool:

@@ -37,6 +37,7 @@ from ._errinfo import encode_error
 from ._future import Future
 from ._part_pool import trim_part_pool
 from ._peers import fail_pending, fail_pending_after_exit, peer_lost_error, peers
+from ._process import process
 from ._replies_in import PortHandler, PortOwner, settle
 from ._sockets import Listener, Via, dial
 from ._wire import (
@@ -96,15 +97,11 @@ class _Task(Protocol):
     def cancel(self) -> bool: ...
 
 
-#: checks every runtime runs on its heartbeat (see ``on_every_heartbeat``)
-_on_heartbeat: list[Callable[[Runtime], None]] = []
-
-
 def on_every_heartbeat(check: Callable[[Runtime], None]) -> None:
     """Run ``check(runtime)`` on every heartbeat of every runtime, present and future."""
     from ._loops import all_runtimes
 
-    _on_heartbeat.append(check)
+    process.heartbeat_checks.append(check)
     for rt in all_runtimes():
         rt.on_heartbeat.append(check)
 
@@ -170,7 +167,7 @@ class Runtime:
         self.addr = self._listener.addr
         self.on_lost: list[Callable[[str], None]] = []
         #: called on every heartbeat (layers above: the actor layer's stuck-endpoint check)
-        self.on_heartbeat: list[Callable[[Runtime], None]] = list(_on_heartbeat)
+        self.on_heartbeat: list[Callable[[Runtime], None]] = list(process.heartbeat_checks)
         #: coroutines to run when the runtime closes (layers above: the RDMA manager)
         self.closers: list[Callable[[], Awaitable[object]]] = []
         self.spawn_task(self._listener.serve(self._accept))

@@ -14,6 +14,8 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Required, TypedDict
 
+from ._process import process
+
 if TYPE_CHECKING:
     from ._instance import ActorInstance
     from ._runtime import Runtime
@@ -130,10 +132,6 @@ def _cpu_seconds() -> float:
     return t.user + t.system
 
 
-#: (pid, when, CPU seconds) of the last record: a forked proc starts its own count
-_last_cpu: list[float] = [-1, 0.0, 0.0]
-
-
 def process_uptime() -> float | None:
     """Seconds since this process started (from /proc); None where that is unknown."""
     try:
@@ -149,10 +147,10 @@ def process_uptime() -> float | None:
 def proc_record(rt: Runtime) -> ProcRecord:
     """This proc: pid, host, CPU % since the last record, RSS, connections, bytes."""
     now, cpu, pid = time.monotonic(), _cpu_seconds(), os.getpid()
-    last_pid, then, cpu_then = _last_cpu
+    last_pid, then, cpu_then = process.last_cpu
     if last_pid != pid:  # the first record of this process: since it started
         then, cpu_then = now - max(process_uptime() or 1.0, 1e-3), 0.0
-    _last_cpu[:] = [pid, now, cpu]
+    process.last_cpu[:] = [pid, now, cpu]
     rss = 0
     try:
         with open("/proc/self/statm") as f:
