@@ -7,8 +7,7 @@ import socket
 import ssl
 
 from ..config import config
-
-_tls: dict[bool, ssl.SSLContext | None] = {}
+from ._process import process
 
 
 def tls_context(*, server: bool) -> ssl.SSLContext | None:
@@ -17,8 +16,9 @@ def tls_context(*, server: bool) -> ssl.SSLContext | None:
     Both ends present a certificate signed by the CA; host names are not checked (peers
     are addressed by IP; the CA is the job's). Unix sockets never use TLS.
     """
-    if server in _tls:
-        return _tls[server]
+    made = process.tls
+    if server in made:
+        return made[server]
     ctx = None
     if config.tls_cert:
         if not (config.tls_key and config.tls_ca):
@@ -28,7 +28,7 @@ def tls_context(*, server: bool) -> ssl.SSLContext | None:
         ctx.load_cert_chain(config.tls_cert, config.tls_key)
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_REQUIRED
-    _tls[server] = ctx
+    made[server] = ctx
     return ctx
 
 

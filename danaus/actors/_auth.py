@@ -12,24 +12,23 @@ import os
 import secrets
 
 from ..config import config
+from ._process import process
 
 __all__ = ["frame_keys", "job_key", "new_nonce", "proof", "verify"]
-
-_key: bytes | None = None
 
 
 def job_key() -> bytes:
     """The secret of this job: ``config.auth_key`` (hex) when set, else a fresh random one."""
-    global _key
-    if _key is None:
-        _key = bytes.fromhex(config.auth_key) if config.auth_key else secrets.token_bytes(32)
-    return _key
+    key = process.job_key
+    if key is None:
+        key = bytes.fromhex(config.auth_key) if config.auth_key else secrets.token_bytes(32)
+        process.job_key = key
+    return key
 
 
 def set_job_key(key: bytes) -> None:
     """Adopt the key handed down by the controller (procs call this at start)."""
-    global _key
-    _key = key
+    process.job_key = key
 
 
 def new_nonce() -> bytes:

@@ -3,8 +3,10 @@ keeps its run's state in one run context): what every runtime of the process sha
 
 It holds the runtime of each event loop and danaus's background loop (``_loops``), the
 checks every runtime runs on its heartbeat (``Runtime``), when each running endpoint is
-next to be reported stuck (``_handlers.check_stuck``) and the last CPU sample a proc's
-record was taken from (``_stats``). What the process knows of its peers is the ``peers``
+next to be reported stuck (``_handlers.check_stuck``), the last CPU sample a proc's
+record was taken from (``_stats``), the debugger's state in this process
+(``_debugging``: the proc's hook, the sessions open per actor, the runtimes watched), the
+job's key (``_auth``), the TLS contexts (``_address``) and the tracer (``_telemetry``). What the process knows of its peers is the ``peers``
 object's (``_peers``). The layer's other module-level state, listed by
 ``scripts/process_state.py``, is to move here; a forked proc starts with a copy of it, as
 it does of every module's.
@@ -19,6 +21,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import ssl
+
+    from opentelemetry.trace import Tracer
+
     from ._loops import Background
     from ._runtime import Runtime
 
@@ -46,6 +52,26 @@ class ActorProcess:
         self.stuck_next: dict[tuple[int, str, str, float], float] = {}
         #: (pid, when, CPU seconds) of the last proc record: a forked proc starts its own
         self.last_cpu: list[float] = [-1, 0.0, 0.0]
+        # the debugger (``_debugging``): in a proc, its runtime and who started it (where
+        # sessions outside an actor go); each actor's open sessions, and when its last
+        # one ended; the runtimes whose lost connections end sessions, with their callbacks
+        self.debug_rt: Runtime | None = None
+        self.debug_parent = ""
+        self.debug_open: dict[str, int] = {}
+        self.debug_ended: dict[str, float] = {}
+        self.debug_lock = threading.Lock()
+        self.debug_watching: weakref.WeakKeyDictionary[Runtime, Callable[[str], None]] = (
+            weakref.WeakKeyDictionary()
+        )
+        #: the job's key (``_auth.job_key``): the controller's, handed down to its procs
+        self.job_key: bytes | None = None
+        #: the TLS context of each side (server: True), made once (``_address``)
+        self.tls: dict[bool, ssl.SSLContext | None] = {}
+        #: danaus's tracer, and whether this process's telemetry providers are installed
+        #: (``_telemetry``), made under the lock
+        self.tracer: Tracer | None = None
+        self.tracer_installed = False
+        self.tracer_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<ActorProcess runtimes={len(self.runtimes)} background={self.background}>"

@@ -23,10 +23,11 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import threading
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, ParamSpec, TypeVar, overload
+
+from ._process import process
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
@@ -39,11 +40,6 @@ __all__ = ["get_meter", "incoming", "otlp_traces_url", "outgoing_trace", "span",
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
-
-_lock = threading.Lock()
-_tracer: Tracer | None = None
-#: danaus's providers are in place (or the program's were found)
-_installed = False
 
 
 def _needs_otel() -> ImportError:
@@ -124,21 +120,21 @@ def _install_providers() -> None:
 
 def tracer() -> Tracer:
     """danaus's tracer (with telemetry on, this process's providers installed first)."""
-    global _tracer, _installed
     from ..config import config
 
-    if _tracer is None or (config.telemetry and not _installed):
-        with _lock:
+    p = process
+    if p.tracer is None or (config.telemetry and not p.tracer_installed):
+        with p.tracer_lock:
             try:
                 from opentelemetry import trace
             except ImportError:
                 raise _needs_otel() from None
-            if config.telemetry and not _installed:
+            if config.telemetry and not p.tracer_installed:
                 _install_providers()
-                _installed = True
-            if _tracer is None:
-                _tracer = trace.get_tracer("danaus")  # (follows a provider set later)
-    return _tracer
+                p.tracer_installed = True
+            if p.tracer is None:
+                p.tracer = trace.get_tracer("danaus")  # (follows a provider set later)
+    return p.tracer
 
 
 def outgoing_trace() -> str:

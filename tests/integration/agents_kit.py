@@ -57,12 +57,12 @@ def host_agents(
 def controller_key(key: str) -> Iterator[None]:
     """Run this controller with the job key ``key`` (hex), as agents started with it
     expect (the local procs it starts meanwhile get it too); the previous key after."""
-    from danaus.actors import _auth
+    from danaus.actors._process import process
     from danaus.config import config
 
-    old = config.auth_key, _auth._key
-    config.auth_key, _auth._key = key, bytes.fromhex(key)
+    old = config.auth_key, process.job_key
+    config.auth_key, process.job_key = key, bytes.fromhex(key)
     try:
         yield
     finally:
-        config.auth_key, _auth._key = old
+        config.auth_key, process.job_key = old

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from danaus import SupervisionError, this_host
-from danaus.actors import _auth
+from danaus.actors._process import process
 from danaus.config import config
 from danaus.mesh import set_unhandled_fault_hook
 from danaus.mesh._proc_mesh import group_of
@@ -213,11 +213,11 @@ def agent() -> Iterator[tuple[str, subprocess.Popen[str]]]:
 @pytest.fixture
 def keyed() -> Iterator[None]:
     """This test's own controller uses the agent's key."""
-    old_cfg, old_key = config.auth_key, _auth._key
+    old_cfg, old_key = config.auth_key, process.job_key
     config.auth_key = KEY
-    _auth._key = bytes.fromhex(KEY)
+    process.job_key = bytes.fromhex(KEY)
     yield
-    config.auth_key, _auth._key = old_cfg, old_key
+    config.auth_key, process.job_key = old_cfg, old_key
 
 
 #: Asks the agent for four meshes at once (the agent handles one request at a time, so

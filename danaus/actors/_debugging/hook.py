@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import threading
 import time
 from typing import TYPE_CHECKING
 
 from ...config import config
+from .._process import process
 
 if TYPE_CHECKING:
     from .._instance import ActorInstance
@@ -40,30 +40,22 @@ __all__ = [
     "wants_post_mortem",
 ]
 
-_rt: Runtime | None = None
-_parent = ""
-#: actor wire key -> its open debugger sessions; and when its last one ended
-_open: dict[str, int] = {}
-_ended: dict[str, float] = {}
-_lock = threading.Lock()
-
 
 def install(rt: Runtime, parent: str) -> None:
     """In a proc (its main, once): ``breakpoint()`` opens a session to the actor's
     spawner, or to ``parent`` (who started this proc) outside an actor."""
-    global _rt, _parent
-    _rt, _parent = rt, parent
+    process.debug_rt, process.debug_parent = rt, parent
     sys.breakpointhook = breakpointhook
 
 
 def proc_parent() -> str:
     """The address of who started this proc ("" outside a proc)."""
-    return _parent
+    return process.debug_parent
 
 
 def proc_runtime() -> Runtime | None:
     """The proc's own runtime (None outside a proc)."""
-    return _rt
+    return process.debug_rt
 
 
 def breakpointhook(*args: object, **kwargs: object) -> object:
@@ -83,7 +75,7 @@ def wants_post_mortem(exc: BaseException) -> bool:
 
     return (
         config.debug_on_error
-        and _rt is not None
+        and process.debug_rt is not None
         and not isinstance(exc, (bdb.BdbQuit, asyncio.CancelledError, GeneratorExit))
     )
 
@@ -98,26 +90,26 @@ def post_mortem(exc: BaseException, actor: ActorInstance) -> None:
 
 def session_opened(actor: str) -> None:
     if actor:
-        with _lock:
-            _open[actor] = _open.get(actor, 0) + 1
+        with process.debug_lock:
+            process.debug_open[actor] = process.debug_open.get(actor, 0) + 1
 
 
 def session_ended(actor: str) -> None:
     if actor:
-        with _lock:
-            n = _open.get(actor, 0) - 1
+        with process.debug_lock:
+            n = process.debug_open.get(actor, 0) - 1
             if n > 0:
-                _open[actor] = n
+                process.debug_open[actor] = n
             else:
-                _open.pop(actor, None)
-            _ended[actor] = time.monotonic()
+                process.debug_open.pop(actor, None)
+            process.debug_ended[actor] = time.monotonic()
 
 
 def is_paused(actor: str) -> bool:
     """Has the actor with this wire key an open debugger session?"""
-    return _open.get(actor, 0) > 0
+    return process.debug_open.get(actor, 0) > 0
 
 
 def resumed_at(actor: str) -> float:
     """When (``time.monotonic()``) the actor's last debugger session ended (0: never)."""
-    return _ended.get(actor, 0.0)
+    return process.debug_ended.get(actor, 0.0)

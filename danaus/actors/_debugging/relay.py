@@ -9,14 +9,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import secrets
-import weakref
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from .. import _context as context_state
 from .._connection import Connection
+from .._process import process
 from .._wire import DebugClose, DebugDetach, DebugInput, DebugOpen, DebugOutput
 from .hook import proc_parent
 from .sessions import registry, unexcuse
@@ -104,13 +103,10 @@ _relay = _Relay()
 
 # ---------------------------------------------------------------- message handlers
 
-#: the runtimes whose lost connections end sessions, with their callbacks
-_watching: weakref.WeakKeyDictionary[Runtime, Callable[[str], None]] = weakref.WeakKeyDictionary()
-
 
 def _watch(rt: Runtime) -> None:
-    if rt not in _watching:
-        _watching[rt] = callback = functools.partial(_on_lost, rt)
+    if rt not in process.debug_watching:
+        process.debug_watching[rt] = callback = functools.partial(_on_lost, rt)
         rt.watch_lost(callback)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from danaus.actors import _auth
 from danaus.actors._auth import job_key, new_nonce, proof, set_job_key, verify
+from danaus.actors._process import process
 from danaus.config import config
 
 KEY = b"k" * 32
@@ -72,7 +72,7 @@ def test_new_nonce_is_16_fresh_bytes() -> None:
 
 
 def test_job_key_comes_from_config_auth_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_auth, "_key", None)
+    monkeypatch.setattr(process, "job_key", None)
     monkeypatch.setattr(config, "auth_key", "00ff" * 8)
 
     assert job_key() == bytes.fromhex("00ff" * 8)
@@ -81,9 +81,9 @@ def test_job_key_comes_from_config_auth_key(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_job_key_without_config_is_random_and_stable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(config, "auth_key", "")
-    monkeypatch.setattr(_auth, "_key", None)
+    monkeypatch.setattr(process, "job_key", None)
     first = job_key()
-    monkeypatch.setattr(_auth, "_key", None)
+    monkeypatch.setattr(process, "job_key", None)
     second = job_key()
 
     assert len(first) == 32
@@ -92,7 +92,7 @@ def test_job_key_without_config_is_random_and_stable(monkeypatch: pytest.MonkeyP
 
 
 def test_set_job_key_is_adopted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_auth, "_key", None)
+    monkeypatch.setattr(process, "job_key", None)
     set_job_key(b"handed down by the controller!!!")
 
     assert job_key() == b"handed down by the controller!!!"
