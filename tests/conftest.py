@@ -21,9 +21,9 @@ def _children() -> list[int]:
 
     A fork server forks a proc some time after ``spawn_procs`` returned: procs asked for
     before now are waited for, so that they are not counted as a later test's."""
-    from danaus.mesh._procs import forkserver as _forkserver
+    from danaus.mesh._process import process
 
-    server = _forkserver._server
+    server = process.fork_server
     if server is not None:
         server.settle(30)
     return danaus_children(os.getpid())

@@ -8,7 +8,6 @@ view of it (the actor class) in ``_actor_face``."""
 from __future__ import annotations
 
 import inspect
-import threading
 from collections.abc import Generator
 from concurrent.futures import Future as ThreadFuture
 from typing import Generic, TypeVar
@@ -31,6 +30,7 @@ from ._admin.inspect import mesh_stacks, mesh_stats, unless_endpoint
 from ._admin.records import ActorStats, GoneActorStats, StackEntry
 from ._endpoint_ops import NotAnEndpoint
 from ._proc_group import ProcGroup, remove_actor_mesh
+from ._process import process
 from ._supervision import MeshState, resolved
 from ._value_mesh import ValueMesh
 
@@ -39,7 +39,6 @@ __all__ = ["ActorMesh", "mesh_ref"]
 A = TypeVar("A", bound=Actor)
 #: a mesh of ``Foo`` actors is a mesh of actors: ``ActorMesh[Foo]`` is an ``ActorMesh[Actor]``
 A_co = TypeVar("A_co", bound=Actor, covariant=True)
-_choose_lock = threading.Lock()
 
 
 class ActorMesh(Shaped, Generic[A_co]):
@@ -346,7 +345,7 @@ class ActorMesh(Shaped, Generic[A_co]):
         caller's ``choose`` calls in flight, ties round robin; in flight until
         :meth:`chosen_done`."""
         inflight = self._inflight
-        with _choose_lock:  # the count is also lowered on the loop's thread
+        with process.choose_lock:  # the count is also lowered on the loop's thread
             start = self._rr
             self._rr = start + 1
             n = len(ranks)
@@ -357,12 +356,12 @@ class ActorMesh(Shaped, Generic[A_co]):
 
     def chosen_done(self, rank: int) -> None:
         """The ``choose`` call to ``rank`` ended."""
-        with _choose_lock:
+        with process.choose_lock:
             self._inflight[rank] -= 1
 
     def next_turn(self, n: int) -> int:
         """Round robin over ``n`` actors: the index of the next one."""
-        with _choose_lock:
+        with process.choose_lock:
             i = self._rr % n
             self._rr += 1
         return i

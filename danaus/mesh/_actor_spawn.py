@@ -26,23 +26,21 @@ from ..errors import ActorError, SupervisionError
 from ..geometry import Point, Shape
 from ._actor_mesh import ActorMesh
 from ._proc_group import ProcGroup, ensure_supervisor
-from ._supervision import MeshState, StuckReport, current_owner, report_stuck, stuck_reports
+from ._process import process
+from ._supervision import MeshState, StuckReport, current_owner, report_stuck
 
 __all__ = ["spawn_actor_mesh"]
 
 A = TypeVar("A", bound=Actor)
 
-#: This process's part of the wire keys of the actors it spawns ("name.token.n"): random,
-#: and drawn again in a forked child, so that actors spawned by different procs (forked
-#: from one fork server, say) into the same proc never share a key.
-_token = secrets.token_hex(4)
-_spawn_ids = itertools.count()
-
 
 def _new_token() -> None:
-    global _token, _spawn_ids
-    _token = secrets.token_hex(4)
-    _spawn_ids = itertools.count()
+    """In a forked child, this process's part of the wire keys of the actors it spawns
+    ("name.token.n") is drawn again (``process.spawn_token``, random), so that actors
+    spawned by different procs (forked from one fork server, say) into the same proc
+    never share a key."""
+    process.spawn_token = secrets.token_hex(4)
+    process.spawn_ids = itertools.count()
 
 
 os.register_at_fork(after_in_child=_new_token)
@@ -66,7 +64,7 @@ def spawn_actor_mesh(
     sent: ThreadFuture[None] = ThreadFuture()
     ranks = shape.global_ranks()
     creators = spawn_creators()  # who spawns: this actor (or the root), now
-    wire = f"{name}.{_token}.{next(_spawn_ids)}"
+    wire = f"{name}.{process.spawn_token}.{next(process.spawn_ids)}"
     errors: list[BaseException] = []
     left = [len(ranks)]
     state = MeshState(
@@ -154,7 +152,7 @@ def _watch_init(
     def check(wait: float) -> None:
         if init.done():
             return
-        told = {m.actor_id for _, m in stuck_reports if m.endpoint == "__init__"}
+        told = {m.actor_id for _, m in process.stuck_reports if m.endpoint == "__init__"}
         running = round(time.monotonic() - start, 3)
         for r in ranks:
             actor_id = f"{group.name}[{r}].{name}[{r}]"

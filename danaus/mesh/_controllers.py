@@ -9,7 +9,6 @@ spawners (each runtime that spawned actors hosts a small system actor,
 
 from __future__ import annotations
 
-import threading
 from typing import TypeVar, cast
 
 from ..actors._api import (
@@ -24,6 +23,7 @@ from ..actors._api import (
 )
 from ..geometry import Shape
 from ._actor_mesh import ActorMesh, mesh_ref
+from ._process import process
 from ._supervision import MeshFailure
 
 __all__ = ["get_or_spawn_controller"]
@@ -32,10 +32,6 @@ A = TypeVar("A", bound=Actor)
 
 #: The wire key of the system actor that answers get_or_spawn_controller requests.
 CONTROLLERS = "__controllers__"
-
-_lock = threading.Lock()
-#: name -> the singleton's mesh, or the failure that ended it (this process is the root)
-_singletons: dict[str, ActorMesh[Actor] | MeshFailure] = {}
 
 
 def get_or_spawn_controller(
@@ -71,15 +67,15 @@ def _get_or_spawn_here(
 ) -> ActorMesh[Actor]:
     from ._proc_mesh import this_proc
 
-    with _lock:
-        found = _singletons.get(name)
+    with process.singletons_lock:
+        found = process.singletons.get(name)
         if isinstance(found, MeshFailure):
             raise ValueError(f"the controller {name!r} failed: {found}")
         if found is not None and found.spawn_loop_closed():
             found = None  # its loop ended (an earlier asyncio.run): spawn it anew
         if found is None:
             found = this_proc().spawn_mesh(name, cls, *args, **kwargs)
-            _singletons[name] = found
+            process.singletons[name] = found
         return found
 
 
@@ -125,9 +121,9 @@ class _Controllers(Actor):
 
     def __supervise__(self, failure: MeshFailure) -> bool:
         """A singleton spawned here failed: later requests for it raise ``ValueError``."""
-        with _lock:
-            found = _singletons.get(failure.mesh)
+        with process.singletons_lock:
+            found = process.singletons.get(failure.mesh)
             if isinstance(found, ActorMesh):
-                _singletons[failure.mesh] = failure
+                process.singletons[failure.mesh] = failure
                 return True
             return isinstance(found, MeshFailure)  # a later report of the same failure

@@ -53,6 +53,7 @@ from ..config import config
 from ..geometry import Shape
 from ._actor_mesh import ActorMesh, mesh_ref
 from ._byte_relay import RelayMessage, Relays, close_writer
+from ._process import process
 from ._procs.local import bind_abstract, started_here
 
 __all__ = ["GATEWAY", "Gateway", "attach"]
@@ -61,8 +62,6 @@ log = logging.getLogger("danaus.gateway")
 
 #: The gateway's actor key in a host agent's runtime.
 GATEWAY = "__gateway__"
-#: the agent this process is attached through (``attach``), once it is
-_attached: str | None = None
 
 
 class _Reservation:
@@ -292,13 +291,12 @@ def attach(addr: str, *, key_file: str | None = None) -> None:
     """
     from ._procs.host_agent import agent_address, use_agents_key
 
-    global _attached
     agent = agent_address(addr)
-    if _attached is not None:
-        if _attached == agent:
+    if process.attached is not None:
+        if process.attached == agent:
             return  # attached there already (a job's state() asks again)
         raise RuntimeError(
-            f"attach({addr!r}): this process is attached through {_attached} already; "
+            f"attach({addr!r}): this process is attached through {process.attached} already; "
             "detaching is not possible: attach elsewhere from a new process"
         )
     if any(not rt.closed for rt in all_runtimes()):  # (danaus has begun here)
@@ -328,7 +326,7 @@ def attach(addr: str, *, key_file: str | None = None) -> None:
         rt.spawn_task(route.accepting(receiver))
 
     run_on(rt, install)
-    _attached = agent
+    process.attached = agent
 
 
 async def _reserve(agent: str) -> tuple[str, str]:

@@ -22,7 +22,6 @@ exit) are stopped, not failed: their exits, and what follows from them, are not 
 
 from __future__ import annotations
 
-import collections
 import logging
 import re
 import signal
@@ -36,6 +35,7 @@ from typing import NamedTuple, Protocol, TypedDict
 from ..actors._api import context
 from ..errors import SupervisionError, actor_display_name, actor_failed
 from ..geometry import Point, Shape
+from ._process import process
 
 __all__ = ["MeshFailure", "set_unhandled_fault_hook"]
 
@@ -224,18 +224,11 @@ def default_fault_hook(failure: MeshFailure) -> None:
     log.error("unhandled failure: %s", failure)
 
 
-_hook: Callable[[MeshFailure], object] = default_fault_hook
-_hook_lock = threading.Lock()
-
-#: Set at interpreter exit, when danaus kills every proc itself: what follows from those
-#: kills (lost connections, spawns and calls that fail) is no failure to report.
-_exiting = threading.Event()
-
-
 def interpreter_exiting() -> None:
     """From now on failures are marked but reach no owner and no hook: the interpreter is
-    exiting, and danaus is stopping every proc itself."""
-    _exiting.set()
+    exiting, and danaus is stopping every proc itself (what follows from those kills,
+    lost connections, spawns and calls that fail, is no failure to report)."""
+    process.exiting.set()
 
 
 def set_unhandled_fault_hook(
@@ -248,10 +241,9 @@ def set_unhandled_fault_hook(
     raises (``sys.exit(1)`` too) leaves the failure unhandled, as in Monarch: the main
     thread then gets a ``KeyboardInterrupt``.
     """
-    global _hook
-    with _hook_lock:
-        old, _hook = _hook, default_fault_hook if fn is None else fn
-    return old
+    with process.fault_hook_lock:
+        old, process.fault_hook = process.fault_hook, fn
+    return default_fault_hook if old is None else old
 
 
 def _current_hook() -> Callable[[MeshFailure], object]:
@@ -262,7 +254,8 @@ def _current_hook() -> Callable[[MeshFailure], object]:
     assigned = getattr(top, "unhandled_fault_hook", None) if top is not None else None
     if assigned is not None and assigned is not default_fault_hook:
         return assigned  # type: ignore[no-any-return]
-    return _hook
+    hook = process.fault_hook  # (a hook may be falsy: an empty list-like recorder)
+    return default_fault_hook if hook is None else hook
 
 
 class MeshState:
@@ -336,7 +329,7 @@ class MeshState:
         failure = MeshFailure(
             self.name, [self.point(r) for r in new], report, kind, self.display_name(new[0])
         )
-        failure_reports.append(
+        process.failure_reports.append(
             {
                 "when": time.time(),
                 "mesh": self.name,
@@ -351,7 +344,7 @@ class MeshState:
 
 def route(owner: Owner | None, failure: MeshFailure) -> None:
     """Give ``failure`` to ``owner`` (an ActorInstance) or, at the top, to the hook."""
-    if _exiting.is_set():
+    if process.exiting.is_set():
         log.debug("at exit, not reported: %s", failure)
         return
     if owner is None or owner.stopped:
@@ -393,17 +386,9 @@ def resolved() -> ThreadFuture[None]:
     return f
 
 
-#: the last stuck-endpoint reports with when they came (time.time()), newest last (for
-#: tools: danaus top, the dashboard; bounded)
-stuck_reports: collections.deque[tuple[float, StuckReport]] = collections.deque(maxlen=256)
-
-#: the last failures of meshes this process spawned, newest last (for tools; bounded)
-failure_reports: collections.deque[FailureReport] = collections.deque(maxlen=256)
-
-
 def report_stuck(msg: StuckReport) -> None:
     """Keep a stuck report for the tools, and warn with its stack."""
-    stuck_reports.append((time.time(), msg))
+    process.stuck_reports.append((time.time(), msg))
     what = "__init__" if msg.endpoint == "__init__" else f"endpoint {msg.endpoint}"
     log.warning(
         "%s of %s (mesh %s, rank %s) has been running for %.3g s; its stack:\n%s",

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, NamedTuple
 
+from ._process import process
+
 if TYPE_CHECKING:
     from ._actor_endpoint import ActorEndpoint
     from ._proc_mesh import ProcMesh
@@ -32,21 +34,15 @@ class TensorEngine(NamedTuple):
     rank_tensor: Callable[[ProcMesh, tuple[str, ...]], object]
 
 
-_engine: TensorEngine | None = None
-_load: Callable[[], None] | None = None
-
-
 def set_tensor_engine(engine: TensorEngine) -> None:
     """Called by ``danaus.tensor_engine`` when it is imported."""
-    global _engine
-    _engine = engine
+    process.tensor_engine = engine
 
 
 def set_tensor_engine_loader(load: Callable[[], None]) -> None:
     """How to import the tensor engine on first use (``load`` calls
     :func:`set_tensor_engine` by importing it); set by the package root."""
-    global _load
-    _load = load
+    process.tensor_engine_loader = load
 
 
 def tensor_engine() -> TensorEngine:
@@ -55,8 +51,9 @@ def tensor_engine() -> TensorEngine:
     Raises:
         ImportError: it cannot be imported (it needs torch).
     """
-    if _engine is None and _load is not None:
-        _load()
-    if _engine is None:
+    if process.tensor_engine is None and process.tensor_engine_loader is not None:
+        process.tensor_engine_loader()
+    engine = process.tensor_engine
+    if engine is None:
         raise ImportError("the tensor engine is not loaded: import danaus.tensor_engine")
-    return _engine
+    return engine

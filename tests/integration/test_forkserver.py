@@ -18,6 +18,7 @@ import pytest
 
 from danaus import this_host
 from danaus.config import config
+from danaus.mesh._process import process
 from danaus.mesh._procs import forkserver as _forkserver
 
 from ..faults import danaus_procs
@@ -178,7 +179,7 @@ async def test_exec_method_starts_fresh_interpreters(fresh_server: None) -> None
     async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
         probe = await procs.spawn("probe", Probe)
         assert {ppid for _, ppid in (await probe.where.call()).values()} == {os.getpid()}
-    assert _forkserver._server is None  # exec never starts a fork server
+    assert process.fork_server is None  # exec never starts a fork server
 
 
 async def test_an_import_that_starts_a_thread_falls_back_to_exec(
@@ -218,12 +219,12 @@ _CONTROLLER = textwrap.dedent(
     """
     import json, sys
     from danaus import this_host
-    from danaus.mesh._procs import forkserver as _forkserver
+    from danaus.mesh._process import process
     from tests.integration.fork_actors import Probe
 
     procs = this_host().spawn_procs(per_host={"procs": 2})
     procs.spawn("probe", Probe).where.call().get(timeout=60)
-    server = _forkserver._server
+    server = process.fork_server
     pid = server.status()["pid"] if server is not None else None
     print(json.dumps({"procs": procs.pids, "server": pid}), flush=True)
     sys.stdin.read()  # until killed

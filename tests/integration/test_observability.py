@@ -127,7 +127,7 @@ def _stuck_warnings() -> Iterator[tuple[threading.Event, list[logging.LogRecord]
 
 
 async def test_an_endpoint_running_too_long_is_reported_on_the_controller_with_its_stack() -> None:
-    from danaus.mesh._supervision import stuck_reports
+    from danaus.mesh._process import process
 
     with _stuck_warnings() as (seen, records):
         env = {"DANAUS_STUCK_WARN_AFTER": "0.5", "DANAUS_HEARTBEAT_INTERVAL": "0.25"}
@@ -141,7 +141,7 @@ async def test_an_endpoint_running_too_long_is_reported_on_the_controller_with_i
     text = records[0].getMessage()
     assert "endpoint block of procs[0].busy[0] (mesh busy, rank {'procs': 0/1})" in text
     assert "_gate.wait(60)" in text  # where it is stuck
-    _, report = stuck_reports[-1]
+    _, report = process.stuck_reports[-1]
     assert report.endpoint == "block" and report.seconds >= 0.5
 
 

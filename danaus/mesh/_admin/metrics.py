@@ -13,6 +13,8 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from .._process import process
+
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
@@ -33,7 +35,6 @@ class _Collector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         from .._proc_mesh import live_proc_meshes
-        from .._supervision import stuck_reports
 
         proc_labels = ["procs", "rank", "host", "pid"]
         actor_labels = ["procs", "rank", "mesh", "actor"]
@@ -83,7 +84,7 @@ class _Collector:
             "danaus_stuck_reports",
             "Stuck-endpoint reports this controller received (last 256 kept)",
         )
-        stuck.add_metric([], len(stuck_reports))
+        stuck.add_metric([], len(process.stuck_reports))
         for procs in live_proc_meshes():
             try:
                 records = procs.stats().get(timeout=SCRAPE_TIMEOUT).values()

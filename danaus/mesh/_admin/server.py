@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from ...actors._api import auth, background_runtime, context_state, run_task
 from ...config import config
+from .._process import process
 from .client import AdminClient
 from .wire import (
     _MAC,
@@ -77,16 +78,13 @@ __all__ = [
 Op = Callable[[dict[str, object]], Awaitable[object]]
 F = TypeVar("F")
 
-#: the admin endpoint's operations, by name
-OPS: dict[str, Op] = {}
-
 
 def admin_op(name: str) -> Callable[[F], F]:
     """Register an async function as the admin operation ``name``: a request's ``args``
     become its keyword arguments (ones it does not take answer ``TypeError``)."""
 
     def register(fn: F) -> F:
-        OPS[name] = _by_keywords(name, fn)
+        process.admin_ops[name] = _by_keywords(name, fn)
         return fn
 
     return register
@@ -119,7 +117,7 @@ async def _hello() -> Hello:
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "argv": list(sys.argv),
-        "ops": sorted(OPS),
+        "ops": sorted(process.admin_ops),
     }
 
 
@@ -238,9 +236,11 @@ class AdminServer:
             try:
                 if not isinstance(req, dict) or not isinstance(req.get("op"), str):
                     raise AdminError("a request is {'id', 'op', 'args'}")
-                fn = OPS.get(req["op"])
+                fn = process.admin_ops.get(req["op"])
                 if fn is None:
-                    raise AdminError(f"unknown op {req['op']!r}; known: {', '.join(sorted(OPS))}")
+                    raise AdminError(
+                        f"unknown op {req['op']!r}; known: {', '.join(sorted(process.admin_ops))}"
+                    )
                 args = req.get("args") or {}
                 if not isinstance(args, dict):
                     raise AdminError("a request's args are an object")
@@ -265,46 +265,37 @@ class AdminServer:
                 task.cancel()
 
 
-_server: AdminServer | None = None
-_server_lock = threading.Lock()
-_server_ready = threading.Event()
-
-
 def serve_admin(addr: str = "auto", timeout: float = 10.0) -> AdminServer:
     """Start this controller's admin endpoint on ``addr`` (see the module's docstring)
     and return it; the one already running, if any. Blocks until it listens; do not call
     it from danaus's background loop (a proc mesh starts one there by itself)."""
-    global _server
-    with _server_lock:
-        if _server is not None:
-            return _server
+    with process.admin_server_lock:
+        if process.admin_server is not None:
+            return process.admin_server
         server = AdminServer(_normalize(addr), auth.job_key())
         run_task(background_runtime(), server.start).result(timeout)
-        _server = server
-        _server_ready.set()
+        process.admin_server = server
+        process.admin_server_ready.set()
         return server
 
 
 def admin_server(timeout: float = 0.0) -> AdminServer | None:
     """This controller's running admin endpoint, waiting up to ``timeout`` for one that
     is starting; None if there is none."""
-    _server_ready.wait(timeout)
-    return _server
+    process.admin_server_ready.wait(timeout)
+    return process.admin_server
 
 
 def maybe_start_admin() -> None:
     """Start the admin endpoint of ``config.admin`` without waiting, if this process is a
     controller and has none yet (called when a proc mesh is spawned)."""
-    if context_state.in_proc or _server is not None or config.admin in ("", "off"):
+    if context_state.in_proc or process.admin_server is not None or config.admin in ("", "off"):
         return
     threading.Thread(target=_start_quietly, name="danaus-admin-start", daemon=True).start()
 
 
-_starting = threading.Lock()
-
-
 def _start_quietly() -> None:
-    if not _starting.acquire(blocking=False):
+    if not process.admin_starting.acquire(blocking=False):
         return
     try:
         serve_admin(config.admin)
@@ -314,19 +305,14 @@ def _start_quietly() -> None:
 
 @atexit.register
 def _close_at_exit() -> None:
-    if _server is not None:
-        _server.close()
-
-
-#: set by danaus.tools.dashboard: serve this controller's dashboard on a port, its URL
-_dashboard_starter: Callable[[int], str] | None = None
+    if process.admin_server is not None:
+        process.admin_server.close()
 
 
 def set_dashboard_starter(start: Callable[[int], str]) -> None:
     """How the layers below the tools start this controller's dashboard (a job's
     ``enable_telemetry(include_dashboard=True)``): the tools layer provides it."""
-    global _dashboard_starter
-    _dashboard_starter = start
+    process.dashboard_starter = start
 
 
 def start_dashboard(port: int) -> str:
@@ -335,6 +321,7 @@ def start_dashboard(port: int) -> str:
     Raises:
         RuntimeError: the tools layer is not loaded (``import danaus`` loads it).
     """
-    if _dashboard_starter is None:
+    starter = process.dashboard_starter
+    if starter is None:
         raise RuntimeError("the dashboard needs danaus.tools (import danaus)")
-    return _dashboard_starter(port)
+    return starter(port)

@@ -23,6 +23,7 @@ from ...actors._api import ProcControl, process_uptime
 from ...errors import ProtocolError
 from ...geometry import Shape
 from .._live_meshes import live_meshes
+from .._process import process
 from .records import ActorRecord, ProcReply, StackEntry, proc_reply, stack_entries
 
 if TYPE_CHECKING:
@@ -138,9 +139,6 @@ class Snapshot(TypedDict):
 #: how long one proc may take to answer a snapshot's question (s)
 ASK_TIMEOUT = 5.0
 
-#: name -> what gives that section of a snapshot (see :func:`add_section`)
-_SECTIONS: dict[str, Callable[[], object]] = {}
-
 
 def add_section(name: str, picture: Callable[[], object]) -> None:
     """Add ``picture()`` to every snapshot under ``sections[name]``: for the layers above
@@ -148,12 +146,12 @@ def add_section(name: str, picture: Callable[[], object]) -> None:
     admin endpoint's answers. ``picture`` runs on danaus's loop, must not block, and
     returns plain JSON-able data; where it raises, the section holds ``{"error": ...}``
     and the rest of the snapshot is unharmed."""
-    _SECTIONS[name] = picture
+    process.snapshot_sections[name] = picture
 
 
 def _sections() -> dict[str, object]:
     out: dict[str, object] = {}
-    for name, picture in list(_SECTIONS.items()):
+    for name, picture in list(process.snapshot_sections.items()):
         try:
             out[name] = picture()
         except Exception as e:
@@ -328,7 +326,6 @@ async def snapshot() -> Snapshot:
     """Everything this controller runs, now (see the module's docstring)."""
     from ...config import config
     from .._debugging.sessions import debug_sessions
-    from .._supervision import failure_reports, stuck_reports
 
     debug = debug_sessions()
     pictures = await asyncio.gather(
@@ -365,9 +362,9 @@ async def snapshot() -> Snapshot:
                 "seconds": s.seconds,
                 "stack": s.stack,
             }
-            for when, s in list(stuck_reports)
+            for when, s in list(process.stuck_reports)
         ],
-        "failures": list(failure_reports),
+        "failures": list(process.failure_reports),
         "debug": debug,
         "sections": _sections(),
     }

@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from .._process import process
 from .forkserver_main import (
     _MAX_MSG,
     SAFE_PRELOAD,
@@ -406,30 +407,25 @@ def python_path() -> str:
     return os.pathsep.join(dict.fromkeys(p for p in paths if os.path.isdir(p)))
 
 
-_server: ForkServer | None = None
-_server_lock = threading.Lock()
-
-
 def fork_server() -> ForkServer | None:
     """This process's fork server, started on first use; None where procs must start with
     ``exec`` (``config.spawn_method``, no fork on this platform, an unsafe server)."""
     from ...config import config
 
-    global _server
     if config.spawn_method != "fork" or not hasattr(os, "fork"):
         return None
-    with _server_lock:
-        if _server is None or _server.dead:
+    with process.fork_server_lock:
+        if process.fork_server is None or process.fork_server.dead:
             preload = [m for m in SAFE_PRELOAD if m in sys.modules]
             preload += [m for m in config.preload if m not in preload]
-            _server = ForkServer(preload)
-        server = _server
+            process.fork_server = ForkServer(preload)
+        server = process.fork_server
     return server if not server.unsafe else None
 
 
 def note_actor_module(module: str) -> None:
     """An actor class of ``module`` is being spawned: procs forked later inherit it."""
-    server = _server
+    server = process.fork_server
     if server is None or not server.usable():
         return
     if module == "__main__" or module.startswith("danaus.") or module in sys.builtin_module_names:
@@ -439,8 +435,7 @@ def note_actor_module(module: str) -> None:
 
 def stop_fork_server(timeout: float = 5.0) -> None:
     """Stop this process's fork server (its children die with it)."""
-    global _server
-    with _server_lock:
-        server, _server = _server, None
+    with process.fork_server_lock:
+        server, process.fork_server = process.fork_server, None
     if server is not None:
         server.stop(timeout)

@@ -8,7 +8,7 @@ that up. Every proc is
 also killed by an ``atexit`` hook, so none outlives the controller; procs killed that way
 (or by a mesh's ``stop``) are stopped, not failed, and their exits are not reported.
 
-This module owns the handles of the local procs not reaped yet (``_live``: added as they
+This module owns the handles of the local procs not reaped yet (``process.live_procs``: added as they
 start, dropped as they are reaped, killed at exit; :func:`started_here` asks it). What the
 runtimes know of them (readiness, exit status) is :data:`~danaus.actors._peers.peers`'s,
 told as each starts; which proc mesh each is in is its ``ProcGroup``'s.
@@ -38,6 +38,7 @@ from concurrent.futures import Future as ThreadFuture
 from ...actors._api import Runtime, peers, run_on
 from ...config import config
 from ...errors import SupervisionError
+from .._process import process
 from .._supervision import interpreter_exiting
 from .forkserver import ForkedPopen, fork_server, python_path, stop_fork_server
 from .handles import ProcHandle, describe_exit
@@ -45,9 +46,6 @@ from .logs import LineReader, LineSink
 
 log = logging.getLogger("danaus.procs")
 
-#: procs started by this process that have not been reaped yet (killed at exit)
-_live: set[ProcHandle] = set()
-_live_lock = threading.Lock()
 
 #: Fresh names tried before giving up on binding a proc's socket: a random 128-bit name
 #: is taken only by bad luck or by a process binding names blindly, so a few tries do.
@@ -148,8 +146,8 @@ def _start_proc(
     popen.stdin.write(rt.key.hex().encode() + b"\n")
     popen.stdin.flush()
     handle = ProcHandle(addr, rank, popen, ready)
-    with _live_lock:
-        _live.add(handle)
+    with process.live_procs_lock:
+        process.live_procs.add(handle)
     peers.spawned(addr, handle.exited, handle.exit_reason)
     run_on(rt, _watch, rt, handle, sink)
     return handle
@@ -238,8 +236,8 @@ def _exited(rt: Runtime, h: ProcHandle) -> None:
     """On ``rt``'s loop, once the proc has exited: reap it, tell who waits, and fail its
     start if it never came up."""
     code = h.popen.wait()
-    with _live_lock:
-        _live.discard(h)
+    with process.live_procs_lock:
+        process.live_procs.discard(h)
     if h.popen.stdin is not None:
         try:
             h.popen.stdin.close()
@@ -308,8 +306,8 @@ def fresh_name() -> str:
 
 def started_here(addr: str) -> bool:
     """Whether the proc at ``addr`` was started by this process and still runs."""
-    with _live_lock:
-        return any(h.addr == addr for h in _live)
+    with process.live_procs_lock:
+        return any(h.addr == addr for h in process.live_procs)
 
 
 def bind_abstract() -> tuple[socket.socket, str]:
@@ -344,8 +342,8 @@ def _kill_all() -> None:
 
     They are stopped by danaus, not failed: their exits reach no fault hook.
     """
-    with _live_lock:
-        procs = list(_live)
+    with process.live_procs_lock:
+        procs = list(process.live_procs)
     for h in procs:
         h.stop_now()
     for h in procs:

@@ -14,9 +14,10 @@ import atexit
 import logging
 import sys
 import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from .._process import process
 
 __all__ = ["LogOptions"]
 
@@ -97,7 +98,7 @@ class Aggregator:
         self._lock = threading.Lock()
         self._pending: dict[tuple[str, str], list[int]] = {}
         self._timer: asyncio.TimerHandle | None = None
-        _aggregators.add(self)
+        process.aggregators.add(self)
 
     def __repr__(self) -> str:
         return f"<Aggregator {self.name} pending={len(self._pending)}>"
@@ -127,12 +128,9 @@ class Aggregator:
             _write(stream, f"[{self.name} {rank_ranges(ranks)}] {line}\n")
 
 
-_aggregators: weakref.WeakSet[Aggregator] = weakref.WeakSet()
-
-
 @atexit.register
 def _flush_all() -> None:
-    for agg in list(_aggregators):
+    for agg in list(process.aggregators):
         agg.flush()
 
 
