@@ -5,7 +5,7 @@ everything here is used above (``tests/unit/test_exports.py``). By what it is fo
 
 - **Actors and their values**: ``Actor``, ``Endpoint``, ``endpoint``,
   ``concurrent_endpoint``, ``AS_ENDPOINT``, ``endpoints_of``, ``describe_endpoints``,
-  ``context``, ``context_state``, ``current_rank``, ``spawn_creators``, ``waiting_actor``,
+  ``context``, ``current_rank``, ``spawn_creators``, ``waiting_actor``,
   ``Future``, ``Port``, ``PortReceiver``, ``Channel``, ``forward`` (ranks and shapes are
   ``danaus.geometry``'s, below this layer).
 - **The runtime of a loop**, which meshes send through: ``Runtime`` (its verbs: ``call``
@@ -20,6 +20,9 @@ everything here is used above (``tests/unit/test_exports.py``). By what it is fo
   spawner installs to hear of its actors' failures and stuck endpoints), and what a proc
   says of itself (``ActorRecord``, ``ProcRecord``, ``ProcFields``, ``StackEntry``,
   ``process_uptime``).
+- **The actor layer's state in this process**: ``actor_process`` (``ActorProcess``):
+  whether this is a proc (``in_proc``), and where the mesh layer gives the actor context
+  its proc meshes (``proc_of_actor``, ``proc_mesh_of_actor``, ``controller_proc``).
 - **The debugger's sessions** in the controller, for ``danaus debug``'s admin operations
   and ``DebugController``: ``debug_registry``, ``DebugRecord``.
 - **Encoding, tracing**: ``dumps``, ``dumps_args``, ``outgoing_trace``,
@@ -37,7 +40,6 @@ from __future__ import annotations
 from typing import NoReturn
 
 from . import _auth as auth
-from . import _context as context_state
 from ._actor import (
     AS_ENDPOINT,
     Actor,
@@ -91,6 +93,7 @@ from ._port import (
     PortReceiver,
     forward,
 )
+from ._process import process as actor_process
 from ._runtime import (
     Runtime,
 )
@@ -136,13 +139,13 @@ __all__ = [
     "Region",
     "Runtime",
     "StackEntry",
+    "actor_process",
     "all_runtimes",
     "auth",
     "background_runtime",
     "call_in_loop",
     "concurrent_endpoint",
     "context",
-    "context_state",
     "current_rank",
     "current_runtime",
     "debug_registry",

@@ -6,11 +6,12 @@ import contextvars
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NoReturn, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol, cast
 
 from ..config import config
 from ..errors import actor_display_name
 from ..geometry import Point, point_in_region
+from ._process import process
 from ._wire import Creator, Region
 
 if TYPE_CHECKING:
@@ -102,9 +103,10 @@ class RootInstance:
     @property
     def proc(self) -> ProcMesh:
         """The controller's own proc as a mesh of one (``this_proc()``)."""
-        if controller_proc is None:
+        make = process.controller_proc
+        if make is None:
             raise RuntimeError("actor_instance.proc needs danaus.mesh (import danaus)")
-        return controller_proc()
+        return cast("ProcMesh", make())
 
     proc_mesh = proc
 
@@ -177,9 +179,10 @@ class ActorContext:
         """The proc this actor lives in, as a proc mesh of one (Monarch's
         ``actor_instance.proc``): ``proc.spawn(...)`` puts actors next to this one. Only
         from code running in this actor's proc."""
-        if proc_of_actor is None:
+        make = process.proc_of_actor
+        if make is None:
             raise RuntimeError("actor_instance.proc needs danaus.mesh (import danaus)")
-        return proc_of_actor(self)
+        return cast("ProcMesh", make(self))
 
     @property
     def proc_mesh(self) -> ProcMesh:
@@ -187,9 +190,10 @@ class ActorContext:
         as a reference: ``proc_mesh.spawn(...)`` puts actors on every one of its procs,
         owned by the current actor; its ``stop()`` stops those actors, never the procs
         (their spawner owns them)."""
-        if proc_mesh_of_actor is None:
+        make = process.proc_mesh_of_actor
+        if make is None:
             raise RuntimeError("actor_instance.proc_mesh needs danaus.mesh (import danaus)")
-        return proc_mesh_of_actor(self)
+        return cast("ProcMesh", make(self))
 
     @property
     def class_name(self) -> str:
@@ -292,15 +296,6 @@ class Context:
             "or actor_instance.actor_id, .rank or .proc_mesh (a reference)"
         )
 
-
-#: True in a proc (a process a spawner started), False in a controller
-in_proc = False
-#: set by danaus.mesh: the proc mesh of one of an actor's own proc
-proc_of_actor: Callable[[ActorContext], ProcMesh] | None = None
-#: set by the mesh layer: the root instance's ``proc`` (``this_proc()``)
-controller_proc: Callable[[], ProcMesh] | None = None
-#: set by the mesh layer: ``actor_instance.proc_mesh``
-proc_mesh_of_actor: Callable[[ActorContext], ProcMesh] | None = None
 
 _CONTROLLER_POINT = Point({}, {})
 _CONTROLLER = Context(None)

@@ -124,9 +124,9 @@ def run(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> NoRet
     pid is then ``parent_pid``) with stdin, stdout and stderr already in place.
     """
     _die_with_parent(parent_pid)
-    from . import _context
+    from ._process import process
 
-    _context.in_proc = True
+    process.in_proc = True
     import atexit
 
     # Exit hooks registered before now are the fork server's (or danaus's own imports'),

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from opentelemetry.trace import Tracer
 
+    from ._context import ActorContext
     from ._loops import Background
     from ._runtime import Runtime
 
@@ -72,6 +73,13 @@ class ActorProcess:
         self.tracer: Tracer | None = None
         self.tracer_installed = False
         self.tracer_lock = threading.Lock()
+        #: True in a proc (a process a spawner started), False in a controller
+        self.in_proc = False
+        # what the mesh layer gives the actor context (``actor_instance.proc`` and
+        # ``proc_mesh``, the controller's ``proc``), as proc meshes: set when it is imported
+        self.proc_of_actor: Callable[[ActorContext], object] | None = None
+        self.proc_mesh_of_actor: Callable[[ActorContext], object] | None = None
+        self.controller_proc: Callable[[], object] | None = None
 
     def __repr__(self) -> str:
         return f"<ActorProcess runtimes={len(self.runtimes)} background={self.background}>"

@@ -19,12 +19,12 @@ from ..actors._api import (
     Actor,
     Future,
     ProcControl,
+    actor_process,
     current_runtime,
     endpoints_of,
     run_on,
     run_task,
 )
-from ..actors._api import context_state as _context_module
 from ..errors import ClosedError
 from ..geometry import Point, Shape, Shaped
 from ._actor_mesh import ActorMesh
@@ -473,8 +473,8 @@ def _proc_of_actor(actor: _PlacedActor) -> ProcMesh:
     return this_proc()
 
 
-_context_module.proc_of_actor = _proc_of_actor
-_context_module.controller_proc = this_proc
+actor_process.proc_of_actor = _proc_of_actor
+actor_process.controller_proc = this_proc
 
 
 def _proc_mesh_of_actor(actor: _PlacedActor) -> ProcMesh:
@@ -490,4 +490,4 @@ def _proc_mesh_of_actor(actor: _PlacedActor) -> ProcMesh:
     return new_proc_mesh(Shape.from_sizes(sizes), handles, actor.proc_mesh_name, resolved())
 
 
-_context_module.proc_mesh_of_actor = _proc_mesh_of_actor
+actor_process.proc_mesh_of_actor = _proc_mesh_of_actor

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from .. import _context as context_state
 from .._connection import Connection
 from .._process import process
 from .._wire import DebugClose, DebugDetach, DebugInput, DebugOpen, DebugOutput
@@ -117,7 +116,7 @@ def _on_lost(rt: Runtime, peer: str) -> None:
 
 def on_debug_open(rt: Runtime, conn: Connection, msg: DebugOpen, parts: list[bytearray]) -> None:
     _watch(rt)
-    if context_state.in_proc and _relay.opened(rt, conn, msg):
+    if process.in_proc and _relay.opened(rt, conn, msg):
         return
     registry.opened(conn, msg)
 

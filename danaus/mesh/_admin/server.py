@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, TypeVar
 
-from ...actors._api import auth, background_runtime, context_state, run_task
+from ...actors._api import actor_process, auth, background_runtime, run_task
 from ...config import config
 from .._process import process
 from .client import AdminClient
@@ -289,7 +289,7 @@ def admin_server(timeout: float = 0.0) -> AdminServer | None:
 def maybe_start_admin() -> None:
     """Start the admin endpoint of ``config.admin`` without waiting, if this process is a
     controller and has none yet (called when a proc mesh is spawned)."""
-    if context_state.in_proc or process.admin_server is not None or config.admin in ("", "off"):
+    if actor_process.in_proc or process.admin_server is not None or config.admin in ("", "off"):
         return
     threading.Thread(target=_start_quietly, name="danaus-admin-start", daemon=True).start()
 
