@@ -27,7 +27,7 @@ from ._replies_out import Describe, Replier, ReplySink, ResponsePort, error_info
 from ._serialize import dumps_args, loads_args
 from ._stats import ActorStats
 from ._telemetry import await_in_span, run_in_span
-from ._wire import Buffer, Call, CallSpec, ErrorInfo
+from ._wire import Buffer, Call, ErrorInfo
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -56,9 +56,12 @@ SUPERVISOR = "__supervisor__"
 
 
 def tell_supervisor(rt: Runtime, owner_addr: str, method: str, *args: object) -> None:
-    """Call ``method`` of the :data:`SUPERVISOR` at ``owner_addr`` with ``args``."""
-    enc = dumps_args(args, {}, lambda: f"a {method} report")
-    rt.send_call(owner_addr, 0, 0, CallSpec(SUPERVISOR, method, *enc))
+    """Call ``method`` of the :data:`SUPERVISOR` at ``owner_addr`` with ``args``, nobody
+    waiting. Unnumbered (``seq`` 0), as the messages it replaced were: a report that
+    could not be sent leaves no gap for the next to wait out, and a proc that takes a
+    lost one's address starts no sequence the supervisor has seen past."""
+    raw, pickled, parts = dumps_args(args, {}, lambda: f"a {method} report")
+    rt.connection(owner_addr).send(Call(SUPERVISOR, method, 0, raw, pickled, 0), parts)
 
 
 class RunnableEndpoint(Protocol):

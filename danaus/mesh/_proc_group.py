@@ -33,6 +33,7 @@ methods below; none changes a group but through them.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import functools
 import logging
@@ -418,7 +419,10 @@ class _Supervisor(Actor):
         if state is None:
             supervision_log.error("failure of unknown mesh %s (%s): %s", mesh, actor, report)
             return
-        state.fail(ranks, report, kind)
+        # outside this system actor's context, as a message handler ran: the mesh's owner
+        # (or the fault hook, in the controller's context) is who hears of it, and a mesh
+        # the hook spawns is the controller's, not this actor's
+        contextvars.Context().run(state.fail, ranks, report, kind)
 
     @endpoint
     def stuck(
@@ -430,7 +434,8 @@ class _Supervisor(Actor):
 
 def ensure_supervisor(rt: Runtime) -> None:
     """Before ``rt`` spawns actors: host the system actor their failures come to."""
-    if rt.local_actor(SUPERVISOR) is None:
+    inst = rt.local_actor(SUPERVISOR)
+    if inst is None or getattr(inst, "failed", None) is not None or getattr(inst, "stopped", False):
         install_actor(rt, SUPERVISOR, _Supervisor())
 
 

@@ -232,19 +232,25 @@ def simulated_trace(sim: SimulatedPlan) -> dict[str, object]:
                     "dur": sim.sync_s * us,
                 }
             )
-            first = st.ranks[groups[r] % sim.tp] if sim.tp > 1 else st.ranks[0]
-            events.append(
-                {
-                    "ph": "s" if r == first else "f",
-                    "bp": "e",
-                    "id": groups[r],
-                    "name": "collective",
-                    "cat": "collective",
-                    "pid": r,
-                    "tid": 1,
-                    "ts": sync_at * us,
-                }
-            )
+            # a flow from the group's first device to each other one (Perfetto draws one
+            # arrow per flow id)
+            first = st.ranks[groups[r] % sim.tp]
+            group = [m for m in st.ranks if groups[m] == groups[r]]
+            for m in group if r == first else [r]:
+                if m == first:
+                    continue
+                events.append(
+                    {
+                        "ph": "s" if r == first else "f",
+                        "bp": "e",
+                        "id": m,
+                        "name": "collective",
+                        "cat": "collective",
+                        "pid": r,
+                        "tid": 1,
+                        "ts": sync_at * us,
+                    }
+                )
         events.append(
             {
                 "ph": "X",

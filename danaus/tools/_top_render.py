@@ -156,43 +156,59 @@ def _trainer_lines(snap: dict[str, Any]) -> list[Line]:
     ``trainers`` section): its state and layout, the steps run, the latest loss, tokens/s
     and step time against the plan's estimate, and its recoveries from lost procs, the
     latest said."""
-    trainers = (snap.get("sections") or {}).get("trainers")
+    sections = snap.get("sections")
+    trainers = sections.get("trainers") if isinstance(sections, dict) else None
     if isinstance(trainers, dict) and trainers.get("error"):
         return [Line(f"trainers: {_first_line(str(trainers['error']))}", "warn")]
     if not isinstance(trainers, list):
         return []
     lines = []
     for t in trainers:
-        plan = t.get("plan") or {}
-        state = str(t.get("state", "?"))
-        text = f"{t.get('name', 'trainer')}  {state}  {plan.get('strategy', '?')}"
-        text += f"  step {t.get('steps', 0)}"
-        history = t.get("history") or []
-        if history:
-            _, loss, tokens, seconds = history[-1]
-            text += f"  loss {float(loss):.4g}"
-            if tokens:
-                text += f"  {float(tokens):,.0f} tok/s"
-            estimated = plan.get("estimated_step_s")
-            text += f"  {float(seconds):.3g} s/step" + (
-                f" (est {float(estimated):.3g})" if estimated else ""
-            )
-        recoveries = t.get("recoveries") or []
-        if recoveries:
-            r = recoveries[-1]
-            text += (
-                f"  recoveries {len(recoveries)}, last: after step {r.get('step')} lost "
-                f"{r.get('lost')} ({_first_line(str(r.get('why', '')))}), {r.get('action')}, "
-                f"{float(r.get('total_s', 0.0)):.1f} s"
-            )
-        style: Style = "plain"
-        if state == "failed":
-            style = "failed"
-            text += "  " + _first_line(str(t.get("error") or ""))
-        elif recoveries:
-            style = "warn"
-        lines.append(Line(text, style))
+        try:
+            lines.append(_trainer_line(t))
+        except (AttributeError, TypeError, ValueError, IndexError):  # a shape not foreseen
+            lines.append(Line(f"trainer: unreadable ({_first_line(repr(t))[:80]})", "warn"))
     return lines
+
+
+def _num(x: object, spec: str) -> str:
+    """``x`` formatted by ``spec``; "?" where it is no number (a NaN loss crosses JSON
+    as null)."""
+    return format(x, spec) if isinstance(x, int | float) and not isinstance(x, bool) else "?"
+
+
+def _trainer_line(t: dict[str, Any]) -> Line:
+    plan = t.get("plan")
+    plan = plan if isinstance(plan, dict) else {}
+    state = str(t.get("state", "?"))
+    text = f"{t.get('name', 'trainer')}  {state}  {plan.get('strategy', '?')}"
+    text += f"  step {t.get('steps', 0)}"
+    history = t.get("history")
+    if isinstance(history, list) and history and len(history[-1]) == 4:
+        _, loss, tokens, seconds = history[-1]
+        text += f"  loss {_num(loss, '.4g')}"
+        if tokens:
+            text += f"  {_num(tokens, ',.0f')} tok/s"
+        estimated = plan.get("estimated_step_s")
+        text += f"  {_num(seconds, '.3g')} s/step" + (
+            f" (est {_num(estimated, '.3g')})" if estimated else ""
+        )
+    recoveries = t.get("recoveries")
+    recoveries = recoveries if isinstance(recoveries, list) else []
+    if recoveries:
+        r = recoveries[-1]
+        text += (
+            f"  recoveries {len(recoveries)}, last: after step {r.get('step')} lost "
+            f"{r.get('lost')} ({_first_line(str(r.get('why', '')))}), {r.get('action')}, "
+            f"{_num(r.get('total_s'), '.1f')} s"
+        )
+    style: Style = "plain"
+    if state == "failed":
+        style = "failed"
+        text += "  " + _first_line(str(t.get("error") or ""))
+    elif recoveries:
+        style = "warn"
+    return Line(text, style)
 
 
 def _first_line(text: str) -> str:

@@ -124,6 +124,36 @@ async def test_malformed_reports_to_the_supervisor_are_logged_and_it_serves_on(
     assert "__supervisor__ failed" not in said
 
 
+async def test_the_fault_hook_runs_as_the_controller_and_later_failures_still_come() -> None:
+    # The supervisor (a system actor) hears a proc's report and fails the mesh; the hook
+    # runs as the controller, so a mesh it spawns is the controller's, and the failures
+    # after it still reach the hook.
+    from danaus import context
+    from danaus.mesh import set_unhandled_fault_hook
+
+    me = context().actor_instance.actor_id
+    seen: list[tuple[str, str]] = []
+    both = asyncio.Event()
+
+    def hook(failure: object) -> None:
+        seen.append((getattr(failure, "mesh", "?"), context().actor_instance.actor_id))
+        if len(seen) == 2:
+            both.set()
+
+    old = set_unhandled_fault_hook(hook)
+    try:
+        async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
+            first = await procs.spawn("first", Liar)
+            second = await procs.spawn("second", Liar)
+            for liar in (first, second):
+                with pytest.raises(SupervisionError):
+                    await liar.die.call_one()
+            await asyncio.wait_for(both.wait(), 10)
+    finally:
+        set_unhandled_fault_hook(old)
+    assert seen == [("first", me), ("second", me)]
+
+
 async def test_stopping_a_mesh_stops_the_meshes_its_actors_own() -> None:
     procs = this_host().spawn_procs(per_host={"procs": 1})
     parent = await procs.spawn("parent", Parent, True)

@@ -435,10 +435,13 @@ def test_a_simulated_plan_gives_its_step_as_a_trace(tmp_path: Path) -> None:
     assert op(s1, "backward 0")["ts"] >= op(s1, "forward 0")["ts"] + op(s1, "forward 0")["dur"]
     assert op(s0, "backward 0")["ts"] >= op(s1, "backward 0")["ts"] + op(s1, "backward 0")["dur"]
     flows = [e for e in events if e["ph"] in "sf"]
-    assert sorted(e["ph"] for e in flows) == ["f"] * 30 + ["s"] * 2  # 2 groups of 16
-    for group in {e["id"] for e in flows}:
-        members = {e["pid"] for e in flows if e["id"] == group}
-        assert len(members) == 16 and len({stage_of[m] for m in members}) == 1
+    # an arrow from each group's first device to each of its 15 others (2 groups of 16)
+    assert sorted(e["ph"] for e in flows) == ["f"] * 30 + ["s"] * 30
+    for fid in {e["id"] for e in flows}:
+        [start] = [e["pid"] for e in flows if e["id"] == fid and e["ph"] == "s"]
+        [end] = [e["pid"] for e in flows if e["id"] == fid and e["ph"] == "f"]
+        assert end == fid and start != end and stage_of[start] == stage_of[end]
+    assert len({e["pid"] for e in flows if e["ph"] == "s"}) == 2
     path = tmp_path / "plan.json"
     big.write_trace(path)
     assert json.loads(path.read_text()) == big.trace()

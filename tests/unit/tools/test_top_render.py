@@ -404,3 +404,21 @@ def test_many_trainers_take_three_lines_and_a_broken_section_is_said() -> None:
     assert not [
         ln for ln in render(_snapshot(), View(source="x"), 200, 40) if "trainer " in ln.text[:8]
     ]
+
+
+def test_odd_trainer_data_is_drawn_not_fatal() -> None:
+    # a diverged loss (NaN crosses the admin endpoint's JSON as null), fields of the wrong
+    # type, an entry that is not a trainer: the screen still draws, saying what it can
+    odd = [
+        _trainer("trainer nan", history=[[3, None, None, 0.2]]),
+        _trainer("trainer bad", plan="?", history={"a": 1}, recoveries=[{"total_s": "x"}]),
+        "not a trainer",
+    ]
+    snap = {**_snapshot(), "sections": {"trainers": odd}}
+    text = [ln.text for ln in render(snap, View(source="x"), 240, 40)]
+    [nan] = [t for t in text if t.startswith("trainer nan")]
+    assert "loss ?" in nan and "tok/s" not in nan
+    [bad] = [t for t in text if t.startswith("trainer bad")]
+    assert bad.endswith("? s") and "recoveries 1" in bad
+    assert any(t.startswith("trainer: unreadable ('not a trainer')") for t in text)
+    assert render({**_snapshot(), "sections": "?"}, View(source="x"), 240, 40)
