@@ -623,11 +623,13 @@ class Simulator:
                           "ts": e.start * 1e6, "dur": (e.end - e.start) * 1e6,
                           "cat": "collective" if e.collective is not None else "compute"}  # fmt: skip
                     events.append(ev)
-                    if e.collective is not None:
-                        events.append({"ph": "s" if rank == 0 else "f", "bp": "e",
-                                       "id": e.collective, "name": "collective",
-                                       "cat": "collective", "pid": pid, "tid": tids[e.stream],
-                                       "ts": e.start * 1e6})  # fmt: skip
+                    if e.collective is not None:  # an arrow from worker 0 to each other
+                        n = len(c.global_ranks)
+                        for other in range(1, n) if rank == 0 else [rank]:
+                            events.append({"ph": "s" if rank == 0 else "f", "bp": "e",
+                                           "id": e.collective * n + other, "name": "collective",
+                                           "cat": "collective", "pid": pid,
+                                           "tid": tids[e.stream], "ts": e.start * 1e6})  # fmt: skip
                     if self.trace_mode == "stream_and_memory":
                         events.append({"ph": "C", "name": "memory", "pid": pid,
                                        "ts": e.end * 1e6, "args": {"bytes": e.live_bytes}})  # fmt: skip
