@@ -75,7 +75,7 @@ class ActorEndpoint(Generic[R_co]):
         self._mesh = mesh
         self._name = name
         #: ``call_one``'s route once it is known to need nothing but a write (see
-        #: :meth:`send_encoded`): (runtime, rank, proc address, region, mesh state)
+        #: :meth:`send_encoded`): runtime, rank, proc address, wire key, region, mesh state
         self._hot: _Hot | None = None
 
     @property

@@ -184,14 +184,20 @@ def simulated_trace(sim: SimulatedPlan) -> dict[str, object]:
     ops = schedule(sim)
     us = 1e6
     sync_at, opt_at = sim.pipeline_s, sim.pipeline_s + sim.sync_s
-    stage_of = {r: k for k, st in enumerate(sim.stages) for r in st.ranks}
     events: list[dict[str, object]] = []
-    # the devices that sync their gradients together: one stage's replicas, per
-    # tensor-parallel shard (its ranks are in replica-major order, tp shards adjacent)
-    groups: dict[int, int] = {}
+    # each device's stage, and the devices that sync their gradients together: one
+    # stage's replicas, per tensor-parallel shard (its ranks are in replica-major order,
+    # tp shards adjacent)
+    stage_of: dict[int, int] = {}
+    group_of: dict[int, list[int]] = {}
     for k, st in enumerate(sim.stages):
         for i, r in enumerate(st.ranks):
-            groups[r] = k * sim.tp + i % sim.tp
+            stage_of[r] = k
+            head = st.ranks[i % sim.tp]  # its shard's device in the first replica
+            group_of[r] = group_of[head] if r != head else []  # (one list per group)
+            group_of[r].append(r)
+    syncs = sim.dp > 1 and sim.sync_s > 0
+    what = "reduce-scatter and gathers" if sim.sharded or sim.pp > 1 or sim.tp > 1 else "all-reduce"
     for r in range(sim.hosts * sim.gpus):
         k = stage_of[r]
         st = sim.stages[k]
@@ -215,12 +221,7 @@ def simulated_trace(sim: SimulatedPlan) -> dict[str, object]:
                         "dur": (end - start) * typical * us,
                     }
                 )
-        if sim.dp > 1 and sim.sync_s > 0:
-            what = (
-                "reduce-scatter and gathers"
-                if sim.sharded or sim.pp > 1 or sim.tp > 1
-                else "all-reduce"
-            )
+        if syncs:
             events.append(
                 {
                     "ph": "X",
@@ -233,12 +234,9 @@ def simulated_trace(sim: SimulatedPlan) -> dict[str, object]:
                 }
             )
             # a flow from the group's first device to each other one (Perfetto draws one
-            # arrow per flow id)
-            first = st.ranks[groups[r] % sim.tp]
-            group = [m for m in st.ranks if groups[m] == groups[r]]
-            for m in group if r == first else [r]:
-                if m == first:
-                    continue
+            # arrow per flow id, the other device's rank)
+            first, *others = group_of[r]
+            for m in others if r == first else [r]:
                 events.append(
                     {
                         "ph": "s" if r == first else "f",
