@@ -15,7 +15,10 @@ microbatches: each one's fixed cost; every layout alike: compute and contention)
 
 Memory on CPU: what a proc's resident memory grew by from before the model came to its
 peak over the steps (``held_bytes()``'s ``peak - baseline``), against the estimate of
-weights, gradients, optimizer state and activations.
+weights, gradients, optimizer state, activations and what the backend and FSDP hold
+while they run. Each layout's fresh procs are first sent the model, as a user's procs
+are by ``plan()`` before ``parallelize``: its code is then loaded there (121 MiB of
+``transformers`` here), which the trainer does not add.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 
 import torch
 
-from danaus import this_host
+from danaus import Actor, endpoint, this_host
 from danaus.parallel import Plan, parallelize, plan
 
 PROCS = 4
@@ -37,29 +40,35 @@ STEPS = 5
 TARGETS = {"median": 0.10, "worst": 0.25, "rank": 0.9, "chosen": 0.05, "memory": 0.10}
 
 
+def _quiet(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with its loss named, so that each proc does not warn that it has none."""
+    model.loss_type = "ForCausalLM"
+    return model
+
+
 def _llama() -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(
+    return _quiet(LlamaForCausalLM(
         LlamaConfig(
             num_hidden_layers=8, hidden_size=256, intermediate_size=512,
             num_attention_heads=8, num_key_value_heads=4, vocab_size=2048,
             max_position_embeddings=SEQ, bos_token_id=0, eos_token_id=0, pad_token_id=0,
         )
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def _gpt2() -> torch.nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    return GPT2LMHeadModel(
+    return _quiet(GPT2LMHeadModel(
         GPT2Config(
             n_layer=8, n_embd=256, n_head=8, vocab_size=2048, n_positions=SEQ,
             bos_token_id=0, eos_token_id=0,
         )
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 MODELS: dict[str, Callable[[], torch.nn.Module]] = {"GPT-2": _gpt2, "Llama": _llama}
@@ -84,6 +93,11 @@ def _batch() -> dict[str, torch.Tensor]:
 async def _run(make: Callable[[], torch.nn.Module], p: Plan, batch: Any) -> tuple[float, int]:
     """Median seconds of a step of ``p`` and the most a proc's memory grew, fresh procs."""
     async with this_host().spawn_procs(per_host={"procs": PROCS}) as procs:
+        # the procs as a user's are when a plan runs: plan() has sent them the model
+        # (its code is loaded; the copy is let go)
+        loaders = procs.spawn("load", _Load)
+        await loaders.load.call(make())
+        await loaders.stop()
         trainer = parallelize(make(), procs, p, optimizer=_adamw)
         await trainer.step(batch)  # set up, warm up
         times = []
@@ -94,6 +108,12 @@ async def _run(make: Callable[[], torch.nn.Module], p: Plan, batch: Any) -> tupl
         held = await trainer.held_bytes()
         await trainer.stop()
     return statistics.median(times), max(h["peak"] - h["baseline"] for h in held)
+
+
+class _Load(Actor):
+    @endpoint
+    def load(self, model: torch.nn.Module) -> None:
+        """Nothing: unpickling ``model`` loaded its code here."""
 
 
 def _ranks(xs: list[float]) -> list[float]:
@@ -147,13 +167,26 @@ def _blame(rows: list[tuple[Plan, float, int]]) -> str:
     )
 
 
-async def _model(name: str, make: Callable[[], torch.nn.Module], batch: Any) -> None:
+async def _model(
+    name: str, make: Callable[[], torch.nn.Module], batch: Any, record: dict[str, Any] | None
+) -> None:
     async with this_host().spawn_procs(per_host={"procs": PROCS}) as procs:
         chosen = await plan(make(), procs, sample=batch, optimizer=_adamw)
     rows = []
     for p in chosen.candidates:
         step, grew = await _run(make, p, batch)
         rows.append((p, step, grew))
+        if record is not None:  # what was measured, to check a changed estimate against
+            m = chosen.measured
+            record[name] = {
+                "cost": m.cost, "mesh": m.mesh, "recompute": m.recompute, "batch": m.batch,
+                "rows": [
+                    ((q.dp, q.pp, q.tp, q.microbatches, q.sharded),
+                     tuple(st.last - st.first + 1 for st in q.stages),
+                     q.estimated_step_s, q.peak_bytes_per_proc, s, g)
+                    for q, s, g in rows
+                ],
+            }  # fmt: skip
         print(
             f"  {p.strategy:>16}, {p.microbatches:>2} microbatches: estimated "
             f"{p.estimated_step_s * 1e3:6.0f} ms, measured {step * 1e3:6.0f} ms "
@@ -189,6 +222,17 @@ async def _model(name: str, make: Callable[[], torch.nn.Module], batch: Any) -> 
 
 
 def main() -> None:
+    import argparse
+    import pickle
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--record", metavar="PATH",
+        help="also write what plan() measured and every layout's measured step and memory "
+             "(a pickle: per model, the costs, the mesh's facts and a row per layout)",
+    )  # fmt: skip
+    args = ap.parse_args()
+    record: dict[str, Any] | None = {} if args.record else None
     batch = _batch()
     print(
         f"every layout the planner weighs, run: batch {BATCH}x{SEQ} padded, AdamW, fp32, "
@@ -196,7 +240,10 @@ def main() -> None:
         f"the median of {STEPS} steps after a warm-up, fresh procs per layout"
     )
     for name, make in MODELS.items():
-        asyncio.run(_model(name, make, batch))
+        asyncio.run(_model(name, make, batch, record))
+        if record is not None:
+            with open(args.record, "wb") as f:
+                pickle.dump(record, f)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,14 @@ stage under the memory cap. The step is then estimated as
   reduce-scatter of the gradients;
 - the optimizer step, measured per byte of weights, every proc at once.
 
+Where every proc computes at once, the work over the cores is charged what sharing them
+measured to cost past an even share (``MeshFacts.together``).
+
 Memory per proc: weights + gradients + optimizer state (each divided by ``tp`` for the
-blocks, by ``dp`` when sharded) + the activations of the microbatches in flight on that
-stage (1F1B keeps ``pp - stage`` of them, GPipe all).
+blocks, by ``dp`` under FSDP) + the activations of the microbatches in flight on that
+stage (1F1B keeps ``pp - stage`` of them, GPipe all) + what the backend holds while it
+runs, as measured: FSDP's gathered weights, whole gradients and buffers (a stage is one
+unit), or the copies of a DDP gradient bucket an all-reduce makes.
 
 Given the costs of the blocks checkpointed too (``checkpointing=None``: measured so), a
 stage that does not fit the cap keeping its activations recomputes them instead where
@@ -46,6 +51,10 @@ TIE = 0.05
 
 #: more microbatches than this per replica buy little and cost a profile size each
 MAX_MICROBATCHES = 16
+
+#: bytes of a DDP gradient bucket (torch's ``bucket_cap_mb`` default): what is all-reduced
+#: at once
+DDP_BUCKET = 25 << 20
 
 
 @dataclass(frozen=True)
@@ -233,13 +242,20 @@ def estimate(
     pace = [max((mesh.speed[r] for r in rs), default=1.0) if mesh.speed else 1.0 for rs in ranks_of]
     caps = [min([cap, *(mesh.memory[r] for r in rs)]) if mesh.memory else cap for rs in ranks_of]
     contention = max(1.0, mesh.procs_per_host / max(1, mesh.cores_per_host))
-    plain_costs = _Costs(cost, mesh, s, c.tp, contention)
-    ckpt_costs = _Costs(recompute, mesh, s, c.tp, contention) if recompute else None
-    hosts = max(1, mesh.procs // max(1, mesh.procs_per_host))
     threads = max(1, cost.threads)
+    # what computing at once costs past sharing the cores evenly (measured: switches,
+    # caches, memory bandwidth), in a step where every proc computes
+    ideal = max(1.0, mesh.procs_per_host * threads / max(1, mesh.cores_per_host))
+    overs = max(1.0, mesh.together / ideal)
+    # the tensor-parallel block was timed on every proc at once: over both, as alone
+    plain_costs = _Costs(cost, mesh, s, c.tp, contention * overs)
+    ckpt_costs = _Costs(recompute, mesh, s, c.tp, contention * overs) if recompute else None
+    hosts = max(1, mesh.procs // max(1, mesh.procs_per_host))
     bw, lat = mesh.collective_bw, mesh.collective_latency_s
     hop = mesh.hop_latency_s
     state = 2.0 + cost.opt_ratio  # weights, grads, optimizer state per byte of weights
+    # replicas run under FSDP2 where they shard, and where DDP does not compose (pp, tp)
+    fsdp = c.dp > 1 and (c.sharded or c.pp > 1 or c.tp > 1)
 
     def stage_as(k: int, i: int, j: int, k_costs: _Costs) -> tuple[float, int, float]:
         """Stage k over blocks i..j-1: (microbatch seconds, peak bytes, weight bytes)."""
@@ -263,8 +279,16 @@ def estimate(
             if c.pp == 1
             else (c.microbatches if c.schedule == "gpipe" else min(c.microbatches, c.pp - k))
         )
-        held = w * state / (c.dp if c.sharded else 1)
-        working = max((x.param_bytes for x in cost.blocks[i:j]), default=0) if c.sharded else 0
+        if fsdp:  # FSDP2 shards the state; the stage is one unit, gathered whole to run
+            held = w * state / c.dp
+            working = (
+                mesh.fsdp_bytes_per_byte * w
+                if mesh.fsdp_bytes_per_byte
+                else max((x.param_bytes for x in cost.blocks[i:j]), default=0)
+            )
+        else:  # DDP: the backend's copies of a gradient bucket while it is all-reduced
+            held = w * state
+            working = mesh.allreduce_bytes_per_byte * min(w, DDP_BUCKET) if c.dp > 1 else 0
         return t, int(held + working + inflight * act), w
 
     def stage_full(k: int, i: int, j: int) -> tuple[float, int, float, bool]:
@@ -302,7 +326,7 @@ def estimate(
         busy += c.microbatches * t / pace[k] * len(ranks)
     # the critical path, or, where procs outnumber cores, the work over the cores
     cores = max(1, mesh.cores_per_host) * hosts
-    pipeline = max((c.microbatches + c.pp - 1) * worst_t, busy * threads / cores)
+    pipeline = max((c.microbatches + c.pp - 1) * worst_t, busy * threads / cores * overs)
     sync = 0.0
     if c.dp > 1 and (c.sharded or c.pp > 1 or c.tp > 1):
         # FSDP2: weights gathered for each microbatch's forward (and again for its
@@ -315,7 +339,7 @@ def estimate(
     elif c.dp > 1:  # DDP: one all-reduce of the gradients
         sync = 2 * (c.dp - 1) / c.dp * worst_w / bw + lat
     opt_bytes = worst_w / (c.dp if c.sharded else 1)
-    opt = cost.opt_s_per_byte * opt_bytes * contention * max(pace)
+    opt = cost.opt_s_per_byte * opt_bytes * contention * max(pace) * overs
     step = pipeline + sync + opt
     # the parts were timed at their fastest; a step runs as a typical pass did
     return Estimate(

@@ -92,13 +92,16 @@ async def _measure_mesh(
         await setup_torch_elastic_env_async(procs)
         probes = (await profilers.collective.call(PROBE_BYTES, tp)).values()
         cbw = min(p[0] for p in probes)
-        clat, gather, scatter, hop = (max(p[i] for p in probes) for i in (1, 2, 3, 5))
+        clat, gather, scatter, hop, held, fsdp = (
+            max(p[i] for p in probes) for i in (1, 2, 3, 5, 6, 7)
+        )
         tp_s = {  # the slowest rank's time, at each degree and size
             d: {s: max(p[4][d][s] for p in probes) for s in sizes}
             for d, sizes in probes_sizes(tp).items()
         }
     else:
         bw, lat, cbw, clat, gather, scatter, hop, tp_s = 1e12, 0.0, 1e12, 0.0, 0.0, 0.0, 0.0, {}
+        held, fsdp = 0.0, 0.0
     facts_ = MeshFacts(
         procs=n,
         procs_per_host=max(per_host.values()),
@@ -112,6 +115,8 @@ async def _measure_mesh(
         gather_s_per_byte=gather,
         scatter_s_per_byte=scatter,
         hop_latency_s=hop,
+        allreduce_bytes_per_byte=held,
+        fsdp_bytes_per_byte=fsdp,
     )
     return facts_, tp_s
 
@@ -200,17 +205,21 @@ async def _speeds(
     loss: Any,
     size: int,
     threads: int,
-) -> tuple[float, ...]:
+) -> tuple[tuple[float, ...], float]:
     """Each proc's speed, measured on it: how many times slower than the fastest it runs
     the model's first block, procs within ``ALIKE`` of each other counted as alike (the
     mean of their class); empty where every proc is alike. One proc at a time, so that
     none is timed while the others take its cores, and each twice, the rounds
     interleaved: the faster of its two windows counts (another program's work only
     adds time, and a sub-millisecond block's mean over one window moved 1.5x on a busy
-    2-core machine; a CPU quota holds a proc back in both)."""
+    2-core machine; a CPU quota holds a proc back in both).
+
+    And how many times slower the procs run it all at once than alone (the median over
+    procs: ``MeshFacts.together``), the windows overlapping: what the estimate charges
+    a step in which every proc computes."""
     n = len(procs)
     if n < 2:
-        return ()
+        return (), 1.0
     # a pipeline's first block (and what comes before it) is all a proc needs for this
     piece = parts.cut(model, 0, 0) if parts.can_pipeline else model
     paces = [math.inf] * n
@@ -218,12 +227,16 @@ async def _speeds(
         for r in range(n):
             one = _one(procs, profilers, r).pace
             paces[r] = min(paces[r], await one.call_one(piece, parts, sample, loss, size, threads))
+    at_once = await profilers.pace.call(piece, parts, sample, loss, size, threads)
+    together = statistics.median(
+        t / max(alone, 1e-12) for t, alone in zip(at_once.values(), paces, strict=True)
+    )
     cls = classes(paces)
     if max(cls) == 0:
-        return ()
+        return (), max(1.0, together)
     means = [statistics.fmean(p for p, c in zip(paces, cls, strict=True) if c == k)
              for k in range(max(cls) + 1)]  # fmt: skip
-    return tuple(means[c] / means[0] for c in cls)
+    return tuple(means[c] / means[0] for c in cls), max(1.0, together)
 
 
 def probes_sizes(tp: TPProbe | None) -> dict[int, list[int]]:
@@ -286,8 +299,10 @@ async def _plan(
             probe = TPProbe(model, parts, sample, degrees, tp_sizes_, threads)
         mesh, tp_s = await _measure_mesh(procs, profilers, facts, probe)
         sizes = profile_sizes(cands, batch)
-        speed = await _speeds(procs, profilers, model, parts, sample, loss, min(sizes), threads)
-        mesh = replace(mesh, speed=speed)
+        speed, together = await _speeds(
+            procs, profilers, model, parts, sample, loss, min(sizes), threads
+        )
+        mesh = replace(mesh, speed=speed, together=together)
         # the model is measured on a fastest proc (the others' times are its over their
         # speed), of those the one with the most room under its cgroup limit, if any
         fastest = max(

@@ -26,10 +26,13 @@ from ._worker import (
     autocast,
     checkpoint_blocks,
     compile_blocks,
+    current_bytes,
     device,
     optimizer_state_bytes,
+    peak_bytes,
     proc_bytes,
     release_memory,
+    reset_peak,
     timed,
 )
 
@@ -120,6 +123,13 @@ class MeshFacts:
     #: pipeline stage's boundary costs beyond its bytes (an all-reduce's latency is
     #: several such hops)
     hop_latency_s: float = 0.0
+    #: bytes the backend holds while it all-reduces a tensor, per byte of it (gloo: two
+    #: copies; NCCL: its own buffers, outside torch's): what DDP's buckets cost
+    allreduce_bytes_per_byte: float = 0.0
+    #: bytes FSDP2 holds beyond a unit's sharded state in its forward and backward, per
+    #: byte of the unit's whole weights (the gathered weights, the unsharded gradients,
+    #: the backend's buffers); 0.0: not measured
+    fsdp_bytes_per_byte: float = 0.0
     #: per rank, how many times slower than the fastest proc it computes (1.0: as fast;
     #: measured on each proc, alike procs' noise evened out); empty: all alike
     speed: tuple[float, ...] = ()
@@ -127,6 +137,11 @@ class MeshFacts:
     memory: tuple[int, ...] = ()
     #: where the memory was limited by a cgroup, which one and how (for the ``why``)
     memory_why: str = ""
+    #: how many times slower a host's procs compute when all of them compute at once
+    #: than when each runs alone (the median over procs; 1.0: not measured). Procs that
+    #: outnumber the cores share them, so ``procs_per_host x threads / cores`` of it is
+    #: expected; past that, what sharing costs (switches, caches, memory bandwidth)
+    together: float = 1.0
 
 
 def _available_ram() -> int:
@@ -595,13 +610,15 @@ class Profiler(Actor):
     @endpoint
     def collective(
         self, nbytes: int, tp: TPProbe | None = None, repeats: int = 3, small: int = 15
-    ) -> tuple[float, float, float, float, dict[int, dict[int, float]], float]:
+    ) -> tuple[float, float, float, float, dict[int, dict[int, float]], float, float, float]:
         """All-reduce, all-gather and reduce-scatter ``nbytes`` over every proc of the
         mesh through the backend the trainer will use (the environment set by
         ``danaus.spmd``), and time a tensor-parallel block where ``tp`` asks: (all-reduce
         bus bytes/s, seconds of a small all-reduce, seconds per byte of an all-gather, of
         a reduce-scatter, :attr:`ModelCost.tp_block_s`, seconds of a small send to the
-        next proc). Call every proc of the mesh.
+        next proc, and the memory the backend and FSDP hold beyond a model's state:
+        :attr:`MeshFacts.allreduce_bytes_per_byte`, :attr:`MeshFacts.fsdp_bytes_per_byte`).
+        Call every proc of the mesh.
 
         Small messages cost the machine's wake-ups more than their bytes, and another
         program's work only ever adds to that: their times are the fastest of ``small``."""
@@ -610,7 +627,7 @@ class Profiler(Actor):
         dev = device()
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
         try:
-            tp_s = _tp_block_times(tp, repeats) if tp is not None else {}
+            tp_s = _tp_block_times(tp, TP_REPEATS) if tp is not None else {}
             n = dist.get_world_size()
             big = torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)
             little = torch.zeros(1, dtype=torch.float32, device=dev)
@@ -628,9 +645,53 @@ class Profiler(Actor):
             scatter_(shard, whole)
             scatter = min(timed(lambda: scatter_(shard, whole)) for _ in range(repeats))
             size = whole.numel() * whole.element_size()
-            return nbytes * 2 * (n - 1) / n / t, lat, gather / size, scatter / size, tp_s, hop
+            held = _held_while(lambda: dist.all_reduce(big)) / nbytes
+            fsdp = _fsdp_held(nbytes, dev)
+            return (
+                nbytes * 2 * (n - 1) / n / t, lat, gather / size, scatter / size, tp_s, hop,
+                held, fsdp,
+            )  # fmt: skip
         finally:
             dist.destroy_process_group()
+
+
+def _held_while(fn: Callable[[], Any]) -> int:
+    """The most bytes this proc held while ``fn`` ran beyond what it held before (on
+    CPU its resident memory, on CUDA what torch allocated), what ``fn`` freed again."""
+    dev = device()
+    release_memory()
+    reset_peak(dev)
+    before = current_bytes(dev)
+    fn()
+    return max(0, peak_bytes(dev) - before)
+
+
+def _fsdp_held(nbytes: int, dev: torch.device) -> float:
+    """What FSDP2 holds beyond a unit's sharded state while it runs a forward and
+    backward, per byte of the unit's whole weights: the gathered weights, the unsharded
+    gradients and the backend's buffers for the gather and the reduce-scatter (on CPU,
+    gloo's copies). Measured on one unit of ``nbytes`` of weights over every proc."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    n = dist.get_world_size()
+    width = max(n, int((nbytes // 4) ** 0.5) // n * n)
+    unit = nn.Linear(width, width, bias=False, device=dev)
+    fully_shard(unit, mesh=init_device_mesh(dev.type, (n,)), reshard_after_forward=True)
+    x = torch.ones(2, width, device=dev)
+
+    def step() -> None:
+        unit(x).sum().backward()
+
+    step()  # warm up: the gradients' shards are made
+    weights = width * width * 4
+    held = _held_while(step)
+    return held / weights
+
+
+#: tensor-parallel passes timed per degree and microbatch size (their median counts)
+TP_REPEATS = 5
 
 
 def _hop_latency(little: torch.Tensor, repeats: int) -> float:
@@ -700,6 +761,9 @@ def _tp_block_times(probe: TPProbe, repeats: int) -> dict[int, dict[int, float]]
                 y.backward(torch.ones_like(y))
 
             run()  # warm up
+            # the median: every proc computes and waits on the others at once here, and
+            # the fastest of a few such passes ran up to 1.4x under a step's (the median
+            # of 3 up to 1.7x over: these are the noisiest times the planner takes)
             out[tp][s] = statistics.median(timed(run) for _ in range(repeats))
     _replace_path(model, parts.block_path(0), original)
     return out

@@ -426,6 +426,10 @@ async def test_a_model_with_one_module_list_trains_data_parallel() -> None:
     async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
         p = await plan(model, procs, sample=batch, loss_fn=pm.mse)
         assert (p.dp, p.pp) == (2, 1) and p.stages[0].last == 3
+        # measured on these procs: computing at once, and what FSDP holds to run a unit
+        # (its weights gathered whole, at least)
+        mesh = p.measured.mesh
+        assert mesh.together >= 1.0 and mesh.fsdp_bytes_per_byte >= 1.0, mesh
         trainer = parallelize(model, procs, p, optimizer=pm.adamw, loss_fn=pm.mse)
         losses = [await trainer.step(batch) for _ in range(3)]
         await trainer.stop()
