@@ -42,7 +42,7 @@ TARGETS = {"median": 0.10, "worst": 0.25, "rank": 0.9, "chosen": 0.05, "memory":
 
 def _quiet(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` with its loss named, so that each proc does not warn that it has none."""
-    model.loss_type = "ForCausalLM"
+    model.loss_type = "ForCausalLM"  # type: ignore[assignment]
     return model
 
 

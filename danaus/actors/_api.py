@@ -13,13 +13,13 @@ everything here is used above (``tests/unit/test_exports.py``). By what it is fo
   ``cancel``, ports), ``current_runtime``, ``runtime_here``,
   ``background_runtime``, ``start_background_runtime``,
   ``install_runtime``, ``all_runtimes``, ``new_event_loop``, ``run_on``, ``run_task``,
-  ``call_in_loop``, ``listen_address``, ``parse_addr``, ``auth``,
-  ``set_job_key``, and ``peers`` (what the process knows of its peers).
-- **Being a proc**: ``run_proc``, ``die_with_parent``, ``install_actor``,
+  ``call_in_loop``, ``listen_address``, ``parse_addr``, and ``peers`` (what the process
+  knows of its peers). The proofs every handshake makes are ``danaus._auth``'s, below
+  this layer; the job's key is the process's (``actor_process.job_key()``).
+- **Being a proc**: ``run_proc``, ``install_actor``,
   ``ProcControl``, ``SUPERVISOR`` (the key of the system actor a
-  spawner installs to hear of its actors' failures and stuck endpoints), and what a proc
-  says of itself (``ActorRecord``, ``ProcRecord``, ``ProcFields``, ``StackEntry``,
-  ``process_uptime``).
+  spawner installs to hear of its actors' failures and stuck endpoints). What a proc
+  says of itself is in records whose fields both layers know (``danaus._records``).
 - **The actor layer's state in this process**: ``actor_process`` (``ActorProcess``):
   whether this is a proc (``in_proc``), and where the mesh layer gives the actor context
   its proc meshes (``proc_of_actor``, ``proc_mesh_of_actor``, ``controller_proc``).
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from . import _auth as auth
 from ._actor import (
     AS_ENDPOINT,
     Actor,
@@ -55,9 +54,6 @@ from ._actor_thread import (
 from ._address import (
     listen_address,
     parse_addr,
-)
-from ._auth import (
-    set_job_key,
 )
 from ._context import (
     context,
@@ -101,13 +97,6 @@ from ._serialize import (
     dumps,
     dumps_args,
 )
-from ._stats import (
-    ActorRecord,
-    ProcFields,
-    ProcRecord,
-    StackEntry,
-    process_uptime,
-)
 from ._telemetry import (
     otlp_traces_url,
     outgoing_trace,
@@ -125,7 +114,6 @@ __all__ = [
     "OK",
     "SUPERVISOR",
     "Actor",
-    "ActorRecord",
     "CallSpec",
     "Channel",
     "DebugRecord",
@@ -134,14 +122,10 @@ __all__ = [
     "Port",
     "PortReceiver",
     "ProcControl",
-    "ProcFields",
-    "ProcRecord",
     "Region",
     "Runtime",
-    "StackEntry",
     "actor_process",
     "all_runtimes",
-    "auth",
     "background_runtime",
     "call_in_loop",
     "concurrent_endpoint",
@@ -150,7 +134,6 @@ __all__ = [
     "current_runtime",
     "debug_registry",
     "describe_endpoints",
-    "die_with_parent",
     "dumps",
     "dumps_args",
     "endpoint",
@@ -164,12 +147,10 @@ __all__ = [
     "outgoing_trace",
     "parse_addr",
     "peers",
-    "process_uptime",
     "run_on",
     "run_proc",
     "run_task",
     "runtime_here",
-    "set_job_key",
     "spawn_creators",
     "start_background_runtime",
     "waiting_actor",
@@ -183,10 +164,3 @@ def run_proc(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> 
     from ._proc_main import run
 
     run(addr, parent, parent_pid, listen_fd)
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Have the kernel kill this process when its parent dies (Linux)."""
-    from ._proc_main import _die_with_parent
-
-    _die_with_parent(parent_pid)

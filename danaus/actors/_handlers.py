@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar, cast
 
+from .._records import StackEntry
 from ..config import config
 from ..errors import ProtocolError, SerializationError, actor_failed
 from ..geometry import Point
@@ -23,7 +24,7 @@ from ._errinfo import encode_error, info_from_error
 from ._instance import ActorInstance, tell_supervisor
 from ._process import process
 from ._serialize import loads
-from ._stats import StackEntry, actor_record, proc_record, thread_stacks
+from ._stats import actor_record, proc_record, thread_stacks
 from ._wire import (
     CLOSE,
     NIL,

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import msgspec
 
+from .. import _auth
 from ..config import config
 from ..errors import AuthenticationError
-from . import _auth
 from ._wire import Auth, Buffer, Challenge, Handshake, Hello, frame
 
 __all__ = ["HandshakeMachine", "HandshakeState"]

@@ -9,26 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import logging
 import os
 import signal
 import sys
 from typing import NoReturn
 
+from .._os import die_with_parent
 from ..config import config
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            PR_SET_PDEATHSIG = 1
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except OSError:
-            pass
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 async def _main(addr: str, parent: str, key: bytes, listen_fd: int | None) -> bool | None:
@@ -123,7 +111,7 @@ def run(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> NoRet
     Entered from ``main`` in a fresh interpreter, or in a child of a fork server (whose
     pid is then ``parent_pid``) with stdin, stdout and stderr already in place.
     """
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     from ._process import process
 
     process.in_proc = True
@@ -137,9 +125,10 @@ def run(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> NoRet
     if not line.strip():
         sys.exit("danaus proc: no job key on stdin")
     key = bytes.fromhex(line.decode().strip())
-    from ._auth import set_job_key
 
-    set_job_key(key)  # every runtime this proc makes (a thread's, the background one) uses it
+    process.set_job_key(
+        key
+    )  # every runtime this proc makes (a thread's, the background one) uses it
     logging.basicConfig(
         level=config.log_level,
         format="%(levelname)s %(name)s: %(message)s",

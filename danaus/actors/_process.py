@@ -6,7 +6,7 @@ checks every runtime runs on its heartbeat (``Runtime``), when each running endp
 next to be reported stuck (``_handlers.check_stuck``), the last CPU sample a proc's
 record was taken from (``_stats``), the debugger's state in this process
 (``_debugging``: the proc's hook, the sessions open per actor, the runtimes watched), the
-job's key (``_auth``), the TLS contexts (``_address``) and the tracer (``_telemetry``). What the process knows of its peers is the ``peers``
+job's key (``job_key``), the TLS contexts (``_address``) and the tracer (``_telemetry``). What the process knows of its peers is the ``peers``
 object's (``_peers``). The layer's other module-level state, listed by
 ``scripts/process_state.py``, is to move here; a forked proc starts with a copy of it, as
 it does of every module's.
@@ -15,10 +15,13 @@ it does of every module's.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import threading
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from ..config import config
 
 if TYPE_CHECKING:
     import ssl
@@ -64,8 +67,8 @@ class ActorProcess:
         self.debug_watching: weakref.WeakKeyDictionary[Runtime, Callable[[str], None]] = (
             weakref.WeakKeyDictionary()
         )
-        #: the job's key (``_auth.job_key``): the controller's, handed down to its procs
-        self.job_key: bytes | None = None
+        #: the job's key (:meth:`job_key`): the controller's, handed down to its procs
+        self._job_key: bytes | None = None
         #: the TLS context of each side (server: True), made once (``_address``)
         self.tls: dict[bool, ssl.SSLContext | None] = {}
         #: danaus's tracer, and whether this process's telemetry providers are installed
@@ -80,6 +83,21 @@ class ActorProcess:
         self.proc_of_actor: Callable[[ActorContext], object] | None = None
         self.proc_mesh_of_actor: Callable[[ActorContext], object] | None = None
         self.controller_proc: Callable[[], object] | None = None
+
+    def job_key(self) -> bytes:
+        """The secret of this job, which every handshake proves (``danaus._auth``):
+        ``config.auth_key`` (hex) when set, else a fresh random one, made on first use;
+        a proc's is its controller's (:meth:`set_job_key`)."""
+        key = self._job_key
+        if key is None:
+            key = bytes.fromhex(config.auth_key) if config.auth_key else secrets.token_bytes(32)
+            self._job_key = key
+        return key
+
+    def set_job_key(self, key: bytes | None) -> None:
+        """Adopt ``key`` as the job's: the one the controller hands down (a proc at its
+        start), or a host agent's; None forgets it (the next :meth:`job_key` makes one)."""
+        self._job_key = key
 
     def __repr__(self) -> str:
         return f"<ActorProcess runtimes={len(self.runtimes)} background={self.background}>"

@@ -28,7 +28,6 @@ import msgspec
 
 from ..config import config
 from ..errors import AuthenticationError, ClosedError, ProtocolError, SupervisionError
-from . import _auth
 from ._address import listen_address
 from ._arrivals import ActorArrivals
 from ._cast import send_tree
@@ -312,7 +311,7 @@ class Runtime:
     @property
     def key(self) -> bytes:
         """The key this runtime's connections authenticate with, unless a peer has its own."""
-        return self._own_key if self._own_key is not None else _auth.job_key()
+        return self._own_key if self._own_key is not None else process.job_key()
 
     def key_for(self, peer: str) -> bytes:
         """The key connections with ``peer`` authenticate with: this runtime's, unless the

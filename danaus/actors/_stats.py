@@ -1,5 +1,6 @@
 """What every actor and proc is doing: counters kept as messages run, and records and
-stacks read on demand (``mesh.stats()``, ``mesh.stacks()``).
+stacks read on demand (``mesh.stats()``, ``mesh.stacks()``; the records' fields are
+``danaus._records``').
 
 The counters cost a dict update per message; the rest is computed only when asked for.
 """
@@ -12,8 +13,10 @@ import sys
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Required, TypedDict
+from typing import TYPE_CHECKING
 
+from .._os import process_uptime
+from .._records import ActorRecord, ProcRecord, StackEntry
 from ._process import process
 
 if TYPE_CHECKING:
@@ -21,74 +24,13 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
 
 __all__ = [
-    "ActorRecord",
     "ActorStats",
-    "ProcFields",
-    "ProcRecord",
-    "StackEntry",
     "actor_record",
     "proc_record",
     "thread_stacks",
 ]
 
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-class ActorRecord(TypedDict):
-    """One actor: its counters, mailbox depth and the endpoints running now.
-
-    Plain dicts at run time (JSON-able); pairs in ``running`` are tuples where made and
-    lists once they crossed the wire.
-    """
-
-    actor: str
-    mesh: str
-    rank: int
-    #: messages handled / failed, per endpoint
-    handled: dict[str, int]
-    errors: dict[str, int]
-    last_failure: str | None
-    mailbox: int
-    in_flight: int
-    #: (endpoint, seconds it has run) of each message running now
-    running: list[tuple[str, float]]
-    failed: str | None
-    stopped: bool
-
-
-class ProcFields(TypedDict):
-    """What every record of a proc holds, whatever else it holds."""
-
-    pid: int
-    host: str
-    addr: str
-    cpu_percent: float
-    rss_bytes: int
-    connections: int
-    bytes_in: int
-    bytes_out: int
-    threads: int
-
-
-class ProcRecord(ProcFields):
-    """One proc: pid, host, CPU % since its last record, RSS, connections, bytes."""
-
-    #: how many actors it holds
-    actors: int
-
-
-class StackEntry(TypedDict, total=False):
-    """One stack of ``mesh.stacks()``: a thread's (``thread``) or a running async
-    endpoint's (``task``); one running an endpoint names the actor, the endpoint and
-    for how long (``seconds``)."""
-
-    thread: str
-    task: str
-    actor: str
-    endpoint: str
-    seconds: float
-    stack: Required[str]
 
 
 class ActorStats:
@@ -130,18 +72,6 @@ def actor_record(inst: ActorInstance, now: float | None = None) -> ActorRecord:
 def _cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system
-
-
-def process_uptime() -> float | None:
-    """Seconds since this process started (from /proc); None where that is unknown."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            boot_seconds = float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return max(boot_seconds - start_ticks / _TICKS, 0.0)
 
 
 def proc_record(rt: Runtime) -> ProcRecord:

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ..actors._api import auth
+from ..actors._api import actor_process
 from ..config import config
 from ._lease import AGENTS_DIR
 from ._squeue import TERMINAL, job_status
@@ -38,7 +38,7 @@ def create_job_dir(log_dir: str, job_name: str) -> str:
     os.makedirs(job_dir, mode=0o700)
     fd = os.open(os.path.join(job_dir, "key"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(auth.job_key().hex() + "\n")
+        f.write(actor_process.job_key().hex() + "\n")
     return job_dir
 
 

@@ -15,7 +15,8 @@ import socket
 import struct
 from typing import TYPE_CHECKING
 
-from ..actors._api import auth, parse_addr
+from .. import _auth as auth
+from ..actors._api import parse_addr
 from ..config import config
 from ..errors import (
     AuthenticationError,

@@ -60,9 +60,11 @@ def controller_key(key: str) -> Iterator[None]:
     from danaus.actors._process import process
     from danaus.config import config
 
-    old = config.auth_key, process.job_key
-    config.auth_key, process.job_key = key, bytes.fromhex(key)
+    old = config.auth_key, process.job_key()
+    config.auth_key = key
+    process.set_job_key(bytes.fromhex(key))
     try:
         yield
     finally:
-        config.auth_key, process.job_key = old
+        config.auth_key = old[0]
+        process.set_job_key(old[1])

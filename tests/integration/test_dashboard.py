@@ -25,7 +25,7 @@ import pytest
 
 import danaus
 from danaus import config, dashboard, set_unhandled_fault_hook, this_host
-from danaus.actors._api import auth
+from danaus.actors._api import actor_process
 from danaus.mesh._admin.server import admin_server
 
 from .obs_actors import Busy
@@ -343,7 +343,7 @@ async def test_attach_serves_the_same_data_from_another_process(tmp_path: Path) 
         admin = admin_server(timeout=30)
         assert admin is not None, "the controller started no admin endpoint"
         key_file = tmp_path / "key"
-        key_file.write_text(auth.job_key().hex())
+        key_file.write_text(actor_process.job_key().hex())
         tool = await asyncio.create_subprocess_exec(
             *[sys.executable, "-m", "danaus", "dashboard", "--attach", admin.addr],
             *["--key-file", str(key_file)],

@@ -26,7 +26,7 @@ from danaus import (
     this_host,
     this_proc,
 )
-from danaus.actors._auth import job_key
+from danaus.actors._process import process
 from danaus.rdma import RDMABuffer
 
 from .agents_kit import controller_key, host_agents
@@ -172,7 +172,7 @@ def test_pickled_handles_hold_no_socket_loop_lock_runtime_or_key() -> None:
             "values": leaves.add.call(1, 2).get(timeout=DEADLINE),
         }
         data = pickle.dumps(handles)
-    key = job_key()
+    key = process.job_key()
     assert key not in data
     assert key.hex().encode() not in data
     program = textwrap.dedent("""
@@ -340,7 +340,7 @@ async def test_host_agents_procs_passed_to_a_local_actor_are_spawned_on(
             # ...while sync code (a thread without a loop) waits for the answer.
             data = await asyncio.to_thread(pickle.dumps, remote)
             assert remote.pids[0] > 0
-            assert job_key() not in data
+            assert process.job_key() not in data
             await holder.take.call_one(remote)
             got = await holder.spawn_and_call.call_one("x")
             assert got == [(remote.pids[0], 0), (remote.pids[1], 1)]

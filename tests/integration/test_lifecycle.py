@@ -213,11 +213,12 @@ def agent() -> Iterator[tuple[str, subprocess.Popen[str]]]:
 @pytest.fixture
 def keyed() -> Iterator[None]:
     """This test's own controller uses the agent's key."""
-    old_cfg, old_key = config.auth_key, process.job_key
+    old_cfg, old_key = config.auth_key, process.job_key()
     config.auth_key = KEY
-    process.job_key = bytes.fromhex(KEY)
+    process.set_job_key(bytes.fromhex(KEY))
     yield
-    config.auth_key, process.job_key = old_cfg, old_key
+    config.auth_key = old_cfg
+    process.set_job_key(old_key)
 
 
 #: Asks the agent for four meshes at once (the agent handles one request at a time, so

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from danaus import SupervisionError, this_host
-from danaus.actors import _auth
+from danaus import SupervisionError, _auth, this_host
 from danaus.actors._wire import MAGIC, PREFIX, Auth, Challenge, Hello, frame
 
 from .actors_lib import Echo

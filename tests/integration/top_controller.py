@@ -14,7 +14,7 @@ import json
 import sys
 
 from danaus import this_host
-from danaus.actors._auth import job_key
+from danaus.actors._process import process
 from danaus.mesh._admin.server import admin_server
 
 from .obs_actors import Busy
@@ -40,7 +40,7 @@ def main() -> None:
     records = busy.stats().get(timeout=60).values()
     ready = {
         "addr": server.addr,
-        "key": job_key().hex(),
+        "key": process.job_key().hex(),
         "pids": procs.pids,
         "actors": [r["actor"] for r in sorted(records, key=lambda r: r["rank"])],
     }

@@ -29,8 +29,8 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING
 
 from ...config import config
-from .. import _auth
 from .._context import current
+from .._process import process
 from .._wire import DebugClose, DebugOpen, DebugOutput
 from . import hook as _debug
 from .channel import ChannelState, DebugChannel, Nothing
@@ -200,7 +200,7 @@ class RemotePdb(pdb.Pdb):
         self._session = secrets.randbits(62)
         rt = _debug.proc_runtime()
         proc = rt.addr if rt is not None else f"pid {os.getpid()}"
-        key = rt.key_for(target) if rt is not None else _auth.job_key()
+        key = rt.key_for(target) if rt is not None else process.job_key()
         chan = DebugChannel(target, key, f"{proc}#debug-{self._session:x}")
         try:
             chan.open(self._who.open_message(self._session, at))

@@ -6,7 +6,7 @@ import contextlib
 import socket
 import threading
 
-from ...actors._api import auth
+from ... import _auth as auth
 from ...config import config
 from .wire import (
     _MAC,

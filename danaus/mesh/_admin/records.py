@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict, cast
 
-from ...actors._api import ActorRecord, ProcFields, ProcRecord, StackEntry
+from ..._records import ActorRecord, ProcFields, ProcRecord, StackEntry
 from ...errors import ProtocolError
 
 __all__ = [

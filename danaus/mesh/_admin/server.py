@@ -32,7 +32,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, TypeVar
 
-from ...actors._api import actor_process, auth, background_runtime, run_task
+from ... import _auth as auth
+from ...actors._api import actor_process, background_runtime, run_task
 from ...config import config
 from .._process import process
 from .client import AdminClient
@@ -272,7 +273,7 @@ def serve_admin(addr: str = "auto", timeout: float = 10.0) -> AdminServer:
     with process.admin_server_lock:
         if process.admin_server is not None:
             return process.admin_server
-        server = AdminServer(_normalize(addr), auth.job_key())
+        server = AdminServer(_normalize(addr), actor_process.job_key())
         run_task(background_runtime(), server.start).result(timeout)
         process.admin_server = server
         process.admin_server_ready.set()

@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, Required, TypedDict
 
-from ...actors._api import ProcControl, process_uptime
+from ..._os import process_uptime
+from ...actors._api import ProcControl
 from ...errors import ProtocolError
 from ...geometry import Shape
 from .._live_meshes import live_meshes

@@ -18,7 +18,7 @@ from typing import TypedDict, cast
 
 import msgspec
 
-from ...actors._api import auth
+from ... import _auth as auth
 from ...config import config
 
 __all__ = [

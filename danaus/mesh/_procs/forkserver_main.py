@@ -338,19 +338,15 @@ def _reread_config() -> None:
     reread_environment()
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    from ...actors._api import die_with_parent as die
-
-    die(parent_pid)
-
-
 def serve_main() -> None:
     parser = argparse.ArgumentParser(description="danaus fork server (started by a spawner)")
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--preload", default="")
     ns = parser.parse_args()
-    _die_with_parent(ns.parent_pid)
+    from ..._os import die_with_parent  # (danaus is imported here, not at the top)
+
+    die_with_parent(ns.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the controller's to handle
     ctl = socket.socket(fileno=ns.control_fd)
     os.set_inheritable(ctl.fileno(), False)

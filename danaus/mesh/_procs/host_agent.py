@@ -24,6 +24,7 @@ from ...actors._api import (
     Actor,
     Port,
     Runtime,
+    actor_process,
     all_runtimes,
     endpoint,
     install_actor,
@@ -31,7 +32,6 @@ from ...actors._api import (
     new_event_loop,
     parse_addr,
     peers,
-    set_job_key,
 )
 from ...config import config
 from ...errors import SupervisionError
@@ -285,7 +285,7 @@ async def serve(listen: str, key: bytes, ready: ThreadFuture[str] | None = None)
     listen = agent_address(listen)
     _, where = parse_addr(listen)
     loop = asyncio.get_running_loop()
-    set_job_key(key)
+    actor_process.set_job_key(key)
     rt = Runtime(loop, addr=listen, key=key)
     install_runtime(rt)
     if isinstance(where, tuple):
@@ -355,7 +355,7 @@ def use_key(key: bytes, agents: Sequence[str] = ()) -> None:
     procs already run with the job key) it is the key for those peers only."""
     runtimes = all_runtimes()
     if all(rt.key == key for rt in runtimes):
-        set_job_key(key)
+        actor_process.set_job_key(key)
         return
     for addr in agents:
         peers.set_key(addr, key)

@@ -1,16 +1,27 @@
-"""Tests of danaus.actors._auth: the HMAC challenge-response proofs and the job key."""
+"""Tests of danaus._auth (the HMAC challenge-response proofs) and of the job key the actor
+layer keeps (``ActorProcess.job_key``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
-from danaus.actors._auth import job_key, new_nonce, proof, set_job_key, verify
+from danaus._auth import new_nonce, proof, verify
 from danaus.actors._process import process
 from danaus.config import config
 
 KEY = b"k" * 32
 A_NONCE = b"a" * 16
 D_NONCE = b"d" * 16
+
+
+@pytest.fixture(autouse=True)
+def _the_job_key_kept() -> Iterator[None]:
+    """Each test may change this process's job key; the next finds it as it was."""
+    old = process._job_key
+    yield
+    process.set_job_key(old)
 
 
 def test_proof_verifies_with_the_same_inputs() -> None:
@@ -72,27 +83,27 @@ def test_new_nonce_is_16_fresh_bytes() -> None:
 
 
 def test_job_key_comes_from_config_auth_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(process, "job_key", None)
+    process.set_job_key(None)
     monkeypatch.setattr(config, "auth_key", "00ff" * 8)
 
-    assert job_key() == bytes.fromhex("00ff" * 8)
-    assert job_key() == bytes.fromhex("00ff" * 8)
+    assert process.job_key() == bytes.fromhex("00ff" * 8)
+    assert process.job_key() == bytes.fromhex("00ff" * 8)
 
 
 def test_job_key_without_config_is_random_and_stable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(config, "auth_key", "")
-    monkeypatch.setattr(process, "job_key", None)
-    first = job_key()
-    monkeypatch.setattr(process, "job_key", None)
-    second = job_key()
+    process.set_job_key(None)
+    first = process.job_key()
+    process.set_job_key(None)
+    second = process.job_key()
 
     assert len(first) == 32
     assert first != second  # a fresh secret per job
-    assert job_key() == second  # and the same one for the whole job
+    assert process.job_key() == second  # and the same one for the whole job
 
 
 def test_set_job_key_is_adopted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(process, "job_key", None)
-    set_job_key(b"handed down by the controller!!!")
+    process.set_job_key(None)
+    process.set_job_key(b"handed down by the controller!!!")
 
-    assert job_key() == b"handed down by the controller!!!"
+    assert process.job_key() == b"handed down by the controller!!!"

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from danaus.actors import _auth
+from danaus import _auth
 from danaus.actors._handshake import HandshakeMachine, HandshakeState
 from danaus.actors._wire import PREFIX, Auth, Challenge, Hello, Message
 from danaus.config import config

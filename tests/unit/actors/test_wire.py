@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from danaus.actors._auth import proof, verify
+from danaus._auth import proof, verify
 from danaus.actors._connection import State
 from danaus.actors._runtime import Runtime
 from danaus.actors._serialize import encode_plain

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from danaus.actors._auth import proof, verify
+from danaus._auth import proof, verify
 from danaus.actors._connection import Connection
 from danaus.actors._runtime import Runtime
 from danaus.actors._serialize import encode_plain

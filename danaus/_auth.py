@@ -1,7 +1,9 @@
-"""HMAC challenge-response over the job's shared secret.
+"""HMAC challenge-response over a shared secret: what every handshake of danaus proves
+(the actor layer's connections, the admin endpoint, the TCP data plane).
 
 Both sides prove they hold the key; neither sends it. Each proof binds both nonces and
-says which side made it, so a proof cannot be replayed or reflected.
+says which side made it, so a proof cannot be replayed or reflected. The key itself is
+the job's, which the actor layer keeps (``ActorProcess.job_key``).
 """
 
 from __future__ import annotations
@@ -9,33 +11,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import secrets
 
-from ..config import config
-from ._process import process
+__all__ = ["NONCE_BYTES", "frame_keys", "new_nonce", "proof", "verify"]
 
-__all__ = ["frame_keys", "job_key", "new_nonce", "proof", "verify"]
-
-
-def job_key() -> bytes:
-    """The secret of this job: ``config.auth_key`` (hex) when set, else a fresh random one."""
-    key = process.job_key
-    if key is None:
-        key = bytes.fromhex(config.auth_key) if config.auth_key else secrets.token_bytes(32)
-        process.job_key = key
-    return key
-
-
-def set_job_key(key: bytes) -> None:
-    """Adopt the key handed down by the controller (procs call this at start)."""
-    process.job_key = key
+NONCE_BYTES = 16
 
 
 def new_nonce() -> bytes:
     return os.urandom(NONCE_BYTES)
-
-
-NONCE_BYTES = 16
 
 
 def proof(key: bytes, side: bytes, mine: bytes, theirs: bytes) -> bytes:
