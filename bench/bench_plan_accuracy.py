@@ -13,6 +13,10 @@ parallel: the gradients' all-reduce; pipelines: the bubble and the sends; tensor
 parallel: its all-reduces; sharded replicas: the gathers and reduce-scatters;
 microbatches: each one's fixed cost; every layout alike: compute and contention).
 
+With ``--record FILE`` it also writes what it measured (per model: the costs, the mesh's
+facts, a row per layout), and ``--spread FILE...`` prints, from such records of several
+runs, how much each layout's own measured step differed between them.
+
 Memory on CPU: what a proc's resident memory grew by from before the model came to its
 peak over the steps (``held_bytes()``'s ``peak - baseline``), against the estimate of
 weights, gradients, optimizer state, activations and what the backend and FSDP hold
@@ -221,6 +225,34 @@ async def _model(
         print(f"{name}: the estimates err most for {_blame(rows)}")
 
 
+def spread(paths: list[str]) -> None:
+    """Per model, how much the same layout's measured step differed between the runs
+    recorded in ``paths`` (max over min, less 1): the median and the most."""
+    import pickle
+
+    runs = []
+    for path in paths:
+        with open(path, "rb") as f:
+            runs.append(pickle.load(f))
+    for name in runs[0]:
+        steps: dict[Any, list[float]] = {}
+        for run in runs:
+            for layout, _, _, _, step, _ in run.get(name, {}).get("rows", []):
+                steps.setdefault(layout, []).append(step)
+        diff = {k: max(v) / min(v) - 1 for k, v in steps.items() if len(v) == len(runs)}
+        if not diff:
+            print(f"{name}: no layout measured in every run")
+            continue
+        worst = max(diff, key=lambda k: diff[k])
+        dp, pp, tp, mb, sharded = worst
+        print(
+            f"{name}: {len(diff)} layouts measured in {len(runs)} runs: the same layout's "
+            f"step differed by {statistics.median(diff.values()):.0%} at the median, at "
+            f"most {diff[worst]:.0%} ({'fsdp' if sharded else 'dp'}={dp} x pp={pp} x tp={tp},"
+            f" {mb} microbatches: {', '.join(f'{s * 1e3:.0f}' for s in steps[worst])} ms)"
+        )
+
+
 def main() -> None:
     import argparse
     import pickle
@@ -231,7 +263,15 @@ def main() -> None:
         help="also write what plan() measured and every layout's measured step and memory "
              "(a pickle: per model, the costs, the mesh's facts and a row per layout)",
     )  # fmt: skip
+    ap.add_argument(
+        "--spread", nargs="+", metavar="RECORD",
+        help="run nothing: print how much each layout's measured step differed between "
+             "the runs these --record files hold (what bounds the estimate's error)",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.spread:
+        spread(args.spread)
+        return
     record: dict[str, Any] | None = {} if args.record else None
     batch = _batch()
     print(

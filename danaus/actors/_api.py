@@ -16,7 +16,8 @@ everything here is used above (``tests/unit/test_exports.py``). By what it is fo
   ``call_in_loop``, ``listen_address``, ``parse_addr``, and ``peers`` (what the process
   knows of its peers). The proofs every handshake makes are ``danaus._auth``'s, below
   this layer; the job's key is the process's (``actor_process.job_key()``).
-- **Being a proc**: ``run_proc``, ``install_actor``,
+- **Being a proc**: ``run_proc``, ``ensure_actor`` (a system actor: the one there while it
+  serves, else a new one),
   ``ProcControl``, ``SUPERVISOR`` (the key of the system actor a
   spawner installs to hear of its actors' failures and stuck endpoints). What a proc
   says of itself is in records whose fields both layers know (``danaus._records``).
@@ -67,7 +68,7 @@ from ._future import (
 )
 from ._handlers import (
     ProcControl,
-    install_actor,
+    ensure_actor,
 )
 from ._instance import SUPERVISOR
 from ._loops import (
@@ -138,8 +139,8 @@ __all__ = [
     "dumps_args",
     "endpoint",
     "endpoints_of",
+    "ensure_actor",
     "forward",
-    "install_actor",
     "install_runtime",
     "listen_address",
     "new_event_loop",

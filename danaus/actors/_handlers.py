@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from .._records import StackEntry
@@ -99,6 +99,17 @@ def install_actor(rt: Runtime, key: str, obj: Actor) -> ActorInstance:
     inst = ActorInstance(rt, key, ctx, obj, inline_sync=True)
     rt.actors[key] = inst
     return inst
+
+
+def ensure_actor(rt: Runtime, key: str, make: Callable[[], Actor]) -> None:
+    """The system actor under ``key`` on ``rt``: the one there while it serves, else (none
+    yet, or the one there failed or stopped) a new one from ``make()``, installed as
+    :func:`install_actor` does. What the layers above install where they spawn or serve:
+    a spawner's supervisor and controllers, a host agent and its gateway, a job's lease,
+    the data plane's service."""
+    inst = rt.local_actor(key)
+    if inst is None or getattr(inst, "failed", None) is not None or getattr(inst, "stopped", False):
+        install_actor(rt, key, make())
 
 
 class ProcControl(Actor):

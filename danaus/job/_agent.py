@@ -23,7 +23,7 @@ import sys
 from concurrent.futures import Future as ThreadFuture
 from typing import Any
 
-from ..actors._api import all_runtimes, install_actor, new_event_loop
+from ..actors._api import all_runtimes, ensure_actor, new_event_loop
 from ..config import config
 from ..mesh._api import read_key_file, serve
 from ._lease import AGENTS_DIR, LEASE, JobLease
@@ -102,7 +102,7 @@ async def run(job_dir: str, port: int, idle_timeout: float | None) -> None:
         return
     addr = ready.result()
     rt = next(r for r in all_runtimes() if r.loop is loop)
-    install_actor(rt, LEASE, JobLease(node, addr, idle_timeout))
+    ensure_actor(rt, LEASE, lambda: JobLease(node, addr, idle_timeout))
     write_address(job_dir, index, f"{addr} {node} {os.getpid()} {step}")
     await agent
 

@@ -18,7 +18,7 @@ from ..actors._api import (
     concurrent_endpoint,
     context,
     current_runtime,
-    install_actor,
+    ensure_actor,
     run_task,
 )
 from ..geometry import Shape
@@ -97,8 +97,7 @@ def _parent_of(rt: Runtime) -> str | None:
 def ensure_controllers(rt: Runtime) -> None:
     """Before ``rt`` spawns actors: host the system actor their requests come to (on
     ``rt``'s loop)."""
-    if rt.local_actor(CONTROLLERS) is None:
-        install_actor(rt, CONTROLLERS, _Controllers())
+    ensure_actor(rt, CONTROLLERS, _Controllers)
 
 
 class _Controllers(Actor):

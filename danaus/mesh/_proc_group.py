@@ -48,7 +48,7 @@ from ..actors._api import (
     Runtime,
     current_runtime,
     endpoint,
-    install_actor,
+    ensure_actor,
     peers,
 )
 from ..config import config
@@ -434,9 +434,7 @@ class _Supervisor(Actor):
 
 def ensure_supervisor(rt: Runtime) -> None:
     """Before ``rt`` spawns actors: host the system actor their failures come to."""
-    inst = rt.local_actor(SUPERVISOR)
-    if inst is None or getattr(inst, "failed", None) is not None or getattr(inst, "stopped", False):
-        install_actor(rt, SUPERVISOR, _Supervisor())
+    ensure_actor(rt, SUPERVISOR, _Supervisor)
 
 
 def on_peer_lost(addr: str) -> None:

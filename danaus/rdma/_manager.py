@@ -23,7 +23,7 @@ from ..actors._api import (
     current_runtime,
     dumps_args,
     endpoint,
-    install_actor,
+    ensure_actor,
 )
 from ..config import config
 from ..errors import (
@@ -120,7 +120,7 @@ class RDMAManager:
                 self.backends[cls.name] = _make(cls, self)
             except Exception as e:  # a backend that cannot start is unavailable, not fatal
                 self.unavailable[cls.name] = f"failed to start: {type(e).__name__}: {e}"
-        install_actor(rt, "__rdma__", _RDMAService(self))
+        ensure_actor(rt, "__rdma__", lambda: _RDMAService(self))
         rt.on_close(self.aclose)
 
     def __repr__(self) -> str:

@@ -27,7 +27,7 @@ from ...actors._api import (
     actor_process,
     all_runtimes,
     endpoint,
-    install_actor,
+    ensure_actor,
     install_runtime,
     new_event_loop,
     parse_addr,
@@ -292,9 +292,9 @@ async def serve(listen: str, key: bytes, ready: ThreadFuture[str] | None = None)
         agent = HostAgent(where[0])
     else:  # a Unix socket: this machine's controllers only, and so its procs
         agent = HostAgent(socket.gethostname(), "unix:@")
-    install_actor(rt, AGENT, agent)
+    ensure_actor(rt, AGENT, lambda: agent)
     # controllers that attach(...) to this agent reach their job through it
-    install_actor(rt, GATEWAY, Gateway(where[0] if isinstance(where, tuple) else None))
+    ensure_actor(rt, GATEWAY, lambda: Gateway(where[0] if isinstance(where, tuple) else None))
     stop: asyncio.Future[None] = loop.create_future()
 
     def on_signal() -> None:
