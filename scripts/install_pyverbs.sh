@@ -18,7 +18,9 @@ if [ "$ver" != 3.11 ]; then
     exit 0
 fi
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-shim="$(cd "$(dirname "$py")/.." && pwd)/pyverbs-shim"
+# the physical path: a venv reached through a symlink (a clone sharing another's) must
+# not leave the link's path in the .pth, which breaks once the link goes
+shim="$(cd "$(dirname "$py")/.." && pwd -P)/pyverbs-shim"
 mkdir -p "$shim"
 ln -sfn "$src" "$shim/pyverbs"
 echo "$shim" > "$site/danaus-pyverbs.pth"
