@@ -318,10 +318,12 @@ def test_shell_is_a_terminal_on_one_host(project: Path) -> None:
         term.setwinsize(50, 120)  # the window follows
         term.sendline("stty size")
         term.expect("50 120")
-        # the ^C is sent once the sleep has begun ("sle""eping" is echoed as typed, and
-        # printed as one word only by the command): sent while the remote shell was
-        # still reading the line, a loaded machine once lost it to the line's editing
-        term.sendline('echo sle""eping; sleep 30')
+        # the ^C is sent once the sleep has begun: the process that prints "sleeping"
+        # ("sle""eping" as typed; one word only when run) becomes the sleep, in the
+        # terminal's foreground. Sent while the remote shell still read the line, a loaded
+        # machine once lost it to the line's editing; sent between a builtin echo and the
+        # sleep bash forks after it, bash took it and left $? at the echo's 0
+        term.sendline("sh -c 'echo sle\"\"eping; exec sleep 30'")
         term.expect("sleeping")
         term.sendintr()  # ^C reaches the remote shell, not this program
         term.sendline("echo after-$?")  # the sleep ended by SIGINT: status 128 + 2
