@@ -180,17 +180,6 @@ async def _model(
     for p in chosen.candidates:
         step, grew = await _run(make, p, batch)
         rows.append((p, step, grew))
-        if record is not None:  # what was measured, to check a changed estimate against
-            m = chosen.measured
-            record[name] = {
-                "cost": m.cost, "mesh": m.mesh, "recompute": m.recompute, "batch": m.batch,
-                "rows": [
-                    ((q.dp, q.pp, q.tp, q.microbatches, q.sharded),
-                     tuple(st.last - st.first + 1 for st in q.stages),
-                     q.estimated_step_s, q.peak_bytes_per_proc, s, g)
-                    for q, s, g in rows
-                ],
-            }  # fmt: skip
         print(
             f"  {p.strategy:>16}, {p.microbatches:>2} microbatches: estimated "
             f"{p.estimated_step_s * 1e3:6.0f} ms, measured {step * 1e3:6.0f} ms "
@@ -198,6 +187,17 @@ async def _model(
             f"estimated, {grew / 2**20:6.1f} MiB measured" + ("  <- chosen" if p == chosen else ""),
             flush=True,
         )
+    if record is not None:  # what was measured, to check a changed estimate against
+        m = chosen.measured
+        record[name] = {
+            "cost": m.cost, "mesh": m.mesh, "recompute": m.recompute, "batch": m.batch,
+            "rows": [
+                ((q.dp, q.pp, q.tp, q.microbatches, q.sharded),
+                 tuple(st.last - st.first + 1 for st in q.stages),
+                 q.estimated_step_s, q.peak_bytes_per_proc, s, g)
+                for q, s, g in rows
+            ],
+        }  # fmt: skip
     errors = [abs(p.estimated_step_s / s - 1) for p, s, _ in rows]
     rank = spearman([p.estimated_step_s for p, _, _ in rows], [s for _, s, _ in rows])
     fastest = min(s for _, s, _ in rows)

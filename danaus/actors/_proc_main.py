@@ -126,9 +126,8 @@ def run(addr: str, parent: str, parent_pid: int, listen_fd: int | None) -> NoRet
         sys.exit("danaus proc: no job key on stdin")
     key = bytes.fromhex(line.decode().strip())
 
-    process.set_job_key(
-        key
-    )  # every runtime this proc makes (a thread's, the background one) uses it
+    # every runtime this proc makes (a thread's, the background one) uses it
+    process.set_job_key(key)
     logging.basicConfig(
         level=config.log_level,
         format="%(levelname)s %(name)s: %(message)s",

@@ -1,6 +1,6 @@
 """What every actor and proc is doing: counters kept as messages run, and records and
 stacks read on demand (``mesh.stats()``, ``mesh.stacks()``; the records' fields are
-``danaus._records``').
+in ``danaus._records``).
 
 The counters cost a dict update per message; the rest is computed only when asked for.
 """

@@ -5,6 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def runs_fsdp(dp: int, pp: int, tp: int, sharded: bool) -> bool:
+    """Whether a layout's replicas run under FSDP2 (``fully_shard``): where they shard,
+    and where DDP does not compose (pipelines, tensor parallel). The worker replicates
+    so, and the planner estimates so."""
+    return dp > 1 and (sharded or pp > 1 or tp > 1)
+
+
 @dataclass(frozen=True)
 class Layout:
     """The grid a plan runs on: ``dp`` replicas of a ``pp``-stage pipeline whose blocks are

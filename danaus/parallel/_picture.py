@@ -16,6 +16,8 @@ from __future__ import annotations
 from html import escape
 from typing import TYPE_CHECKING
 
+from ._layout import runs_fsdp
+
 if TYPE_CHECKING:
     from ._plan import Plan, SimulatedPlan
 
@@ -197,7 +199,8 @@ def simulated_trace(sim: SimulatedPlan) -> dict[str, object]:
             group_of[r] = group_of[head] if r != head else []  # (one list per group)
             group_of[r].append(r)
     syncs = sim.dp > 1 and sim.sync_s > 0
-    what = "reduce-scatter and gathers" if sim.sharded or sim.pp > 1 or sim.tp > 1 else "all-reduce"
+    fsdp = runs_fsdp(sim.dp, sim.pp, sim.tp, sim.sharded)
+    what = "reduce-scatter and gathers" if fsdp else "all-reduce"
     for r in range(sim.hosts * sim.gpus):
         k = stage_of[r]
         st = sim.stages[k]

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from ._errors import PlanError
-from ._layout import order_of, stage_ranks
+from ._layout import order_of, runs_fsdp, stage_ranks
 from ._plan import Plan, StagePlan, strategy_name
 from ._profile import MeshFacts, ModelCost
 
@@ -254,8 +254,7 @@ def estimate(
     bw, lat = mesh.collective_bw, mesh.collective_latency_s
     hop = mesh.hop_latency_s
     state = 2.0 + cost.opt_ratio  # weights, grads, optimizer state per byte of weights
-    # replicas run under FSDP2 where they shard, and where DDP does not compose (pp, tp)
-    fsdp = c.dp > 1 and (c.sharded or c.pp > 1 or c.tp > 1)
+    fsdp = runs_fsdp(c.dp, c.pp, c.tp, c.sharded)
 
     def stage_as(k: int, i: int, j: int, k_costs: _Costs) -> tuple[float, int, float]:
         """Stage k over blocks i..j-1: (microbatch seconds, peak bytes, weight bytes)."""
@@ -328,7 +327,7 @@ def estimate(
     cores = max(1, mesh.cores_per_host) * hosts
     pipeline = max((c.microbatches + c.pp - 1) * worst_t, busy * threads / cores * overs)
     sync = 0.0
-    if c.dp > 1 and (c.sharded or c.pp > 1 or c.tp > 1):
+    if fsdp:
         # FSDP2: weights gathered for each microbatch's forward (and again for its
         # backward where sharded between them), gradients reduce-scattered once;
         # measured over the whole mesh, scaled to the dp group's ring

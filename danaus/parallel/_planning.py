@@ -228,15 +228,15 @@ async def _speeds(
             one = _one(procs, profilers, r).pace
             paces[r] = min(paces[r], await one.call_one(piece, parts, sample, loss, size, threads))
     at_once = await profilers.pace.call(piece, parts, sample, loss, size, threads)
-    together = statistics.median(
+    together = max(1.0, statistics.median(
         t / max(alone, 1e-12) for t, alone in zip(at_once.values(), paces, strict=True)
-    )
+    ))  # fmt: skip
     cls = classes(paces)
     if max(cls) == 0:
-        return (), max(1.0, together)
+        return (), together
     means = [statistics.fmean(p for p, c in zip(paces, cls, strict=True) if c == k)
              for k in range(max(cls) + 1)]  # fmt: skip
-    return tuple(means[c] / means[0] for c in cls), max(1.0, together)
+    return tuple(means[c] / means[0] for c in cls), together
 
 
 def probes_sizes(tp: TPProbe | None) -> dict[int, list[int]]:

@@ -28,7 +28,7 @@ from ..actors import Actor, context, endpoint
 from ..config import config
 from . import _checkpoint, _tp
 from ._errors import ROLLED_BACK
-from ._layout import Layout
+from ._layout import Layout, runs_fsdp
 from ._model import (
     LossFn,
     ModelParts,
@@ -572,7 +572,7 @@ class ParallelWorker(Actor):
         (and under pipelines and tensor parallel, which DDP does not compose with), DDP
         otherwise."""
         low = LOW.get(layout.precision)
-        if layout.sharded or layout.pp > 1 or layout.tp > 1:
+        if runs_fsdp(layout.dp, layout.pp, layout.tp, layout.sharded):
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
             # ZeRO-3 where the plan shards for memory; ZeRO-2 (weights kept whole between
