@@ -255,6 +255,16 @@ def estimate(
     hop = mesh.hop_latency_s
     state = 2.0 + cost.opt_ratio  # weights, grads, optimizer state per byte of weights
     fsdp = runs_fsdp(c.dp, c.pp, c.tp, c.sharded)
+    # not measured: FSDP taken to gather one block at a time, the biggest of blocks
+    # i..j-1 at biggest[i][j] (made once here: the stage split asks of every i, j)
+    biggest: list[list[int]] = []
+    if fsdp and not mesh.fsdp_bytes_per_byte:
+        for i in range(L + 1):
+            row, most = [0] * (L + 1), 0
+            for j in range(i + 1, L + 1):
+                most = max(most, cost.blocks[j - 1].param_bytes)
+                row[j] = most
+            biggest.append(row)
 
     def stage_as(k: int, i: int, j: int, k_costs: _Costs) -> tuple[float, int, float]:
         """Stage k over blocks i..j-1: (microbatch seconds, peak bytes, weight bytes)."""
@@ -280,11 +290,7 @@ def estimate(
         )
         if fsdp:  # FSDP2 shards the state; the stage is one unit, gathered whole to run
             held = w * state / c.dp
-            working = (
-                mesh.fsdp_bytes_per_byte * w
-                if mesh.fsdp_bytes_per_byte
-                else max((x.param_bytes for x in cost.blocks[i:j]), default=0)
-            )
+            working = mesh.fsdp_bytes_per_byte * w if mesh.fsdp_bytes_per_byte else biggest[i][j]
         else:  # DDP: the backend's copies of a gradient bucket while it is all-reduced
             held = w * state
             working = mesh.allreduce_bytes_per_byte * min(w, DDP_BUCKET) if c.dp > 1 else 0
