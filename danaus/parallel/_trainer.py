@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ..mesh import ProcMesh
+    from ._copies import CopyPlan, Keepers
+    from ._layout import Layout
 
 T = TypeVar("T")
 #: the flat ranks a shard goes to, as runs of neighbours (one cast each)
@@ -52,6 +54,11 @@ ON_LOST_PROC = ("respawn", "replan", "fail")
 LOST_PROC_WAIT_S = 2.0
 #: how many times a recovery starts again on new procs when one of its own is lost
 RECOVERY_TRIES = 3
+#: seconds a recovery waits for a survivor's keeper to say which copies it holds
+KEEPER_WAIT_S = 10.0
+#: ``respawn``: the latest steps kept on the controller to run again (each rank's copy
+#: is of the step that ended last on the controller, or the one before)
+RERUN_KEPT = 3
 _names = itertools.count()
 _END = object()  # (the end of fit's batches)
 log = logging.getLogger("danaus.parallel")
@@ -178,17 +185,19 @@ class Trainer:
         #: what a lost proc does (see parallelize), and the recoveries made so far
         self._on_lost = on_lost_proc
         self._recoveries: list[dict[str, Any]] = []
-        #: where a recovery restores from: the latest snapshot (a checkpoint in memory,
-        #: /dev/shm), or the checkpoint resumed, or None (the model as it was given);
-        #: the counts (steps, data step) there; the steps sent since, to run again
+        #: where a recovery restores from. ``respawn``: the copies of each rank's state
+        #: the procs keep after every step (:mod:`._copies`; their keepers, an actor
+        #: beside each worker); ``replan``: the latest snapshot (a checkpoint of whole
+        #: tensors in memory, /dev/shm). Either: or the checkpoint resumed, or None (the
+        #: model as it was given), with the counts (steps, data step) there. The steps
+        #: sent since, to run again: (steps ended, data step, the batch) before each
         self._snapshot_every = snapshot_every
-        self._snapshot: tuple[str, str] | None = None
-        if self._resume is not None:
-            self._snapshot = ("whole", self._resume)
+        self._snapshot: str | None = self._resume
         self._snapshot_at = (self._done, self._steps)
-        self._since: list[Batch | int] = []
+        self._since: list[tuple[int, int, Batch | int]] = []
         self._snapshot_bytes: dict[int, int] = {}  # (per rank, of the latest)
         self._snapshots = _Snapshots()
+        self._keepers: Keepers | None = None
         _LIVE.add(self)
         add_section("trainers", _trainers_picture)
         self._workers: Future[Any] = run_task(
@@ -196,22 +205,54 @@ class Trainer:
         )
 
     async def _setup(
-        self, procs: ProcMesh, plan: Plan, resume: str | None, snapshot: str | None = None
+        self,
+        procs: ProcMesh,
+        plan: Plan,
+        resume: str | None,
+        restore: tuple[Any, dict[int, int]] | None = None,
     ) -> Any:
-        """Spawn the workers on ``procs`` and set each up with its piece of the model as
-        ``plan`` lays it out (from the checkpoint ``resume``, or from each rank's own
-        file of the snapshot ``snapshot``, where given)."""
-        from ._worker import ParallelWorker, tied_params
+        """Spawn the workers on ``procs`` (with a keeper beside each, for ``respawn``)
+        and set each up with its piece of the model as ``plan`` lays it out, from the
+        checkpoint ``resume``, or from each rank's copy (``restore``: the keepers that
+        hold them, each rank's keeper; of step ``self._done``), where given."""
+        from ..mesh import this_proc
+        from ._copies import CopyPlan, Keeper, Keepers
+        from ._worker import ParallelWorker
+
+        await setup_torch_elastic_env_async(procs)
+        n = next(_names)
+        keepers = None
+        if self._on_lost == "respawn":
+            alone = this_proc().spawn(f"_keeper{n}", Keeper) if len(procs) == 1 else None
+            keepers = Keepers(procs.spawn(f"_keeper{n}", Keeper), alone)
+        copies = None
+        if keepers is not None:
+            source, where = restore or (None, None)
+            copies = CopyPlan(keepers, self._done, where, source)
+        try:
+            workers = procs.spawn(f"_parallel{n}", ParallelWorker)
+            await self._set_up(workers, plan.layout, resume, copies)
+        except BaseException:
+            if keepers is not None and keepers.controller is not None:
+                await keepers.controller.stop()
+            raise
+        previous, self._keepers = self._keepers, keepers
+        if previous is not None and previous.controller is not None:  # (its copy was read)
+            await previous.controller.stop()
+        return workers
+
+    async def _set_up(
+        self, workers: Any, layout: Layout, resume: str | None, copies: CopyPlan | None
+    ) -> None:
+        """Each worker set up with its piece of the model (see :meth:`_setup`)."""
+        from ._worker import tied_params
 
         model, parts = self._model, self._parts
-        await setup_torch_elastic_env_async(procs)
-        workers = procs.spawn(f"_parallel{next(_names)}", ParallelWorker)
-        layout = plan.layout
         tied = tied_params(model, parts)
-        args = (parts, layout, self._loss_fn, self._optimizer, self._data, tied, resume, snapshot)
+        args = (parts, layout, self._loss_fn, self._optimizer, self._data, tied, resume, copies)
         if layout.pp == 1:
             await workers.setup.call(model, *args)
-            return workers
+            return
         # each stage's procs get that stage only: a proc never holds the whole model
         flat = workers.flatten("rank")
         calls = []
@@ -222,7 +263,6 @@ class Trainer:
                 calls.append(group.setup.call(piece, *args))
             del piece
         await asyncio.gather(*calls)
-        return workers
 
     @property
     def procs(self) -> ProcMesh:
@@ -305,9 +345,11 @@ class Trainer:
                     except Exception as e:
                         if _rolled_back(e):  # the user's code raised; every rank undid it
                             raise
-                        lost = await self._lost_ranks(e)
-                        # a rank failed: the others may wait in a collective for it forever
-                        await self._procs.stop(reason="a rank of the trainer failed")
+                        lost = await self._lost_ranks(e, self._procs)
+                        # a rank failed: the others may wait in a collective for it
+                        # forever (a respawn first takes the copies the survivors hold)
+                        if not lost or self._on_lost != "respawn" or tries > RECOVERY_TRIES:
+                            await self._procs.stop(reason="a rank of the trainer failed")
                         if not lost:
                             self._failed = e
                             raise
@@ -331,14 +373,14 @@ class Trainer:
 
         return run_task(self._rt, go)
 
-    async def _lost_ranks(self, e: BaseException) -> dict[int, str]:
-        """The trainer's procs that are lost (killed, their host gone), with why; empty
+    async def _lost_ranks(self, e: BaseException, procs: ProcMesh) -> dict[int, str]:
+        """Of ``procs``, those that are lost (killed, their host gone), with why; empty
         where none is (a rank's code raised). A survivor's error (gloo's "connection
         closed by peer") may come before supervision has seen its peer's exit: where
         none is known lost yet, it is given ``LOST_PROC_WAIT_S`` to say so."""
         from ..errors import ActorError, SupervisionError
 
-        group = self._procs.proc_group
+        group = procs.proc_group
         if not isinstance(e, (ActorError, SupervisionError)):
             return group.failed_procs()
         try:
@@ -348,17 +390,19 @@ class Trainer:
             return group.failed_procs()
 
     async def _recover(self, error: BaseException, lost: dict[int, str]) -> None:
-        """Train on after losing the procs ``lost``: new procs on the same host (all of
-        them: the survivors were stopped, since their ranks may wait in a collective
-        for the lost one), as many (``respawn``) or as many as survived (``replan``,
-        with a new plan for them); the workers set up from the latest snapshot; the
-        steps since it run again. Recorded in :meth:`recoveries`."""
+        """Train on after losing the procs ``lost``: new procs on the same host, as many
+        (``respawn``) or as many as survived (``replan``, with a new plan for them); the
+        workers set up from the copies the survivors hold (``respawn``: the survivors
+        are stopped once their copies are read, since their ranks may wait in a
+        collective for the lost one) or from the latest snapshot (``replan``); the
+        steps since run again. Recorded in :meth:`recoveries`."""
         started = time.perf_counter()
         phases: dict[str, float] = {}
         step = self._done
         old = self._procs
         host = host_of(old)
         if host is None:
+            await old.stop(reason="a rank of the trainer failed")
             raise PlanError(
                 f"rank(s) {sorted(lost)} were lost, and the trainer's procs are on several "
                 "hosts, where it cannot yet start new ones: give on_lost_proc='fail' and "
@@ -368,20 +412,34 @@ class Trainer:
         n = len(old) if mode == "respawn" else len(old) - len(lost)
         if n < 1:
             raise PlanError(f"every proc of the trainer was lost ({lost})") from error
+        source, gone = "", dict(lost)  # (gone: of the procs the copies are read from)
         for attempt in range(1, RECOVERY_TRIES + 1):
             t = time.perf_counter()
+            try:
+                restore, source = await self._restore_point(gone, error)
+            except BaseException:
+                await self._procs.stop(reason="the trainer could not recover")
+                raise
             procs = host.spawn_procs(per_host={"procs": n}, name=f"{old.name}-r")
             try:
-                await self._recover_on(procs, mode, n, phases, t)
+                await self._recover_on(procs, mode, n, phases, t, restore)
                 break
             except Exception as e:
-                # a new proc lost during the recovery: the same again, on new procs
-                again = await self._lost_ranks(e) if self._procs is procs else {}
-                await procs.stop(reason="a proc was lost while the trainer recovered")
+                # a new proc lost during the recovery: the same again, on new procs (from
+                # the copies the new procs hold, where they took over, else as before)
+                again = await self._lost_ranks(e, procs)
+                took_over = self._procs is procs
+                if not took_over or not again or mode != "respawn" or attempt == RECOVERY_TRIES:
+                    await procs.stop(reason="a proc was lost while the trainer recovered")
                 if not again or attempt == RECOVERY_TRIES:
+                    if not took_over:
+                        await self._procs.stop(reason="the trainer could not recover")
                     raise
                 log.warning("rank(s) %s lost while recovering; recovering again", sorted(again))
-                lost = {**lost, **{r: f"{w} (while recovering)" for r, w in again.items()}}
+                why = {r: f"{w} (while recovering)" for r, w in again.items()}
+                lost = {**lost, **why}
+                if took_over:  # the copies are on the new procs now
+                    gone = why
         record = {
             "step": step,
             "lost": sorted(lost),
@@ -389,30 +447,89 @@ class Trainer:
             "action": mode,
             "procs": n,
             "plan": self.plan.strategy,
+            "restored_step": phases.pop("_restored_step"),
+            "restored_from": source,
             "rerun_steps": phases.pop("_rerun_steps"),
             "seconds": phases,
             "total_s": time.perf_counter() - started,
         }
         self._recoveries.append(record)
+        whence = {"copies": "the copies of", "snapshot": "the snapshot of"}.get(
+            source, "the state it started from,"
+        )
         log.warning(
-            "rank(s) %s lost after step %d (%s): %s, %d procs, %s; %d step(s) run again; "
-            "%.1f s (%s)",
-            record["lost"], step, record["why"], mode, n, self.plan.strategy,
-            record["rerun_steps"], record["total_s"],
+            "rank(s) %s lost after step %d (%s): %s, %d procs, %s; from %s step %d, "
+            "%d step(s) run again; %.1f s (%s)",
+            record["lost"], step, record["why"], mode, n, self.plan.strategy, whence,
+            record["restored_step"], record["rerun_steps"], record["total_s"],
             ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()),
         )  # fmt: skip
 
+    async def _restore_point(
+        self, lost: dict[int, str], error: BaseException
+    ) -> tuple[tuple[int, Any, dict[int, int] | None], str]:
+        """Where a recovery starts from: the steps ended there, and the keepers and
+        each rank's keeper holding its copies (``respawn``), or None (the snapshot, the
+        checkpoint resumed, the model as given: ``_snapshot``); and what that is.
+
+        Raises:
+            SupervisionError: no step that the steps kept can run on from is held for
+                every rank (neighbours lost together: a rank's copy is held by the next
+                rank's proc), naming the ranks whose state is gone.
+        """
+        from ..errors import SupervisionError
+        from ._copies import restore_point
+
+        oldest = self._since[0][0] if self._since else self._done
+        if self._on_lost != "respawn" or self._keepers is None:
+            return (self._snapshot_at[0], None, None), "snapshot" if self._snapshot else "start"
+        n = len(self._procs)
+
+        async def ask(k: int, keeper: Any) -> tuple[int, list[tuple[int, int]] | None]:
+            try:
+                async with asyncio.timeout(KEEPER_WAIT_S):
+                    return k, await keeper.steps.call_one()
+            except Exception:  # (lost too, or stuck: its copies count for nothing)
+                return k, None
+
+        keepers = self._keepers.all()
+        asked = [ask(k, keeper) for k, keeper in keepers.items() if k not in lost]
+        held = dict(await asyncio.gather(*asked))
+        point = restore_point(
+            n, {r: v for r, v in held.items() if v is not None}, self._done, oldest
+        )
+        if point is not None:
+            return (point[0], self._keepers, point[1]), "copies"
+        if self._snapshot_at[0] >= oldest:  # no copy yet: from the start, every step again
+            return (self._snapshot_at[0], None, None), "start"
+        have = {r for pairs in held.values() if pairs for r, s in pairs if s == self._done}
+        gone = sorted(set(range(n)) - have)
+        raise SupervisionError(
+            f"rank(s) {sorted(lost)} of the trainer were lost ({'; '.join(sorted(set(lost.values())))}), "
+            f"and no proc left holds a copy of rank(s) {gone}'s state after step {self._done} "
+            f"or the step before (each rank's copy is held by its own proc and the next "
+            f"rank's: neighbours lost together take both): the trainer cannot go on; "
+            f"train from a checkpoint (Trainer.save, parallelize(..., resume=))"
+        ) from error
+
     async def _recover_on(
-        self, procs: ProcMesh, mode: str, n: int, phases: dict[str, float], t: float
+        self,
+        procs: ProcMesh,
+        mode: str,
+        n: int,
+        phases: dict[str, float],
+        t: float,
+        restore: tuple[int, Any, dict[int, int] | None],
     ) -> None:
         """:meth:`_recover` once the new procs are spawning: wait for them, plan for
-        them (``replan``), set the workers up from the snapshot, run the steps since."""
+        them (``replan``), set the workers up from ``restore`` (the steps ended there,
+        the keepers and each rank's keeper, or None: from the snapshot), stop the old
+        procs (``respawn``), run the steps since."""
         from ._planning import plan as make_plan
         from ._planning import replan
 
         await procs.initialized
         phases["spawn"] = time.perf_counter() - t
-        self._procs = procs
         if mode == "replan":
             t = time.perf_counter()
             try:  # from what plan() measured: no measuring again
@@ -425,15 +542,23 @@ class Trainer:
             self._plan_html = None
             phases["plan"] = time.perf_counter() - t
         t = time.perf_counter()
-        self._done, self._steps = self._snapshot_at
-        kind, path = self._snapshot or ("", None)
-        whole, own = (path, None) if kind == "whole" else (None, path)
-        self._workers = run_task(self._rt, lambda: self._setup(procs, self.plan, whole, own))
+        at, keepers, where = restore
+        todo = [item for item in self._since if item[0] >= at]
+        self._done = at
+        if todo:
+            self._steps = todo[0][1]
+        copies = None if where is None else (keepers, where)
+        resume = self._snapshot if where is None else None
+        self._workers = run_task(self._rt, lambda: self._setup(procs, self.plan, resume, copies))
         w = await self._workers
+        if mode == "respawn":  # their copies are read: the survivors can go
+            await self._procs.stop(reason="the trainer's procs were replaced")
+        self._procs = procs
         phases["restore"] = time.perf_counter() - t
+        phases["_restored_step"] = at
         t = time.perf_counter()
-        todo, self._since = self._since, []
-        for k, item in enumerate(todo):  # the steps since the snapshot, again
+        self._since = [item for item in self._since if item[0] < at]
+        for k, (_, _, item) in enumerate(todo):  # the steps since, again
             before = self._done
             try:
                 await self._one_step(w, item)
@@ -446,7 +571,7 @@ class Trainer:
     def _sample(self) -> Batch:
         """A batch for re-planning: the latest the controller saw, or ``data``'s rows of
         the next step, whole."""
-        for item in reversed(self._since):
+        for _, _, item in reversed(self._since):
             if not isinstance(item, int):
                 return item
         if self._last_batch is not None:
@@ -641,6 +766,7 @@ class Trainer:
         which it takes every ``snapshot_every`` steps (a lost proc may fail that
         snapshot after the step ran: the recovery runs the step again, and the caller
         has its loss)."""
+        counts = (self._done, self._steps)
         loss = await self._call(w, "step", item, prepared)
         if done is not None:
             done.append(loss)
@@ -649,35 +775,31 @@ class Trainer:
             self._steps = item + 1
         else:
             self._last_batch = item
-        self._since.append(item)
-        if self._on_lost != "fail" and self._done % self._snapshot_every == 0:
+        self._since.append((*counts, item))
+        if self._on_lost == "respawn":  # (each rank's copy is of this step or the last)
+            del self._since[:-RERUN_KEPT]
+        elif self._on_lost == "replan" and self._done % self._snapshot_every == 0:
             await self._take_snapshot(w)
 
     async def _take_snapshot(self, w: Any) -> None:
-        """The model's state as it is now, into memory (/dev/shm), where a recovery
-        restores from; the one before it removed. For ``respawn``, each rank writes its
-        own shards as they lie (no collective: a new proc at the same rank reads its
-        predecessor's file); for ``replan``, a checkpoint of whole tensors (which any
-        plan loads; each stage gathers its tensors first). One that cannot be written
-        is logged, and the one before it kept (the steps since it are kept too)."""
+        """``replan``: the model's state as it is now, a checkpoint of whole tensors
+        (which any plan loads; each stage gathers its tensors first) into memory
+        (/dev/shm), where a recovery restores from; the one before it removed. One that
+        cannot be written is logged, and the one before it kept (the steps since it are
+        kept too)."""
         from . import _checkpoint
 
         path = self._snapshots.fresh()
-        kind = "own" if self._on_lost == "respawn" else "whole"
         try:
-            if kind == "own":
-                await asyncio.to_thread(os.makedirs, path)
-                held = {d["rank"]: d["bytes"] for d in await _each(w.snapshot, path)}
-            else:
-                await self._write_checkpoint(w, path)
-                held = await asyncio.to_thread(_checkpoint.bytes_by_rank, path)
+            await self._write_checkpoint(w, path)
+            held = await asyncio.to_thread(_checkpoint.bytes_by_rank, path)
         except Exception as e:
             if not (_rolled_back(e) or isinstance(e, OSError)):
                 raise
             log.warning("the snapshot of step %d could not be written: %s", self._done, e)
             await asyncio.to_thread(self._snapshots.drop, path)
             return
-        self._snapshot, self._snapshot_at = (kind, path), (self._done, self._steps)
+        self._snapshot, self._snapshot_at = path, (self._done, self._steps)
         self._since, self._snapshot_bytes = [], held
         await asyncio.to_thread(self._snapshots.keep_only, path)
 
@@ -874,13 +996,22 @@ class Trainer:
 
     def held_bytes(self) -> Future[list[dict[str, int]]]:
         """Per proc, in rank order: bytes of ``weights``, ``grads``, ``optimizer`` state
-        held there, and their ``total``; and ``snapshot``, the bytes of its part of the
-        latest snapshot, which the host holds in memory (/dev/shm) for a recovery."""
+        held there, and their ``total``; ``copies``, the bytes of the copies of state
+        it holds for a lost proc's successor (``respawn``: its own two latest, and its
+        peer's, where no replica holds the same); and ``snapshot``, the bytes of its
+        part of the latest snapshot (``replan``), which the host holds in memory
+        (/dev/shm)."""
 
         async def go(w: Any) -> list[dict[str, int]]:
             held = await _each(w.held_bytes)
+            peers: dict[int, int] = {}
+            if self._keepers is not None:
+                flat = self._keepers.procs.flatten("rank")
+                for r in range(len(self._procs)):
+                    peers[r] = await flat.slice(rank=r).nbytes.call_one()
             return [
                 {k: v for k, v in h.items() if k != "rank"}
+                | {"copies": h["copies"] + peers.get(h["rank"], 0)}
                 | {"snapshot": self._snapshot_bytes.get(h["rank"], 0)}
                 for h in sorted(held, key=lambda h: h["rank"])
             ]
@@ -903,6 +1034,8 @@ class Trainer:
                     return
                 await w.close.call()
                 await w.stop()
+                if self._keepers is not None:
+                    await self._keepers.stop()
             finally:
                 await asyncio.to_thread(self._snapshots.close)
                 if self._recoveries:  # procs the trainer spawned itself

@@ -27,6 +27,7 @@ from torch import nn
 from ..actors import Actor, context, endpoint
 from ..config import config
 from . import _checkpoint, _tp
+from ._copies import CONTROLLER, Copier, CopyPlan, fetch
 from ._errors import ROLLED_BACK
 from ._layout import Layout, runs_fsdp
 from ._model import (
@@ -39,7 +40,8 @@ from ._model import (
     shard_batch,
     split_batch,
 )
-from ._staging import Staged, fetch
+from ._staging import Staged
+from ._staging import fetch as fetch_shard
 
 OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
 
@@ -306,7 +308,7 @@ class ParallelWorker(Actor):
         data: Callable[[int, int, int], Any] | None = None,
         tied: list[tuple[str, str]] | None = None,
         resume: str | None = None,
-        snapshot: str | None = None,
+        copies: CopyPlan | None = None,
     ) -> None:
         """Join the process group and build this proc's piece, its wrappers and optimizer;
         ``data(step, dp_rank, dp_size)``, where given, loads this replica's rows.
@@ -315,9 +317,9 @@ class ParallelWorker(Actor):
         the whole model. ``tied``: the weights the model shares between two names
         (:func:`tied_params`: a pipeline's first and last stage each hold one).
         ``resume``: a checkpoint's directory (:mod:`._checkpoint`), whose weights and
-        optimizer state this rank's piece starts from. ``snapshot``: a directory of
-        :meth:`snapshot`'s files, written under this same layout, whose rank's file
-        this rank starts from."""
+        optimizer state this rank's piece starts from. ``copies``: where this rank
+        keeps a copy of its state after each step (:mod:`._copies`), and, where given,
+        the peer whose copy it starts from (a lost proc's successor)."""
         self.data = data
         set_threads()
         self.layout = layout
@@ -397,8 +399,12 @@ class ParallelWorker(Actor):
                 saved_scale = _checkpoint.meta(resume).get("loss_scale")
                 if isinstance(saved_scale, (int, float)) and saved_scale > 0:
                     self.loss_scale = float(saved_scale)
-        if snapshot is not None:
-            self._load_snapshot(snapshot)
+        #: the steps this rank's state has taken (counted as the controller counts
+        #: them: a rolled-back step is none), and its copies' side, where it keeps them
+        self.applied = 0 if copies is None else copies.start
+        self.copier: Copier | None = None
+        if copies is not None:
+            self._keep_copies(copies)
         #: a pipeline's schedule per shape of a replica's batch, the most recent last:
         #: a stage sizes its buffers for the activations of the first step it runs
         self._schedules: OrderedDict[tuple[int, ...], Any] = OrderedDict()
@@ -457,65 +463,70 @@ class ParallelWorker(Actor):
                 state[i] = got
         self._set_optimizer_state(state)
 
-    @endpoint
-    def snapshot(self, path: str) -> dict[str, int]:
-        """Write this rank's own state (its shards of the weights, buffers and optimizer
-        state, as they lie here) to ``path/rank-NNNNN.pt``: no collective, no gather,
-        for a proc of the same layout to start from (:meth:`_load_snapshot`). Where
-        data parallel keeps whole copies (DDP), the first replica's ranks alone write:
-        the others' state is the same. This rank, and the bytes written."""
-        assert self.module is not None
-        if self._snapshot_source() != self.rank:
-            return {"rank": self.rank, "bytes": 0}
-        opt = self.optimizer.state_dict()
-        state = {
-            "model": {k: _local_copy(t) for k, t in self.inner.state_dict().items()},
-            "optim": {
-                i: {k: _local_copy(v) if isinstance(v, torch.Tensor) else v for k, v in st.items()}
-                for i, st in opt["state"].items()
-            },
-            "loss_scale": self.loss_scale,
-            "good_steps": self._good_steps,
-        }
-        name = os.path.join(path, f"rank-{self.rank:05d}.pt")
-        torch.save(state, name + ".tmp")
-        os.replace(name + ".tmp", name)
-        return {"rank": self.rank, "bytes": os.path.getsize(name)}
+    # --- copies of the state in memory, for a lost proc's successor ------------------------
 
-    def _snapshot_source(self) -> int:
-        """The rank whose snapshot file holds this rank's state: its own, or under DDP
-        (replicas hold the same whole state) the first replica's rank at its place."""
+    def _keep_copies(self, copies: CopyPlan) -> None:
+        """Start keeping a copy of this rank's state after each step, and of the state
+        it starts from (DDP replicas hold the same state: the first two keep one for
+        every rank; any other rank keeps its own, and its peer's keeper reads it),
+        from the copy ``copies.restore`` names, where given."""
         from torch.nn.parallel import DistributedDataParallel
 
         assert self.layout is not None
+        layout = self.layout
+        n = layout.dp * layout.pp * layout.tp
+        serves: tuple[int, ...] | None = (self.rank,)
+        peer: int | None = (self.rank + 1) % n if n > 1 else CONTROLLER
         if isinstance(self.module, DistributedDataParallel):
-            return self.layout.rank(0, self.pp_i, self.tp_i)
-        return self.rank
+            replicas = tuple(layout.rank(d, self.pp_i, self.tp_i) for d in range(layout.dp))
+            serves, peer = (replicas if self.dp_i < 2 else None), None
+        if copies.restore is not None:
+            assert copies.source is not None
+            self._load_copy(
+                fetch(copies.source, copies.restore[self.rank], self.rank, copies.start)
+            )
+        self.copier = Copier(self.rank, copies.keepers, serves, peer)
+        # the state it starts from is a copy too: a proc lost before the first step
+        # ends (or right after a recovery) is restored from it, with no step run again
+        self.copier.after_step(self.applied, *self._own_state())
 
-    def _load_snapshot(self, path: str) -> None:
-        """This rank's state from :meth:`snapshot`'s file in ``path`` (written by the
-        proc this one replaces, under the same layout)."""
+    def _own_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """This rank's state as it lies here (no copy, no gather): its shards of the
+        weights and buffers (``m.<name>``) and of the optimizer's state (``o.<i>.<key>``,
+        ``i`` a parameter's place in the optimizer), and its other values."""
+        tensors: dict[str, torch.Tensor] = {}
+        rest: dict[str, Any] = {"loss_scale": self.loss_scale, "good_steps": self._good_steps}
+        for k, t in self.inner.state_dict().items():
+            tensors[f"m.{k}"] = _local(t)
+        for i, st in self.optimizer.state_dict()["state"].items():
+            for k, v in st.items():
+                if isinstance(v, torch.Tensor):
+                    tensors[f"o.{i}.{k}"] = _local(v)
+                else:
+                    rest[f"o.{i}.{k}"] = v
+        return tensors, rest
+
+    def _load_copy(self, saved: dict[str, Any]) -> None:
+        """This rank's state from a copy of its predecessor's (:meth:`_own_state`, under
+        the same layout)."""
         from torch.distributed.tensor import DTensor
 
         assert self.module is not None
-        name = os.path.join(path, f"rank-{self._snapshot_source():05d}.pt")
-        saved = torch.load(name, map_location="cpu", weights_only=False)
         with torch.no_grad():
             for k, t in self.inner.state_dict().items():
-                local = t.to_local() if isinstance(t, DTensor) else t
-                local.copy_(saved["model"][k])
+                _local(t).copy_(saved[f"m.{k}"])
         params = list(self.module.parameters())  # the optimizer's order
         state: dict[int, dict[str, Any]] = {}
-        for i, st in saved["optim"].items():
-            p = params[i]
-            got = {}
-            for k, v in st.items():
-                if isinstance(v, torch.Tensor) and v.dim() > 0:
-                    v = v.to(self.device)
-                    if isinstance(p, DTensor):
-                        v = DTensor.from_local(v, p.device_mesh, p.placements, run_check=False)
-                got[k] = v
-            state[i] = got
+        for key, v in saved.items():
+            if not key.startswith("o."):
+                continue
+            i, k = key[2:].split(".", 1)
+            p = params[int(i)]
+            if isinstance(v, torch.Tensor):
+                v = v.to(self.device, copy=True)
+                if v.dim() > 0 and isinstance(p, DTensor):
+                    v = DTensor.from_local(v, p.device_mesh, p.placements, run_check=False)
+            state.setdefault(int(i), {})[k] = v
         self._set_optimizer_state(state)
         self.loss_scale, self._good_steps = saved["loss_scale"], saved["good_steps"]
 
@@ -636,7 +647,7 @@ class ParallelWorker(Actor):
         """What the controller sent this rank of its replica's rows (see
         :func:`shard_batch`), on this proc's device: inputs, target, the other inputs."""
         if isinstance(shard, Staged):  # a large shard: its bytes wait on the data plane
-            shard = fetch(shard, COLLECTIVE_TIMEOUT)
+            shard = fetch_shard(shard, COLLECTIVE_TIMEOUT)
 
         def here(t: Any) -> Any:
             return t.to(self.device) if isinstance(t, torch.Tensor) else t
@@ -738,6 +749,9 @@ class ParallelWorker(Actor):
             set_rng_state(rng)  # dropout draws as if the step had never been sent
             self._raise_user_error()
             return None
+        self.applied += 1
+        if self.copier is not None:
+            self.copier.after_step(self.applied, *self._own_state())
         return loss if self._reports_loss() else None
 
     def _agree(self, overflow: bool) -> bool:
@@ -770,6 +784,8 @@ class ParallelWorker(Actor):
         doubles. In other precisions True, unless (in any precision) a user's error on
         any rank rolls the step back (:meth:`_agree`)."""
         assert self.module is not None and self.layout is not None
+        if self.copier is not None:  # (the all-reduce below then says all copies are held)
+            self.copier.wait_held()
         if self.layout.precision != "fp16":
             return not self._agree(overflow=False)
         inv = 1.0 / self._scale_now
@@ -908,7 +924,8 @@ class ParallelWorker(Actor):
         ``peak``, the most it has held at once since the trainer set up (see
         :func:`peak_bytes`: on CPU the whole process's resident memory), and
         ``baseline``, what it held before the model came (so ``peak - baseline`` is
-        what training added)."""
+        what training added); ``copies``, the bytes of the copies of its state it
+        keeps for a lost proc's successor (:mod:`._copies`)."""
         assert self.module is not None
         params = list(self.module.parameters())
         weights = sum(tensor_bytes(p) for p in params)
@@ -916,6 +933,7 @@ class ParallelWorker(Actor):
         opt = optimizer_state_bytes(self.optimizer)
         total = weights + grads + opt
         return {
+            "copies": 0 if self.copier is None else self.copier.nbytes(),
             "rank": self.rank,
             "weights": weights,
             "grads": grads,
@@ -929,15 +947,16 @@ class ParallelWorker(Actor):
     def close(self) -> None:
         """Leave the process group (the trainer stops; the proc may host another)."""
         self._schedules.clear()
+        if self.copier is not None:
+            self.copier.close()
         self.module = None
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _local_copy(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of ``t`` (a DTensor's local shard), copied to the CPU."""
-    local = t.to_local() if hasattr(t, "to_local") else t
-    return local.detach().to("cpu", copy=True)
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t``: a DTensor's local shard, else ``t``."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 @contextmanager

@@ -1,0 +1,297 @@
+"""Copies of every rank's state in memory after each step, for a lost proc's successor.
+
+After each step a worker packs its own state (its shards of the weights, buffers and
+optimizer state, as they lie there) into one of two byte buffers, registered on the data
+plane: the latest two steps' state. Where no other rank holds the same state, the
+:class:`Keeper` beside the next rank's worker (an actor of its own on that proc) reads the
+copy into its memory while the next step computes. Before its next optimizer step each
+worker waits until its copy is held; the step's all-reduce, which every rank takes part
+in before any changes its weights, then says that every copy of the step before is held.
+
+So once the controller has seen step ``t`` end, every rank's state after step ``t - 1``
+or ``t`` is in two procs' memory: its own buffers and its peer's keeper (DDP replicas
+hold the same state: there, two replicas' own buffers serve every rank and no keeper
+copies anything). A single lost proc, or several that are not neighbours, leaves one of
+each; :func:`restore_point` picks the latest step that every rank can start from.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..actors import Actor, concurrent_endpoint, endpoint
+
+log = logging.getLogger("danaus.parallel")
+
+#: where a tensor lies in a packed copy: (name, dtype, shape, offset)
+Spec = tuple[str, str, tuple[int, ...], int]
+#: each tensor starts at a multiple of this in a packed copy (any dtype's alignment)
+ALIGN = 64
+#: seconds a keeper's read of a copy, or a successor's read of one, may take
+READ_TIMEOUT_S = 120.0
+#: seconds a worker waits for its peer to hold its copy, before its optimizer step
+HELD_TIMEOUT_S = 120.0
+#: the keeper on the controller (a trainer of one proc has no peer to hold its copy)
+CONTROLLER = -1
+
+
+@dataclass(frozen=True)
+class Keepers:
+    """A trainer's keepers: one beside each worker (``procs``), and, for a trainer of
+    one proc, one on the controller (``controller``), which holds that proc's copy."""
+
+    procs: Any  # an ActorMesh of Keeper over the trainer's procs
+    controller: Any = None  # an ActorMesh of one Keeper, on the controller's proc
+
+    def at(self, k: int) -> Any:
+        """Keeper ``k``: the one at rank ``k``, or :data:`CONTROLLER`'s."""
+        if k == CONTROLLER:
+            return self.controller
+        return self.procs.flatten("rank").slice(rank=k)
+
+    def all(self) -> dict[int, Any]:
+        """Every keeper, by :meth:`at`'s key."""
+        flat = self.procs.flatten("rank")
+        out = {r: flat.slice(rank=r) for r in range(len(flat))}
+        if self.controller is not None:
+            out[CONTROLLER] = self.controller
+        return out
+
+    async def stop(self) -> None:
+        await self.procs.stop()
+        if self.controller is not None:
+            await self.controller.stop()
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One rank's state after step ``step``, waiting in a registered buffer."""
+
+    step: int
+    buffer: Any  # an RDMABuffer (a picklable handle)
+    specs: tuple[Spec, ...]
+    nbytes: int
+    #: what is not a tensor (the fp16 loss scale, an optimizer's plain numbers)
+    rest: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """What a worker's setup is told of the copies: the trainer's keepers (one on each
+    of its procs), the steps its state has taken where it starts, and, for a lost
+    proc's successors, each rank's keeper holding its copy of that step."""
+
+    keepers: Keepers
+    start: int = 0
+    restore: dict[int, int] | None = None
+    #: the keepers ``restore`` names (beside the workers the successors replace)
+    source: Keepers | None = None
+
+
+def layout_of(tensors: Mapping[str, torch.Tensor]) -> tuple[tuple[Spec, ...], int]:
+    """Where each of ``tensors`` goes in a packed copy, and the copy's size."""
+    specs: list[Spec] = []
+    offset = 0
+    for name, t in tensors.items():
+        specs.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
+        offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+    return tuple(specs), offset
+
+
+def pack_into(
+    out: torch.Tensor, tensors: Mapping[str, torch.Tensor], specs: tuple[Spec, ...]
+) -> None:
+    """Copy ``tensors`` into ``out`` (a uint8 tensor of :func:`layout_of`'s size)."""
+    for (_, _, _, at), t in zip(specs, tensors.values(), strict=True):
+        n = t.numel() * t.element_size()
+        if n:
+            out[at : at + n].view(t.dtype).view(t.shape).copy_(t.detach())
+
+
+def unpack(data: torch.Tensor, specs: Iterable[Spec]) -> dict[str, torch.Tensor]:
+    """The tensors a packed copy holds, as views of ``data``."""
+    out = {}
+    for name, dtype, shape, at in specs:
+        kind = getattr(torch, dtype)
+        n = int(torch.Size(shape).numel()) * torch.empty((), dtype=kind).element_size()
+        out[name] = data[at : at + n].view(kind).view(shape)
+    return out
+
+
+class Keeper(Actor):
+    """Beside each worker of a trainer: what this proc holds for a lost proc's successor.
+
+    Its own worker's two latest copies (told by :meth:`mine`: the bytes stay in the
+    worker's buffers) and the two latest copies of its peer's state, read into its own
+    memory (:meth:`hold`). Answers while its worker is busy, or stuck in a collective
+    waiting for a lost peer: it is an actor of its own."""
+
+    def __init__(self) -> None:
+        #: the worker's copies here, by its buffer: (the ranks each serves, the copy)
+        self.own: dict[int, tuple[tuple[int, ...], Copy]] = {}
+        #: the peers' copies read here: rank -> [(step, bytes, copy)], the newest last
+        self.held: dict[int, list[tuple[int, torch.Tensor, Copy]]] = {}
+        #: the held bytes registered for a successor to read, by id of the bytes
+        self._registered: dict[int, Any] = {}
+
+    @endpoint
+    async def mine(self, serves: tuple[int, ...], copy: Copy) -> None:
+        """The worker's copy of step ``copy.step`` waits in its buffer ``copy.step % 2``
+        (over the copy two steps older): it serves the ranks ``serves``."""
+        self.own[copy.step % 2] = (tuple(serves), copy)
+
+    @concurrent_endpoint
+    async def hold(self, rank: int, copy: Copy) -> int:
+        """Read rank ``rank``'s copy into memory here, over the older one held (which is
+        forgotten first: its step is never needed once a newer one is being sent); the
+        step held. Concurrent: a read from a proc that died meanwhile must not keep the
+        controller's questions waiting."""
+        kept = self.held.setdefault(rank, [])
+        data = None
+        if len(kept) >= 2:
+            _, data, _ = kept.pop(0)
+            await self._unregister(data)
+        if data is None or data.numel() != copy.nbytes:
+            data = torch.empty(copy.nbytes, dtype=torch.uint8)
+        if copy.nbytes:
+            await copy.buffer.read_into(data, timeout=READ_TIMEOUT_S)
+        kept.append((copy.step, data, copy))
+        return copy.step
+
+    async def _unregister(self, data: torch.Tensor) -> None:
+        buffer = self._registered.pop(id(data), None)
+        if buffer is not None:
+            await buffer.drop()
+
+    @endpoint
+    async def steps(self) -> list[tuple[int, int]]:
+        """What this proc can give a successor: (rank, step) for each copy held."""
+        out = [(r, c.step) for serves, c in self.own.values() for r in serves]
+        out += [(r, s) for r, kept in self.held.items() for s, _, _ in kept]
+        return out
+
+    @endpoint
+    async def give(self, rank: int, step: int) -> Copy:
+        """Rank ``rank``'s copy of step ``step``, for its successor to read.
+
+        Raises:
+            LookupError: none is held here (the worker has since moved on).
+        """
+        for serves, copy in self.own.values():
+            if copy.step == step and rank in serves:
+                return copy
+        for s, data, copy in self.held.get(rank, []):
+            if s == step:
+                from ..rdma import RDMABuffer
+
+                buffer = self._registered.get(id(data))
+                if buffer is None:
+                    buffer = self._registered[id(data)] = RDMABuffer(data)
+                return Copy(step, buffer, copy.specs, copy.nbytes, copy.rest)
+        raise LookupError(f"this proc holds no copy of rank {rank}'s state after step {step}")
+
+    @endpoint
+    async def nbytes(self) -> int:
+        """The bytes of the peers' copies held here (the worker's own: see its held_bytes)."""
+        return sum(d.numel() for kept in self.held.values() for _, d, _ in kept)
+
+
+def restore_point(
+    n: int, held: Mapping[int, Iterable[tuple[int, int]]], latest: int, oldest: int
+) -> tuple[int, dict[int, int]] | None:
+    """The latest step, from ``latest`` down to ``oldest``, whose copies cover every rank
+    of ``n``, and where each rank's copy is (a keeper's rank), preferring its own
+    proc's; None where no step is covered. ``held``: each live keeper's
+    :meth:`Keeper.steps`."""
+    where: dict[int, dict[int, int]] = {}  # step -> rank -> keeper
+    for keeper, pairs in held.items():
+        for rank, step in pairs:
+            at = where.setdefault(step, {})
+            if rank not in at or keeper == rank:
+                at[rank] = keeper
+    for step in range(latest, oldest - 1, -1):
+        at = where.get(step, {})
+        if all(r in at for r in range(n)):
+            return step, {r: at[r] for r in range(n)}
+    return None
+
+
+class Copier:
+    """A worker's side of the copies: its two buffers, its notices to its own keeper and,
+    where its state is its own, the copy its peer's keeper reads."""
+
+    def __init__(
+        self, rank: int, keepers: Keepers, serves: tuple[int, ...] | None, peer: int | None
+    ) -> None:
+        self.rank = rank
+        self.serves = serves  # None: this rank keeps no copy (a DDP replica past two)
+        self.own = keepers.at(rank)
+        self.peer = None if peer is None else keepers.at(peer)
+        #: the two buffers: (bytes, its registration), the older overwritten each step
+        self.slots: list[tuple[torch.Tensor, Any] | None] = [None, None]
+        self.pending: Any = None  # the peer's keeper reading the latest copy
+        self.failed: BaseException | None = None
+
+    def nbytes(self) -> int:
+        return sum(s[0].numel() for s in self.slots if s is not None)
+
+    def wait_held(self) -> None:
+        """Before the optimizer step: the peer holds the copy of the step before (the
+        step's all-reduce, after this, tells every rank that every copy is held)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        try:
+            pending.get(timeout=HELD_TIMEOUT_S)
+        except Exception as e:  # the step goes on; a recovery may then find no copy
+            if self.failed is None:
+                log.warning("rank %d: its peer could not hold its state's copy: %s", self.rank, e)
+            self.failed = e
+
+    def after_step(
+        self, step: int, tensors: Mapping[str, torch.Tensor], rest: dict[str, Any]
+    ) -> None:
+        """This rank's state after step ``step`` into the older buffer, and where it is
+        told: its own keeper, and its peer's, which reads it."""
+        if self.serves is None:
+            return
+        from ..rdma import RDMABuffer
+
+        specs, size = layout_of(tensors)
+        k = step % 2
+        slot = self.slots[k]
+        if slot is None or slot[0].numel() != size:
+            if slot is not None:
+                slot[1].drop().get()
+            data = torch.empty(size, dtype=torch.uint8)
+            slot = (data, RDMABuffer(data) if size else None)
+            self.slots[k] = slot
+        pack_into(slot[0], tensors, specs)
+        copy = Copy(step, slot[1], specs, size, rest)
+        self.own.mine.broadcast(self.serves, copy)
+        if self.peer is not None:
+            self.pending = self.peer.hold.call_one(self.rank, copy)
+
+    def close(self) -> None:
+        for slot in self.slots:
+            if slot is not None and slot[1] is not None:
+                try:
+                    slot[1].drop().get(timeout=5.0)
+                except Exception:  # (the proc is going: nothing to release)
+                    pass
+        self.slots = [None, None]
+
+
+def fetch(keepers: Keepers, keeper: int, rank: int, step: int) -> dict[str, Any]:
+    """Rank ``rank``'s state after step ``step`` from keeper ``keeper`` (from sync code:
+    a worker's setup): its tensors, then its other values."""
+    copy = keepers.at(keeper).give.call_one(rank, step).get(timeout=READ_TIMEOUT_S)
+    data = torch.empty(copy.nbytes, dtype=torch.uint8)
+    if copy.nbytes:
+        copy.buffer.read_into(data, timeout=READ_TIMEOUT_S).get()
+    return {**unpack(data, copy.specs), **copy.rest}
