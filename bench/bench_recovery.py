@@ -1,6 +1,8 @@
-"""Training through lost procs: what a snapshot costs a step at steady state (snapshots
-every step, every 10, none: the floor, measured in the same run), and how long a
-trainer takes from a SIGKILL to its next completed step, per layout and per
+"""Training through lost procs: what keeping a copy of every rank's state after each
+step costs a step at steady state (``respawn``, against the same layout trained with
+``on_lost_proc="fail"``, which keeps none: the floor, measured in the same run, on the
+same procs, alternated), what ``replan``'s snapshot costs (every step, every 10), and
+how long a trainer takes from a SIGKILL to its next completed step, per layout and per
 ``on_lost_proc`` mode (against the step time measured on the same procs).
 
 ``python -m bench.bench_recovery``
@@ -39,17 +41,39 @@ def _model() -> torch.nn.Module:
         n_layer=4, n_embd=128, n_head=4, n_positions=SEQ, vocab_size=2048,
         bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     )  # fmt: skip
-    return GPT2LMHeadModel(cfg)
+    model = GPT2LMHeadModel(cfg)
+    model.loss_type = "ForCausalLM"  # (named: no transformers warning)
+    return model
 
 
 def _adamw(ps: Iterator[torch.nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.AdamW(ps, lr=1e-4)
 
 
-def _batch(seed: int) -> dict[str, torch.Tensor]:
+def _batch(seed: int, rows: int = BATCH) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 2048, (BATCH, SEQ), generator=g)
+    ids = torch.randint(0, 2048, (rows, SEQ), generator=g)
     return {"input_ids": ids, "labels": ids}
+
+
+async def _copies(dims: dict[str, Any], rows: int, rounds: int = 3) -> tuple[float, float]:
+    """The median step (s) without copies (``fail``) and with them (``respawn``), on
+    batches of ``rows``: one trainer after the other on the same procs, ``rounds`` times
+    each, alternated."""
+    times: dict[str, list[float]] = {"fail": [], "respawn": []}
+    async with this_host().spawn_procs(per_host={"procs": PROCS}) as procs:
+        p = await plan(_model(), procs, sample=_batch(0, rows), **dims)
+        for _ in range(rounds):
+            for mode in times:
+                trainer = parallelize(_model(), procs, p, optimizer=_adamw, on_lost_proc=mode)
+                for i in range(2):  # warm-up (the optimizer's state, the buffers' size)
+                    await trainer.step(_batch(i, rows))
+                for i in range(2, 2 + STEPS):
+                    t = time.perf_counter()
+                    await trainer.step(_batch(i, rows))
+                    times[mode].append(time.perf_counter() - t)
+                await trainer.stop()
+    return statistics.median(times["fail"]), statistics.median(times["respawn"])
 
 
 async def _steady(dims: dict[str, Any], mode: str) -> tuple[float, float]:
@@ -81,7 +105,7 @@ async def _recovery(dims: dict[str, Any], mode: str) -> tuple[float, float, dict
             _model(), procs, p, optimizer=_adamw, on_lost_proc=mode, snapshot_every=4
         )
         times = []
-        for i in range(6):  # a snapshot after step 4; steps 5, 6 to run again
+        for i in range(6):  # (replan: a snapshot after step 4; steps 5, 6 to run again)
             t = time.perf_counter()
             await trainer.step(_batch(i))
             times.append(time.perf_counter() - t)
@@ -96,26 +120,39 @@ async def _recovery(dims: dict[str, Any], mode: str) -> tuple[float, float, dict
 
 async def _main() -> None:
     print(f"GPT-2 (4 layers, 128 wide), batch {BATCH} x {SEQ}, on {PROCS} procs")
-    print("\nsteady state: the median step with a snapshot against without (the floor),")
-    print("on one trainer; a snapshot's cost spread over its steps, every 10 (the default)")
-    print("and every step")
+    print("\nsteady state, respawn: the median step keeping a copy of every rank's state")
+    print("after each step, against the same layout keeping none (on_lost_proc='fail', the")
+    print("floor), alternated on the same procs; the copy's cost is per step, so a step")
+    print(f"of more tokens pays less of it (the last rows: batches of {4 * BATCH} x {SEQ})")
+    rows = [(name, dims, BATCH) for name, dims in LAYOUTS]
+    rows += [(name, dims, 4 * BATCH) for name, dims in LAYOUTS[1:]]
+    for name, dims, n in rows:
+        plain, kept = await _copies(dims, n)
+        print(
+            f"  {name:<12} batch {n:3d}: {plain * 1e3:6.1f} ms, with copies "
+            f"{kept * 1e3:6.1f} ms ({kept / plain:.3f}x: {kept / plain - 1:+.1%})"
+        )
+    print("\nsteady state, replan: the median step with a snapshot against without (the")
+    print("floor), on one trainer; a snapshot's cost spread over its steps, every 10 (the")
+    print("default) and every step")
     for name, dims in LAYOUTS:
-        for mode in ("respawn", "replan"):
-            plain, snapped = await _steady(dims, mode)
-            extra = max(0.0, snapped - plain)
-            print(
-                f"  {name:<12} {mode:<8} {plain * 1e3:6.1f} ms, with a snapshot "
-                f"{snapped * 1e3:6.1f} ms ({snapped / plain:.2f}x): every 10 steps "
-                f"+{extra / 10 / plain:.1%}, every step +{extra / plain:.1%}"
-            )
-    print("\nfrom SIGKILL to the next completed step (steps 5-6 since the snapshot run again)")
+        plain, snapped = await _steady(dims, "replan")
+        extra = max(0.0, snapped - plain)
+        print(
+            f"  {name:<12} {plain * 1e3:6.1f} ms, with a snapshot {snapped * 1e3:6.1f} ms "
+            f"({snapped / plain:.2f}x): every 10 steps +{extra / 10 / plain:.1%}, "
+            f"every step +{extra / plain:.1%}"
+        )
+    print("\nfrom SIGKILL of rank 1 after step 6 to the next completed step")
     for name, dims in LAYOUTS:
         for mode in ("respawn", "replan"):
             took, step, r = await _recovery(dims, mode)
             phases = ", ".join(f"{k} {v:.1f}" for k, v in r["seconds"].items())
             print(
                 f"  {name:<12} {mode:<8} {took:5.1f} s = {took / step:5.0f} steps "
-                f"(step {step * 1e3:.0f} ms; {phases} s; on {r['procs']} procs, {r['plan']})"
+                f"(step {step * 1e3:.0f} ms; {phases} s; on {r['procs']} procs, {r['plan']}; "
+                f"from the {r['restored_from']} of step {r['restored_step']}, "
+                f"{r['rerun_steps']} run again)"
             )
 
 

@@ -18,7 +18,8 @@ each; :func:`restore_point` picks the latest step that every rank can start from
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
+from concurrent.futures import Future as ThreadFuture
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,10 +105,17 @@ def layout_of(tensors: Mapping[str, torch.Tensor]) -> tuple[tuple[Spec, ...], in
 
 
 def pack_into(
-    out: torch.Tensor, tensors: Mapping[str, torch.Tensor], specs: tuple[Spec, ...]
+    out: torch.Tensor,
+    tensors: Mapping[str, torch.Tensor],
+    specs: tuple[Spec, ...],
+    only: Container[str] | None = None,
+    skip: Container[str] = (),
 ) -> None:
-    """Copy ``tensors`` into ``out`` (a uint8 tensor of :func:`layout_of`'s size)."""
-    for (_, _, _, at), t in zip(specs, tensors.values(), strict=True):
+    """Copy ``tensors`` into ``out`` (a uint8 tensor of :func:`layout_of`'s size): those
+    named in ``only`` where given, and none named in ``skip``."""
+    for (name, _, _, at), t in zip(specs, tensors.values(), strict=True):
+        if (only is not None and name not in only) or name in skip:
+            continue
         n = t.numel() * t.element_size()
         if n:
             out[at : at + n].view(t.dtype).view(t.shape).copy_(t.detach())
@@ -223,61 +231,130 @@ def restore_point(
 
 class Copier:
     """A worker's side of the copies: its two buffers, its notices to its own keeper and,
-    where its state is its own, the copy its peer's keeper reads."""
+    where its state is its own, the copy its peer's keeper reads.
+
+    A step's weights and optimizer state are packed in a thread of its own, and its
+    keepers told from the proc's loop, while the next step's forward and backward run
+    (which read them, and change neither: its buffers, which a forward may change, are
+    packed at once); the optimizer step first waits for that (:meth:`wait_held`)."""
 
     def __init__(
         self, rank: int, keepers: Keepers, serves: tuple[int, ...] | None, peer: int | None
     ) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ..actors._api import current_runtime
+
         self.rank = rank
         self.serves = serves  # None: this rank keeps no copy (a DDP replica past two)
         self.own = keepers.at(rank)
         self.peer = None if peer is None else keepers.at(peer)
+        self._rt = current_runtime()  # (the proc's: made on the worker's thread)
         #: the two buffers: (bytes, its registration), the older overwritten each step
         self.slots: list[tuple[torch.Tensor, Any] | None] = [None, None]
-        self.pending: Any = None  # the peer's keeper reading the latest copy
         self.failed: BaseException | None = None
+        self._packer = ThreadPoolExecutor(1, thread_name_prefix="danaus-copy")
+        #: the latest copy's buffer, and what its sending resolves to once its keepers
+        #: are told: the peer's keeper reading it (a Future), or None where no peer reads
+        self._sending: tuple[int, ThreadFuture[Any]] | None = None
+        #: the tensors last packed (the same dict while the state keeps its shape), and
+        #: where each goes in a copy, and its size
+        self._layout: tuple[Mapping[str, torch.Tensor], tuple[Spec, ...], int] | None = None
 
     def nbytes(self) -> int:
         return sum(s[0].numel() for s in self.slots if s is not None)
 
     def wait_held(self) -> None:
-        """Before the optimizer step: the peer holds the copy of the step before (the
-        step's all-reduce, after this, tells every rank that every copy is held)."""
-        pending, self.pending = self.pending, None
-        if pending is None:
+        """Before the optimizer step: the latest copy is packed, and held by the peer
+        (the step's all-reduce, after this, tells every rank that every copy is)."""
+        sending, self._sending = self._sending, None
+        if sending is None:
             return
         try:
-            pending.get(timeout=HELD_TIMEOUT_S)
+            pending = sending[1].result(timeout=HELD_TIMEOUT_S)
+            if pending is not None:
+                pending.get(timeout=HELD_TIMEOUT_S)
         except Exception as e:  # the step goes on; a recovery may then find no copy
             if self.failed is None:
-                log.warning("rank %d: its peer could not hold its state's copy: %s", self.rank, e)
+                log.warning("rank %d: its state's copy is not held: %s", self.rank, e)
             self.failed = e
 
     def after_step(
-        self, step: int, tensors: Mapping[str, torch.Tensor], rest: dict[str, Any]
+        self,
+        step: int,
+        tensors: Mapping[str, torch.Tensor],
+        rest: dict[str, Any],
+        now: Container[str] = (),
     ) -> None:
-        """This rank's state after step ``step`` into the older buffer, and where it is
-        told: its own keeper, and its peer's, which reads it."""
+        """This rank's state after step ``step`` into the older buffer: the tensors named
+        in ``now`` at once, the rest in the packer's thread, which then tells the
+        keepers."""
         if self.serves is None:
             return
         from ..rdma import RDMABuffer
 
-        specs, size = layout_of(tensors)
         k = step % 2
+        if self._sending is not None and self._sending[0] == k:  # (never, in step order)
+            self.wait_held()
+        if self._layout is None or self._layout[0] is not tensors:  # (the same each step)
+            self._layout = (tensors, *layout_of(tensors))
+        _, specs, size = self._layout
         slot = self.slots[k]
         if slot is None or slot[0].numel() != size:
-            if slot is not None:
+            if slot is not None and slot[1] is not None:
                 slot[1].drop().get()
             data = torch.empty(size, dtype=torch.uint8)
             slot = (data, RDMABuffer(data) if size else None)
             self.slots[k] = slot
-        pack_into(slot[0], tensors, specs)
+        pack_into(slot[0], tensors, specs, only=now)
         copy = Copy(step, slot[1], specs, size, rest)
-        self.own.mine.broadcast(self.serves, copy)
-        if self.peer is not None:
-            self.pending = self.peer.hold.call_one(self.rank, copy)
+        sent: ThreadFuture[Any] = ThreadFuture()
+        self._sending = (k, sent)
+        self._packer.submit(self._pack_and_tell, slot[0], tensors, specs, now, copy, sent)
+
+    def _pack_and_tell(
+        self,
+        out: torch.Tensor,
+        tensors: Mapping[str, torch.Tensor],
+        specs: tuple[Spec, ...],
+        now: Container[str],
+        copy: Copy,
+        sent: ThreadFuture[Any],
+    ) -> None:
+        """The packer's thread: the rest of the copy, then its keepers told (from the
+        proc's loop)."""
+        from ..actors._api import run_on
+
+        try:
+            pack_into(out, tensors, specs, skip=now)
+        except BaseException as e:
+            sent.set_exception(e)
+            return
+        run_on(self._rt, self._tell, copy, sent)
+
+    def _tell(self, copy: Copy, sent: ThreadFuture[Any]) -> None:
+        """On the proc's loop: the own keeper told where the copy is, the peer's keeper
+        to read it."""
+        try:
+            self.own.mine.broadcast(self.serves, copy)
+            pending = None if self.peer is None else self.peer.hold.call_one(self.rank, copy)
+        except BaseException as e:
+            sent.set_exception(e)
+            return
+        sent.set_result(pending)
 
     def close(self) -> None:
+        """Stop keeping copies: the latest one's sending ended (its peer's read, which
+        the buffers must outlast), the buffers released."""
+        self._packer.shutdown(wait=True)
+        sending, self._sending = self._sending, None
+        if sending is not None:
+            try:
+                pending = sending[1].result(timeout=HELD_TIMEOUT_S)
+                if pending is not None:
+                    pending.get(timeout=HELD_TIMEOUT_S)
+            except Exception:  # (no step needs it any more)
+                pass
         for slot in self.slots:
             if slot is not None and slot[1] is not None:
                 try:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, 
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..actors._api import Future, current_runtime, run_task
-from ..mesh._api import add_section, host_of
+from ..mesh._api import add_section, host_of, preload_module
 from ..spmd import setup_torch_elastic_env_async
 from ._errors import ROLLED_BACK, PlanError
 from ._model import (
@@ -198,6 +198,8 @@ class Trainer:
         self._snapshot_bytes: dict[int, int] = {}  # (per rank, of the latest)
         self._snapshots = _Snapshots()
         self._keepers: Keepers | None = None
+        if on_lost_proc != "fail":  # (new procs start with the model's code imported)
+            preload_module(type(model).__module__)
         _LIVE.add(self)
         add_section("trainers", _trainers_picture)
         self._workers: Future[Any] = run_task(
@@ -551,10 +553,12 @@ class Trainer:
         resume = self._snapshot if where is None else None
         self._workers = run_task(self._rt, lambda: self._setup(procs, self.plan, resume, copies))
         w = await self._workers
-        if mode == "respawn":  # their copies are read: the survivors can go
-            await self._procs.stop(reason="the trainer's procs were replaced")
-        self._procs = procs
         phases["restore"] = time.perf_counter() - t
+        if mode == "respawn":  # their copies are read: the survivors can go
+            t = time.perf_counter()
+            await self._procs.stop(reason="the trainer's procs were replaced")
+            phases["stop"] = time.perf_counter() - t
+        self._procs = procs
         phases["_restored_step"] = at
         t = time.perf_counter()
         self._since = [item for item in self._since if item[0] < at]
@@ -775,6 +779,8 @@ class Trainer:
             self._steps = item + 1
         else:
             self._last_batch = item
+        if self._on_lost == "fail":  # (nothing runs again)
+            return
         self._since.append((*counts, item))
         if self._on_lost == "respawn":  # (each rank's copy is of this step or the last)
             del self._since[:-RERUN_KEPT]

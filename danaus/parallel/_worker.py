@@ -403,6 +403,7 @@ class ParallelWorker(Actor):
         #: them: a rolled-back step is none), and its copies' side, where it keeps them
         self.applied = 0 if copies is None else copies.start
         self.copier: Copier | None = None
+        self._state_views: tuple[Any, dict[str, torch.Tensor], frozenset[str]] | None = None
         if copies is not None:
             self._keep_copies(copies)
         #: a pipeline's schedule per shape of a replica's batch, the most recent last:
@@ -490,21 +491,36 @@ class ParallelWorker(Actor):
         # ends (or right after a recovery) is restored from it, with no step run again
         self.copier.after_step(self.applied, *self._own_state())
 
-    def _own_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def _own_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any], frozenset[str]]:
         """This rank's state as it lies here (no copy, no gather): its shards of the
         weights and buffers (``m.<name>``) and of the optimizer's state (``o.<i>.<key>``,
-        ``i`` a parameter's place in the optimizer), and its other values."""
-        tensors: dict[str, torch.Tensor] = {}
+        ``i`` a parameter's place in the optimizer), its other values, and the names of
+        its buffers (which a forward may change: copied at once). The tensors are views,
+        looked up again only when the optimizer's state changes shape (its first step):
+        the same dict each step, whose copy's layout the copier keeps."""
+        opt = self.optimizer
+        params = [p for g in opt.param_groups for p in g["params"]]
+        states = [opt.state.get(p, {}) for p in params]
+        key = tuple(
+            (id(p), k, id(v) if isinstance(v, torch.Tensor) else None)
+            for p, st in zip(params, states, strict=True)
+            for k, v in st.items()
+        )
+        if self._state_views is None or self._state_views[0] != key:
+            tensors = {f"m.{k}": _local(t) for k, t in self.inner.state_dict().items()}
+            weights = {f"m.{k}" for k, _ in self.inner.named_parameters(remove_duplicate=False)}
+            for i, st in enumerate(states):
+                for k, v in st.items():
+                    if isinstance(v, torch.Tensor):
+                        tensors[f"o.{i}.{k}"] = _local(v)
+            buffers = frozenset(k for k in tensors if k.startswith("m.") and k not in weights)
+            self._state_views = (key, tensors, buffers)
         rest: dict[str, Any] = {"loss_scale": self.loss_scale, "good_steps": self._good_steps}
-        for k, t in self.inner.state_dict().items():
-            tensors[f"m.{k}"] = _local(t)
-        for i, st in self.optimizer.state_dict()["state"].items():
+        for i, st in enumerate(states):
             for k, v in st.items():
-                if isinstance(v, torch.Tensor):
-                    tensors[f"o.{i}.{k}"] = _local(v)
-                else:
+                if not isinstance(v, torch.Tensor):
                     rest[f"o.{i}.{k}"] = v
-        return tensors, rest
+        return self._state_views[1], rest, self._state_views[2]
 
     def _load_copy(self, saved: dict[str, Any]) -> None:
         """This rank's state from a copy of its predecessor's (:meth:`_own_state`, under

@@ -433,6 +433,14 @@ def note_actor_module(module: str) -> None:
     server.add_preload([module])
 
 
+def preload_module(module: str) -> None:
+    """Procs forked from now on start with ``module`` imported (a model's library, which
+    the procs that replace lost ones would otherwise import again each): where this
+    process forks its procs, and ``module`` is one it has imported."""
+    if module in sys.modules:
+        note_actor_module(module)
+
+
 def stop_fork_server(timeout: float = 5.0) -> None:
     """Stop this process's fork server (its children die with it)."""
     with process.fork_server_lock:
