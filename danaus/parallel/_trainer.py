@@ -111,8 +111,8 @@ class Trainer:
     gradients dropped, dropout's random state as before) and the trainer goes on: the
     next step gives the numbers of a run that never saw the bad batch. A lost proc is
     recovered from as ``parallelize(..., on_lost_proc=)`` says (by default on new
-    procs, from the latest snapshot: the call returns as if nothing had happened; see
-    :meth:`recoveries`). Any other rank failure (the model's own forward raising) fails
+    procs, from the copies of each rank's state the procs keep after every step: the
+    call returns as if nothing had happened; see :meth:`recoveries`). Any other rank failure (the model's own forward raising) fails
     the call with its traceback; the trainer is then broken (later calls raise the
     same) and every rank has been stopped, so none waits in a collective: build a new
     trainer on a new mesh.
@@ -586,11 +586,14 @@ class Trainer:
     def recoveries(self) -> Future[list[dict[str, Any]]]:
         """Each recovery from a lost proc, oldest first: ``step``, the steps that had
         ended when the loss was seen; the ranks ``lost`` and ``why``; the ``action``
-        (``respawn``, ``replan``); the ``procs`` and ``plan`` it went on with; the steps
-        since the latest snapshot, run again (``rerun_steps``; the call that failed then
-        runs again too, unless its step had ended); the ``seconds`` of each phase
-        (``spawn``, ``plan``, ``restore``: the workers set up from the snapshot,
-        ``rerun``) and in all (``total_s``)."""
+        (``respawn``, ``replan``); the ``procs`` and ``plan`` it went on with; what it
+        restored from (``restored_from``: ``copies``, the copies in the procs' memory;
+        ``snapshot``; ``start``, the state the trainer started from) and the steps that
+        had ended there (``restored_step``); the steps since, run again
+        (``rerun_steps``; the call that failed then runs again too, unless its step had
+        ended); the ``seconds`` of each phase (``spawn``, ``plan``, ``restore``: the
+        workers set up, ``stop``: the old procs stopped, after a respawn, ``rerun``) and
+        in all (``total_s``)."""
 
         async def go() -> list[dict[str, Any]]:
             return [dict(r) for r in self._recoveries]
@@ -766,10 +769,10 @@ class Trainer:
         done: list[float] | None = None,
     ) -> None:
         """A training step on the global batch ``item`` (or data step ``item``), its
-        loss put in ``done``; kept for a recovery to run again until the next snapshot,
-        which it takes every ``snapshot_every`` steps (a lost proc may fail that
-        snapshot after the step ran: the recovery runs the step again, and the caller
-        has its loss)."""
+        loss put in ``done``; kept for a recovery to run again (``respawn``: the latest
+        ``RERUN_KEPT``; ``replan``: until the next snapshot, which it takes every
+        ``snapshot_every`` steps: a lost proc may fail that snapshot after the step
+        ran, and the recovery runs the step again, the caller having its loss)."""
         counts = (self._done, self._steps)
         loss = await self._call(w, "step", item, prepared)
         if done is not None:
@@ -1185,16 +1188,21 @@ def parallelize(
     ValueError naming a weight it lacks or holds in another shape.
 
     ``on_lost_proc`` says what a lost proc (killed, out of memory, its host agent gone)
-    does to training. ``"respawn"``: the trainer stops its procs (the survivors' ranks
-    may wait in a collective for the lost one), spawns as many new ones on the same
-    host, sets them up from the latest snapshot and runs the steps since it, and the
-    step that failed, again: the call returns that step's loss as if nothing had
-    happened. ``"replan"``: the same on as many procs as survived, with a new plan for
-    them. ``"fail"``: the call raises ``SupervisionError`` and the trainer is broken.
-    A snapshot is a checkpoint of the whole state written into memory (/dev/shm) every
-    ``snapshot_every`` steps; the global batches since it are kept on the controller
-    (with ``data=``, their step numbers). See :meth:`Trainer.recoveries`. The procs
-    given are stopped on a recovery: actors of yours there are lost with them.
+    does to training. ``"respawn"``: the trainer spawns as many new procs on the same
+    host, sets them up from the copies of each rank's state that the procs keep in
+    memory after every step (each rank's on its own proc and the next rank's: see
+    ``held_bytes()``), stops the old ones (the survivors' ranks may wait in a
+    collective for the lost one), and runs the step since the copies (where there is
+    one) and the step that failed again: the call returns that step's loss as if
+    nothing had happened. Neighbours lost together take a rank's two copies with them:
+    the call then raises ``SupervisionError`` naming the ranks whose state is gone.
+    ``"replan"``: the trainer stops its procs and goes on with as many new ones as
+    survived, with a new plan for them, from a snapshot: a checkpoint of whole tensors
+    written into memory (/dev/shm) every ``snapshot_every`` steps, with the global
+    batches since it kept on the controller (with ``data=``, their step numbers).
+    ``"fail"``: the call raises ``SupervisionError`` and the trainer is broken. See
+    :meth:`Trainer.recoveries`. The procs given are stopped on a recovery: actors of
+    yours there are lost with them.
     """
     if compile is not None:
         if not isinstance(compile, bool):
