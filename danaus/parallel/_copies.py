@@ -17,6 +17,7 @@ each; :func:`restore_point` picks the latest step that every rank can start from
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Container, Iterable, Mapping
 from concurrent.futures import Future as ThreadFuture
@@ -95,13 +96,14 @@ class CopyPlan:
 
 
 def layout_of(tensors: Mapping[str, torch.Tensor]) -> tuple[tuple[Spec, ...], int]:
-    """Where each of ``tensors`` goes in a packed copy, and the copy's size."""
+    """Where each of ``tensors`` goes in a packed copy, and the copy's size (with its
+    :data:`STAMP` after them)."""
     specs: list[Spec] = []
     offset = 0
     for name, t in tensors.items():
         specs.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
         offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-    return tuple(specs), offset
+    return tuple(specs), offset + STAMP
 
 
 def pack_into(
@@ -131,6 +133,53 @@ def unpack(data: torch.Tensor, specs: Iterable[Spec]) -> dict[str, torch.Tensor]
     return out
 
 
+#: the bytes at the end of each copy that say which step it is of: written last, and
+#: cleared before the buffer is written again, so that a read that overlapped a write
+#: (of a copy a keeper still names) is caught, not restored from
+STAMP = 8
+
+
+def stamp_of(data: torch.Tensor) -> int:
+    """The step a copy's bytes say they are of (-1: being written)."""
+    return int(data[-STAMP:].view(torch.int64)[0])
+
+
+def set_stamp(data: torch.Tensor, step: int) -> None:
+    data[-STAMP:].view(torch.int64)[0] = step
+
+
+async def read_copy(copy: Copy, step: int) -> torch.Tensor:
+    """``copy``'s bytes, checked to be of step ``step``: the stamp read with them, and
+    again after them (a write of the buffer clears it first, then writes it last).
+
+    Raises:
+        LookupError: the buffer holds another step's bytes, or was being written.
+    """
+    data = torch.empty(copy.nbytes, dtype=torch.uint8)
+    await copy.buffer.read_into(data, timeout=READ_TIMEOUT_S)
+    again = torch.empty(STAMP, dtype=torch.uint8)
+    await copy.buffer.read_into(again, offset=copy.nbytes - STAMP, timeout=READ_TIMEOUT_S)
+    got = (stamp_of(data), stamp_of(again))
+    if got != (step, step):
+        now = "was being written over" if -1 in got else f"now holds step {max(got)}'s"
+        raise LookupError(f"the copy of step {step} at {copy.buffer!r} was overwritten: it {now}")
+    return data
+
+
+@dataclass
+class _Held:
+    """A copy read into a keeper's memory: of rank ``serves[0]`` (a DDP replica's: of
+    every rank in ``serves``)."""
+
+    step: int
+    data: torch.Tensor
+    copy: Copy
+    serves: tuple[int, ...]
+    #: read for a successor to start from (:meth:`Keeper.adopt`), not as a peer's
+    #: copy: dropped once the successor keeps its own (:meth:`Keeper.settle`)
+    adopted: bool = False
+
+
 class Keeper(Actor):
     """Beside each worker of a trainer: what this proc holds for a lost proc's successor.
 
@@ -142,8 +191,8 @@ class Keeper(Actor):
     def __init__(self) -> None:
         #: the worker's copies here, by its buffer: (the ranks each serves, the copy)
         self.own: dict[int, tuple[tuple[int, ...], Copy]] = {}
-        #: the peers' copies read here: rank -> [(step, bytes, copy)], the newest last
-        self.held: dict[int, list[tuple[int, torch.Tensor, Copy]]] = {}
+        #: copies read here, by the rank whose they are, the newest last
+        self.held: dict[int, list[_Held]] = {}
         #: the held bytes registered for a successor to read, by id of the bytes
         self._registered: dict[int, Any] = {}
 
@@ -160,16 +209,58 @@ class Keeper(Actor):
         step held. Concurrent: a read from a proc that died meanwhile must not keep the
         controller's questions waiting."""
         kept = self.held.setdefault(rank, [])
-        data = None
         if len(kept) >= 2:
-            _, data, _ = kept.pop(0)
-            await self._unregister(data)
-        if data is None or data.numel() != copy.nbytes:
-            data = torch.empty(copy.nbytes, dtype=torch.uint8)
-        if copy.nbytes:
-            await copy.buffer.read_into(data, timeout=READ_TIMEOUT_S)
-        kept.append((copy.step, data, copy))
+            await self._unregister(kept.pop(0).data)
+        data = await read_copy(copy, copy.step)
+        kept.append(_Held(copy.step, data, copy, (rank,)))
         return copy.step
+
+    @concurrent_endpoint
+    async def adopt(
+        self,
+        rank: int,
+        step: int,
+        source: Keepers,
+        candidates: list[int],
+        serves: tuple[int, ...],
+        successor: bool,
+    ) -> None:
+        """Read rank ``rank``'s copy of step ``step`` from the first of the keepers
+        ``candidates`` (of ``source``: the procs a recovery replaces) that has it whole:
+        for this proc's new worker to start from (``successor``), or as the copy of its
+        peer's state it holds from then on.
+
+        Concurrent: a keeper may read its own rank's copy and its peer's at once, or
+        one of its own.
+
+        Raises:
+            LookupError: none of them has it (each one's reason said).
+        """
+        why = []
+        for k in candidates:
+            try:
+                async with asyncio.timeout(READ_TIMEOUT_S):
+                    copy = await source.at(k).give.call_one(rank, step)
+                    data = await read_copy(copy, step)
+            except Exception as e:  # (the next candidate may have it)
+                why.append(f"keeper {k}: {type(e).__name__}: {e}")
+                continue
+            entry = _Held(step, data, copy, serves, adopted=successor)
+            self.held.setdefault(rank, []).append(entry)
+            return
+        raise LookupError(
+            f"no copy of rank {rank}'s state after step {step} could be read: " + "; ".join(why)
+        )
+
+    @endpoint
+    async def settle(self) -> None:
+        """The successor keeps its own copies now: drop what was read for it."""
+        for rank, kept in list(self.held.items()):
+            for entry in [e for e in kept if e.adopted]:
+                kept.remove(entry)
+                await self._unregister(entry.data)
+            if not kept:
+                del self.held[rank]
 
     async def _unregister(self, data: torch.Tensor) -> None:
         buffer = self._registered.pop(id(data), None)
@@ -180,53 +271,65 @@ class Keeper(Actor):
     async def steps(self) -> list[tuple[int, int]]:
         """What this proc can give a successor: (rank, step) for each copy held."""
         out = [(r, c.step) for serves, c in self.own.values() for r in serves]
-        out += [(r, s) for r, kept in self.held.items() for s, _, _ in kept]
+        out += [(r, e.step) for kept in self.held.values() for e in kept for r in e.serves]
         return out
 
     @endpoint
     async def give(self, rank: int, step: int) -> Copy:
-        """Rank ``rank``'s copy of step ``step``, for its successor to read.
+        """Rank ``rank``'s copy of step ``step``, for its successor to read: one read
+        into this proc's memory where there is one, else the worker's own (which its
+        worker may be writing over: :func:`read_copy` checks).
 
         Raises:
             LookupError: none is held here (the worker has since moved on).
         """
-        for serves, copy in self.own.values():
+        for kept in self.held.values():  # (first: read whole, and never written over)
+            for e in kept:
+                if e.step == step and rank in e.serves:
+                    from ..rdma import RDMABuffer
+
+                    buffer = self._registered.get(id(e.data))
+                    if buffer is None:
+                        buffer = self._registered[id(e.data)] = RDMABuffer(e.data)
+                    return Copy(step, buffer, e.copy.specs, e.copy.nbytes, e.copy.rest)
+        for serves, copy in self.own.values():  # (its reader checks its stamp)
             if copy.step == step and rank in serves:
                 return copy
-        for s, data, copy in self.held.get(rank, []):
-            if s == step:
-                from ..rdma import RDMABuffer
-
-                buffer = self._registered.get(id(data))
-                if buffer is None:
-                    buffer = self._registered[id(data)] = RDMABuffer(data)
-                return Copy(step, buffer, copy.specs, copy.nbytes, copy.rest)
-        raise LookupError(f"this proc holds no copy of rank {rank}'s state after step {step}")
+        mine = sorted({(s, r) for s, r in await self.steps()})
+        raise LookupError(
+            f"this proc holds no copy of rank {rank}'s state after step {step} "
+            f"(it holds (rank, step): {mine})"
+        )
 
     @endpoint
     async def nbytes(self) -> int:
-        """The bytes of the peers' copies held here (the worker's own: see its held_bytes)."""
-        return sum(d.numel() for kept in self.held.values() for _, d, _ in kept)
+        """The bytes of the copies read here (the worker's own: see its held_bytes)."""
+        return sum(e.data.numel() for kept in self.held.values() for e in kept)
 
 
 def restore_point(
     n: int, held: Mapping[int, Iterable[tuple[int, int]]], latest: int, oldest: int
-) -> tuple[int, dict[int, int]] | None:
+) -> tuple[int, dict[int, list[int]]] | None:
     """The latest step, from ``latest`` down to ``oldest``, whose copies cover every rank
-    of ``n``, and where each rank's copy is (a keeper's rank), preferring its own
-    proc's; None where no step is covered. ``held``: each live keeper's
-    :meth:`Keeper.steps`."""
-    where: dict[int, dict[int, int]] = {}  # step -> rank -> keeper
+    of ``n``, and where each rank's copies are (keepers' ranks: its own proc's first);
+    None where no step is covered. ``held``: each live keeper's :meth:`Keeper.steps`."""
+    where: dict[int, dict[int, list[int]]] = {}  # step -> rank -> keepers
     for keeper, pairs in held.items():
         for rank, step in pairs:
-            at = where.setdefault(step, {})
-            if rank not in at or keeper == rank:
-                at[rank] = keeper
+            at = where.setdefault(step, {}).setdefault(rank, [])
+            if keeper not in at:
+                at.insert(0, keeper) if keeper == rank else at.append(keeper)
     for step in range(latest, oldest - 1, -1):
-        at = where.get(step, {})
-        if all(r in at for r in range(n)):
-            return step, {r: at[r] for r in range(n)}
+        found = where.get(step, {})
+        if all(r in found for r in range(n)):
+            return step, {r: found[r] for r in range(n)}
     return None
+
+
+def uncovered(n: int, held: Mapping[int, Iterable[tuple[int, int]]], step: int) -> list[int]:
+    """The ranks of ``n`` no copy of step ``step`` in ``held`` covers."""
+    have = {rank for pairs in held.values() for rank, s in pairs if s == step}
+    return [r for r in range(n) if r not in have]
 
 
 class Copier:
@@ -301,11 +404,13 @@ class Copier:
         _, specs, size = self._layout
         slot = self.slots[k]
         if slot is None or slot[0].numel() != size:
-            if slot is not None and slot[1] is not None:
-                slot[1].drop().get()
-            data = torch.empty(size, dtype=torch.uint8)
-            slot = (data, RDMABuffer(data) if size else None)
+            if slot is not None:
+                slot[1].drop().get(timeout=READ_TIMEOUT_S)
+            slot = (torch.empty(size, dtype=torch.uint8), None)
+            set_stamp(slot[0], -1)
+            slot = (slot[0], RDMABuffer(slot[0]))
             self.slots[k] = slot
+        set_stamp(slot[0], -1)  # (first: a read of the copy it held now fails)
         pack_into(slot[0], tensors, specs, only=now)
         copy = Copy(step, slot[1], specs, size, rest)
         sent: ThreadFuture[Any] = ThreadFuture()
@@ -327,6 +432,7 @@ class Copier:
 
         try:
             pack_into(out, tensors, specs, skip=now)
+            set_stamp(out, copy.step)  # (last: the copy is whole)
         except BaseException as e:
             sent.set_exception(e)
             return
@@ -356,7 +462,7 @@ class Copier:
             except Exception:  # (no step needs it any more)
                 pass
         for slot in self.slots:
-            if slot is not None and slot[1] is not None:
+            if slot is not None:
                 try:
                     slot[1].drop().get(timeout=5.0)
                 except Exception:  # (the proc is going: nothing to release)
@@ -365,10 +471,16 @@ class Copier:
 
 
 def fetch(keepers: Keepers, keeper: int, rank: int, step: int) -> dict[str, Any]:
-    """Rank ``rank``'s state after step ``step`` from keeper ``keeper`` (from sync code:
-    a worker's setup): its tensors, then its other values."""
+    """Rank ``rank``'s state after step ``step``, from the copy keeper ``keeper`` read
+    for it (:meth:`Keeper.adopt`; from sync code: a worker's setup): its tensors, then
+    its other values.
+
+    Raises:
+        LookupError: the copy is not there, or not of that step.
+    """
     copy = keepers.at(keeper).give.call_one(rank, step).get(timeout=READ_TIMEOUT_S)
     data = torch.empty(copy.nbytes, dtype=torch.uint8)
-    if copy.nbytes:
-        copy.buffer.read_into(data, timeout=READ_TIMEOUT_S).get()
+    copy.buffer.read_into(data, timeout=READ_TIMEOUT_S).get()
+    if stamp_of(data) != step:
+        raise LookupError(f"rank {rank}'s copy of step {step} is of step {stamp_of(data)}")
     return {**unpack(data, copy.specs), **copy.rest}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -56,6 +57,8 @@ LOST_PROC_WAIT_S = 2.0
 RECOVERY_TRIES = 3
 #: seconds a recovery waits for a survivor's keeper to say which copies it holds
 KEEPER_WAIT_S = 10.0
+#: seconds a recovery's new keepers may take to read the copies from the old procs
+ADOPT_TIMEOUT_S = 300.0
 #: ``respawn``: the latest steps kept on the controller to run again (each rank's copy
 #: is of the step that ended last on the controller, or the one before)
 RERUN_KEPT = 3
@@ -211,12 +214,15 @@ class Trainer:
         procs: ProcMesh,
         plan: Plan,
         resume: str | None,
-        restore: tuple[Any, dict[int, int]] | None = None,
+        restore: tuple[Keepers, dict[int, list[int]]] | None = None,
+        take_over: Callable[[Keepers], Awaitable[None]] | None = None,
     ) -> Any:
         """Spawn the workers on ``procs`` (with a keeper beside each, for ``respawn``)
         and set each up with its piece of the model as ``plan`` lays it out, from the
-        checkpoint ``resume``, or from each rank's copy (``restore``: the keepers that
-        hold them, each rank's keeper; of step ``self._done``), where given."""
+        checkpoint ``resume``, or from each rank's copy of step ``self._done``
+        (``restore``: the keepers that hold them, each rank's keepers): the new keepers
+        first read them (each its own rank's, and its peer's), then ``take_over(new
+        keepers)`` stops the procs they were read from, then the workers are built."""
         from ..mesh import this_proc
         from ._copies import CopyPlan, Keeper, Keepers
         from ._worker import ParallelWorker
@@ -227,21 +233,54 @@ class Trainer:
         if self._on_lost == "respawn":
             alone = this_proc().spawn(f"_keeper{n}", Keeper) if len(procs) == 1 else None
             keepers = Keepers(procs.spawn(f"_keeper{n}", Keeper), alone)
-        copies = None
-        if keepers is not None:
-            source, where = restore or (None, None)
-            copies = CopyPlan(keepers, self._done, where, source)
+        taken = False
         try:
+            copies = None if keepers is None else CopyPlan(keepers, self._done)
+            if keepers is not None and restore is not None:
+                await self._adopt(keepers, plan.layout, *restore)
+                copies = CopyPlan(keepers, self._done, {r: r for r in range(len(procs))}, keepers)
+                if take_over is not None:
+                    await take_over(keepers)
+                    taken = True
             workers = procs.spawn(f"_parallel{n}", ParallelWorker)
             await self._set_up(workers, plan.layout, resume, copies)
+            if keepers is not None and restore is not None:  # (each keeps its own now)
+                await asyncio.gather(*(k.settle.call_one() for k in keepers.all().values()))
         except BaseException:
-            if keepers is not None and keepers.controller is not None:
-                await keepers.controller.stop()
+            if keepers is not None and not taken:
+                with contextlib.suppress(Exception):  # (their procs may be gone)
+                    await keepers.stop()
             raise
-        previous, self._keepers = self._keepers, keepers
-        if previous is not None and previous.controller is not None:  # (its copy was read)
-            await previous.controller.stop()
+        if not taken:
+            previous, self._keepers = self._keepers, keepers
+            if previous is not None and previous.controller is not None:
+                await previous.controller.stop()
         return workers
+
+    async def _adopt(
+        self, keepers: Keepers, layout: Layout, source: Keepers, where: dict[int, list[int]]
+    ) -> None:
+        """The new ``keepers`` read the copies of step ``self._done`` from ``source``'s
+        (``where``: each rank's keepers there): each its own rank's, for its worker to
+        start from, and its peer's (the copy it would hold of it), so that the new procs
+        hold every copy before the old ones are stopped (a GPU's memory is then free for
+        the new workers, and a new proc lost while they are set up is recovered from)."""
+        from ._copies import CONTROLLER
+        from ._layout import runs_fsdp
+
+        n = len(where)
+        ddp = layout.dp > 1 and not runs_fsdp(layout.dp, layout.pp, layout.tp, layout.sharded)
+        step, calls = self._done, []
+        for r in range(n):
+            serves = tuple(range(n)) if ddp else (r,)  # (DDP replicas: the same state)
+            calls.append(keepers.at(r).adopt.call_one(r, step, source, where[r], serves, True))
+            if not ddp:
+                peer = (r + 1) % n if n > 1 else CONTROLLER
+                calls.append(
+                    keepers.at(peer).adopt.call_one(r, step, source, where[r], (r,), False)
+                )
+        async with asyncio.timeout(ADOPT_TIMEOUT_S):
+            await asyncio.gather(*calls)
 
     async def _set_up(
         self, workers: Any, layout: Layout, resume: str | None, copies: CopyPlan | None
@@ -422,11 +461,20 @@ class Trainer:
             except BaseException:
                 await self._procs.stop(reason="the trainer could not recover")
                 raise
-            procs = host.spawn_procs(per_host={"procs": n}, name=f"{old.name}-r")
+            try:
+                procs = host.spawn_procs(per_host={"procs": n}, name=f"{old.name}-r")
+            except BaseException:
+                await self._procs.stop(reason="the trainer could not recover")
+                raise
             try:
                 await self._recover_on(procs, mode, n, phases, t, restore)
                 break
-            except Exception as e:
+            except BaseException as e:
+                if not isinstance(e, Exception):  # (cancelled: no procs left behind)
+                    await procs.stop(reason="the trainer's recovery was cancelled")
+                    if self._procs is not procs:
+                        await self._procs.stop(reason="the trainer's recovery was cancelled")
+                    raise
                 # a new proc lost during the recovery: the same again, on new procs (from
                 # the copies the new procs hold, where they took over, else as before)
                 again = await self._lost_ranks(e, procs)
@@ -469,7 +517,7 @@ class Trainer:
 
     async def _restore_point(
         self, lost: dict[int, str], error: BaseException
-    ) -> tuple[tuple[int, Any, dict[int, int] | None], str]:
+    ) -> tuple[tuple[int, Any, dict[int, list[int]] | None], str]:
         """Where a recovery starts from: the steps ended there, and the keepers and
         each rank's keeper holding its copies (``respawn``), or None (the snapshot, the
         checkpoint resumed, the model as given: ``_snapshot``); and what that is.
@@ -480,7 +528,7 @@ class Trainer:
                 rank's proc), naming the ranks whose state is gone.
         """
         from ..errors import SupervisionError
-        from ._copies import restore_point
+        from ._copies import restore_point, uncovered
 
         oldest = self._since[0][0] if self._since else self._done
         if self._on_lost != "respawn" or self._keepers is None:
@@ -497,21 +545,23 @@ class Trainer:
         keepers = self._keepers.all()
         asked = [ask(k, keeper) for k, keeper in keepers.items() if k not in lost]
         held = dict(await asyncio.gather(*asked))
-        point = restore_point(
-            n, {r: v for r, v in held.items() if v is not None}, self._done, oldest
-        )
+        answered = {k: v for k, v in held.items() if v is not None}
+        point = restore_point(n, answered, self._done, oldest)
         if point is not None:
             return (point[0], self._keepers, point[1]), "copies"
         if self._snapshot_at[0] >= oldest:  # no copy yet: from the start, every step again
             return (self._snapshot_at[0], None, None), "start"
-        have = {r for pairs in held.values() if pairs for r, s in pairs if s == self._done}
-        gone = sorted(set(range(n)) - have)
+        gone = {s: uncovered(n, answered, s) for s in range(self._done, oldest - 1, -1)}
+        silent = sorted(k for k, v in held.items() if v is None)
         raise SupervisionError(
-            f"rank(s) {sorted(lost)} of the trainer were lost ({'; '.join(sorted(set(lost.values())))}), "
-            f"and no proc left holds a copy of rank(s) {gone}'s state after step {self._done} "
-            f"or the step before (each rank's copy is held by its own proc and the next "
-            f"rank's: neighbours lost together take both): the trainer cannot go on; "
-            f"train from a checkpoint (Trainer.save, parallelize(..., resume=))"
+            f"rank(s) {sorted(lost)} of the trainer were lost "
+            f"({'; '.join(sorted(set(lost.values())))}), and no proc left holds a copy "
+            "of every rank's state after any step it can go on from: "
+            + ", ".join(f"after step {s}, none of rank(s) {r}" for s, r in gone.items())
+            + (f" (the keepers of rank(s) {silent} did not answer)" if silent else "")
+            + ". Each rank's copy is held by its own proc and the next rank's (by two "
+            "replicas under DDP): losing both takes it. The trainer cannot go on: train "
+            "from a checkpoint (Trainer.save, parallelize(..., resume=))"
         ) from error
 
     async def _recover_on(
@@ -521,7 +571,7 @@ class Trainer:
         n: int,
         phases: dict[str, float],
         t: float,
-        restore: tuple[int, Any, dict[int, int] | None],
+        restore: tuple[int, Any, dict[int, list[int]] | None],
     ) -> None:
         """:meth:`_recover` once the new procs are spawning: wait for them, plan for
         them (``replan``), set the workers up from ``restore`` (the steps ended there,
@@ -544,21 +594,31 @@ class Trainer:
             self._plan_html = None
             phases["plan"] = time.perf_counter() - t
         t = time.perf_counter()
-        at, keepers, where = restore
+        at, source, where = restore
         todo = [item for item in self._since if item[0] >= at]
         self._done = at
         if todo:
             self._steps = todo[0][1]
-        copies = None if where is None else (keepers, where)
-        resume = self._snapshot if where is None else None
-        self._workers = run_task(self._rt, lambda: self._setup(procs, self.plan, resume, copies))
-        w = await self._workers
-        phases["restore"] = time.perf_counter() - t
-        if mode == "respawn":  # their copies are read: the survivors can go
+
+        async def take_over(keepers: Keepers) -> None:
+            """The copies are on the new procs: the old ones can go (their ranks may
+            wait in a collective for the lost one)."""
             t = time.perf_counter()
-            await self._procs.stop(reason="the trainer's procs were replaced")
+            old, self._procs = self._procs, procs
+            previous, self._keepers = self._keepers, keepers
+            await old.stop(reason="the trainer's procs were replaced")
+            if previous is not None and previous.controller is not None:
+                await previous.controller.stop()
             phases["stop"] = time.perf_counter() - t
+
+        copies = None if where is None else (source, where)
+        resume = self._snapshot if where is None else None
+        self._workers = run_task(
+            self._rt, lambda: self._setup(procs, self.plan, resume, copies, take_over)
+        )
+        w = await self._workers
         self._procs = procs
+        phases["restore"] = time.perf_counter() - t - phases.get("stop", 0.0)
         phases["_restored_step"] = at
         t = time.perf_counter()
         self._since = [item for item in self._since if item[0] < at]
@@ -1017,7 +1077,8 @@ class Trainer:
             if self._keepers is not None:
                 flat = self._keepers.procs.flatten("rank")
                 for r in range(len(self._procs)):
-                    peers[r] = await flat.slice(rank=r).nbytes.call_one()
+                    async with asyncio.timeout(KEEPER_WAIT_S):
+                        peers[r] = await flat.slice(rank=r).nbytes.call_one()
             return [
                 {k: v for k, v in h.items() if k != "rank"}
                 | {"copies": h["copies"] + peers.get(h["rank"], 0)}
@@ -1043,9 +1104,12 @@ class Trainer:
                     return
                 await w.close.call()
                 await w.stop()
-                if self._keepers is not None:
-                    await self._keepers.stop()
             finally:
+                if self._keepers is not None:  # (a one-proc trainer's: on the controller)
+                    keepers, self._keepers = self._keepers, None
+                    with contextlib.suppress(Exception):  # (their procs may be gone)
+                        async with asyncio.timeout(KEEPER_WAIT_S):
+                            await keepers.stop()
                 await asyncio.to_thread(self._snapshots.close)
                 if self._recoveries:  # procs the trainer spawned itself
                     await self._procs.stop(reason="the trainer that spawned them stopped")

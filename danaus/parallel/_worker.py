@@ -538,8 +538,8 @@ class ParallelWorker(Actor):
                 continue
             i, k = key[2:].split(".", 1)
             p = params[int(i)]
-            if isinstance(v, torch.Tensor):
-                v = v.to(self.device, copy=True)
+            if isinstance(v, torch.Tensor):  # (a count, Adam's step, stays on the CPU)
+                v = v.to(self.device, copy=True) if v.dim() > 0 else v.clone()
                 if v.dim() > 0 and isinstance(p, DTensor):
                     v = DTensor.from_local(v, p.device_mesh, p.placements, run_check=False)
             state.setdefault(int(i), {})[k] = v

@@ -57,13 +57,14 @@ def test_one_lost_rank_restores_every_rank_at_the_step_that_ended() -> None:
     del held[2]  # lost: its own copies, and its copy of rank 1's
     step, where = restore_point(4, held, latest=7, oldest=4)
     assert step == 7
-    assert where == {0: 0, 1: 1, 2: 3, 3: 3}  # each its own proc's copy; rank 2's peer
+    # each from its own proc's copy first, then its peer's; rank 2 from its peer's
+    assert where == {0: [0, 1], 1: [1], 2: [3], 3: [3, 0]}
 
 
 def test_a_copy_not_yet_read_restores_the_step_before() -> None:
     held = _ring(4, done=7, late={2})
     del held[2]
-    assert restore_point(4, held, latest=7, oldest=4) == (6, {0: 0, 1: 1, 2: 3, 3: 3})
+    assert restore_point(4, held, latest=7, oldest=4) == (6, {0: [0, 1], 1: [1], 2: [3], 3: [3, 0]})
     # and no step before those kept to run again
     assert restore_point(4, held, latest=7, oldest=7) is None
 
@@ -74,7 +75,7 @@ def test_neighbours_lost_together_leave_no_step_covered() -> None:
     assert restore_point(4, held, latest=7, oldest=0) is None
     held = _ring(4, done=7)
     del held[0], held[2]  # not neighbours: each one's copy survives on the next
-    assert restore_point(4, held, latest=7, oldest=0) == (7, {0: 1, 1: 1, 2: 3, 3: 3})
+    assert restore_point(4, held, latest=7, oldest=0) == (7, {0: [1], 1: [1], 2: [3], 3: [3]})
 
 
 def test_a_step_after_the_one_the_controller_saw_end_is_never_chosen() -> None:
@@ -82,7 +83,7 @@ def test_a_step_after_the_one_the_controller_saw_end_is_never_chosen() -> None:
     # its batch is the call that runs again, so the workers must start from step 7
     held = {k: [(k, 7), (k, 8), ((k - 1) % 3, 7), ((k - 1) % 3, 8)] for k in range(3)}
     del held[0]
-    assert restore_point(3, held, latest=7, oldest=5) == (7, {0: 1, 1: 1, 2: 2})
+    assert restore_point(3, held, latest=7, oldest=5) == (7, {0: [1], 1: [1, 2], 2: [2]})
 
 
 def test_ddp_replicas_serve_every_rank_from_two_of_them() -> None:
@@ -90,4 +91,4 @@ def test_ddp_replicas_serve_every_rank_from_two_of_them() -> None:
     serves = [(r, s) for r in range(4) for s in (4, 5)]
     held = {0: serves, 1: serves, 2: [], 3: []}
     del held[0]
-    assert restore_point(4, held, latest=5, oldest=2) == (5, {0: 1, 1: 1, 2: 1, 3: 1})
+    assert restore_point(4, held, latest=5, oldest=2) == (5, {0: [1], 1: [1], 2: [1], 3: [1]})
