@@ -148,18 +148,27 @@ def set_stamp(data: torch.Tensor, step: int) -> None:
     data[-STAMP:].view(torch.int64)[0] = step
 
 
-async def read_copy(copy: Copy, step: int) -> torch.Tensor:
-    """``copy``'s bytes, checked to be of step ``step``: the stamp read with them, and
-    again after them (a write of the buffer clears it first, then writes it last).
+async def read_copy(
+    copy: Copy, step: int, into: torch.Tensor | None = None, twice: bool = True
+) -> torch.Tensor:
+    """``copy``'s bytes (read ``into`` that tensor where it has their size), checked to
+    be of step ``step``: the stamp read with them, and (``twice``) again after them: a
+    write of the buffer clears it first, then writes it last. (A peer's keeper reading
+    the copy as it is made needs no second look: its worker writes that buffer again
+    only two steps on, after waiting for the read.)
 
     Raises:
         LookupError: the buffer holds another step's bytes, or was being written.
     """
-    data = torch.empty(copy.nbytes, dtype=torch.uint8)
+    data = into if into is not None and into.numel() == copy.nbytes else None
+    if data is None:
+        data = torch.empty(copy.nbytes, dtype=torch.uint8)
     await copy.buffer.read_into(data, timeout=READ_TIMEOUT_S)
-    again = torch.empty(STAMP, dtype=torch.uint8)
-    await copy.buffer.read_into(again, offset=copy.nbytes - STAMP, timeout=READ_TIMEOUT_S)
-    got = (stamp_of(data), stamp_of(again))
+    got = (stamp_of(data), stamp_of(data))
+    if twice:
+        again = torch.empty(STAMP, dtype=torch.uint8)
+        await copy.buffer.read_into(again, offset=copy.nbytes - STAMP, timeout=READ_TIMEOUT_S)
+        got = (got[0], stamp_of(again))
     if got != (step, step):
         now = "was being written over" if -1 in got else f"now holds step {max(got)}'s"
         raise LookupError(f"the copy of step {step} at {copy.buffer!r} was overwritten: it {now}")
@@ -209,9 +218,11 @@ class Keeper(Actor):
         step held. Concurrent: a read from a proc that died meanwhile must not keep the
         controller's questions waiting."""
         kept = self.held.setdefault(rank, [])
-        if len(kept) >= 2:
-            await self._unregister(kept.pop(0).data)
-        data = await read_copy(copy, copy.step)
+        spare = None
+        if len(kept) >= 2:  # (its bytes are read over: no new pages each step)
+            spare = kept.pop(0).data
+            await self._unregister(spare)
+        data = await read_copy(copy, copy.step, into=spare, twice=False)
         kept.append(_Held(copy.step, data, copy, (rank,)))
         return copy.step
 
