@@ -6,7 +6,7 @@ fills in and the mesh layer gathers, shows and sends on. Plain dicts at run time
 
 from __future__ import annotations
 
-from typing import Required, TypedDict
+from typing import NotRequired, Required, TypedDict
 
 __all__ = ["ActorRecord", "ProcFields", "ProcRecord", "StackEntry"]
 
@@ -29,6 +29,9 @@ class ActorRecord(TypedDict):
     in_flight: int
     #: (endpoint, seconds it has run) of each message running now
     running: list[tuple[str, float]]
+    #: of those endpoints, the ones that run as long as what they serve
+    #: (``@endpoint(long_running=True)``): never stuck
+    long_running: NotRequired[list[str]]
     failed: str | None
     stopped: bool
 

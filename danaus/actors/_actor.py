@@ -64,6 +64,8 @@ class Endpoint(Generic[P, R_co]):
             and answers through it (``port.send(v)`` / ``port.exception(e)``), when it
             likes; its return value is ignored.
         concurrent: (async only) other messages may run while this one awaits.
+        long_running: it runs as long as what it serves (a shell, a server's loop): never
+            reported as stuck, however long it runs (danaus's own option).
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class Endpoint(Generic[P, R_co]):
         explicit_response_port: bool = False,
         instrument: bool = False,
         concurrent: bool = False,
+        long_running: bool = False,
     ) -> None:
         # The method's own signature lives on in ``P`` and ``R``; the runtime calls it
         # with decoded values, so it keeps the function as a ``Method``.
@@ -89,6 +92,7 @@ class Endpoint(Generic[P, R_co]):
                 f"{fn.__qualname__} is a plain def"
             )
         self.concurrent = concurrent
+        self.long_running = long_running
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -106,6 +110,13 @@ class Endpoint(Generic[P, R_co]):
     def __repr__(self) -> str:
         kind = "concurrent endpoint" if self.concurrent else "endpoint"
         return f"<{kind} {self.name}>"
+
+
+def is_long_running(obj: object, method: str) -> bool:
+    """Whether ``obj``'s endpoint ``method`` says it runs as long as what it serves
+    (``@endpoint(long_running=True)``): not to be reported as stuck."""
+    ep = getattr(type(obj), method, None)
+    return isinstance(ep, Endpoint) and ep.long_running
 
 
 #: An endpoint whatever its signature, as an actor class's table holds it. Nothing that
@@ -157,6 +168,7 @@ def endpoint(
     propagate: object = None,
     explicit_response_port: Literal[False] = False,
     instrument: bool = False,
+    long_running: bool = False,
 ) -> _Decorator: ...
 @overload
 def endpoint(
@@ -164,6 +176,7 @@ def endpoint(
     propagate: object = None,
     explicit_response_port: Literal[True],
     instrument: bool = False,
+    long_running: bool = False,
 ) -> _PortDecorator: ...
 def endpoint(
     fn: Callable[Concatenate[S, P], object] | None = None,
@@ -171,6 +184,7 @@ def endpoint(
     propagate: object = None,
     explicit_response_port: bool = False,
     instrument: bool = False,
+    long_running: bool = False,
 ) -> object:  # the overloads say what
     """Mark an actor method (sync or ``async def``) as callable from other processes.
 
@@ -185,6 +199,9 @@ def endpoint(
             Monarch does; raising without answering fails the actor (the caller gets
             ``SupervisionError``).
         instrument: accepted for Monarch compatibility.
+        long_running: it runs as long as what it serves (a shell, a server's loop):
+            never reported as stuck (``config.stuck_warn_after``), however long it
+            runs, and its actor shows as busy, not stuck.
     """
     if fn is None:
         return functools.partial(
@@ -192,12 +209,14 @@ def endpoint(
             propagate=propagate,
             explicit_response_port=explicit_response_port,
             instrument=instrument,
+            long_running=long_running,
         )
     return _make_endpoint(
         fn,
         propagate=propagate,
         explicit_response_port=explicit_response_port,
         instrument=instrument,
+        long_running=long_running,
     )
 
 
@@ -208,6 +227,7 @@ def _make_endpoint(
     explicit_response_port: bool,
     instrument: bool,
     concurrent: bool = False,
+    long_running: bool = False,
 ) -> Endpoint[P, object]:
     return Endpoint(
         fn,
@@ -215,6 +235,7 @@ def _make_endpoint(
         explicit_response_port=explicit_response_port,
         instrument=instrument,
         concurrent=concurrent,
+        long_running=long_running,
     )
 
 
@@ -228,6 +249,7 @@ def concurrent_endpoint(
     propagate: object = None,
     explicit_response_port: Literal[False] = False,
     instrument: bool = False,
+    long_running: bool = False,
 ) -> _Decorator: ...
 @overload
 def concurrent_endpoint(
@@ -235,6 +257,7 @@ def concurrent_endpoint(
     propagate: object = None,
     explicit_response_port: Literal[True],
     instrument: bool = False,
+    long_running: bool = False,
 ) -> _PortDecorator: ...
 def concurrent_endpoint(
     fn: Callable[Concatenate[S, P], object] | None = None,
@@ -242,6 +265,7 @@ def concurrent_endpoint(
     propagate: object = None,
     explicit_response_port: bool = False,
     instrument: bool = False,
+    long_running: bool = False,
 ) -> object:  # the overloads say what
     """An async endpoint that does not hold the actor's mailbox while it awaits.
 
@@ -260,6 +284,7 @@ def concurrent_endpoint(
             propagate=propagate,
             explicit_response_port=explicit_response_port,
             instrument=instrument,
+            long_running=long_running,
         )
     if isinstance(fn, Endpoint):
         raise ValueError(
@@ -272,6 +297,7 @@ def concurrent_endpoint(
         explicit_response_port=explicit_response_port,
         instrument=instrument,
         concurrent=True,
+        long_running=long_running,
     )
 
 

@@ -16,7 +16,7 @@ from .._records import StackEntry
 from ..config import config
 from ..errors import ProtocolError, SerializationError, actor_failed
 from ..geometry import Point
-from ._actor import Actor, endpoint
+from ._actor import Actor, endpoint, is_long_running
 from ._actor_thread import InitJob, JobFn
 from ._connection import Connection
 from ._context import ActorContext, creator_from_wire
@@ -392,6 +392,8 @@ def check_stuck(rt: Runtime) -> None:
             seen.add(k)
             if paused:
                 continue  # in a debugger: waiting for a person, not stuck
+            if is_long_running(inst.obj, method):
+                continue  # it runs as long as what it serves (a shell): not stuck
             # Time spent paused in a debugger does not count: the clock restarts after.
             running = now - max(since, _debug.resumed_at(key))
             if running < process.stuck_next.get(k, after):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from .._os import process_uptime
 from .._records import ActorRecord, ProcRecord, StackEntry
+from ._actor import is_long_running
 from ._process import process
 
 if TYPE_CHECKING:
@@ -64,6 +65,8 @@ def actor_record(inst: ActorInstance, now: float | None = None) -> ActorRecord:
         "mailbox": inst.mailbox_depth(),
         "in_flight": len(running),
         "running": running,
+        # (those of them that run as long as what they serve: never stuck)
+        "long_running": [m for m, _ in running if is_long_running(inst.obj, m)],
         "failed": inst.failed,
         "stopped": inst.stopped,
     }

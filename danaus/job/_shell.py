@@ -69,7 +69,7 @@ class ShellActor(Actor):
         self._paused = False
         self._resume: Callable[[], None] = lambda: None
 
-    @concurrent_endpoint
+    @concurrent_endpoint(long_running=True)  # (as long as the shell: never stuck)
     async def run(
         self,
         output: Port[Output],

@@ -35,6 +35,17 @@ class Busy(Actor):
     async def release(self) -> None:
         _gate.set()
 
+    @endpoint(long_running=True)
+    def serve(self) -> str:
+        """Runs as long as what it serves (a shell, a server loop): never stuck."""
+        _gate.wait(60)
+        return "served"
+
+    @concurrent_endpoint(long_running=True)
+    async def serve_async(self) -> str:
+        await asyncio.wait_for(_wake[0].wait(), 60)
+        return "served"
+
     @endpoint
     async def asleep(self) -> str:
         await asyncio.wait_for(_wake[0].wait(), 60)  # an async endpoint waiting

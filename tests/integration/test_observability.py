@@ -145,6 +145,44 @@ async def test_an_endpoint_running_too_long_is_reported_on_the_controller_with_i
     assert report.endpoint == "block" and report.seconds >= 0.5
 
 
+async def test_an_endpoint_marked_long_running_is_never_reported_stuck() -> None:
+    """``@endpoint(long_running=True)`` (a shell's, a server loop's) runs as long as what
+    it serves: no warning, no report, its actor busy, not stuck; a plain endpoint
+    running as long beside it on the same proc is reported."""
+    from danaus.config import configured
+    from danaus.mesh._admin.snapshot import snapshot
+    from danaus.mesh._process import process
+
+    with (
+        _stuck_warnings() as (seen, records),
+        configured(stuck_warn_after=0.5, heartbeat_interval=0.25),  # (here and the procs)
+    ):
+        async with this_host().spawn_procs(per_host={"procs": 1}, name="procs") as procs:
+            serving = await procs.spawn("serving", Busy)
+            waiting = await procs.spawn("waiting", Busy)
+            busy = await procs.spawn("busy", Busy)
+            other = await procs.spawn("other", Busy)
+            served = serving.serve.call_one()
+            served_async = waiting.serve_async.call_one()
+            blocked = busy.block.call_one()  # (sent after them: it has run the least)
+            assert await asyncio.to_thread(seen.wait, 30), "no stuck-endpoint warning"
+            # (one check of the proc reports all it finds: both long ones ran longer)
+            picture = await snapshot()
+            await other.release.call_one()
+            await other.wake_up.call_one()
+            assert await asyncio.wait_for(blocked, 30) == "released"
+            assert await asyncio.wait_for(served, 30) == "served"
+            assert await asyncio.wait_for(served_async, 30) == "served"
+    said = " ".join(r.getMessage() for r in records)
+    assert "endpoint block of procs[0].busy[0]" in said
+    assert "serve" not in said, said
+    assert all(s.endpoint == "block" for _, s in process.stuck_reports if "busy" in s.actor_id)
+    assert not [s for _, s in process.stuck_reports if s.endpoint.startswith("serve")]
+    health = {a["actor"]: a["health"] for a in picture["actors"]}
+    assert health["procs[0].busy[0]"] == "stuck"
+    assert health["procs[0].serving[0]"] == health["procs[0].waiting[0]"] == "busy", health
+
+
 async def test_a_hanging_init_on_the_actors_thread_is_reported_with_its_stack() -> None:
     from danaus.mesh._admin.snapshot import snapshot
 

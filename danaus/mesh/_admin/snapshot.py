@@ -317,7 +317,8 @@ def _actor_health(
         return "stopped"
     if actor["actor"] in paused:  # in a debugger: not stuck, waiting for a person
         return "paused"
-    longest = max((s for _, s in actor["running"]), default=0.0)
+    long = set(actor.get("long_running", ()))  # (a shell's: as long as it serves)
+    longest = max((s for m, s in actor["running"] if m not in long), default=0.0)
     if stuck > 0 and longest >= stuck:
         return "stuck"
     return "busy" if actor["in_flight"] else "idle"
