@@ -437,6 +437,28 @@ def host_of(procs: ProcMesh) -> HostMesh | None:
     return HostMesh(Shape.from_sizes({}), f"host of {procs.name}", agent_ref(agent))
 
 
+def hosts_of(procs: ProcMesh) -> tuple[HostMesh, dict[str, int]] | None:
+    """Where new procs can take the place of ``procs``' on several hosts: the mesh of
+    their host agents (in rank order) and the procs per host, such that its
+    ``spawn_procs(per_host=...)`` gives a mesh of their shape, rank for rank; None where
+    they are not laid out host by host (each host's procs one block of ranks, the
+    first dim the hosts') or were not started by host agents."""
+    from ._host_mesh import attach_to_hosts
+
+    group = procs.proc_group
+    ranks = list(procs.shape.global_ranks())
+    agents = [group.agent_of(r) for r in ranks]
+    hosts = list(dict.fromkeys(agents))
+    sizes = dict(procs.shape.sizes)
+    if None in hosts or len(hosts) < 2 or not sizes:
+        return None
+    first, *rest = sizes
+    per = len(ranks) // len(hosts)
+    if sizes[first] != len(hosts) or any(agents[i] != hosts[i // per] for i in range(len(ranks))):
+        return None
+    return attach_to_hosts([a for a in hosts if a is not None]), {k: sizes[k] for k in rest}
+
+
 def live_proc_meshes() -> list[ProcMesh]:
     """Every proc mesh this process spawned and has not stopped, whole."""
     return [ProcMesh(g.shape, g) for g in live_meshes.groups()]

@@ -93,6 +93,9 @@ class CopyPlan:
     restore: dict[int, int] | None = None
     #: the keepers ``restore`` names (beside the workers the successors replace)
     source: Keepers | None = None
+    #: how far a rank's peer is, which reads its copies: the next rank, or on several
+    #: hosts the same place on the next host (its procs per host)
+    stride: int = 1
 
 
 def layout_of(tensors: Mapping[str, torch.Tensor]) -> tuple[tuple[Spec, ...], int]:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, 
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..actors._api import Future, current_runtime, run_task
-from ..mesh._api import add_section, host_of, preload_module
+from ..mesh._api import add_section, group_of, host_of, hosts_of, preload_module
 from ..spmd import setup_torch_elastic_env_async
 from ._errors import ROLLED_BACK, PlanError
 from ._model import (
@@ -234,11 +234,13 @@ class Trainer:
             alone = this_proc().spawn(f"_keeper{n}", Keeper) if len(procs) == 1 else None
             keepers = Keepers(procs.spawn(f"_keeper{n}", Keeper), alone)
         taken = False
+        stride = _host_stride(procs)  # (a rank's peer: on the next host, where there is one)
         try:
-            copies = None if keepers is None else CopyPlan(keepers, self._done)
+            copies = None if keepers is None else CopyPlan(keepers, self._done, stride=stride)
             if keepers is not None and restore is not None:
-                await self._adopt(keepers, plan.layout, *restore)
-                copies = CopyPlan(keepers, self._done, {r: r for r in range(len(procs))}, keepers)
+                await self._adopt(keepers, plan.layout, *restore, stride)
+                whole = {r: r for r in range(len(procs))}
+                copies = CopyPlan(keepers, self._done, whole, keepers, stride)
                 if take_over is not None:
                     await take_over(keepers)
                     taken = True
@@ -258,7 +260,12 @@ class Trainer:
         return workers
 
     async def _adopt(
-        self, keepers: Keepers, layout: Layout, source: Keepers, where: dict[int, list[int]]
+        self,
+        keepers: Keepers,
+        layout: Layout,
+        source: Keepers,
+        where: dict[int, list[int]],
+        stride: int,
     ) -> None:
         """The new ``keepers`` read the copies of step ``self._done`` from ``source``'s
         (``where``: each rank's keepers there): each its own rank's, for its worker to
@@ -275,7 +282,7 @@ class Trainer:
             serves = tuple(range(n)) if ddp else (r,)  # (DDP replicas: the same state)
             calls.append(keepers.at(r).adopt.call_one(r, step, source, where[r], serves, True))
             if not ddp:
-                peer = (r + 1) % n if n > 1 else CONTROLLER
+                peer = (r + stride) % n if n > 1 else CONTROLLER
                 calls.append(
                     keepers.at(peer).adopt.call_one(r, step, source, where[r], (r,), False)
                 )
@@ -441,16 +448,21 @@ class Trainer:
         phases: dict[str, float] = {}
         step = self._done
         old = self._procs
-        host = host_of(old)
+        mode = self._on_lost
+        n = len(old) if mode == "respawn" else len(old) - len(lost)
+        host, per_host = host_of(old), {"procs": n}
+        if host is None and mode == "respawn":  # on several hosts: on the same ones
+            spread = hosts_of(old)
+            if spread is not None:
+                host, per_host = spread
         if host is None:
             await old.stop(reason="a rank of the trainer failed")
             raise PlanError(
                 f"rank(s) {sorted(lost)} were lost, and the trainer's procs are on several "
-                "hosts, where it cannot yet start new ones: give on_lost_proc='fail' and "
-                "resume from a checkpoint (Trainer.save)"
+                "hosts, where it can only respawn procs laid out host by host (each "
+                "host's procs one block of ranks), not re-plan: give on_lost_proc='respawn'"
+                " or 'fail' and resume from a checkpoint (Trainer.save)"
             ) from error
-        mode = self._on_lost
-        n = len(old) if mode == "respawn" else len(old) - len(lost)
         if n < 1:
             raise PlanError(f"every proc of the trainer was lost ({lost})") from error
         source, gone = "", dict(lost)  # (gone: of the procs the copies are read from)
@@ -462,7 +474,7 @@ class Trainer:
                 await self._procs.stop(reason="the trainer could not recover")
                 raise
             try:
-                procs = host.spawn_procs(per_host={"procs": n}, name=f"{old.name}-r")
+                procs = host.spawn_procs(per_host=per_host, name=f"{old.name}-r")
             except BaseException:
                 await self._procs.stop(reason="the trainer could not recover")
                 raise
@@ -1172,6 +1184,19 @@ def _rolled_back(e: BaseException) -> bool:
     if isinstance(e, ActorError):
         return ROLLED_BACK in e.remote_traceback
     return ROLLED_BACK in getattr(e, "__notes__", ())
+
+
+def _host_stride(procs: ProcMesh) -> int:
+    """How far a rank's peer is: the procs per host where ``procs`` are on several hosts
+    (each host's a block of ranks: the peer is then on the next host), else 1."""
+    group = group_of(procs)
+    agents = [group.agent_of(r) for r in procs.shape.global_ranks()]
+    hosts = len(set(agents))
+    if hosts < 2 or len(agents) % hosts:
+        return 1
+    per = len(agents) // hosts
+    same = all(agents[i] == agents[i - i % per] for i in range(len(agents)))
+    return per if same else 1
 
 
 def _runs(ranks: Iterable[int]) -> Ranks:

@@ -477,7 +477,7 @@ class ParallelWorker(Actor):
         layout = self.layout
         n = layout.dp * layout.pp * layout.tp
         serves: tuple[int, ...] | None = (self.rank,)
-        peer: int | None = (self.rank + 1) % n if n > 1 else CONTROLLER
+        peer: int | None = (self.rank + copies.stride) % n if n > 1 else CONTROLLER
         if isinstance(self.module, DistributedDataParallel):
             replicas = tuple(layout.rank(d, self.pp_i, self.tp_i) for d in range(layout.dp))
             serves, peer = (replicas if self.dp_i < 2 else None), None

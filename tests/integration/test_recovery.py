@@ -244,6 +244,42 @@ async def test_a_trainer_of_one_proc_is_respawned_from_the_copy_the_controller_h
 
 
 @pytest.mark.slow
+async def test_a_proc_lost_on_one_of_two_hosts_is_respawned_there_from_its_peers_copy() -> None:
+    """Two host agents (127.0.0.2 and .3), two procs each, dp=2 x pp=2 (each rank's state
+    its own: its copy is held on the other host); a proc of the second host killed
+    between steps is respawned on the same hosts, rank for rank, and no step is lost."""
+    from danaus import attach_to_hosts
+    from danaus.mesh._api import group_of
+
+    from .agents_kit import controller_key, host_agents
+
+    key = os.urandom(32).hex()
+    batches = _batches()
+    expected, want = _reference(batches)
+
+    def kill(step: int, trainer: Any) -> None:
+        if step == 3:
+            os.kill(trainer.procs.pids[3], signal.SIGKILL)
+
+    env = dict(os.environ, DANAUS_AUTH_KEY=key, PYTHONPATH=os.getcwd())
+    with host_agents([f"tcp://127.0.0.{i}:0" for i in (2, 3)], [env, env]) as agents:
+        with controller_key(key):
+            hosts = attach_to_hosts([addr for addr, _ in agents])
+            async with hosts.spawn_procs(per_host={"procs": 2}) as procs:
+                where = [group_of(procs).agent_of(r) for r in range(4)]
+                losses, state, recoveries, trainer = await _run(
+                    procs, {"dp": 2, "pp": 2}, batches, kill, loss_fn=pm.lm_loss
+                )
+                new = trainer.procs
+                assert new.sizes == {"hosts": 2, "procs": 2}
+                assert [group_of(new).agent_of(r) for r in range(4)] == where
+    assert _close(losses, expected), (losses, expected)
+    _same_weights(state, want)
+    (r,) = recoveries
+    assert r["lost"] == [3] and r["restored_from"] == "copies", r
+
+
+@pytest.mark.slow
 async def test_neighbours_lost_together_are_named_and_the_trainer_stops() -> None:
     """Each rank's copy is on its own proc and the next one's: with both procs of a
     pipeline lost at once, past the steps kept to run again from the start, no copy is
