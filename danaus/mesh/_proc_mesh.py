@@ -440,23 +440,31 @@ def host_of(procs: ProcMesh) -> HostMesh | None:
 def hosts_of(procs: ProcMesh) -> tuple[HostMesh, dict[str, int]] | None:
     """Where new procs can take the place of ``procs``' on several hosts: the mesh of
     their host agents (in rank order) and the procs per host, such that its
-    ``spawn_procs(per_host=...)`` gives a mesh of their shape, rank for rank; None where
-    they are not laid out host by host (each host's procs one block of ranks, the
-    first dim the hosts') or were not started by host agents."""
-    from ._host_mesh import attach_to_hosts
+    ``spawn_procs(per_host=...)`` gives as many procs, rank for rank (of ``procs``'
+    shape where its first dim is the hosts'); None where they are not laid out host by
+    host (each host's procs one block of ranks, as many on each), were not all started
+    by host agents, or a host agent of theirs is gone (its host cannot start procs)."""
+    from ._actor_mesh import mesh_ref
+    from ._host_mesh import HostMesh
+    from ._procs.host_agent import AGENT, HostAgent
 
     group = procs.proc_group
     ranks = list(procs.shape.global_ranks())
     agents = [group.agent_of(r) for r in ranks]
-    hosts = list(dict.fromkeys(agents))
-    sizes = dict(procs.shape.sizes)
-    if None in hosts or len(hosts) < 2 or not sizes:
+    hosts = [a for a in dict.fromkeys(agents) if a is not None]
+    if len(hosts) < 2 or None in agents or len(ranks) % len(hosts):
         return None
-    first, *rest = sizes
     per = len(ranks) // len(hosts)
-    if sizes[first] != len(hosts) or any(agents[i] != hosts[i // per] for i in range(len(ranks))):
+    if any(agents[i] != hosts[i // per] for i in range(len(ranks))):
         return None
-    return attach_to_hosts([a for a in hosts if a is not None]), {k: sizes[k] for k in rest}
+    if any(a in current_runtime().lost for a in hosts):
+        return None
+    sizes = dict(procs.shape.sizes)
+    first, *rest = sizes
+    per_host = {k: sizes[k] for k in rest} if sizes[first] == len(hosts) else {"procs": per}
+    shape = Shape.from_sizes({"hosts": len(hosts)})
+    agents_mesh = mesh_ref(AGENT, HostAgent, shape, dict(enumerate(hosts)))
+    return HostMesh(shape, f"hosts of {procs.name}", agents_mesh), per_host
 
 
 def live_proc_meshes() -> list[ProcMesh]:

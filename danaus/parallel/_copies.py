@@ -3,7 +3,8 @@
 After each step a worker packs its own state (its shards of the weights, buffers and
 optimizer state, as they lie there) into one of two byte buffers, registered on the data
 plane: the latest two steps' state. Where no other rank holds the same state, the
-:class:`Keeper` beside the next rank's worker (an actor of its own on that proc) reads the
+:class:`Keeper` beside its peer's worker (the next rank's; on several hosts, the same
+place on the next host: an actor of its own on that proc) reads the
 copy into its memory while the next step computes. Before its next optimizer step each
 worker waits until its copy is held; the step's all-reduce, which every rank takes part
 in before any changes its weights, then says that every copy of the step before is held.
@@ -11,8 +12,8 @@ in before any changes its weights, then says that every copy of the step before 
 So once the controller has seen step ``t`` end, every rank's state after step ``t - 1``
 or ``t`` is in two procs' memory: its own buffers and its peer's keeper (DDP replicas
 hold the same state: there, two replicas' own buffers serve every rank and no keeper
-copies anything). A single lost proc, or several that are not neighbours, leaves one of
-each; :func:`restore_point` picks the latest step that every rank can start from.
+copies anything). A single lost proc, or several of which none is another's peer,
+leaves one of each; :func:`restore_point` picks the latest step that every rank can start from.
 """
 
 from __future__ import annotations

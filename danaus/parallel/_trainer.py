@@ -457,11 +457,17 @@ class Trainer:
                 host, per_host = spread
         if host is None:
             await old.stop(reason="a rank of the trainer failed")
+            cause = (
+                "re-planning spreads no plan over several hosts"
+                if mode == "replan"
+                else "they are not laid out host by host (each host's procs one block of "
+                "ranks, as many on each), or a host of theirs is gone (its host agent "
+                "lost): no procs can start in their place"
+            )
             raise PlanError(
                 f"rank(s) {sorted(lost)} were lost, and the trainer's procs are on several "
-                "hosts, where it can only respawn procs laid out host by host (each "
-                "host's procs one block of ranks), not re-plan: give on_lost_proc='respawn'"
-                " or 'fail' and resume from a checkpoint (Trainer.save)"
+                f"hosts, where {cause}: resume from a checkpoint (Trainer.save) on the "
+                "procs left"
             ) from error
         if n < 1:
             raise PlanError(f"every proc of the trainer was lost ({lost})") from error
@@ -536,8 +542,8 @@ class Trainer:
 
         Raises:
             SupervisionError: no step that the steps kept can run on from is held for
-                every rank (neighbours lost together: a rank's copy is held by the next
-                rank's proc), naming the ranks whose state is gone.
+                every rank (a rank and its peer lost together: its copies are on its own
+                proc and its peer's), naming the ranks whose state is gone.
         """
         from ..errors import SupervisionError
         from ._copies import restore_point, uncovered
@@ -571,7 +577,8 @@ class Trainer:
             "of every rank's state after any step it can go on from: "
             + ", ".join(f"after step {s}, none of rank(s) {r}" for s, r in gone.items())
             + (f" (the keepers of rank(s) {silent} did not answer)" if silent else "")
-            + ". Each rank's copy is held by its own proc and the next rank's (by two "
+            + ". Each rank's copy is held by its own proc and its peer's (the next rank's, "
+            "on several hosts the next host's; by two "
             "replicas under DDP): losing both takes it. The trainer cannot go on: train "
             "from a checkpoint (Trainer.save, parallelize(..., resume=))"
         ) from error
@@ -1279,7 +1286,8 @@ def parallelize(
     ``on_lost_proc`` says what a lost proc (killed, out of memory, its host agent gone)
     does to training. ``"respawn"``: the trainer spawns as many new procs on the same
     host, sets them up from the copies of each rank's state that the procs keep in
-    memory after every step (each rank's on its own proc and the next rank's: see
+    memory after every step (each rank's on its own proc and its peer's, the next
+    rank's or on several hosts the next host's: see
     ``held_bytes()``), stops the old ones (the survivors' ranks may wait in a
     collective for the lost one), and runs the step since the copies (where there is
     one) and the step that failed again: the call returns that step's loss as if
