@@ -37,7 +37,8 @@ test: compile
 # SLURM (srun starts its agents), the rdma-bench CLI, the model-sized tensor-engine tests
 # (test_tensor_engine covers fresh interpreters there) and whole-model parallelism
 # (torch.distributed in actors; test_spmd covers exec there), with its checkpoints and
-# recoveries (a respawn spawns procs the way the mesh's were; checked by hand in exec),
+# recoveries and the copies of state they read (a respawn spawns procs the way the
+# mesh's were; checked by hand in exec; test_copies passed in exec by hand),
 # Lightning's strategy (its ranks are test_spmd's launch, which runs in exec; passed in
 # exec by hand), the tensor engine's simulator (no procs), and the planner under cgroup
 # CPU quotas and memory limits (whole-model parallelism again; test_memory_limits alone took 7 minutes in exec;
@@ -46,7 +47,7 @@ test: compile
 COV ?= --cov=danaus --cov-report=term:skip-covered
 EXEC_SKIP := test_top test_dashboard test_slurm test_spmd_slurm test_rdma_bench \
 	test_tensor_engine_models test_parallel test_checkpoints test_recovery test_simulator \
-	test_lightning test_memory_limits test_unlike_procs
+	test_lightning test_memory_limits test_unlike_procs test_copies
 test-all: compile
 	$(PY) -m pytest -q $(COV) tests
 	DANAUS_SPAWN_METHOD=exec $(PY) -m pytest -q tests/integration tests/conformance \
