@@ -255,6 +255,12 @@ def estimate(
     hop = mesh.hop_latency_s
     state = 2.0 + cost.opt_ratio  # weights, grads, optimizer state per byte of weights
     fsdp = runs_fsdp(c.dp, c.pp, c.tp, c.sharded)
+    # a respawn's copies: weights and optimizer state, per byte of weights; twice (its
+    # two latest) where no peer copies them (DDP replicas serve each other; one proc's
+    # peer is the controller), four times (and its peer's two) where one does, the
+    # peer's stage taken as large as its own
+    copied = 1.0 + cost.opt_ratio
+    copies = 2 if (not fsdp and c.dp > 1) or c.dp * c.pp * c.tp == 1 else 4
     # not measured: FSDP taken to gather one block at a time, the biggest of blocks
     # i..j-1 at biggest[i][j] (made once here: the stage split asks of every i, j)
     biggest: list[list[int]] = []
@@ -294,6 +300,8 @@ def estimate(
         else:  # DDP: the backend's copies of a gradient bucket while it is all-reduced
             held = w * state
             working = mesh.allreduce_bytes_per_byte * min(w, DDP_BUCKET) if c.dp > 1 else 0
+        if mesh.copies:  # a respawn's copies (._copies): its own latest two, its peer's two
+            held += copies * w * copied / (c.dp if fsdp else 1)
         return t, int(held + working + inflight * act), w
 
     def stage_full(k: int, i: int, j: int) -> tuple[float, int, float, bool]:

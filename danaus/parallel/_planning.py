@@ -257,6 +257,7 @@ async def _plan(
     checkpointing: bool | None = False,
     compile: bool = False,
     blocks_per_stage: tuple[int, ...] | None = None,
+    on_lost_proc: str = "respawn",
 ) -> Plan:
     from ._profile import Profiler
 
@@ -325,6 +326,9 @@ async def _plan(
         facts = [replace(f, group=g) for f, g in zip(facts, rooms, strict=True)]
         memory, why_memory = usable_memory(facts)
         mesh = replace(mesh, memory=memory, memory_per_proc=min(memory), memory_why=why_memory)
+        # a respawn's copies of each rank's state are in the procs' memory on CPU (on a
+        # GPU, in the host's)
+        mesh = replace(mesh, copies=on_lost_proc == "respawn" and mesh.device == "cpu")
     finally:
         await profilers.stop()
     searched = time.perf_counter()
@@ -492,6 +496,7 @@ def plan(
     checkpointing: bool | None = False,
     compile: bool = False,
     blocks_per_stage: Sequence[int] | None = None,
+    on_lost_proc: str = "respawn",
 ) -> Future[Plan]:
     """Measure ``model`` and ``procs`` on the procs, and choose how to lay the model out.
 
@@ -533,11 +538,21 @@ def plan(
         compile: time the blocks compiled by ``torch.compile`` (what
             ``parallelize(..., compile=True)`` runs); on CPU, Inductor needs a C++
             compiler, and the error says so where there is none.
+        on_lost_proc: what the trainer will do of a lost proc (``parallelize``'s, whose
+            default is this one's): with ``"respawn"`` each proc keeps copies of its
+            state and its peer's after every step, which on CPU procs count against
+            their memory (about 2-4x a proc's weights and optimizer state).
 
     Raises (from the future):
         PlanError: no plan fits the memory (the message gives what the smallest needs),
             forced dims that the mesh or batch cannot meet, blocks that cannot be found.
     """
+    from ._trainer import ON_LOST_PROC
+
+    if on_lost_proc not in ON_LOST_PROC:
+        raise ValueError(
+            f"on_lost_proc={on_lost_proc!r}: give one of {', '.join(map(repr, ON_LOST_PROC))}"
+        )
     forced = {"dp": dp, "pp": pp, "tp": tp, "microbatches": microbatches}
     cut = _check_cut(blocks_per_stage, pp)
     opt = optimizer if optimizer is not None else _default_optimizer
@@ -565,6 +580,7 @@ def plan(
             checkpointing,
             compile,
             cut,
+            on_lost_proc,
         ),
     )
 

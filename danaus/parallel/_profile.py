@@ -142,6 +142,9 @@ class MeshFacts:
     #: outnumber the cores share them, so ``procs_per_host x threads / cores`` of it is
     #: expected; past that, what sharing costs (switches, caches, memory bandwidth)
     together: float = 1.0
+    #: the trainer keeps copies of each rank's state in its procs' memory after every
+    #: step (``on_lost_proc="respawn"``, on CPU procs: on a GPU they are in the host's)
+    copies: bool = False
 
 
 def _available_ram() -> int:

@@ -27,6 +27,11 @@ MODELS = {  # (widths, dim): AdamW's whole state is 4x the weights
     "mlp-8x134MiB": ([2048] * 8, 1024),
     "mlp-4x134MiB": ([4096] * 4, 1024),
 }
+#: these tests are of the plans' memory: the trainers keep no copies of their state for a
+#: respawn (``on_lost_proc="fail"``), whose 2-4x the weights and optimizer state these
+#: models would not fit the limits with (the planner counts them: test_planner's
+#: test_a_respawns_copies_count_against_each_procs_memory)
+FAIL = {"on_lost_proc": "fail"}
 #: (model, the limit over all four procs). Not nearer the smallest layout's need: what
 #: measuring leaves charged to the group varies (0.45-0.8 GiB), and at 1.6 GiB the 134
 #: MiB models' share came out at 112-142 MiB against pp=4's 130 (a PlanError, rightly,
@@ -63,11 +68,11 @@ async def test_the_chosen_plan_trains_under_a_real_memory_limit(name: str, gib: 
         # this model costs
         await plan(pm.mlp([64] * 2, 32), procs, sample=_batch(32), loss_fn=pm.mse)
         with cgroups.memory_limit(procs.pids, limit) as group:
-            p = await plan(pm.mlp(widths, dim), procs, sample=batch, loss_fn=pm.mse)
+            p = await plan(pm.mlp(widths, dim), procs, sample=batch, loss_fn=pm.mse, **FAIL)
             # planned against its share of the room under the limit, not the host's RAM
             assert p.memory_per_proc <= limit / 4, str(p)
             assert "cgroup" in p.why and "memory limit" in p.why, p.why
-            trainer = parallelize(pm.mlp(widths, dim), procs, p, optimizer=pm.adamw)
+            trainer = parallelize(pm.mlp(widths, dim), procs, p, optimizer=pm.adamw, **FAIL)
             losses = [await trainer.step(batch) for _ in range(3)]
             await trainer.stop()
             assert cgroups.oom_kills(group) == 0
@@ -136,10 +141,10 @@ async def test_a_proc_with_less_memory_gets_a_smaller_stage() -> None:
     batch = _batch(dim)
     # one block's weights, gradients and AdamW's two moments
     block = 4 * sum(p.numel() * p.element_size() for p in pm.mlp(widths[:1], dim).parameters())
-    kw = {"sample": batch, "loss_fn": pm.mse, "pp": 4, "microbatches": 4}
+    kw = {"sample": batch, "loss_fn": pm.mse, "pp": 4, "microbatches": 4, **FAIL}
 
     async def train(p: Any) -> list[float]:
-        trainer = parallelize(pm.mlp(widths, dim), procs, p, optimizer=pm.adamw)
+        trainer = parallelize(pm.mlp(widths, dim), procs, p, optimizer=pm.adamw, **FAIL)
         losses = [await trainer.step(batch) for _ in range(3)]
         await trainer.stop()
         return losses

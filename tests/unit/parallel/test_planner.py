@@ -493,3 +493,23 @@ def test_memory_counts_what_fsdp_and_the_backend_hold_as_measured() -> None:
     old = estimate(by[4, 1, True], cost, _mesh(), 8, 1 << 40)
     assert old.peak == 4 * w // 4 + MiB
     assert estimate(by[1, 4, False], cost, mesh, 8, 1 << 40).peak == 4 * (w // 4)
+
+
+def test_a_respawns_copies_count_against_each_procs_memory() -> None:
+    """``on_lost_proc="respawn"`` (``MeshFacts.copies``): weights and optimizer state
+    (3 bytes per byte of weights under AdamW) copied twice on each proc, and twice more
+    of its peer's where no replica holds the same."""
+    cost = _cost([1.0] * 8, [MiB] * 8, act=0)
+    off = replace(_mesh(), fsdp_bytes_per_byte=3.0, allreduce_bytes_per_byte=2.0)
+    on = replace(off, copies=True)
+    w = 8 * MiB
+    by = {(c.dp, c.pp, c.sharded): c for c in _all(microbatches=1)}
+
+    def extra(dp: int, pp: int, sharded: bool) -> int:
+        c = by[dp, pp, sharded]
+        return estimate(c, cost, on, 8, 1 << 40).peak - estimate(c, cost, off, 8, 1 << 40).peak
+
+    assert extra(4, 1, False) == 2 * 3 * w  # DDP: two replicas' own serve every rank
+    assert extra(4, 1, True) == 4 * 3 * w // 4  # sharded: its shard, and its peer's
+    assert extra(1, 4, False) == 4 * 3 * (w // 4)  # a pipeline stage, and its peer's
+    assert extra(2, 2, False) == 4 * 3 * (w // 2) // 2  # a replicated pipeline's shard
