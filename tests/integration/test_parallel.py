@@ -404,12 +404,16 @@ async def test_a_memory_cap_moves_the_planner_off_pure_data_parallel() -> None:
         replica = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
         free = await plan(model, procs, sample=batch, dp=4)  # fits without a cap
         assert free.peak_bytes_per_proc >= replica or free.sharded, str(free)
-        cap = int(replica * 0.6)
-        tight = await plan(model, procs, sample=batch, memory_per_proc=cap)
+        # (a trainer that keeps no copies of its state for a respawn: with them, which
+        # the planner counts, the cap below leaves no layout)
+        cap, fail = int(replica * 0.6), {"on_lost_proc": "fail"}
+        with pytest.raises(PlanError, match="no plan fits"):
+            await plan(model, procs, sample=batch, memory_per_proc=cap)
+        tight = await plan(model, procs, sample=batch, memory_per_proc=cap, **fail)
         assert tight.pp > 1 or tight.sharded, str(tight)
         assert tight.peak_bytes_per_proc <= cap
         assert f"{cap / 2**20:.2f} MiB" in str(tight)  # the plan says what it fitted under
-        trainer = parallelize(model, procs, tight, optimizer=pm.adamw)
+        trainer = parallelize(model, procs, tight, optimizer=pm.adamw, **fail)
         await trainer.step(batch)
         held = await trainer.held_bytes()
         await trainer.stop()
