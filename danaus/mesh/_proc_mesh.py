@@ -437,17 +437,10 @@ def host_of(procs: ProcMesh) -> HostMesh | None:
     return HostMesh(Shape.from_sizes({}), f"host of {procs.name}", agent_ref(agent))
 
 
-def hosts_of(procs: ProcMesh) -> tuple[HostMesh, dict[str, int]] | None:
-    """Where new procs can take the place of ``procs``' on several hosts: the mesh of
-    their host agents (in rank order) and the procs per host, such that its
-    ``spawn_procs(per_host=...)`` gives as many procs, rank for rank (of ``procs``'
-    shape where its first dim is the hosts'); None where they are not laid out host by
-    host (each host's procs one block of ranks, as many on each), were not all started
-    by host agents, or a host agent of theirs is gone (its host cannot start procs)."""
-    from ._actor_mesh import mesh_ref
-    from ._host_mesh import HostMesh
-    from ._procs.host_agent import AGENT, HostAgent
-
+def host_blocks(procs: ProcMesh) -> tuple[list[str], int] | None:
+    """The host agents of ``procs`` in rank order and the procs on each, where they are
+    on several hosts laid out host by host (each host's procs one block of ranks, as
+    many on each, every one started by a host agent); else None."""
     group = procs.proc_group
     ranks = list(procs.shape.global_ranks())
     agents = [group.agent_of(r) for r in ranks]
@@ -457,8 +450,24 @@ def hosts_of(procs: ProcMesh) -> tuple[HostMesh, dict[str, int]] | None:
     per = len(ranks) // len(hosts)
     if any(agents[i] != hosts[i // per] for i in range(len(ranks))):
         return None
-    if any(a in current_runtime().lost for a in hosts):
+    return hosts, per
+
+
+def hosts_of(procs: ProcMesh) -> tuple[HostMesh, dict[str, int]] | None:
+    """Where new procs can take the place of ``procs``' on several hosts: the mesh of
+    their host agents (in rank order) and the procs per host, such that its
+    ``spawn_procs(per_host=...)`` gives as many procs, rank for rank (of ``procs``'
+    shape where its first dim is the hosts'); None where they are not laid out host by
+    host (:func:`host_blocks`), or a host agent of theirs is gone (its host cannot
+    start procs)."""
+    from ._actor_mesh import mesh_ref
+    from ._host_mesh import HostMesh
+    from ._procs.host_agent import AGENT, HostAgent
+
+    blocks = host_blocks(procs)
+    if blocks is None or any(a in current_runtime().lost for a in blocks[0]):
         return None
+    hosts, per = blocks
     sizes = dict(procs.shape.sizes)
     first, *rest = sizes
     per_host = {k: sizes[k] for k in rest} if sizes[first] == len(hosts) else {"procs": per}

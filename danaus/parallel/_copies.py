@@ -19,6 +19,7 @@ leaves one of each; :func:`restore_point` picks the latest step that every rank 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Container, Iterable, Mapping
 from concurrent.futures import Future as ThreadFuture
@@ -28,13 +29,11 @@ from typing import Any
 import torch
 
 from ..actors import Actor, concurrent_endpoint, endpoint
+from ._layout import Layout, runs_fsdp
+from ._staging import Spec, layout_of, pack_into, views
 
 log = logging.getLogger("danaus.parallel")
 
-#: where a tensor lies in a packed copy: (name, dtype, shape, offset)
-Spec = tuple[str, str, tuple[int, ...], int]
-#: each tensor starts at a multiple of this in a packed copy (any dtype's alignment)
-ALIGN = 64
 #: seconds a keeper's read of a copy, or a successor's read of one, may take
 READ_TIMEOUT_S = 120.0
 #: seconds a worker waits for its peer to hold its copy, before its optimizer step
@@ -99,48 +98,30 @@ class CopyPlan:
     stride: int = 1
 
 
-def layout_of(tensors: Mapping[str, torch.Tensor]) -> tuple[tuple[Spec, ...], int]:
-    """Where each of ``tensors`` goes in a packed copy, and the copy's size (with its
-    :data:`STAMP` after them)."""
-    specs: list[Spec] = []
-    offset = 0
-    for name, t in tensors.items():
-        specs.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
-        offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-    return tuple(specs), offset + STAMP
-
-
-def pack_into(
-    out: torch.Tensor,
-    tensors: Mapping[str, torch.Tensor],
-    specs: tuple[Spec, ...],
-    only: Container[str] | None = None,
-    skip: Container[str] = (),
-) -> None:
-    """Copy ``tensors`` into ``out`` (a uint8 tensor of :func:`layout_of`'s size): those
-    named in ``only`` where given, and none named in ``skip``."""
-    for (name, _, _, at), t in zip(specs, tensors.values(), strict=True):
-        if (only is not None and name not in only) or name in skip:
-            continue
-        n = t.numel() * t.element_size()
-        if n:
-            out[at : at + n].view(t.dtype).view(t.shape).copy_(t.detach())
-
-
-def unpack(data: torch.Tensor, specs: Iterable[Spec]) -> dict[str, torch.Tensor]:
-    """The tensors a packed copy holds, as views of ``data``."""
-    out = {}
-    for name, dtype, shape, at in specs:
-        kind = getattr(torch, dtype)
-        n = int(torch.Size(shape).numel()) * torch.empty((), dtype=kind).element_size()
-        out[name] = data[at : at + n].view(kind).view(shape)
-    return out
-
-
 #: the bytes at the end of each copy that say which step it is of: written last, and
 #: cleared before the buffer is written again, so that a read that overlapped a write
 #: (of a copy a keeper still names) is caught, not restored from
 STAMP = 8
+
+
+def roles(layout: Layout, rank: int, stride: int) -> tuple[tuple[int, ...], bool, int | None]:
+    """What rank ``rank`` of ``layout`` does with its copies: the ranks whose state is
+    its own (under DDP its replicas, else itself), whether it keeps copies (under DDP the
+    first two replicas alone: they serve every rank), and the keeper that reads them
+    (its peer: ``stride`` ranks on, :data:`CONTROLLER` for a trainer of one proc; None
+    under DDP)."""
+    n = layout.dp * layout.pp * layout.tp
+    if layout.dp > 1 and not runs_fsdp(layout.dp, layout.pp, layout.tp, layout.sharded):
+        dp_i, pp_i, tp_i = layout.coords(rank)  # DDP (see ParallelWorker._replicate)
+        return tuple(layout.rank(d, pp_i, tp_i) for d in range(layout.dp)), dp_i < 2, None
+    return (rank,), True, (rank + stride) % n if n > 1 else CONTROLLER
+
+
+def copy_layout(tensors: Mapping[str, torch.Tensor]) -> tuple[tuple[Spec, ...], int]:
+    """Where each of ``tensors`` goes in a copy (packed as the data plane's staged
+    batches are), and the copy's size, with its :data:`STAMP` after them."""
+    specs, size = layout_of(tensors)
+    return specs, size + STAMP
 
 
 def stamp_of(data: torch.Tensor) -> int:
@@ -310,7 +291,7 @@ class Keeper(Actor):
         for serves, copy in self.own.values():  # (its reader checks its stamp)
             if copy.step == step and rank in serves:
                 return copy
-        mine = sorted({(s, r) for s, r in await self.steps()})
+        mine = sorted(set(await self.steps()))
         raise LookupError(
             f"this proc holds no copy of rank {rank}'s state after step {step} "
             f"(it holds (rank, step): {mine})"
@@ -385,17 +366,25 @@ class Copier:
     def wait_held(self) -> None:
         """Before the optimizer step: the latest copy is packed, and held by the peer
         (the step's all-reduce, after this, tells every rank that every copy is)."""
-        sending, self._sending = self._sending, None
-        if sending is None:
-            return
         try:
-            pending = sending[1].result(timeout=HELD_TIMEOUT_S)
-            if pending is not None:
-                pending.get(timeout=HELD_TIMEOUT_S)
+            self._sent()
         except Exception as e:  # the step goes on; a recovery may then find no copy
             if self.failed is None:
                 log.warning("rank %d: its state's copy is not held: %s", self.rank, e)
             self.failed = e
+
+    def _sent(self) -> None:
+        """Wait for the latest copy to be packed, its keepers told, and its peer's read.
+
+        Raises:
+            Exception: what went wrong on the way (a read that failed, a timeout).
+        """
+        sending, self._sending = self._sending, None
+        if sending is None:
+            return
+        pending = sending[1].result(timeout=HELD_TIMEOUT_S)
+        if pending is not None:
+            pending.get(timeout=HELD_TIMEOUT_S)
 
     def after_step(
         self,
@@ -415,7 +404,7 @@ class Copier:
         if self._sending is not None and self._sending[0] == k:  # (never, in step order)
             self.wait_held()
         if self._layout is None or self._layout[0] is not tensors:  # (the same each step)
-            self._layout = (tensors, *layout_of(tensors))
+            self._layout = (tensors, *copy_layout(tensors))
         _, specs, size = self._layout
         slot = self.slots[k]
         if slot is None or slot[0].numel() != size:
@@ -468,14 +457,8 @@ class Copier:
         """Stop keeping copies: the latest one's sending ended (its peer's read, which
         the buffers must outlast), the buffers released."""
         self._packer.shutdown(wait=True)
-        sending, self._sending = self._sending, None
-        if sending is not None:
-            try:
-                pending = sending[1].result(timeout=HELD_TIMEOUT_S)
-                if pending is not None:
-                    pending.get(timeout=HELD_TIMEOUT_S)
-            except Exception:  # (no step needs it any more)
-                pass
+        with contextlib.suppress(Exception):  # (no step needs it any more)
+            self._sent()
         for slot in self.slots:
             if slot is not None:
                 try:
@@ -498,4 +481,4 @@ def fetch(keepers: Keepers, keeper: int, rank: int, step: int) -> dict[str, Any]
     copy.buffer.read_into(data, timeout=READ_TIMEOUT_S).get()
     if stamp_of(data) != step:
         raise LookupError(f"rank {rank}'s copy of step {step} is of step {stamp_of(data)}")
-    return {**unpack(data, copy.specs), **copy.rest}
+    return {**views(data, copy.specs), **copy.rest}

@@ -547,12 +547,9 @@ def plan(
         PlanError: no plan fits the memory (the message gives what the smallest needs),
             forced dims that the mesh or batch cannot meet, blocks that cannot be found.
     """
-    from ._trainer import ON_LOST_PROC
+    from ._trainer import check_on_lost_proc
 
-    if on_lost_proc not in ON_LOST_PROC:
-        raise ValueError(
-            f"on_lost_proc={on_lost_proc!r}: give one of {', '.join(map(repr, ON_LOST_PROC))}"
-        )
+    check_on_lost_proc(on_lost_proc)
     forced = {"dp": dp, "pp": pp, "tp": tp, "microbatches": microbatches}
     cut = _check_cut(blocks_per_stage, pp)
     opt = optimizer if optimizer is not None else _default_optimizer

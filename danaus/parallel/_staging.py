@@ -9,6 +9,7 @@ tensors there; the controller drops the buffer when the call has ended.
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,8 @@ LARGE = 1 << 20
 #: each tensor starts at a multiple of this in the packed buffer (any dtype's alignment)
 ALIGN = 64
 
-#: (where: "inputs", "target" or a kwargs key; dtype; shape; offset in the buffer)
+#: (where: "inputs", "target" or a kwargs key, or a copy's tensor's name; dtype; shape;
+#: offset in the buffer)
 Spec = tuple[str, str, tuple[int, ...], int]
 
 
@@ -42,25 +44,54 @@ def _fields(shard: Shard) -> list[tuple[str, Any]]:
     return [("inputs", shard.inputs), ("target", shard.target), *shard.kwargs.items()]
 
 
+def layout_of(tensors: Mapping[str, torch.Tensor]) -> tuple[tuple[Spec, ...], int]:
+    """Where each of ``tensors`` goes in one packed buffer (each at an ``ALIGN``-ed
+    offset), and the bytes they take."""
+    specs: list[Spec] = []
+    offset = 0
+    for name, t in tensors.items():
+        specs.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
+        offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+    return tuple(specs), offset
+
+
+def pack_into(
+    out: torch.Tensor,
+    tensors: Mapping[str, torch.Tensor],
+    specs: tuple[Spec, ...],
+    only: Container[str] | None = None,
+    skip: Container[str] = (),
+) -> None:
+    """Copy ``tensors`` (on any device, contiguous or not) into ``out``, a uint8 tensor
+    laid out as :func:`layout_of` says: those named in ``only`` where given, and none
+    named in ``skip``."""
+    for (name, _, _, at), t in zip(specs, tensors.values(), strict=True):
+        if (only is not None and name not in only) or name in skip:
+            continue
+        n = t.numel() * t.element_size()
+        if n:
+            out[at : at + n].view(t.dtype).view(t.shape).copy_(t.detach())
+
+
+def views(data: torch.Tensor, specs: Iterable[Spec]) -> dict[str, torch.Tensor]:
+    """The tensors a packed buffer holds, as views of ``data``."""
+    out = {}
+    for name, dtype, shape, at in specs:
+        kind = getattr(torch, dtype)
+        n = int(torch.Size(shape).numel()) * torch.empty((), dtype=kind).element_size()
+        out[name] = data[at : at + n].view(kind).view(shape)
+    return out
+
+
 def pack(shard: Shard) -> tuple[torch.Tensor, tuple[Spec, ...], dict[str, Any]]:
     """``shard``'s tensors in one uint8 tensor (each at an ``ALIGN``-ed offset), where
     each lies, and its other fields."""
-    specs: list[Spec] = []
-    rest: dict[str, Any] = {}
-    offset = 0
-    for where, t in _fields(shard):
-        if not isinstance(t, torch.Tensor):
-            rest[where] = t
-            continue
-        specs.append((where, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
-        offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-    out = torch.empty(offset, dtype=torch.uint8)
-    tensors = dict(_fields(shard))
-    for where, _, _, at in specs:
-        t = tensors[where].detach().to("cpu").contiguous()
-        n = t.numel() * t.element_size()
-        out[at : at + n].copy_(t.view(-1).view(torch.uint8))
-    return out, tuple(specs), rest
+    tensors = {k: t for k, t in _fields(shard) if isinstance(t, torch.Tensor)}
+    rest = {k: t for k, t in _fields(shard) if not isinstance(t, torch.Tensor)}
+    specs, size = layout_of(tensors)
+    out = torch.empty(size, dtype=torch.uint8)
+    pack_into(out, tensors, specs)
+    return out, specs, rest
 
 
 class Packed:
@@ -81,11 +112,7 @@ class Packed:
 
 def unpack(data: torch.Tensor, staged: Staged) -> Shard:
     """The shard whose tensors ``data`` (the buffer's bytes, read here) holds."""
-    fields: dict[str, Any] = dict(staged.rest)
-    for where, dtype, shape, at in staged.specs:
-        kind = getattr(torch, dtype)
-        n = int(torch.Size(shape).numel()) * torch.empty((), dtype=kind).element_size()
-        fields[where] = data[at : at + n].view(kind).view(shape)
+    fields: dict[str, Any] = {**staged.rest, **views(data, staged.specs)}
     inputs, target = fields.pop("inputs", None), fields.pop("target", None)
     return Shard(inputs, target, fields, staged.shape)
 

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, 
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..actors._api import Future, current_runtime, run_task
-from ..mesh._api import add_section, group_of, host_of, hosts_of, preload_module
+from ..mesh._api import add_section, host_blocks, host_of, hosts_of, preload_module
 from ..spmd import setup_torch_elastic_env_async
 from ._errors import ROLLED_BACK, PlanError
 from ._model import (
@@ -133,10 +133,7 @@ class Trainer:
         on_lost_proc: str = "respawn",
         snapshot_every: int = 10,
     ) -> None:
-        if on_lost_proc not in ON_LOST_PROC:
-            raise ValueError(
-                f"on_lost_proc={on_lost_proc!r}: give one of {', '.join(map(repr, ON_LOST_PROC))}"
-            )
+        check_on_lost_proc(on_lost_proc)
         if isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int):
             raise TypeError(f"snapshot_every must be a positive int, not {snapshot_every!r}")
         if snapshot_every < 1:
@@ -272,19 +269,15 @@ class Trainer:
         start from, and its peer's (the copy it would hold of it), so that the new procs
         hold every copy before the old ones are stopped (a GPU's memory is then free for
         the new workers, and a new proc lost while they are set up is recovered from)."""
-        from ._copies import CONTROLLER
-        from ._layout import runs_fsdp
+        from ._copies import roles
 
-        n = len(where)
-        ddp = layout.dp > 1 and not runs_fsdp(layout.dp, layout.pp, layout.tp, layout.sharded)
         step, calls = self._done, []
-        for r in range(n):
-            serves = tuple(range(n)) if ddp else (r,)  # (DDP replicas: the same state)
-            calls.append(keepers.at(r).adopt.call_one(r, step, source, where[r], serves, True))
-            if not ddp:
-                peer = (r + stride) % n if n > 1 else CONTROLLER
+        for r, keepers_of_r in where.items():
+            same, _, peer = roles(layout, r, stride)  # (DDP replicas: the same state)
+            calls.append(keepers.at(r).adopt.call_one(r, step, source, keepers_of_r, same, True))
+            if peer is not None:
                 calls.append(
-                    keepers.at(peer).adopt.call_one(r, step, source, where[r], (r,), False)
+                    keepers.at(peer).adopt.call_one(r, step, source, keepers_of_r, (r,), False)
                 )
         async with asyncio.timeout(ADOPT_TIMEOUT_S):
             await asyncio.gather(*calls)
@@ -1093,11 +1086,10 @@ class Trainer:
         async def go(w: Any) -> list[dict[str, int]]:
             held = await _each(w.held_bytes)
             peers: dict[int, int] = {}
-            if self._keepers is not None:
-                flat = self._keepers.procs.flatten("rank")
-                for r in range(len(self._procs)):
-                    async with asyncio.timeout(KEEPER_WAIT_S):
-                        peers[r] = await flat.slice(rank=r).nbytes.call_one()
+            if self._keepers is not None:  # (each proc's keeper: its peer's copies)
+                asks = [self._keepers.at(r).nbytes.call_one() for r in range(len(self._procs))]
+                async with asyncio.timeout(KEEPER_WAIT_S):
+                    peers = dict(enumerate(await asyncio.gather(*asks)))
             return [
                 {k: v for k, v in h.items() if k != "rank"}
                 | {"copies": h["copies"] + peers.get(h["rank"], 0)}
@@ -1193,17 +1185,17 @@ def _rolled_back(e: BaseException) -> bool:
     return ROLLED_BACK in getattr(e, "__notes__", ())
 
 
+def check_on_lost_proc(mode: object) -> None:
+    """Raises ValueError where ``mode`` is not one of :data:`ON_LOST_PROC`, naming them."""
+    if mode not in ON_LOST_PROC:
+        raise ValueError(f"on_lost_proc={mode!r}: give one of {', '.join(map(repr, ON_LOST_PROC))}")
+
+
 def _host_stride(procs: ProcMesh) -> int:
     """How far a rank's peer is: the procs per host where ``procs`` are on several hosts
-    (each host's a block of ranks: the peer is then on the next host), else 1."""
-    group = group_of(procs)
-    agents = [group.agent_of(r) for r in procs.shape.global_ranks()]
-    hosts = len(set(agents))
-    if hosts < 2 or len(agents) % hosts:
-        return 1
-    per = len(agents) // hosts
-    same = all(agents[i] == agents[i - i % per] for i in range(len(agents)))
-    return per if same else 1
+    laid out host by host (the peer is then on the next host), else 1."""
+    blocks = host_blocks(procs)
+    return 1 if blocks is None else blocks[1]
 
 
 def _runs(ranks: Iterable[int]) -> Ranks:

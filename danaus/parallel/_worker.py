@@ -27,7 +27,7 @@ from torch import nn
 from ..actors import Actor, context, endpoint
 from ..config import config
 from . import _checkpoint, _tp
-from ._copies import CONTROLLER, Copier, CopyPlan, fetch
+from ._copies import Copier, CopyPlan, fetch, roles
 from ._errors import ROLLED_BACK
 from ._layout import Layout, runs_fsdp
 from ._model import (
@@ -240,7 +240,7 @@ def zero_loss(output: Any) -> torch.Tensor:
     parts = [t.sum() * 0 for t in leaves if t.is_floating_point() and t.requires_grad]
     if not parts:
         return torch.zeros((), requires_grad=True)
-    return torch.stack([p.to_local() if hasattr(p, "to_local") else p for p in parts]).sum()
+    return torch.stack([_local(p) for p in parts]).sum()
 
 
 def rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
@@ -258,7 +258,7 @@ def set_rng_state(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None
 
 def tensor_bytes(t: torch.Tensor) -> int:
     """Bytes this proc holds of ``t`` (its local shard for a DTensor)."""
-    local = t.to_local() if hasattr(t, "to_local") else t
+    local = _local(t)
     return int(local.numel() * local.element_size())
 
 
@@ -471,22 +471,14 @@ class ParallelWorker(Actor):
         it starts from (DDP replicas hold the same state: the first two keep one for
         every rank; any other rank keeps its own, and its peer's keeper reads it),
         from the copy ``copies.restore`` names, where given."""
-        from torch.nn.parallel import DistributedDataParallel
-
         assert self.layout is not None
-        layout = self.layout
-        n = layout.dp * layout.pp * layout.tp
-        serves: tuple[int, ...] | None = (self.rank,)
-        peer: int | None = (self.rank + copies.stride) % n if n > 1 else CONTROLLER
-        if isinstance(self.module, DistributedDataParallel):
-            replicas = tuple(layout.rank(d, self.pp_i, self.tp_i) for d in range(layout.dp))
-            serves, peer = (replicas if self.dp_i < 2 else None), None
+        same, keeps, peer = roles(self.layout, self.rank, copies.stride)
         if copies.restore is not None:
             assert copies.source is not None
             self._load_copy(
                 fetch(copies.source, copies.restore[self.rank], self.rank, copies.start)
             )
-        self.copier = Copier(self.rank, copies.keepers, serves, peer)
+        self.copier = Copier(self.rank, copies.keepers, same if keeps else None, peer)
         # the state it starts from is a copy too: a proc lost before the first step
         # ends (or right after a recovery) is restored from it, with no step run again
         self.copier.after_step(self.applied, *self._own_state())
@@ -808,7 +800,7 @@ class ParallelWorker(Actor):
         bad = torch.zeros((), device=self.device)
         for p in self.module.parameters():
             if p.grad is not None:
-                g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                g = _local(p.grad)
                 g.mul_(inv)
                 bad = torch.maximum(bad, (~torch.isfinite(g)).any().to(bad.dtype))
         if self._agree(overflow=bool(bad.item())):
@@ -881,8 +873,7 @@ class ParallelWorker(Actor):
         for a, b in self.tied:
             p = named.get(f"model.{a}", named.get(f"model.{b}"))
             if p is not None and p.grad is not None:
-                grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                dist.all_reduce(grad, group=self.tied_group)
+                dist.all_reduce(_local(p.grad), group=self.tied_group)
 
     @endpoint
     def evaluate(self, shard: Shard | Staged, counted: int = 0) -> float | None:

@@ -14,11 +14,10 @@ from danaus.parallel._copies import (  # noqa: E402
     Copy,
     Keeper,
     Keepers,
-    layout_of,
-    pack_into,
+    copy_layout,
     set_stamp,
-    unpack,
 )
+from danaus.parallel._staging import pack_into, views  # noqa: E402
 from danaus.rdma import RDMABuffer  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,7 +27,7 @@ def _copy(step: int, stamp: int | None = None) -> tuple[Copy, dict[str, torch.Te
     """A copy of some state after ``step``, in a buffer of this process (the controller),
     stamped ``stamp`` (default: ``step``, a whole copy)."""
     tensors = {"m.w": torch.randn(64, 32), "o.0.step": torch.tensor(float(step))}
-    specs, size = layout_of(tensors)
+    specs, size = copy_layout(tensors)
     data = torch.empty(size, dtype=torch.uint8)
     pack_into(data, tensors, specs)
     set_stamp(data, step if stamp is None else stamp)
@@ -44,7 +43,7 @@ async def test_a_keeper_holds_a_copy_and_gives_it_back_whole() -> None:
         given = await keepers.at(1).give.call_one(0, 5)
         back = torch.empty(given.nbytes, dtype=torch.uint8)
         await given.buffer.read_into(back)
-        got = unpack(back, given.specs)
+        got = views(back, given.specs)
         assert torch.equal(got["m.w"], tensors["m.w"]) and given.rest == {"loss_scale": 1.0}
         assert await keepers.at(1).nbytes.call_one() == given.nbytes
         with pytest.raises(ActorError, match=r"no copy of rank 0's state after step 4 .*\(0, 5\)"):
@@ -77,7 +76,7 @@ async def test_a_successor_reads_its_copy_from_the_first_keeper_that_has_it_whol
         given = await keepers.at(0).give.call_one(0, 2)
         back = torch.empty(given.nbytes, dtype=torch.uint8)
         await given.buffer.read_into(back)
-        assert torch.equal(unpack(back, given.specs)["m.w"], tensors["m.w"])
+        assert torch.equal(views(back, given.specs)["m.w"], tensors["m.w"])
         await keepers.at(0).settle.call_one()  # (read for a successor: dropped after)
         assert await keepers.at(0).nbytes.call_one() == 0
         with pytest.raises(ActorError, match=r"keeper 0: .*overwritten.*; keeper 1: .*no copy"):

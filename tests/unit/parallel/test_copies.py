@@ -7,7 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from danaus.parallel._copies import ALIGN, layout_of, pack_into, restore_point, unpack  # noqa: E402
+from danaus.parallel._copies import STAMP, copy_layout, restore_point  # noqa: E402
+from danaus.parallel._staging import ALIGN, pack_into, views  # noqa: E402
 
 
 def test_a_packed_copy_reads_back_every_tensor_bit_for_bit() -> None:
@@ -20,11 +21,12 @@ def test_a_packed_copy_reads_back_every_tensor_bit_for_bit() -> None:
         "m.half": torch.randn(9).to(torch.bfloat16),
         "m.flag": torch.tensor([True, False, True]),
     }
-    specs, size = layout_of(tensors)
+    specs, size = copy_layout(tensors)
     assert all(at % ALIGN == 0 for _, _, _, at in specs)
+    assert size >= specs[-1][3] + STAMP  # (the step's stamp after the tensors)
     out = torch.full((size,), 0xAB, dtype=torch.uint8)
     pack_into(out, tensors, specs)
-    back = unpack(out, specs)
+    back = views(out, specs)
     assert list(back) == list(tensors)
     for k, t in tensors.items():
         assert back[k].dtype == t.dtype and back[k].shape == t.shape, k
@@ -33,10 +35,10 @@ def test_a_packed_copy_reads_back_every_tensor_bit_for_bit() -> None:
 
 def test_a_copy_of_a_non_contiguous_tensor_is_of_its_values() -> None:
     t = torch.arange(12.0).view(3, 4).t()  # (a transposed view: not contiguous)
-    specs, size = layout_of({"m.t": t})
+    specs, size = copy_layout({"m.t": t})
     out = torch.empty(size, dtype=torch.uint8)
     pack_into(out, {"m.t": t}, specs)
-    assert torch.equal(unpack(out, specs)["m.t"], t)
+    assert torch.equal(views(out, specs)["m.t"], t)
 
 
 def _ring(n: int, done: int, late: set[int] = frozenset()) -> dict[int, list[tuple[int, int]]]:
