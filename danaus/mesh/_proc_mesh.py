@@ -476,6 +476,25 @@ def hosts_of(procs: ProcMesh) -> tuple[HostMesh, dict[str, int]] | None:
     return HostMesh(shape, f"hosts of {procs.name}", agents_mesh), per_host
 
 
+def host_left(procs: ProcMesh) -> tuple[HostMesh, list[int]] | None:
+    """Where ``procs`` are on several hosts laid out host by host (:func:`host_blocks`)
+    and every host agent of theirs but one is gone: that one's host mesh (which can
+    start procs there), and the ranks of ``procs`` on it; else None."""
+    from ._host_mesh import HostMesh
+    from ._procs.host_agent import agent_ref
+
+    blocks = host_blocks(procs)
+    if blocks is None:
+        return None
+    hosts, per = blocks
+    left = [i for i, a in enumerate(hosts) if a not in current_runtime().lost]
+    if len(left) != 1:
+        return None
+    (i,) = left
+    host = HostMesh(Shape.from_sizes({}), f"host of {procs.name}", agent_ref(hosts[i]))
+    return host, list(range(i * per, (i + 1) * per))
+
+
 def live_proc_meshes() -> list[ProcMesh]:
     """Every proc mesh this process spawned and has not stopped, whole."""
     return [ProcMesh(g.shape, g) for g in live_meshes.groups()]

@@ -133,10 +133,11 @@ def bytes_by_rank(path: str | os.PathLike[str]) -> dict[int, int]:
     return out
 
 
-def save(path: str | os.PathLike[str], state: dict[str, torch.Tensor]) -> None:
+def save(path: str | os.PathLike[str], state: dict[str, torch.Tensor], alone: bool = False) -> None:
     """Write this rank's ``state`` (whole tensors; empty on ranks that hold nothing of
     their own) into the checkpoint at ``path``: a collective over the default process
-    group, every rank of the trainer taking part.
+    group, every rank of the trainer taking part; or (``alone``) from this process by
+    itself (a re-plan's whole tensors, built on the controller).
 
     Raises:
         OSError (or what the failing rank's write raised): DCP gathers every rank's
@@ -147,7 +148,9 @@ def save(path: str | os.PathLike[str], state: dict[str, torch.Tensor]) -> None:
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     try:
-        dcp_save(state, checkpoint_id=str(path))
+        with warnings.catch_warnings():  # (that it writes in this process alone: it is meant to)
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            dcp_save(state, checkpoint_id=str(path), no_dist=alone)
     except CheckpointException as e:  # (a BaseException: it must not end the actor)
         ranks = sorted(e.failures)
         first, trace = e.failures[ranks[0]] if ranks else (None, None)

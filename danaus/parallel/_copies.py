@@ -98,6 +98,28 @@ class CopyPlan:
     stride: int = 1
 
 
+#: where a rank's shard of a tensor lies in the whole tensor: the whole's shape, the
+#: shard's offset in each dim, and its shape
+Place = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Places:
+    """Where each tensor of a rank's copies lies in the model's whole tensors, as its
+    worker says once set up: for a re-plan, which builds those from every rank's copy
+    (:func:`whole_state`)."""
+
+    rank: int
+    #: the layout's tensor-parallel ways (its tensors in the split layout: see _tp.whole)
+    tp: int
+    #: a copy's ``m.<key>``: the model's own name of the tensor, and where the rank's
+    #: shard of it lies (None: the rank holds it whole)
+    model: dict[str, tuple[str, Place | None]]
+    #: each parameter, in the optimizer's order (a copy's ``o.<i>.<key>``): the
+    #: model's own name, and where its shard (and its optimizer state's) lies
+    params: tuple[tuple[str, Place | None], ...]
+
+
 #: the bytes at the end of each copy that say which step it is of: written last, and
 #: cleared before the buffer is written again, so that a read that overlapped a write
 #: (of a copy a keeper still names) is caught, not restored from
@@ -158,6 +180,79 @@ async def read_copy(
         now = "was being written over" if -1 in got else f"now holds step {max(got)}'s"
         raise LookupError(f"the copy of step {step} at {copy.buffer!r} was overwritten: it {now}")
     return data
+
+
+async def read_any(
+    source: Keepers, rank: int, step: int, candidates: Iterable[int]
+) -> tuple[Copy, torch.Tensor]:
+    """Rank ``rank``'s copy of step ``step`` and its bytes, read from the first of the
+    keepers ``candidates`` (of ``source``) that has it whole.
+
+    Raises:
+        LookupError: none of them has it (each one's reason said).
+    """
+    why = []
+    for k in candidates:
+        try:
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                copy = await source.at(k).give.call_one(rank, step)
+                return copy, await read_copy(copy, step)
+        except Exception as e:  # (the next candidate may have it)
+            why.append(f"keeper {k}: {type(e).__name__}: {e}")
+    raise LookupError(
+        f"no copy of rank {rank}'s state after step {step} could be read: " + "; ".join(why)
+    )
+
+
+def whole_state(
+    copies: Mapping[int, Mapping[str, Any]],
+    places: Mapping[int, Places],
+    whole: Any,
+) -> dict[str, torch.Tensor]:
+    """The model's whole tensors under a checkpoint's keys (``model.<name>``,
+    ``optim.<name>.<key>``: see :mod:`._checkpoint`) from the copies of ranks' state
+    (:func:`views` of each, by rank; of DDP replicas one suffices) and where each
+    rank's shards lie (``places``); ``whole(name, t, tp)`` turns a tensor from the
+    layout tensor parallel splits into the model's own (:func:`._tp.whole`).
+
+    Raises:
+        LookupError: a tensor no copy covers whole (a rank's copy missing).
+    """
+    out: dict[str, torch.Tensor] = {}
+    covered: dict[str, int] = {}
+    tps: dict[str, tuple[str, int]] = {}
+
+    def put(key: str, name: str, place: Place | None, t: torch.Tensor, tp: int) -> None:
+        tps[key] = (name, tp)
+        if place is None:  # (held whole: a replica's, or another stage's tied weight)
+            out[key], covered[key] = t.clone(), t.numel()
+            return
+        shape, offset, local = place
+        if key not in out:
+            out[key], covered[key] = torch.empty(shape, dtype=t.dtype), 0
+        into = out[key][tuple(slice(o, o + n) for o, n in zip(offset, local, strict=True))]
+        into.copy_(t.view(local))
+        covered[key] += t.numel()
+
+    for rank, saved in copies.items():
+        at = places[rank]
+        for key, (name, place) in at.model.items():
+            put(f"model.{name}", name, place, saved[key], at.tp)
+        for key, v in saved.items():
+            if key.startswith("o.") and isinstance(v, torch.Tensor):
+                i, k = key[2:].split(".", 1)
+                name, place = at.params[int(i)]
+                put(f"optim.{name}.{k}", name, place if v.dim() else None, v, at.tp)
+    short = [k for k, t in out.items() if covered[k] < t.numel()]
+    if short:
+        raise LookupError(
+            f"the copies read cover {', '.join(short[:3])}"
+            f"{f' (and {len(short) - 3} more)' if len(short) > 3 else ''} only in part"
+        )
+    return {
+        k: whole(tps[k][0], t, tps[k][1]) if t.dim() and tps[k][1] > 1 else t
+        for k, t in out.items()
+    }
 
 
 @dataclass
@@ -232,21 +327,9 @@ class Keeper(Actor):
         Raises:
             LookupError: none of them has it (each one's reason said).
         """
-        why = []
-        for k in candidates:
-            try:
-                async with asyncio.timeout(READ_TIMEOUT_S):
-                    copy = await source.at(k).give.call_one(rank, step)
-                    data = await read_copy(copy, step)
-            except Exception as e:  # (the next candidate may have it)
-                why.append(f"keeper {k}: {type(e).__name__}: {e}")
-                continue
-            entry = _Held(step, data, copy, serves, adopted=successor)
-            self.held.setdefault(rank, []).append(entry)
-            return
-        raise LookupError(
-            f"no copy of rank {rank}'s state after step {step} could be read: " + "; ".join(why)
-        )
+        copy, data = await read_any(source, rank, step, candidates)
+        entry = _Held(step, data, copy, serves, adopted=successor)
+        self.held.setdefault(rank, []).append(entry)
 
     @endpoint
     async def settle(self) -> None:

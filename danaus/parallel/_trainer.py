@@ -14,10 +14,10 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sized
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ..actors._api import Future, current_runtime, run_task
-from ..mesh._api import add_section, host_blocks, host_of, hosts_of, preload_module
+from ..mesh._api import add_section, host_blocks, host_left, host_of, hosts_of, preload_module
 from ..spmd import setup_torch_elastic_env_async
 from ._errors import ROLLED_BACK, PlanError
 from ._model import (
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ..mesh import ProcMesh
-    from ._copies import CopyPlan, Keepers
+    from ._copies import CopyPlan, Keepers, Places
     from ._layout import Layout
 
 T = TypeVar("T")
@@ -131,13 +131,16 @@ class Trainer:
         data: DataFn | None = None,
         resume: str | os.PathLike[str] | None = None,
         on_lost_proc: str = "respawn",
-        snapshot_every: int = 10,
+        snapshot_every: int | None = None,
     ) -> None:
         check_on_lost_proc(on_lost_proc)
-        if isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int):
-            raise TypeError(f"snapshot_every must be a positive int, not {snapshot_every!r}")
-        if snapshot_every < 1:
-            raise ValueError(f"snapshot_every must be a positive int, not {snapshot_every}")
+        if snapshot_every is not None:
+            if isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int):
+                raise TypeError(
+                    f"snapshot_every must be a positive int or None, not {snapshot_every!r}"
+                )
+            if snapshot_every < 1:
+                raise ValueError(f"snapshot_every must be a positive int, not {snapshot_every}")
         if data is not None and not callable(data):
             raise TypeError(
                 f"data must be a function (step, dp_rank, dp_size) -> batch, not {data!r}"
@@ -185,12 +188,14 @@ class Trainer:
         #: what a lost proc does (see parallelize), and the recoveries made so far
         self._on_lost = on_lost_proc
         self._recoveries: list[dict[str, Any]] = []
-        #: where a recovery restores from. ``respawn``: the copies of each rank's state
-        #: the procs keep after every step (:mod:`._copies`; their keepers, an actor
-        #: beside each worker); ``replan``: the latest snapshot (a checkpoint of whole
-        #: tensors in memory, /dev/shm). Either: or the checkpoint resumed, or None (the
-        #: model as it was given), with the counts (steps, data step) there. The steps
-        #: sent since, to run again: (steps ended, data step, the batch) before each
+        #: where a recovery restores from: the copies of each rank's state the procs
+        #: keep after every step (:mod:`._copies`; their keepers, an actor beside each
+        #: worker: ``replan`` builds whole tensors from them); where they cover no step
+        #: it can go on from, the latest snapshot (a checkpoint of whole tensors in
+        #: memory, /dev/shm, every ``snapshot_every`` steps where given, or the one a
+        #: re-plan built), the checkpoint resumed, or None (the model as it was given),
+        #: with the counts (steps, data step) there. The steps sent since, to run
+        #: again: (steps ended, data step, the batch) before each
         self._snapshot_every = snapshot_every
         self._snapshot: str | None = self._resume
         self._snapshot_at = (self._done, self._steps)
@@ -198,6 +203,8 @@ class Trainer:
         self._snapshot_bytes: dict[int, int] = {}  # (per rank, of the latest)
         self._snapshots = _Snapshots()
         self._keepers: Keepers | None = None
+        #: where each rank's state lies in the model's whole tensors (its worker says)
+        self._places: dict[int, Places] = {}
         if on_lost_proc != "fail":  # (new procs start with the model's code imported)
             preload_module(type(model).__module__)
         _LIVE.add(self)
@@ -214,7 +221,7 @@ class Trainer:
         restore: tuple[Keepers, dict[int, list[int]]] | None = None,
         take_over: Callable[[Keepers], Awaitable[None]] | None = None,
     ) -> Any:
-        """Spawn the workers on ``procs`` (with a keeper beside each, for ``respawn``)
+        """Spawn the workers on ``procs`` (with a keeper beside each, but for ``fail``)
         and set each up with its piece of the model as ``plan`` lays it out, from the
         checkpoint ``resume``, or from each rank's copy of step ``self._done``
         (``restore``: the keepers that hold them, each rank's keepers): the new keepers
@@ -227,7 +234,7 @@ class Trainer:
         await setup_torch_elastic_env_async(procs)
         n = next(_names)
         keepers = None
-        if self._on_lost == "respawn":
+        if self._on_lost != "fail":
             alone = this_proc().spawn(f"_keeper{n}", Keeper) if len(procs) == 1 else None
             keepers = Keepers(procs.spawn(f"_keeper{n}", Keeper), alone)
         taken = False
@@ -292,18 +299,18 @@ class Trainer:
         tied = tied_params(model, parts)
         args = (parts, layout, self._loss_fn, self._optimizer, self._data, tied, resume, copies)
         if layout.pp == 1:
-            await workers.setup.call(model, *args)
-            return
-        # each stage's procs get that stage only: a proc never holds the whole model
-        flat = workers.flatten("rank")
-        calls = []
-        for k, (first, last) in enumerate(layout.stages):
-            piece = parts.cut(model, first, last)
-            for run in _runs(layout.stage_ranks(k)):
-                group = flat.slice(rank=slice(run.start, run.stop))
-                calls.append(group.setup.call(piece, *args))
-            del piece
-        await asyncio.gather(*calls)
+            done = [await workers.setup.call(model, *args)]
+        else:  # each stage's procs get that stage only: a proc never holds the whole model
+            flat = workers.flatten("rank")
+            calls = []
+            for k, (first, last) in enumerate(layout.stages):
+                piece = parts.cut(model, first, last)
+                for run in _runs(layout.stage_ranks(k)):
+                    group = flat.slice(rank=slice(run.start, run.stop))
+                    calls.append(group.setup.call(piece, *args))
+                del piece
+            done = await asyncio.gather(*calls)
+        self._places = {p.rank: p for values in done for p in values.values()}
 
     @property
     def procs(self) -> ProcMesh:
@@ -388,8 +395,8 @@ class Trainer:
                             raise
                         lost = await self._lost_ranks(e, self._procs)
                         # a rank failed: the others may wait in a collective for it
-                        # forever (a respawn first takes the copies the survivors hold)
-                        if not lost or self._on_lost != "respawn" or tries > RECOVERY_TRIES:
+                        # forever (a recovery first takes the copies the survivors hold)
+                        if not lost or self._on_lost == "fail" or tries > RECOVERY_TRIES:
                             await self._procs.stop(reason="a rank of the trainer failed")
                         if not lost:
                             self._failed = e
@@ -431,31 +438,41 @@ class Trainer:
             return group.failed_procs()
 
     async def _recover(self, error: BaseException, lost: dict[int, str]) -> None:
-        """Train on after losing the procs ``lost``: new procs on the same host, as many
-        (``respawn``) or as many as survived (``replan``, with a new plan for them); the
-        workers set up from the copies the survivors hold (``respawn``: the survivors
-        are stopped once their copies are read, since their ranks may wait in a
-        collective for the lost one) or from the latest snapshot (``replan``); the
-        steps since run again. Recorded in :meth:`recoveries`."""
+        """Train on after losing the procs ``lost``: new procs on the same host (or hosts),
+        as many (``respawn``) or as many as survived (``replan``, with a new plan for
+        them; ``respawn`` too where one of several hosts is left, the others gone); the
+        workers set up from the copies the survivors hold (``respawn``: each rank from
+        its own; ``replan``: from the whole tensors built from them) or, where those
+        cover no step it can go on from, from the latest snapshot; the steps since run
+        again. The old procs are stopped once their copies are read (their ranks may
+        wait in a collective for the lost one). Recorded in :meth:`recoveries`."""
         started = time.perf_counter()
         phases: dict[str, float] = {}
         step = self._done
         old = self._procs
-        mode = self._on_lost
-        n = len(old) if mode == "respawn" else len(old) - len(lost)
-        host, per_host = host_of(old), {"procs": n}
+        mode, instead = self._on_lost, ""
+        host, per_host = host_of(old), {"procs": len(old)}
         if host is None and mode == "respawn":  # on several hosts: on the same ones
             spread = hosts_of(old)
+            left = None if spread is not None else host_left(old)
             if spread is not None:
                 host, per_host = spread
+            elif left is not None:  # the others gone: re-planned onto the one left
+                host, ranks = left
+                gone_hosts = {r: "its host gone" for r in range(len(old)) if r not in ranks}
+                lost = {**gone_hosts, **lost}
+                mode, instead = "replan", "respawn: no host left to respawn on but one"
+        n = len(old) if mode == "respawn" else len(old) - len(lost)
+        if mode == "replan":
+            per_host = {"procs": n}
         if host is None:
             await old.stop(reason="a rank of the trainer failed")
             cause = (
                 "re-planning spreads no plan over several hosts"
                 if mode == "replan"
                 else "they are not laid out host by host (each host's procs one block of "
-                "ranks, as many on each), or a host of theirs is gone (its host agent "
-                "lost): no procs can start in their place"
+                "ranks, as many on each), or more than one host is left and one of "
+                "theirs is gone (its host agent lost): no procs can start in their place"
             )
             raise PlanError(
                 f"rank(s) {sorted(lost)} were lost, and the trainer's procs are on several "
@@ -468,7 +485,8 @@ class Trainer:
         for attempt in range(1, RECOVERY_TRIES + 1):
             t = time.perf_counter()
             try:
-                restore, source = await self._restore_point(gone, error)
+                restore = await self._restore_point(gone, error, mode, phases)
+                source = restore.source
             except BaseException:
                 await self._procs.stop(reason="the trainer could not recover")
                 raise
@@ -487,7 +505,8 @@ class Trainer:
                         await self._procs.stop(reason="the trainer's recovery was cancelled")
                     raise
                 # a new proc lost during the recovery: the same again, on new procs (from
-                # the copies the new procs hold, where they took over, else as before)
+                # the copies the new procs hold, where they took over; else from what
+                # the first try read: the old procs' copies, or the whole tensors built)
                 again = await self._lost_ranks(e, procs)
                 took_over = self._procs is procs
                 if not took_over or not again or mode != "respawn" or attempt == RECOVERY_TRIES:
@@ -498,14 +517,16 @@ class Trainer:
                     raise
                 log.warning("rank(s) %s lost while recovering; recovering again", sorted(again))
                 why = {r: f"{w} (while recovering)" for r, w in again.items()}
-                lost = {**lost, **why}
                 if took_over:  # the copies are on the new procs now
-                    gone = why
+                    lost, gone = {**lost, **why}, why
+                else:
+                    lost = {**lost, **why}
         record = {
             "step": step,
             "lost": sorted(lost),
             "why": "; ".join(sorted(set(lost.values()))),
             "action": mode,
+            "instead_of": instead,
             "procs": n,
             "plan": self.plan.strategy,
             "restored_step": phases.pop("_restored_step"),
@@ -515,23 +536,27 @@ class Trainer:
             "total_s": time.perf_counter() - started,
         }
         self._recoveries.append(record)
-        whence = {"copies": "the copies of", "snapshot": "the snapshot of"}.get(
-            source, "the state it started from,"
-        )
+        whence = {
+            "copies": "the copies of",
+            "snapshot": "the snapshot of",
+            "start": "the state it started from,",
+        }[source]
         log.warning(
-            "rank(s) %s lost after step %d (%s): %s, %d procs, %s; from %s step %d, "
+            "rank(s) %s lost after step %d (%s): %s%s, %d procs, %s; from %s step %d, "
             "%d step(s) run again; %.1f s (%s)",
-            record["lost"], step, record["why"], mode, n, self.plan.strategy, whence,
-            record["restored_step"], record["rerun_steps"], record["total_s"],
-            ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()),
+            record["lost"], step, record["why"], mode, f" ({instead})" if instead else "", n,
+            self.plan.strategy, whence, record["restored_step"], record["rerun_steps"],
+            record["total_s"], ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()),
         )  # fmt: skip
 
     async def _restore_point(
-        self, lost: dict[int, str], error: BaseException
-    ) -> tuple[tuple[int, Any, dict[int, list[int]] | None], str]:
-        """Where a recovery starts from: the steps ended there, and the keepers and
-        each rank's keeper holding its copies (``respawn``), or None (the snapshot, the
-        checkpoint resumed, the model as given: ``_snapshot``); and what that is.
+        self, lost: dict[int, str], error: BaseException, mode: str, phases: dict[str, float]
+    ) -> _Restore:
+        """Where a recovery starts from: the latest step since the steps kept whose copies
+        the survivors' keepers hold for every rank (``respawn``: each rank's keepers
+        holding it; ``replan``: the whole tensors built from them, in memory), else the
+        snapshot or the state the trainer started from, where the steps since are kept.
+        Once nothing more is to be read from them, the old procs are stopped.
 
         Raises:
             SupervisionError: no step that the steps kept can run on from is held for
@@ -542,9 +567,10 @@ class Trainer:
         from ._copies import restore_point, uncovered
 
         oldest = self._since[0][0] if self._since else self._done
-        if self._on_lost != "respawn" or self._keepers is None:
-            return (self._snapshot_at[0], None, None), "snapshot" if self._snapshot else "start"
         n = len(self._procs)
+        held: dict[int, list[tuple[int, int]] | None] = {}
+        answered: dict[int, list[tuple[int, int]]] = {}
+        point, unread = None, None
 
         async def ask(k: int, keeper: Any) -> tuple[int, list[tuple[int, int]] | None]:
             try:
@@ -553,28 +579,108 @@ class Trainer:
             except Exception:  # (lost too, or stuck: its copies count for nothing)
                 return k, None
 
-        keepers = self._keepers.all()
-        asked = [ask(k, keeper) for k, keeper in keepers.items() if k not in lost]
-        held = dict(await asyncio.gather(*asked))
-        answered = {k: v for k, v in held.items() if v is not None}
-        point = restore_point(n, answered, self._done, oldest)
-        if point is not None:
-            return (point[0], self._keepers, point[1]), "copies"
-        if self._snapshot_at[0] >= oldest:  # no copy yet: from the start, every step again
-            return (self._snapshot_at[0], None, None), "start"
+        if self._keepers is not None:
+            keepers = self._keepers.all()
+            asked = [ask(k, keeper) for k, keeper in keepers.items() if k not in lost]
+            held = dict(await asyncio.gather(*asked))
+            answered = {k: v for k, v in held.items() if v is not None}
+            point = restore_point(n, answered, self._done, oldest)
+        if point is not None and mode == "respawn":
+            return _Restore(point[0], "copies", keepers=self._keepers, where=point[1])
+        if point is not None:  # a new plan: the whole tensors, which any plan loads
+            t = time.perf_counter()
+            try:
+                path = await self._whole_from_copies(*point)
+            except LookupError as e:  # (a keeper lost as it was read: the snapshot?)
+                unread = e
+            else:
+                phases["gather"] = time.perf_counter() - t
+                await self._let_go()
+                return _Restore(point[0], "copies", resume=path)
+        if self._snapshot_at[0] >= oldest:  # the snapshot (or the start), every step since
+            await self._let_go()
+            taken = self._snapshot is not None and self._snapshot != self._resume
+            return _Restore(
+                self._snapshot_at[0], "snapshot" if taken else "start", resume=self._snapshot
+            )
         gone = {s: uncovered(n, answered, s) for s in range(self._done, oldest - 1, -1)}
         silent = sorted(k for k, v in held.items() if v is None)
         raise SupervisionError(
             f"rank(s) {sorted(lost)} of the trainer were lost "
             f"({'; '.join(sorted(set(lost.values())))}), and no proc left holds a copy "
             "of every rank's state after any step it can go on from: "
-            + ", ".join(f"after step {s}, none of rank(s) {r}" for s, r in gone.items())
+            + (
+                f"the copies of step {point[0]} could not be read ({unread})"
+                if point is not None
+                else ", ".join(f"after step {s}, none of rank(s) {r}" for s, r in gone.items())
+            )
             + (f" (the keepers of rank(s) {silent} did not answer)" if silent else "")
             + ". Each rank's copy is held by its own proc and its peer's (the next rank's, "
             "on several hosts the next host's; by two "
             "replicas under DDP): losing both takes it. The trainer cannot go on: train "
             "from a checkpoint (Trainer.save, parallelize(..., resume=))"
         ) from error
+
+    async def _let_go(self) -> None:
+        """Stop the procs the trainer recovers from (and a one-proc trainer's keeper on
+        the controller): their ranks may wait in a collective for a lost one, and a GPU
+        is then free for the new workers."""
+        keepers, self._keepers = self._keepers, None
+        await self._procs.stop(reason="the trainer's procs were replaced")
+        if keepers is not None and keepers.controller is not None:
+            await keepers.controller.stop()
+
+    async def _whole_from_copies(self, step: int, where: dict[int, list[int]]) -> str:
+        """``replan``: the model's whole tensors after step ``step``, built from every
+        rank's copy (``where``: the keepers holding each; of DDP replicas one is read),
+        written as a snapshot into memory (/dev/shm) for any plan to load; its path.
+
+        Raises:
+            LookupError: a copy that could not be read (each keeper's reason said).
+        """
+        from . import _checkpoint, _tp
+        from ._copies import read_any, roles, whole_state
+        from ._staging import views
+
+        assert self._keepers is not None
+        keepers, layout, parts = self._keepers, self.plan.layout, self._parts
+        firsts = sorted({roles(layout, r, 1)[0][0] for r in range(len(self._procs))})
+
+        async def read(r: int) -> tuple[int, dict[str, Any]]:
+            copy, data = await read_any(keepers, r, step, where[r])
+            return r, {**views(data, copy.specs), **copy.rest}
+
+        copies = dict(await asyncio.gather(*(read(r) for r in firsts)))
+        rest = copies[firsts[0]]
+        data_step = next((d for s, d, _ in self._since if s == step), self._steps)
+        counts = {
+            "format": 1,
+            "steps": step,
+            "data_step": data_step,
+            "loss_scale": rest["loss_scale"],
+            "good_steps": rest["good_steps"],
+            "plan": str(self.plan.strategy),
+            "procs": len(self._procs),
+        }
+
+        def whole(name: str, t: Any, tp: int) -> Any:
+            return _tp.whole(name, t, parts.tp_plan, parts.blocks_path, tp, parts.family == "gpt2")
+
+        def write(path: str) -> None:
+            state = whole_state(copies, self._places, whole)
+            _checkpoint.save(path, state, alone=True)
+            _checkpoint.write_meta(path, counts)
+
+        path = self._snapshots.fresh()
+        try:
+            await asyncio.to_thread(write, path)
+        except BaseException:
+            await asyncio.to_thread(self._snapshots.drop, path)
+            raise
+        self._snapshot, self._snapshot_at = path, (step, data_step)
+        self._snapshot_bytes = {}  # (the controller's: no proc's part)
+        await asyncio.to_thread(self._snapshots.keep_only, path)
+        return path
 
     async def _recover_on(
         self,
@@ -583,17 +689,16 @@ class Trainer:
         n: int,
         phases: dict[str, float],
         t: float,
-        restore: tuple[int, Any, dict[int, list[int]] | None],
+        restore: _Restore,
     ) -> None:
         """:meth:`_recover` once the new procs are spawning: wait for them, plan for
-        them (``replan``), set the workers up from ``restore`` (the steps ended there,
-        the keepers and each rank's keeper, or None: from the snapshot), stop the old
-        procs (``respawn``), run the steps since."""
+        them (``replan``), set the workers up from ``restore``, stop the old procs
+        (``respawn``, once the new keepers have read the copies), run the steps since."""
         from ._planning import plan as make_plan
         from ._planning import replan
 
         await procs.initialized
-        phases["spawn"] = time.perf_counter() - t
+        phases["spawn"] = time.perf_counter() - t - phases.get("gather", 0.0)
         if mode == "replan":
             t = time.perf_counter()
             try:  # from what plan() measured: no measuring again
@@ -606,7 +711,7 @@ class Trainer:
             self._plan_html = None
             phases["plan"] = time.perf_counter() - t
         t = time.perf_counter()
-        at, source, where = restore
+        at = restore.step
         todo = [item for item in self._since if item[0] >= at]
         self._done = at
         if todo:
@@ -623,10 +728,11 @@ class Trainer:
                 await previous.controller.stop()
             phases["stop"] = time.perf_counter() - t
 
-        copies = None if where is None else (source, where)
-        resume = self._snapshot if where is None else None
+        copies = None
+        if restore.keepers is not None and restore.where is not None:
+            copies = (restore.keepers, restore.where)
         self._workers = run_task(
-            self._rt, lambda: self._setup(procs, self.plan, resume, copies, take_over)
+            self._rt, lambda: self._setup(procs, self.plan, restore.resume, copies, take_over)
         )
         w = await self._workers
         self._procs = procs
@@ -857,9 +963,16 @@ class Trainer:
         if self._on_lost == "fail":  # (nothing runs again)
             return
         self._since.append((*counts, item))
-        if self._on_lost == "respawn":  # (each rank's copy is of this step or the last)
+        if self._snapshot_every is None:  # (each rank's copy is of this step or the last)
             del self._since[:-RERUN_KEPT]
-        elif self._on_lost == "replan" and self._done % self._snapshot_every == 0:
+            if (
+                self._snapshot not in (None, self._resume)
+                and self._since[0][0] > self._snapshot_at[0]
+            ):
+                # a re-plan's whole tensors: no recovery can go on from them any more
+                stale, self._snapshot = self._snapshot, None
+                await asyncio.to_thread(self._snapshots.drop, stale)
+        elif self._done % self._snapshot_every == 0:
             await self._take_snapshot(w)
 
     async def _take_snapshot(self, w: Any) -> None:
@@ -1066,6 +1179,7 @@ class Trainer:
             "steps": self._done,
             "data_step": self._steps,
             "loss_scale": max(d["loss_scale"] for d in done),
+            "good_steps": max(d["good_steps"] for d in done),
             "plan": str(self.plan.strategy),
             "procs": len(self._procs),
         }
@@ -1126,6 +1240,19 @@ class Trainer:
                     await self._procs.stop(reason="the trainer that spawned them stopped")
 
         return run_task(self._rt, go)
+
+
+class _Restore(NamedTuple):
+    """Where a recovery restores from: the steps ended there, and what that is
+    (``copies``, ``snapshot``, ``start``); the checkpoint the new workers load (a
+    snapshot, the one resumed, or the whole tensors a re-plan built from the copies), or
+    (``respawn``) the keepers holding each rank's copy of that step."""
+
+    step: int
+    source: str
+    resume: str | None = None
+    keepers: Keepers | None = None
+    where: dict[int, list[int]] | None = None
 
 
 class _Snapshots:
@@ -1248,7 +1375,7 @@ def parallelize(
     compile: bool | None = None,
     resume: str | os.PathLike[str] | None = None,
     on_lost_proc: str = "respawn",
-    snapshot_every: int = 10,
+    snapshot_every: int | None = None,
 ) -> Trainer:
     """Lay ``model`` out on ``procs`` as ``plan`` says and return its :class:`Trainer` at
     once (the workers set up in the background; the first call waits for them).
@@ -1285,13 +1412,16 @@ def parallelize(
     one) and the step that failed again: the call returns that step's loss as if
     nothing had happened. Neighbours lost together take a rank's two copies with them:
     the call then raises ``SupervisionError`` naming the ranks whose state is gone.
-    ``"replan"``: the trainer stops its procs and goes on with as many new ones as
-    survived, with a new plan for them, from a snapshot: a checkpoint of whole tensors
-    written into memory (/dev/shm) every ``snapshot_every`` steps, with the global
-    batches since it kept on the controller (with ``data=``, their step numbers).
-    ``"fail"``: the call raises ``SupervisionError`` and the trainer is broken. See
-    :meth:`Trainer.recoveries`. The procs given are stopped on a recovery: actors of
-    yours there are lost with them.
+    Where the procs are on several hosts and all but one host is gone, the trainer
+    re-plans onto the procs left instead.
+    ``"replan"``: the trainer builds the model's whole tensors from the same copies,
+    stops its procs and goes on with as many new ones as survived, with a new plan for
+    them, which loads those. ``"fail"``: the call raises ``SupervisionError`` and the
+    trainer is broken. See :meth:`Trainer.recoveries`. The procs given are stopped on a
+    recovery: actors of yours there are lost with them. ``snapshot_every=N`` also writes
+    a snapshot every ``N`` steps (a checkpoint of whole tensors into memory, /dev/shm;
+    the global batches since are kept on the controller): a recovery whose copies are
+    lost (neighbours lost together) goes on from it.
     """
     if compile is not None:
         if not isinstance(compile, bool):

@@ -27,7 +27,7 @@ from torch import nn
 from ..actors import Actor, context, endpoint
 from ..config import config
 from . import _checkpoint, _tp
-from ._copies import Copier, CopyPlan, fetch, roles
+from ._copies import Copier, CopyPlan, Place, Places, fetch, roles
 from ._errors import ROLLED_BACK
 from ._layout import Layout, runs_fsdp
 from ._model import (
@@ -309,7 +309,7 @@ class ParallelWorker(Actor):
         tied: list[tuple[str, str]] | None = None,
         resume: str | None = None,
         copies: CopyPlan | None = None,
-    ) -> None:
+    ) -> Places:
         """Join the process group and build this proc's piece, its wrappers and optimizer;
         ``data(step, dp_rank, dp_size)``, where given, loads this replica's rows.
 
@@ -319,7 +319,8 @@ class ParallelWorker(Actor):
         ``resume``: a checkpoint's directory (:mod:`._checkpoint`), whose weights and
         optimizer state this rank's piece starts from. ``copies``: where this rank
         keeps a copy of its state after each step (:mod:`._copies`), and, where given,
-        the peer whose copy it starts from (a lost proc's successor)."""
+        the peer whose copy it starts from (a lost proc's successor). Returns where its
+        state lies in the model's whole tensors (:meth:`_places`)."""
         self.data = data
         set_threads()
         self.layout = layout
@@ -396,9 +397,12 @@ class ParallelWorker(Actor):
         if resume is not None:
             self._load_optimizer(resume, have)
             if layout.precision == "fp16":  # the loss scale the checkpoint's run had reached
-                saved_scale = _checkpoint.meta(resume).get("loss_scale")
+                counts = _checkpoint.meta(resume)
+                saved_scale, good = counts.get("loss_scale"), counts.get("good_steps")
                 if isinstance(saved_scale, (int, float)) and saved_scale > 0:
                     self.loss_scale = float(saved_scale)
+                if isinstance(good, int) and good >= 0:  # (steps since it last grew)
+                    self._good_steps = good
         #: the steps this rank's state has taken (counted as the controller counts
         #: them: a rolled-back step is none), and its copies' side, where it keeps them
         self.applied = 0 if copies is None else copies.start
@@ -411,18 +415,15 @@ class ParallelWorker(Actor):
         self._schedules: OrderedDict[tuple[int, ...], Any] = OrderedDict()
         release_memory()  # the model as it came (the message, what was cut away)
         reset_peak(self.device)
+        return self._places()
 
     # --- checkpoints ----------------------------------------------------------------------
 
     def _named_params(self) -> list[tuple[str, nn.Parameter]]:
         """This proc's parameters in its optimizer's order, each under the model's own
         name (without the stage's ``model.``, the checkpoint wrapper's prefix)."""
-        out = []
         staged = isinstance(self.inner, StageModule)
-        for name, p in self.inner.named_parameters():
-            name = name.replace("._checkpoint_wrapped_module", "")
-            out.append((name.removeprefix("model.") if staged else name, p))
-        return out
+        return [(own_name(name, staged), p) for name, p in self.inner.named_parameters()]
 
     def _own_layout(self, name: str, t: torch.Tensor, back: bool) -> torch.Tensor:
         """Tensor ``name`` (whole) from the layout the tensor-parallel plan split into
@@ -514,6 +515,29 @@ class ParallelWorker(Actor):
                     rest[f"o.{i}.{k}"] = v
         return self._state_views[1], rest, self._state_views[2]
 
+    def _places(self) -> Places:
+        """Where each tensor of this rank's copies lies in the model's whole tensors: for a
+        re-plan, which builds them from every rank's copy (:func:`._copies.whole_state`)."""
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        assert self.layout is not None
+
+        def place(t: torch.Tensor) -> Place | None:
+            if not isinstance(t, DTensor):
+                return None
+            local, offset = compute_local_shape_and_global_offset(
+                t.shape, t.device_mesh, t.placements
+            )
+            return tuple(t.shape), tuple(offset), tuple(local)
+
+        staged = isinstance(self.inner, StageModule)
+        model = {
+            f"m.{k}": (own_name(k, staged), place(t)) for k, t in self.inner.state_dict().items()
+        }
+        params = tuple((name, place(p)) for name, p in self._named_params())
+        return Places(self.rank, self.layout.tp, model, params)
+
     def _load_copy(self, saved: dict[str, Any]) -> None:
         """This rank's state from a copy of its predecessor's (:meth:`_own_state`, under
         the same layout)."""
@@ -566,7 +590,7 @@ class ParallelWorker(Actor):
                         full = self._own_layout(name, full, back=True) if full.dim() else full
                         out[f"optim.{name}.{key}"] = full.detach().to("cpu").clone()
         _checkpoint.save(path, out)  # (a failure: every rank raises it, none waits)
-        return {"rank": self.rank, "loss_scale": self.loss_scale}
+        return {"rank": self.rank, "loss_scale": self.loss_scale, "good_steps": self._good_steps}
 
     def _tied_groups(self, tied: list[tuple[str, str]], layout: Layout) -> None:
         """A process group of the first and last stage of each pipeline, for the weights
@@ -959,6 +983,13 @@ class ParallelWorker(Actor):
         self.module = None
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def own_name(name: str, staged: bool) -> str:
+    """A stage's (``staged``) or a model's name of a tensor, as the model itself names
+    it (without the stage's ``model.``, the checkpoint wrapper's prefix)."""
+    name = name.replace("._checkpoint_wrapped_module", "")
+    return name.removeprefix("model.") if staged else name
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,12 @@
 """Training that survives lost procs: a proc killed with SIGKILL mid-step or between
 steps, or stopped (SIGSTOP) past the heartbeat, under each layout; the trainer respawns
 it from the copies of each rank's state the procs keep after every step, or re-plans
-onto the survivors from the latest snapshot, runs the steps since again, and its losses
+onto the survivors from the whole tensors built from them, runs the steps since again, and its losses
 and final weights equal an unfailed single-process run's."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -56,8 +57,11 @@ def _reference(batches: list[Any]) -> tuple[list[float], dict[str, torch.Tensor]
 async def _run(
     procs: Any, dims: dict[str, int], batches: list[Any], kill: Any, **kw: Any
 ) -> tuple[list[float], dict[str, torch.Tensor], list[dict[str, Any]], Any]:
-    """Train on ``batches``; ``kill(step, trainer)`` runs before each step is sent."""
+    """Train on ``batches``; ``kill(step, trainer)`` runs before each step is sent
+    (``sharded``: FSDP's replicas shard, ZeRO-3)."""
+    sharded = kw.pop("sharded", False)
     p = await plan(pm.gpt2(), procs, sample=batches[0], loss_fn=pm.lm_loss, **dims)
+    p = dataclasses.replace(p, sharded=sharded) if sharded else p
     trainer = parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw, **kw)
     losses = []
     for i, b in enumerate(batches):
@@ -136,19 +140,52 @@ async def test_a_proc_killed_between_steps_is_replanned_onto_the_survivors(
 
     async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
         losses, state, recoveries, trainer = await _run(
-            procs, {"dp": 4}, batches, kill, loss_fn=pm.lm_loss, on_lost_proc="replan",
-            snapshot_every=3,
-        )  # fmt: skip
+            procs, {"dp": 4}, batches, kill, loss_fn=pm.lm_loss, on_lost_proc="replan"
+        )
         assert len(trainer.procs) == 3
     assert _close(losses, expected), (losses, expected)
     _same_weights(state, want)
     (r,) = recoveries
     assert r["action"] == "replan" and r["procs"] == 3 and r["lost"] == [2]
-    assert r["step"] == 4 and r["rerun_steps"] == 1  # the snapshot after step 3
-    assert r["restored_from"] == "snapshot" and r["restored_step"] == 3
-    assert "plan" in r["seconds"]
+    # the whole tensors built from the copies of step 4, which a replica's own serves
+    assert r["step"] == 4 and r["rerun_steps"] == 0
+    assert r["restored_from"] == "copies" and r["restored_step"] == 4
+    assert "plan" in r["seconds"] and "gather" in r["seconds"]
     said = [m.getMessage() for m in caplog.records if m.levelname == "WARNING"]
     assert any("rank(s) [2] lost after step 4" in s and "replan, 3 procs" in s for s in said)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("dims", "sharded"),
+    [
+        pytest.param({"dp": 2, "pp": 2}, False, id="dp2xpp2"),
+        pytest.param({"tp": 2, "dp": 2}, False, id="tp2xdp2"),
+        pytest.param({"dp": 2}, True, id="fsdp2"),
+    ],
+)
+async def test_a_replan_builds_the_whole_tensors_from_the_copies_of_any_layout(
+    dims: dict[str, int], sharded: bool, tmp_path: Path
+) -> None:
+    """Each rank's state is its own shards (a pipeline's stage; FSDP's replicas'
+    shards, under pp and tp too; tensor parallel's): a rank killed mid-step, the trainer
+    builds the model's whole tensors from the survivors' copies, re-plans onto the
+    procs left, and no step is lost."""
+    batches = _batches()
+    expected, want = _reference(batches)
+    loss, kill = _mid_step(tmp_path, at=3)
+    n = math.prod(dims.values())
+    async with this_host().spawn_procs(per_host={"procs": n}) as procs:
+        losses, state, recoveries, trainer = await _run(
+            procs, dims, batches, kill, loss_fn=loss, on_lost_proc="replan", sharded=sharded
+        )
+        assert len(trainer.procs) == n - 1
+    assert _close(losses, expected), (losses, expected)
+    _same_weights(state, want)
+    (r,) = recoveries
+    assert r["action"] == "replan" and r["procs"] == n - 1 and len(r["lost"]) == 1, r
+    assert r["restored_from"] == "copies" and r["restored_step"] in (2, 3), r
+    assert r["rerun_steps"] == 3 - r["restored_step"], r
 
 
 @pytest.mark.slow

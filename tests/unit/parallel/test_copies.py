@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from danaus.parallel._copies import STAMP, copy_layout, restore_point  # noqa: E402
+from danaus.parallel._copies import STAMP, Places, copy_layout, restore_point, whole_state  # noqa: E402
 from danaus.parallel._staging import ALIGN, pack_into, views  # noqa: E402
 
 
@@ -94,3 +94,46 @@ def test_ddp_replicas_serve_every_rank_from_two_of_them() -> None:
     held = {0: serves, 1: serves, 2: [], 3: []}
     del held[0]
     assert restore_point(4, held, latest=5, oldest=2) == (5, {0: [1], 1: [1], 2: [1], 3: [1]})
+
+
+def _places(
+    rank: int, shape: tuple[int, ...], offset: tuple[int, ...], local: tuple[int, ...]
+) -> Places:
+    return Places(
+        rank,
+        1,
+        {"m.w": ("w", (shape, offset, local)), "m.b": ("b", None)},
+        (("w", (shape, offset, local)),),
+    )
+
+
+def test_the_whole_tensors_are_built_from_each_ranks_shards() -> None:
+    w = torch.arange(20.0).view(5, 4)  # 5 rows over 2 ranks: 3 and 2 (torch.chunk's)
+    avg = -w
+    copies = {
+        0: {
+            "m.w": w[:3],
+            "m.b": torch.ones(4),
+            "o.0.exp_avg": avg[:3],
+            "o.0.step": torch.tensor(7.0),
+        },
+        1: {
+            "m.w": w[3:],
+            "m.b": torch.ones(4),
+            "o.0.exp_avg": avg[3:],
+            "o.0.step": torch.tensor(7.0),
+        },
+    }
+    places = {0: _places(0, (5, 4), (0, 0), (3, 4)), 1: _places(1, (5, 4), (3, 0), (2, 4))}
+    got = whole_state(copies, places, lambda name, t, tp: t)
+    assert set(got) == {"model.w", "model.b", "optim.w.exp_avg", "optim.w.step"}
+    assert torch.equal(got["model.w"], w) and torch.equal(got["optim.w.exp_avg"], avg)
+    assert got["optim.w.step"].item() == 7.0 and torch.equal(got["model.b"], torch.ones(4))
+
+
+def test_a_rank_whose_copy_is_missing_leaves_its_tensors_short_and_says_so() -> None:
+    w = torch.arange(20.0).view(5, 4)
+    copies = {0: {"m.w": w[:3], "m.b": torch.ones(4)}}
+    places = {0: _places(0, (5, 4), (0, 0), (3, 4))}
+    with pytest.raises(LookupError, match=r"cover model\.w only in part"):
+        whole_state(copies, places, lambda name, t, tp: t)
