@@ -317,6 +317,46 @@ async def test_a_proc_lost_on_one_of_two_hosts_is_respawned_there_from_its_peers
 
 
 @pytest.mark.slow
+async def test_a_host_lost_with_its_procs_is_replanned_onto_the_host_left() -> None:
+    """Two host agents, two procs each, dp=2 x pp=2; the second host's agent killed
+    between steps (its procs go with it): no procs can start there, so the trainer
+    re-plans onto two new procs on the first host from the copies held there, and no
+    step is lost."""
+    from danaus import attach_to_hosts
+    from danaus.mesh._api import group_of
+
+    from .agents_kit import controller_key, host_agents
+
+    key = os.urandom(32).hex()
+    batches = _batches()
+    expected, want = _reference(batches)
+    env = dict(os.environ, DANAUS_AUTH_KEY=key, PYTHONPATH=os.getcwd())
+    with host_agents([f"tcp://127.0.0.{i}:0" for i in (2, 3)], [env, env]) as agents:
+
+        def kill(step: int, trainer: Any) -> None:
+            if step == 3:
+                agents[1][1].kill()
+                agents[1][1].wait(timeout=10)
+
+        with controller_key(key):
+            hosts = attach_to_hosts([addr for addr, _ in agents])
+            async with hosts.spawn_procs(per_host={"procs": 2}) as procs:
+                first = group_of(procs).agent_of(0)
+                losses, state, recoveries, trainer = await _run(
+                    procs, {"dp": 2, "pp": 2}, batches, kill, loss_fn=pm.lm_loss
+                )
+                new = trainer.procs
+                assert len(new) == 2
+                assert {group_of(new).agent_of(r) for r in range(2)} == {first}
+    assert _close(losses, expected), (losses, expected)
+    _same_weights(state, want)
+    (r,) = recoveries
+    assert r["action"] == "replan" and "respawn" in r["instead_of"], r
+    assert r["lost"] == [2, 3] and "host agent" in r["why"], r
+    assert r["restored_from"] == "copies" and r["procs"] == 2, r
+
+
+@pytest.mark.slow
 async def test_neighbours_lost_together_are_named_and_the_trainer_stops() -> None:
     """Each rank's copy is on its own proc and the next one's: with both procs of a
     pipeline lost at once, past the steps kept to run again from the start, no copy is
