@@ -34,7 +34,7 @@ from ._admin.records import ProcStats, StackEntry
 from ._admin.server import maybe_start_admin
 from ._live_meshes import live_meshes
 from ._proc_group import GroupRef, ProcGroup
-from ._procs.forkserver import note_actor_module
+from ._procs.forkserver import note_actor_module, preload_module
 from ._procs.handles import Proc, RefProcHandle, SelfProcHandle
 from ._procs.logs import LogOptions
 from ._supervision import current_owner, resolved
@@ -474,6 +474,15 @@ def hosts_of(procs: ProcMesh) -> tuple[HostMesh, dict[str, int]] | None:
     shape = Shape.from_sizes({"hosts": len(hosts)})
     agents_mesh = mesh_ref(AGENT, HostAgent, shape, dict(enumerate(hosts)))
     return HostMesh(shape, f"hosts of {procs.name}", agents_mesh), per_host
+
+
+def preload_for(procs: ProcMesh, module: str) -> None:
+    """Procs that take the place of ``procs``' later start with ``module`` imported (a
+    model's library): where this process forks them, and on ``procs``' hosts, whose
+    agents are told at once (:func:`~._procs.forkserver.preload_module`)."""
+    group = procs.proc_group
+    agents = {group.agent_of(r) for r in procs.shape.global_ranks()}
+    preload_module(module, sorted(a for a in agents if a is not None))
 
 
 def host_left(procs: ProcMesh) -> tuple[HostMesh, list[int]] | None:

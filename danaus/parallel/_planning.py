@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..actors._api import Future, current_runtime, run_task
-from ..mesh._api import preload_module
+from ..mesh._api import preload_for
 from ..spmd import setup_torch_elastic_env_async
 from ._errors import PlanError
 from ._model import ModelParts, check_batch, find_parts
@@ -561,7 +561,7 @@ def plan(
         )
     # procs forked from now on (a trainer's, replacing lost ones) start with the model's
     # code imported, as these procs will have it once they are sent the model
-    preload_module(type(model).__module__)
+    preload_for(procs, type(model).__module__)
     return run_task(
         current_runtime(),
         lambda: _plan(

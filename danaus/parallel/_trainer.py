@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, 
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ..actors._api import Future, current_runtime, run_task
-from ..mesh._api import add_section, host_blocks, host_left, host_of, hosts_of, preload_module
+from ..mesh._api import add_section, host_blocks, host_left, host_of, hosts_of, preload_for
 from ..spmd import setup_torch_elastic_env_async
 from ._errors import ROLLED_BACK, PlanError
 from ._model import (
@@ -206,7 +206,7 @@ class Trainer:
         #: where each rank's state lies in the model's whole tensors (its worker says)
         self._places: dict[int, Places] = {}
         if on_lost_proc != "fail":  # (new procs start with the model's code imported)
-            preload_module(type(model).__module__)
+            preload_for(procs, type(model).__module__)
         _LIVE.add(self)
         add_section("trainers", _trainers_picture)
         self._workers: Future[Any] = run_task(

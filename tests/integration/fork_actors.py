@@ -50,6 +50,10 @@ class Probe(Actor):
         return sorted(os.sched_getaffinity(0))
 
     @endpoint
+    def imported(self, name: str) -> bool:
+        return name in sys.modules
+
+    @endpoint
     def modules(self) -> list[str]:
         return sorted(m for m in ("numpy", "torch") if m in sys.modules)
 

@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .._process import process
 from .forkserver_main import (
@@ -423,22 +423,59 @@ def fork_server() -> ForkServer | None:
     return server if not server.unsafe else None
 
 
+#: the modules of the actors and models this process spawned (see note_actor_module):
+#: its host agents' fork servers are asked to import them too
+_noted: list[str] = []
+
+
 def note_actor_module(module: str) -> None:
-    """An actor class of ``module`` is being spawned: procs forked later inherit it."""
+    """An actor class of ``module`` is being spawned: procs forked later inherit it (here,
+    and on the hosts whose agents start procs for this process: :func:`noted_modules`)."""
+    if module == "__main__" or module.startswith("danaus.") or module in sys.builtin_module_names:
+        return
+    if module not in _noted:
+        _noted.append(module)
     server = process.fork_server
     if server is None or not server.usable():
-        return
-    if module == "__main__" or module.startswith("danaus.") or module in sys.builtin_module_names:
         return
     server.add_preload([module])
 
 
-def preload_module(module: str) -> None:
+def noted_modules() -> list[str]:
+    """The modules :func:`note_actor_module` was told of, oldest first."""
+    return list(_noted)
+
+
+def preload_asked(modules: object) -> None:
+    """A host agent: a controller asks that procs forked from now on start with these
+    modules imported (its :func:`noted_modules`); names that are no module's are left
+    out, and one that fails to import is not preloaded (the server says so)."""
+    if not isinstance(modules, list):
+        return
+    names = [
+        m
+        for m in modules
+        if isinstance(m, str) and len(m) <= 200 and all(p.isidentifier() for p in m.split("."))
+    ]
+    server = fork_server() if names else None
+    if server is not None:
+        server.add_preload(names)
+
+
+def preload_module(module: str, agents: Iterable[str] = ()) -> None:
     """Procs forked from now on start with ``module`` imported (a model's library, which
-    the procs that replace lost ones would otherwise import again each): where this
-    process forks its procs, and ``module`` is one it has imported."""
-    if module in sys.modules:
-        note_actor_module(module)
+    the procs that replace lost ones would otherwise import again each), where it is
+    one this process has imported: where this process forks its procs, and on the hosts
+    of the host agents ``agents`` (told at once: their fork servers import it before
+    procs are needed) and of any it starts procs on later."""
+    if module not in sys.modules:
+        return
+    note_actor_module(module)
+    if module in _noted:
+        from .host_agent import agent_ref
+
+        for agent in agents:
+            agent_ref(agent).preload.broadcast([module])
 
 
 def stop_fork_server(timeout: float = 5.0) -> None:

@@ -36,6 +36,7 @@ from ...actors._api import (
 from ...config import config
 from ...errors import SupervisionError
 from .._gateway import GATEWAY, Gateway
+from .forkserver import fork_server, preload_asked
 from .handles import ProcHandle, RemoteProcHandle
 from .local import start_proc, stop_procs, wait_exited
 from .logs import LineSink
@@ -87,10 +88,14 @@ class HostAgent(Actor):
         ranks: list[int],
         env: dict[str, str],
         log_port: Port[tuple[int, str, str]] | None = None,
+        preload: list[str] | None = None,
     ) -> list[tuple[str, int]]:
         """Start one proc per rank; return ``(address, pid)`` of each once all are up.
 
         Their output lines go to ``log_port`` as ``(rank, "out" | "err", line)``.
+        ``preload``: the modules of the controller's actors and models, which this
+        host's fork server imports for procs forked from then on (those that replace
+        lost ones start with them).
         """
         from ...actors._api import current_runtime
 
@@ -113,6 +118,7 @@ class HostAgent(Actor):
 
             return sink
 
+        preload_asked(preload)
         # Started and registered under their owner in one step of the loop: if the owner
         # is lost from here on, _owner_lost finds them.
         handles = [start_proc(rt, self.proc_listen, r, env, sink_for(r)) for r in ranks]
@@ -129,6 +135,19 @@ class HostAgent(Actor):
                 self.owners.get(owner, set()).discard(h.addr)
             raise
         return [(h.addr, h.pid) for h in handles]
+
+    @endpoint
+    async def preload(self, modules: list[str]) -> list[str]:
+        """Procs forked from now on start with ``modules`` imported (see spawn_procs):
+        asked ahead, so that the fork server imports them before procs are needed. The
+        modules its fork server has imported, once it has these (none: no fork server,
+        its procs start with ``exec``)."""
+        preload_asked(modules)
+        server = fork_server()
+        if server is None:
+            return []
+        status = await asyncio.to_thread(server.status)
+        return list(status["preloaded"])
 
     @endpoint
     async def stop_procs(self, addrs: list[str]) -> None:
