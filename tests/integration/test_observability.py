@@ -150,6 +150,7 @@ async def test_an_endpoint_marked_long_running_is_never_reported_stuck() -> None
     it serves: no warning, no report, its actor busy, not stuck; a plain endpoint
     running as long beside it on the same proc is reported."""
     from danaus.config import configured
+    from danaus.mesh._admin.metrics import _Collector
     from danaus.mesh._admin.snapshot import snapshot
     from danaus.mesh._process import process
 
@@ -168,6 +169,7 @@ async def test_an_endpoint_marked_long_running_is_never_reported_stuck() -> None
             assert await asyncio.to_thread(seen.wait, 30), "no stuck-endpoint warning"
             # (one check of the proc reports all it finds: both long ones ran longer)
             picture = await snapshot()
+            metrics = await asyncio.to_thread(lambda: list(_Collector().collect()))
             await other.release.call_one()
             await other.wake_up.call_one()
             assert await asyncio.wait_for(blocked, 30) == "released"
@@ -181,6 +183,16 @@ async def test_an_endpoint_marked_long_running_is_never_reported_stuck() -> None
     health = {a["actor"]: a["health"] for a in picture["actors"]}
     assert health["procs[0].busy[0]"] == "stuck"
     assert health["procs[0].serving[0]"] == health["procs[0].waiting[0]"] == "busy", health
+    # nor does the metric of the longest-running endpoint count it
+    running = {
+        s.labels["actor"]: s.value
+        for family in metrics
+        if family.name == "danaus_actor_running_seconds"
+        for s in family.samples
+        if s.labels["mesh"] != "_stats"
+    }
+    assert running["procs[0].busy[0]"] >= 0.5, running
+    assert running["procs[0].serving[0]"] == running["procs[0].waiting[0]"] == 0.0, running
 
 
 async def test_a_hanging_init_on_the_actors_thread_is_reported_with_its_stack() -> None:

@@ -58,7 +58,8 @@ class _Collector:
             ),
             "longest": GaugeMetricFamily(
                 "danaus_actor_running_seconds",
-                "How long an actor's longest-running endpoint has run",
+                "How long an actor's longest-running endpoint has run (of those not "
+                "marked long_running)",
                 labels=actor_labels,
             ),
         }
@@ -102,7 +103,9 @@ class _Collector:
                     al = [procs.name, str(rank), a["mesh"], a["actor"]]
                     gauges["mailbox"].add_metric(al, a["mailbox"])
                     gauges["in_flight"].add_metric(al, a["in_flight"])
-                    gauges["longest"].add_metric(al, max((s for _, s in a["running"]), default=0.0))
+                    long = set(a.get("long_running", ()))  # (a shell's: as long as it serves)
+                    running = [s for m, s in a["running"] if m not in long]
+                    gauges["longest"].add_metric(al, max(running, default=0.0))
                     for endpoint, n in a["handled"].items():
                         counters["messages"].add_metric([*al, endpoint], n)
                     for endpoint, n in a["errors"].items():
