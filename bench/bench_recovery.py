@@ -1,9 +1,10 @@
 """Training through lost procs: what keeping a copy of every rank's state after each
-step costs a step at steady state (``respawn``, against the same layout trained with
-``on_lost_proc="fail"``, which keeps none: the floor, measured in the same run, on the
-same procs, alternated), what ``replan``'s snapshot costs (every step, every 10), and
-how long a trainer takes from a SIGKILL to its next completed step, per layout and per
-``on_lost_proc`` mode (against the step time measured on the same procs).
+step costs a step at steady state (``respawn`` and ``replan`` keep the same copies;
+against the same layout trained with ``on_lost_proc="fail"``, which keeps none: the
+floor, measured in the same run, on the same procs, alternated), what an optional
+snapshot (``snapshot_every=``) costs (every step, every 10), and how long a trainer
+takes from a SIGKILL to its next completed step, per layout and per ``on_lost_proc``
+mode (against the step time measured on the same procs).
 
 ``python -m bench.bench_recovery``
 """
@@ -101,11 +102,9 @@ async def _recovery(dims: dict[str, Any], mode: str) -> tuple[float, float, dict
     median step before it; the recovery's record."""
     async with this_host().spawn_procs(per_host={"procs": PROCS}) as procs:
         p = await plan(_model(), procs, sample=_batch(0), **dims)
-        trainer = parallelize(
-            _model(), procs, p, optimizer=_adamw, on_lost_proc=mode, snapshot_every=4
-        )
+        trainer = parallelize(_model(), procs, p, optimizer=_adamw, on_lost_proc=mode)
         times = []
-        for i in range(6):  # (replan: a snapshot after step 4; steps 5, 6 to run again)
+        for i in range(6):
             t = time.perf_counter()
             await trainer.step(_batch(i))
             times.append(time.perf_counter() - t)
@@ -120,7 +119,7 @@ async def _recovery(dims: dict[str, Any], mode: str) -> tuple[float, float, dict
 
 async def _main() -> None:
     print(f"GPT-2 (4 layers, 128 wide), batch {BATCH} x {SEQ}, on {PROCS} procs")
-    print("\nsteady state, respawn: the median step keeping a copy of every rank's state")
+    print("\nsteady state, respawn or replan: the median step keeping a copy of every rank's state")
     print("after each step, against the same layout keeping none (on_lost_proc='fail', the")
     print("floor), alternated on the same procs; the copy's cost is per step, so a step")
     print(f"of more tokens pays less of it (the last rows: batches of {4 * BATCH} x {SEQ})")
@@ -132,9 +131,9 @@ async def _main() -> None:
             f"  {name:<12} batch {n:3d}: {plain * 1e3:6.1f} ms, with copies "
             f"{kept * 1e3:6.1f} ms ({kept / plain:.3f}x: {kept / plain - 1:+.1%})"
         )
-    print("\nsteady state, replan: the median step with a snapshot against without (the")
-    print("floor), on one trainer; a snapshot's cost spread over its steps, every 10 (the")
-    print("default) and every step")
+    print("\nsteady state, an optional snapshot (snapshot_every=N, a fallback where the")
+    print("copies are lost): the median step with one against without (the floor), on one")
+    print("trainer; a snapshot's cost spread over its steps, every 10 and every step")
     for name, dims in LAYOUTS:
         plain, snapped = await _steady(dims, "replan")
         extra = max(0.0, snapped - plain)
