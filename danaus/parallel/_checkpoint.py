@@ -77,7 +77,17 @@ def tensors(path: str | os.PathLike[str]) -> dict[str, tuple[tuple[int, ...], to
 
 def check_model(path: str | os.PathLike[str], model: torch.nn.Module) -> None:
     """Raise where the checkpoint at ``path`` cannot load into ``model``: a weight it
-    lacks (KeyError) or holds in another shape (ValueError), naming it."""
+    lacks (KeyError: a partial one says so) or holds in another shape (ValueError),
+    naming it."""
+    counts = meta(path)
+    if counts.get("partial"):
+        lacks = [str(k) for k in counts.get("missing", [])]
+        raise KeyError(
+            f"the checkpoint at {check(path)} is partial: a trainer wrote what survived "
+            f"after losing procs whose state no copy held, and it lacks {', '.join(lacks[:3])}"
+            f"{f' (and {len(lacks) - 3} more)' if len(lacks) > 3 else ''}: no trainer "
+            "resumes it (danaus.parallel.load_state_dict reads the weights it has)"
+        )
     have = tensors(path)
     for name, t in model.state_dict().items():
         key = f"model.{name}"
@@ -164,9 +174,20 @@ def save(path: str | os.PathLike[str], state: dict[str, torch.Tensor], alone: bo
         raise error from None
 
 
+def write_whole(
+    path: str | os.PathLike[str], state: dict[str, torch.Tensor], counts: dict[str, Any]
+) -> None:
+    """Write a checkpoint of whole tensors built in this process (a re-plan's, or what
+    survived a loss), and the trainer's counts beside them."""
+    save(path, state, alone=True)
+    write_meta(path, counts)
+
+
 def load_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """The model's ``state_dict`` from a checkpoint ``trainer.save(path)`` wrote, under
-    any plan: it loads into a plain copy of the model (``model.load_state_dict``).
+    any plan: it loads into a plain copy of the model (``model.load_state_dict``). Of a
+    partial one (what survived a loss no copy covered), the weights it has (its
+    ``danaus.json`` lists what it lacks: load with ``strict=False``).
 
     Raises:
         FileNotFoundError: ``path`` is no danaus checkpoint.

@@ -208,15 +208,17 @@ def whole_state(
     copies: Mapping[int, Mapping[str, Any]],
     places: Mapping[int, Places],
     whole: Any,
+    complete: bool = True,
 ) -> dict[str, torch.Tensor]:
     """The model's whole tensors under a checkpoint's keys (``model.<name>``,
     ``optim.<name>.<key>``: see :mod:`._checkpoint`) from the copies of ranks' state
     (:func:`views` of each, by rank; of DDP replicas one suffices) and where each
     rank's shards lie (``places``); ``whole(name, t, tp)`` turns a tensor from the
-    layout tensor parallel splits into the model's own (:func:`._tp.whole`).
+    layout tensor parallel splits into the model's own (:func:`._tp.whole`). Not
+    ``complete``: those the copies cover whole, the others left out (:func:`lacking`).
 
     Raises:
-        LookupError: a tensor no copy covers whole (a rank's copy missing).
+        LookupError: (``complete``) a tensor no copy covers whole (a rank's copy missing).
     """
     out: dict[str, torch.Tensor] = {}
     covered: dict[str, int] = {}
@@ -244,7 +246,10 @@ def whole_state(
                 name, place = at.params[int(i)]
                 put(f"optim.{name}.{k}", name, place if v.dim() else None, v, at.tp)
     short = [k for k, t in out.items() if covered[k] < t.numel()]
-    if short:
+    if short and not complete:
+        for k in short:
+            del out[k]
+    elif short:
         raise LookupError(
             f"the copies read cover {', '.join(short[:3])}"
             f"{f' (and {len(short) - 3} more)' if len(short) > 3 else ''} only in part"
@@ -253,6 +258,16 @@ def whole_state(
         k: whole(tps[k][0], t, tps[k][1]) if t.dim() and tps[k][1] > 1 else t
         for k, t in out.items()
     }
+
+
+def lacking(state: Mapping[str, torch.Tensor], places: Mapping[int, Places]) -> list[str]:
+    """What a checkpoint of ``state`` (:func:`whole_state`) lacks of the model that
+    ``places`` lay out: ``model.<name>`` of each weight or buffer, ``optim.<name>`` of
+    each parameter whose optimizer state it has none of."""
+    stepped = {k.removeprefix("optim.").rpartition(".")[0] for k in state if k.startswith("optim.")}
+    model = {f"model.{name}" for p in places.values() for name, _ in p.model.values()}
+    params = {name for p in places.values() for name, _ in p.params}
+    return sorted(model - set(state)) + sorted(f"optim.{n}" for n in params - stepped)
 
 
 @dataclass

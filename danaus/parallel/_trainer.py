@@ -205,6 +205,9 @@ class Trainer:
         self._keepers: Keepers | None = None
         #: where each rank's state lies in the model's whole tensors (its worker says)
         self._places: dict[int, Places] = {}
+        #: after a loss no copy covered: the whole tensors the copies left did cover,
+        #: and their counts (partial), for save()
+        self._survived: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
         if on_lost_proc != "fail":  # (new procs start with the model's code imported)
             preload_for(procs, type(model).__module__)
         _LIVE.add(self)
@@ -378,13 +381,23 @@ class Trainer:
             self._plan_html = self.plan.html()
         return self._plan_html
 
-    def _run(self, what: Callable[[Any], Coroutine[Any, Any, T]]) -> Future[T]:
+    def _run(
+        self,
+        what: Callable[[Any], Coroutine[Any, Any, T]],
+        failed: Callable[[], Coroutine[Any, Any, T]] | None = None,
+    ) -> Future[T]:
+        """``what(workers)`` after the calls before it, recovering from a lost proc as
+        ``on_lost_proc`` says; on a trainer that has failed, ``failed()`` where given and
+        something survived the loss (:meth:`save`), else the failure again."""
+
         async def go() -> T:
             if self._lock is None:
                 self._lock = asyncio.Lock()
             async with self._lock:
                 if self._stopped:
                     raise RuntimeError("this trainer was stopped")
+                if self._failed is not None and failed is not None and self._survived:
+                    return await failed()
                 if self._failed is not None:
                     raise self._failed
                 for tries in itertools.count(1):
@@ -605,6 +618,14 @@ class Trainer:
             )
         gone = {s: uncovered(n, answered, s) for s in range(self._done, oldest - 1, -1)}
         silent = sorted(k for k, v in held.items() if v is None)
+        left = await self._keep_what_survives(answered, oldest)
+        survives = (
+            ". trainer.save(path) still writes what survives, the state after step "
+            f"{left['steps']} of all but {len(left['missing'])} tensors (a checkpoint "
+            "marked partial, which load_state_dict reads)"
+            if left is not None
+            else ""
+        )
         raise SupervisionError(
             f"rank(s) {sorted(lost)} of the trainer were lost "
             f"({'; '.join(sorted(set(lost.values())))}), and no proc left holds a copy "
@@ -618,7 +639,7 @@ class Trainer:
             + ". Each rank's copy is held by its own proc and its peer's (the next rank's, "
             "on several hosts the next host's; by two "
             "replicas under DDP): losing both takes it. The trainer cannot go on: train "
-            "from a checkpoint (Trainer.save, parallelize(..., resume=))"
+            "from a checkpoint (Trainer.save, parallelize(..., resume=))" + survives
         ) from error
 
     async def _let_go(self) -> None:
@@ -638,25 +659,62 @@ class Trainer:
         Raises:
             LookupError: a copy that could not be read (each keeper's reason said).
         """
-        from . import _checkpoint, _tp
-        from ._copies import read_any, roles, whole_state
+        from . import _checkpoint
+
+        state, counts = await self._whole_at(step, where, complete=True)
+        path = self._snapshots.fresh()
+        try:
+            await asyncio.to_thread(_checkpoint.write_whole, path, state, counts)
+        except BaseException:
+            await asyncio.to_thread(self._snapshots.drop, path)
+            raise
+        self._snapshot, self._snapshot_at = path, (step, counts["data_step"])
+        self._snapshot_bytes = {}  # (the controller's: no proc's part)
+        await asyncio.to_thread(self._snapshots.keep_only, path)
+        return path
+
+    async def _whole_at(
+        self, step: int, where: dict[int, list[int]], complete: bool
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The model's whole tensors after step ``step`` from the copies of the ranks in
+        ``where`` (the keepers holding each; of DDP replicas one is read), and the
+        trainer's counts there. Not ``complete``: those the copies that could be read
+        cover whole (the counts say what it lacks, ``partial``).
+
+        Raises:
+            LookupError: (``complete``) a copy that could not be read, or a tensor the
+                copies do not cover whole.
+        """
+        from . import _tp
+        from ._copies import lacking, read_any, roles, whole_state
         from ._staging import views
 
         assert self._keepers is not None
         keepers, layout, parts = self._keepers, self.plan.layout, self._parts
-        firsts = sorted({roles(layout, r, 1)[0][0] for r in range(len(self._procs))})
+        firsts: dict[
+            tuple[int, ...], int
+        ] = {}  # one rank of each group holding the same state (DDP's replicas)
+        for r in sorted(where):
+            firsts.setdefault(roles(layout, r, 1)[0], r)
 
-        async def read(r: int) -> tuple[int, dict[str, Any]]:
-            copy, data = await read_any(keepers, r, step, where[r])
+        async def read(r: int) -> tuple[int, dict[str, Any]] | None:
+            try:
+                copy, data = await read_any(keepers, r, step, where[r])
+            except LookupError:
+                if complete:
+                    raise
+                return None
             return r, {**views(data, copy.specs), **copy.rest}
 
-        copies = dict(await asyncio.gather(*(read(r) for r in firsts)))
-        rest = copies[firsts[0]]
-        data_step = next((d for s, d, _ in self._since if s == step), self._steps)
-        counts = {
+        read_ = await asyncio.gather(*(read(r) for r in firsts.values()))
+        copies = dict(c for c in read_ if c is not None)
+        if not copies:
+            raise LookupError(f"no rank's copy of step {step} could be read")
+        rest = next(iter(copies.values()))
+        counts: dict[str, Any] = {
             "format": 1,
             "steps": step,
-            "data_step": data_step,
+            "data_step": next((d for s, d, _ in self._since if s == step), self._steps),
             "loss_scale": rest["loss_scale"],
             "good_steps": rest["good_steps"],
             "plan": str(self.plan.strategy),
@@ -666,21 +724,34 @@ class Trainer:
         def whole(name: str, t: Any, tp: int) -> Any:
             return _tp.whole(name, t, parts.tp_plan, parts.blocks_path, tp, parts.family == "gpt2")
 
-        def write(path: str) -> None:
-            state = whole_state(copies, self._places, whole)
-            _checkpoint.save(path, state, alone=True)
-            _checkpoint.write_meta(path, counts)
+        places = self._places
+        state = await asyncio.to_thread(whole_state, copies, places, whole, complete)
+        if not complete:
+            counts |= {"partial": True, "missing": lacking(state, places)}
+        return state, counts
 
-        path = self._snapshots.fresh()
+    async def _keep_what_survives(
+        self, held: dict[int, list[tuple[int, int]]], oldest: int
+    ) -> dict[str, Any] | None:
+        """Where no step the trainer can go on from has a copy of every rank's state: the
+        whole tensors that the copies the survivors hold do cover, of the step whose
+        copies cover the most ranks (the latest of those), kept on the controller for
+        :meth:`save` (a checkpoint marked partial); their counts, or None where nothing
+        could be read."""
+        by_step: dict[int, dict[int, list[int]]] = {}
+        for k, pairs in held.items():
+            for rank, s in pairs:
+                if oldest <= s <= self._done:
+                    by_step.setdefault(s, {}).setdefault(rank, []).append(k)
+        if not by_step or not self._places:
+            return None
+        step = max(by_step, key=lambda s: (len(by_step[s]), s))
         try:
-            await asyncio.to_thread(write, path)
-        except BaseException:
-            await asyncio.to_thread(self._snapshots.drop, path)
-            raise
-        self._snapshot, self._snapshot_at = path, (step, data_step)
-        self._snapshot_bytes = {}  # (the controller's: no proc's part)
-        await asyncio.to_thread(self._snapshots.keep_only, path)
-        return path
+            self._survived = await self._whole_at(step, by_step[step], complete=False)
+        except Exception as e:  # (what survives is a courtesy: the loss is the error)
+            log.warning("what survived the loss could not be read: %s", e)
+            return None
+        return self._survived[1]
 
     async def _recover_on(
         self,
@@ -1152,21 +1223,44 @@ class Trainer:
         (``parallelize(..., resume=path)``), and :func:`load_state_dict` gives a plain
         model's weights from it. Runs after the calls before it; the path written.
 
+        A trainer that lost procs whose state no copy held (its calls raise
+        ``SupervisionError`` saying so) writes what survived instead: the whole tensors
+        the copies left cover, after the step they cover the most ranks at, in a
+        checkpoint marked partial (``danaus.json``: ``partial``, and what it lacks in
+        ``missing``), which :func:`load_state_dict` reads and no trainer resumes.
+
         Raises (through the Future): a write that failed on a rank (a full disk), with
         its traceback; every rank rolled the save back and the trainer goes on.
         """
+        from . import _checkpoint
+
         where = os.path.abspath(os.fspath(path))
 
-        async def go(w: Any) -> str:
+        async def made() -> None:
             try:
                 await asyncio.to_thread(os.makedirs, where, exist_ok=True)
             except OSError as e:  # nothing was sent: the trainer is as it was
                 e.add_note(ROLLED_BACK)
                 raise
+
+        async def go(w: Any) -> str:
+            await made()
             await self._write_checkpoint(w, where)
             return where
 
-        return self._run(go)
+        async def survived() -> str:
+            assert self._survived is not None
+            await made()
+            state, counts = self._survived
+            await asyncio.to_thread(_checkpoint.write_whole, where, state, counts)
+            log.warning(
+                "%s: wrote what survived the loss of procs into %s, the state after step "
+                "%d; partial, it lacks %s", self, where, counts["steps"],
+                ", ".join(counts["missing"][:5]) + (" ..." if len(counts["missing"]) > 5 else ""),
+            )  # fmt: skip
+            return where
+
+        return self._run(go, survived)
 
     async def _write_checkpoint(self, w: Any, where: str) -> None:
         """The workers ``w`` write a checkpoint into the directory ``where``, and then
@@ -1236,6 +1330,7 @@ class Trainer:
                         async with asyncio.timeout(KEEPER_WAIT_S):
                             await keepers.stop()
                 await asyncio.to_thread(self._snapshots.close)
+                self._survived = None
                 if self._recoveries:  # procs the trainer spawned itself
                     await self._procs.stop(reason="the trainer that spawned them stopped")
 

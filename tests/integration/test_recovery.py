@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import os
 import signal
@@ -378,6 +379,45 @@ async def test_neighbours_lost_together_are_named_and_the_trainer_stops() -> Non
         with pytest.raises(SupervisionError, match="no proc left holds a copy"):
             await trainer.step(batches[4])  # (broken: later calls say the same)
         await trainer.stop()
+
+
+@pytest.mark.slow
+async def test_what_survives_neighbours_lost_together_can_still_be_saved(tmp_path: Path) -> None:
+    """pp=4, one block a stage: ranks 1 and 2 lost together (rank 1's copies were on its
+    own proc and rank 2's), so the call names rank 1's state as gone; ``save()`` still
+    writes what survives: every other stage's weights and optimizer state after the
+    latest step the copies left hold for them, in a checkpoint marked partial, which
+    ``load_state_dict`` reads and ``resume=`` refuses, naming what it lacks."""
+    from danaus.parallel import load_state_dict
+
+    batches = _batches()
+    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        p = await plan(
+            pm.gpt2(), procs, sample=batches[0], loss_fn=pm.lm_loss, pp=4,
+            blocks_per_stage=[1, 1, 1, 1],
+        )  # fmt: skip
+        trainer = parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw)
+        for b in batches[:4]:
+            await trainer.step(b)
+        for r in (1, 2):
+            os.kill(procs.pids[r], signal.SIGKILL)
+        with pytest.raises(SupervisionError, match=r"none of rank\(s\) \[1\]") as info:
+            await trainer.step(batches[4])
+        assert "save(path) still writes what survives" in str(info.value)
+        path = await trainer.save(tmp_path / "left")
+        with pytest.raises(KeyError, match=r"partial.*transformer\.h\.1\."):
+            parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw, resume=path)
+        await trainer.stop()
+    counts = json.loads((Path(path) / "danaus.json").read_text())
+    assert counts["partial"] and counts["steps"] in (3, 4), counts
+    lacks = counts["missing"]
+    assert "model.transformer.h.1.attn.c_attn.weight" in lacks, lacks
+    assert all(k.startswith(("model.transformer.h.1.", "optim.transformer.h.1.")) for k in lacks)
+    _, want = _reference(batches[: counts["steps"]])
+    got = load_state_dict(path)
+    assert got and set(got) == {k for k in want if not k.startswith("transformer.h.1.")}
+    for k, v in got.items():
+        assert torch.allclose(v, want[k], rtol=RTOL, atol=1e-5), k
 
 
 async def test_with_fail_a_lost_proc_breaks_the_trainer_as_before() -> None:

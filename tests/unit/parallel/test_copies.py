@@ -7,7 +7,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from danaus.parallel._copies import STAMP, Places, copy_layout, restore_point, whole_state  # noqa: E402
+from danaus.parallel._copies import (  # noqa: E402
+    STAMP,
+    Places,
+    copy_layout,
+    lacking,
+    restore_point,
+    whole_state,
+)
 from danaus.parallel._staging import ALIGN, pack_into, views  # noqa: E402
 
 
@@ -137,3 +144,14 @@ def test_a_rank_whose_copy_is_missing_leaves_its_tensors_short_and_says_so() -> 
     places = {0: _places(0, (5, 4), (0, 0), (3, 4))}
     with pytest.raises(LookupError, match=r"cover model\.w only in part"):
         whole_state(copies, places, lambda name, t, tp: t)
+
+
+def test_what_a_partial_state_lacks_is_named_per_tensor_and_per_parameter() -> None:
+    places = {
+        0: Places(0, 1, {"m.a": ("a", None)}, (("a", None),)),
+        1: Places(1, 1, {"m.b": ("b", None), "m.mask": ("mask", None)}, (("b", None),)),
+    }
+    state = {"model.a": torch.ones(1), "optim.a.exp_avg": torch.ones(1)}
+    assert lacking(state, places) == ["model.b", "model.mask", "optim.b"]
+    whole = {**state, "model.b": torch.ones(1), "model.mask": torch.ones(1)}
+    assert lacking(whole | {"optim.b.step": torch.tensor(1.0)}, places) == []
