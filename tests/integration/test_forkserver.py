@@ -209,7 +209,7 @@ async def test_a_host_agents_procs_start_with_the_modules_the_controller_noted()
     it) is imported by the host agent's fork server, before any actor of it is spawned
     there (told with the spawn, or at once where its procs are up already): procs that
     replace lost ones start with it. A module not noted is not."""
-    import tests.integration.exec_actors  # (a "model's" module, noted later)
+    import tests.integration.preload_later  # (a "model's" module, noted later)
     import tests.integration.values_actors  # noqa: F401  (the "model's" module)
     from danaus import attach_to_hosts
     from danaus.mesh._api import agent_ref, group_of, preload_for
@@ -226,12 +226,13 @@ async def test_a_host_agents_procs_start_with_the_modules_the_controller_noted()
         async with hosts.spawn_procs(per_host={"procs": 1}) as procs:
             probe = procs.spawn("probe", Probe)
             assert await probe.imported.call_one("tests.integration.values_actors")
-            assert not await probe.imported.call_one("tests.integration.exec_actors")
+            assert not await probe.imported.call_one("tests.integration.preload_later")
+            assert not await probe.imported.call_one("tests.integration.agents_kit")
             assert (await probe.where.call_one())[1] != agents[0][1].pid  # (forked)
             # noted once procs are up (as by plan()): their agent is told at once
-            preload_for(procs, "tests.integration.exec_actors")
+            preload_for(procs, "tests.integration.preload_later")
             agent = agent_ref(group_of(procs).agent_of(0))
-            assert "tests.integration.exec_actors" in await agent.preload.call_one([])
+            assert "tests.integration.preload_later" in await agent.preload.call_one([])
 
 
 async def test_a_forked_proc_killed_is_reported_with_its_signal(fresh_server: None) -> None:
