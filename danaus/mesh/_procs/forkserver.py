@@ -423,18 +423,13 @@ def fork_server() -> ForkServer | None:
     return server if not server.unsafe else None
 
 
-#: the modules of the actors and models this process spawned (see note_actor_module):
-#: its host agents' fork servers are asked to import them too
-_noted: list[str] = []
-
-
 def note_actor_module(module: str) -> None:
     """An actor class of ``module`` is being spawned: procs forked later inherit it (here,
     and on the hosts whose agents start procs for this process: :func:`noted_modules`)."""
     if module == "__main__" or module.startswith("danaus.") or module in sys.builtin_module_names:
         return
-    if module not in _noted:
-        _noted.append(module)
+    if module not in process.noted_modules:
+        process.noted_modules.append(module)
     server = process.fork_server
     if server is None or not server.usable():
         return
@@ -443,7 +438,7 @@ def note_actor_module(module: str) -> None:
 
 def noted_modules() -> list[str]:
     """The modules :func:`note_actor_module` was told of, oldest first."""
-    return list(_noted)
+    return list(process.noted_modules)
 
 
 def preload_asked(modules: object) -> None:
@@ -471,7 +466,7 @@ def preload_module(module: str, agents: Iterable[str] = ()) -> None:
     if module not in sys.modules:
         return
     note_actor_module(module)
-    if module in _noted:
+    if module in process.noted_modules:
         from .host_agent import agent_ref
 
         for agent in agents:
