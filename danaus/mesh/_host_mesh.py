@@ -34,7 +34,6 @@ from ._live_meshes import live_meshes
 from ._proc_group import ProcGroup
 from ._proc_mesh import ProcMesh, group_of, new_proc_mesh
 from ._procs.bootstrap_cmd import BootstrapCommand, cpu_set, resolve_commands
-from ._procs.forkserver import noted_modules
 from ._procs.handles import Proc, RemoteProcHandle
 from ._procs.host_agent import AGENT, HostAgent, agent_ref
 from ._procs.local import start_proc
@@ -390,7 +389,7 @@ class HostMesh(Shaped):
         log_port: Port[tuple[int, str, str]] = Port(rt.addr, rt.open_port(on_line))
         for i, (agent_addr, group) in enumerate(by_host):
             fut = agent_ref(agent_addr).spawn_procs.call_one(
-                rt.addr, [g.rank for g in group], env, log_port, noted_modules()
+                rt.addr, [g.rank for g in group], env, log_port
             )
             fut.add_done_callback(functools.partial(on_host, i))
         return new_proc_mesh(shape, handles, name, started, options)

@@ -42,9 +42,6 @@ class MeshProcess:
         self.live_procs: set[ProcHandle] = set()
         self.live_procs_lock = threading.Lock()
         self.fork_server: ForkServer | None = None
-        #: the modules of the actors and models this process spawned, oldest first:
-        #: its fork server and its host agents' import them (forkserver.note_actor_module)
-        self.noted_modules: list[str] = []
         self.fork_server_lock = threading.Lock()
         #: the aggregators of procs' log lines, flushed at exit (_procs/logs.py)
         self.aggregators: weakref.WeakSet[Aggregator] = weakref.WeakSet()

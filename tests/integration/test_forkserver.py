@@ -204,20 +204,16 @@ async def test_the_actor_module_is_preloaded_for_later_procs(fresh_server: None)
     assert "tests.integration.fork_actors" in status["preloaded"]
 
 
-async def test_a_host_agents_procs_start_with_the_modules_the_controller_noted() -> None:
-    """A model's module that the controller noted (as plan() and parallelize() note
-    it) is imported by the host agent's fork server, before any actor of it is spawned
-    there (told with the spawn, or at once where its procs are up already): procs that
-    replace lost ones start with it. A module not noted is not."""
-    import tests.integration.preload_later  # (a "model's" module, noted later)
-    import tests.integration.values_actors  # noqa: F401  (the "model's" module)
+async def test_a_host_agent_told_of_a_models_module_forks_later_procs_with_it() -> None:
+    """plan() and parallelize() tell their procs' host agents to preload the model's
+    module: procs the agent forks later (those that replace lost ones) start with it
+    imported; a module not told of is not imported there."""
+    import tests.integration.preload_later  # noqa: F401  (a "model's" module, imported here)
     from danaus import attach_to_hosts
     from danaus.mesh._api import agent_ref, group_of, preload_for
-    from danaus.mesh._procs.forkserver import preload_module
 
     from .agents_kit import controller_key, host_agents
 
-    preload_module("tests.integration.values_actors")
     key = os.urandom(32).hex()
     env = dict(os.environ, DANAUS_AUTH_KEY=key, PYTHONPATH=os.getcwd())
     env.pop("DANAUS_SPAWN_METHOD", None)  # (the agent forks its procs)
@@ -225,14 +221,15 @@ async def test_a_host_agents_procs_start_with_the_modules_the_controller_noted()
         hosts = attach_to_hosts([addr for addr, _ in agents])
         async with hosts.spawn_procs(per_host={"procs": 1}) as procs:
             probe = procs.spawn("probe", Probe)
-            assert await probe.imported.call_one("tests.integration.values_actors")
             assert not await probe.imported.call_one("tests.integration.preload_later")
-            assert not await probe.imported.call_one("tests.integration.agents_kit")
-            assert (await probe.where.call_one())[1] != agents[0][1].pid  # (forked)
-            # noted once procs are up (as by plan()): their agent is told at once
             preload_for(procs, "tests.integration.preload_later")
             agent = agent_ref(group_of(procs).agent_of(0))
             assert "tests.integration.preload_later" in await agent.preload.call_one([])
+        async with hosts.spawn_procs(per_host={"procs": 1}) as later:
+            probe = later.spawn("probe", Probe)
+            assert await probe.imported.call_one("tests.integration.preload_later")
+            assert not await probe.imported.call_one("tests.integration.agents_kit")
+            assert (await probe.where.call_one())[1] != agents[0][1].pid  # (forked)
 
 
 async def test_a_forked_proc_killed_is_reported_with_its_signal(fresh_server: None) -> None:

@@ -423,28 +423,22 @@ def fork_server() -> ForkServer | None:
     return server if not server.unsafe else None
 
 
-def note_actor_module(module: str) -> None:
-    """An actor class of ``module`` is being spawned: procs forked later inherit it (here,
-    and on the hosts whose agents start procs for this process: :func:`noted_modules`)."""
+def note_actor_module(module: str) -> bool:
+    """An actor class of ``module`` is being spawned: procs forked later inherit it.
+    Whether it is one to preload (not ``__main__``, danaus or a builtin)."""
     if module == "__main__" or module.startswith("danaus.") or module in sys.builtin_module_names:
-        return
-    if module not in process.noted_modules:
-        process.noted_modules.append(module)
+        return False
     server = process.fork_server
-    if server is None or not server.usable():
-        return
-    server.add_preload([module])
-
-
-def noted_modules() -> list[str]:
-    """The modules :func:`note_actor_module` was told of, oldest first."""
-    return list(process.noted_modules)
+    if server is not None and server.usable():
+        server.add_preload([module])
+    return True
 
 
 def preload_asked(modules: object) -> None:
     """A host agent: a controller asks that procs forked from now on start with these
-    modules imported (its :func:`noted_modules`); names that are no module's are left
-    out, and one that fails to import is not preloaded (the server says so)."""
+    modules imported (a model's: see :func:`preload_module`); names that are no
+    module's are left out, and one that fails to import is not preloaded (the server
+    says so)."""
     if not isinstance(modules, list):
         return
     names = [
@@ -461,12 +455,13 @@ def preload_module(module: str, agents: Iterable[str] = ()) -> None:
     """Procs forked from now on start with ``module`` imported (a model's library, which
     the procs that replace lost ones would otherwise import again each), where it is
     one this process has imported: where this process forks its procs, and on the hosts
-    of the host agents ``agents`` (told at once: their fork servers import it before
-    procs are needed) and of any it starts procs on later."""
+    of the host agents ``agents``, told at once (their fork servers import it before
+    procs are needed there). Only those: a host agent's fork server serves every
+    controller that attaches to it, and an import changes what its procs start with
+    (``transformers`` changes how torch's objects are freed)."""
     if module not in sys.modules:
         return
-    note_actor_module(module)
-    if module in process.noted_modules:
+    if note_actor_module(module):
         from .host_agent import agent_ref
 
         for agent in agents:

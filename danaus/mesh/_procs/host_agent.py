@@ -88,14 +88,10 @@ class HostAgent(Actor):
         ranks: list[int],
         env: dict[str, str],
         log_port: Port[tuple[int, str, str]] | None = None,
-        preload: list[str] | None = None,
     ) -> list[tuple[str, int]]:
         """Start one proc per rank; return ``(address, pid)`` of each once all are up.
 
         Their output lines go to ``log_port`` as ``(rank, "out" | "err", line)``.
-        ``preload``: the modules of the controller's actors and models, which this
-        host's fork server imports for procs forked from then on (those that replace
-        lost ones start with them).
         """
         from ...actors._api import current_runtime
 
@@ -118,7 +114,6 @@ class HostAgent(Actor):
 
             return sink
 
-        preload_asked(preload)
         # Started and registered under their owner in one step of the loop: if the owner
         # is lost from here on, _owner_lost finds them.
         handles = [start_proc(rt, self.proc_listen, r, env, sink_for(r)) for r in ranks]
@@ -138,8 +133,9 @@ class HostAgent(Actor):
 
     @endpoint
     async def preload(self, modules: list[str]) -> list[str]:
-        """Procs forked from now on start with ``modules`` imported (see spawn_procs):
-        asked ahead, so that the fork server imports them before procs are needed. The
+        """Procs forked from now on start with ``modules`` imported (a model's, for procs
+        that replace a trainer's lost ones): asked ahead, so that the fork server
+        imports them before procs are needed. The
         modules its fork server has imported, once it has these (none: no fork server,
         its procs start with ``exec``)."""
         preload_asked(modules)
