@@ -326,9 +326,9 @@ async def _plan(
         facts = [replace(f, group=g) for f, g in zip(facts, rooms, strict=True)]
         memory, why_memory = usable_memory(facts)
         mesh = replace(mesh, memory=memory, memory_per_proc=min(memory), memory_why=why_memory)
-        # a respawn's copies of each rank's state are in the procs' memory on CPU (on a
-        # GPU, in the host's)
-        mesh = replace(mesh, copies=on_lost_proc == "respawn" and mesh.device == "cpu")
+        # the copies of each rank's state a trainer that recovers keeps are in the procs'
+        # memory on CPU (on a GPU, in the host's)
+        mesh = replace(mesh, copies=on_lost_proc != "fail" and mesh.device == "cpu")
     finally:
         await profilers.stop()
     searched = time.perf_counter()
@@ -539,9 +539,10 @@ def plan(
             ``parallelize(..., compile=True)`` runs); on CPU, Inductor needs a C++
             compiler, and the error says so where there is none.
         on_lost_proc: what the trainer will do of a lost proc (``parallelize``'s, whose
-            default is this one's): with ``"respawn"`` each proc keeps copies of its
-            state and its peer's after every step, which on CPU procs count against
-            their memory (about 2-4x a proc's weights and optimizer state).
+            default is this one's): with ``"respawn"`` or ``"replan"`` each proc keeps
+            copies of its state and its peer's after every step, which on CPU procs
+            count against their memory (about 2-4x a proc's weights and optimizer
+            state); with ``"fail"`` none.
 
     Raises (from the future):
         PlanError: no plan fits the memory (the message gives what the smallest needs),

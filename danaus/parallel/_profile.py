@@ -143,7 +143,8 @@ class MeshFacts:
     #: expected; past that, what sharing costs (switches, caches, memory bandwidth)
     together: float = 1.0
     #: the trainer keeps copies of each rank's state in its procs' memory after every
-    #: step (``on_lost_proc="respawn"``, on CPU procs: on a GPU they are in the host's)
+    #: step (``on_lost_proc`` other than ``"fail"``, on CPU procs: on a GPU they are in
+    #: the host's)
     copies: bool = False
 
 

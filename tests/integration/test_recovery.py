@@ -70,7 +70,7 @@ async def _run(
         losses.append(await trainer.step(b))
     state = await trainer.state_dict()
     held = await trainer.held_bytes()
-    if kw.get("on_lost_proc", "respawn") == "respawn":
+    if kw.get("on_lost_proc", "respawn") != "fail":
         # each rank's two latest states, on two procs (under DDP two replicas' own
         # serve every rank, and the others keep none; one proc's, on the controller)
         keeping = [h for h in held if h["copies"]]
