@@ -181,11 +181,13 @@ def simulated_trace(sim: SimulatedPlan) -> dict[str, object]:
     scaled as the step's estimate is (a typical pass, not the fastest); the gradients'
     sync starts where the estimate's critical path ends (after the last backward, or
     later where the estimate waits longer: its worst stage, or procs sharing cores) and
-    the optimizer's step follows it, so that the last event ends at ``step_s``."""
+    the copies of each device's state (a trainer that recovers lost procs) and the
+    optimizer's step follow it, so that the last event ends at ``step_s``."""
     typical = sim.typical
     ops = schedule(sim)
     us = 1e6
-    sync_at, opt_at = sim.pipeline_s, sim.pipeline_s + sim.sync_s
+    sync_at, copies_at = sim.pipeline_s, sim.pipeline_s + sim.sync_s
+    opt_at = copies_at + sim.copies_s
     events: list[dict[str, object]] = []
     # each device's stage, and the devices that sync their gradients together: one
     # stage's replicas, per tensor-parallel shard (its ranks are in replica-major order,
@@ -252,6 +254,18 @@ def simulated_trace(sim: SimulatedPlan) -> dict[str, object]:
                         "ts": sync_at * us,
                     }
                 )
+        if sim.copies_s:
+            events.append(
+                {
+                    "ph": "X",
+                    "name": "state copied",
+                    "cat": "copies",
+                    "pid": r,
+                    "tid": 0,
+                    "ts": copies_at * us,
+                    "dur": sim.copies_s * us,
+                }
+            )
         events.append(
             {
                 "ph": "X",

@@ -211,8 +211,10 @@ class SimulatedPlan:
             the simulated devices (ranks) that hold it.
         schedule, sharded: the pipeline's schedule, and whether replicas shard their
             state (FSDP), as in the plan.
-        pipeline_s, sync_s, optimizer_s: the parts of ``step_s``: the pipeline's
-            critical path, the gradients' sync between replicas, the optimizer's step.
+        pipeline_s, sync_s, optimizer_s, copies_s: the parts of ``step_s``: the
+            pipeline's critical path, the gradients' sync between replicas, the
+            optimizer's step, and (a trainer that recovers lost procs) the copies of
+            each proc's state after it.
         typical: how much slower a typical step ran than the fastest pass each part
             was timed at (the stages' ``estimated_s`` are the fastest; ``step_s`` and
             its parts count it).
@@ -237,6 +239,7 @@ class SimulatedPlan:
     sync_s: float = 0.0
     optimizer_s: float = 0.0
     typical: float = 1.0
+    copies_s: float = 0.0
 
     def trace(self) -> dict[str, object]:
         """The simulated step in Chrome's trace event format (Perfetto and

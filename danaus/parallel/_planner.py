@@ -89,6 +89,9 @@ class Estimate:
     optimizer_s: float = 0.0
     #: how much slower a typical pass ran than the fastest one each part was timed at
     typical: float = 1.0
+    #: the copies of each proc's state after the step (a trainer that recovers lost
+    #: procs: ._copies), packed by the proc and read by its peer
+    copies_s: float = 0.0
 
 
 def divisors(n: int) -> list[int]:
@@ -353,11 +356,17 @@ def estimate(
         sync = 2 * (c.dp - 1) / c.dp * worst_w / bw + lat
     opt_bytes = worst_w / (c.dp if c.sharded else 1)
     opt = cost.opt_s_per_byte * opt_bytes * contention * max(pace) * overs
-    step = pipeline + sync + opt
+    copying = 0.0
+    if mesh.copying:  # packed by the proc; read by its peer, where no replica holds the same
+        passes = 1 if not fsdp and c.dp > 1 else 2
+        nbytes = worst_w * copied / (c.dp if fsdp else 1)
+        copying = cost.copy_s_per_byte * nbytes * passes * contention * max(pace) * overs
+    step = pipeline + sync + opt + copying
     # the parts were timed at their fastest; a step runs as a typical pass did
     return Estimate(
-        c, step * cost.typical, peak, tuple(stages), fits, pipeline, sync, opt, cost.typical
-    )
+        c, step * cost.typical, peak, tuple(stages), fits, pipeline, sync, opt, cost.typical,
+        copying,
+    )  # fmt: skip
 
 
 #: procs whose speeds are this close (a fraction) count as alike: on a busy 2-core

@@ -328,7 +328,8 @@ async def _plan(
         mesh = replace(mesh, memory=memory, memory_per_proc=min(memory), memory_why=why_memory)
         # the copies of each rank's state a trainer that recovers keeps are in the procs'
         # memory on CPU (on a GPU, in the host's)
-        mesh = replace(mesh, copies=on_lost_proc != "fail" and mesh.device == "cpu")
+        copying = on_lost_proc != "fail"
+        mesh = replace(mesh, copies=copying and mesh.device == "cpu", copying=copying)
     finally:
         await profilers.stop()
     searched = time.perf_counter()
@@ -464,6 +465,7 @@ def simulate_plan(p: Plan, hosts: int, gpus: int, batch: int | None) -> Simulate
         e.sync_s * typical,
         e.optimizer_s * typical,
         typical,
+        e.copies_s * typical,
     )
 
 

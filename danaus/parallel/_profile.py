@@ -21,6 +21,7 @@ from ..actors import Actor, endpoint
 from ..spmd._api import proc_host
 from ._cgroup import GroupMemory, group_memory
 from ._model import LossFn, ModelParts, split_batch
+from ._staging import layout_of, pack_into
 from ._worker import (
     OptimizerFactory,
     autocast,
@@ -83,6 +84,9 @@ class ModelCost:
     #: times are their fastest (so that the choice is stable); the estimate of a step
     #: is scaled by this, which ranks every layout alike
     typical: float = 1.0
+    #: seconds to copy a byte of weights and optimizer state into one buffer, as a
+    #: trainer that recovers lost procs copies its state after every step (._copies)
+    copy_s_per_byte: float = 0.0
 
 
 @dataclass
@@ -146,6 +150,9 @@ class MeshFacts:
     #: step (``on_lost_proc`` other than ``"fail"``, on CPU procs: on a GPU they are in
     #: the host's)
     copies: bool = False
+    #: the trainer copies each rank's state after every step (``on_lost_proc`` other
+    #: than ``"fail"``, on any device): the copying's time counts
+    copying: bool = False
 
 
 def _available_ram() -> int:
@@ -461,6 +468,17 @@ def _measure_optimizer(
     opt.step()  # the first step makes the state
     cost.opt_ratio = optimizer_state_bytes(opt) / weight_bytes
     cost.opt_s_per_byte = statistics.median(timed(opt.step) for _ in range(3)) / weight_bytes
+    # a copy of the weights and their state, packed as the copies are (._copies)
+    state = {f"w{i}": p.detach() for i, p in enumerate(params)}
+    for i, p in enumerate(params):
+        for k, v in opt.state.get(p, {}).items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                state[f"o{i}.{k}"] = v
+    specs, size = layout_of(state)
+    out = torch.empty(size, dtype=torch.uint8)
+    pack_into(out, state, specs)  # (its pages made)
+    copy_s = statistics.median(timed(lambda: pack_into(out, state, specs)) for _ in range(3))
+    cost.copy_s_per_byte = copy_s / max(1, size)
 
 
 #: seconds a proc's pace is timed over: several of a CPU quota's periods (100 ms by

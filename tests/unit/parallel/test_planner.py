@@ -495,6 +495,46 @@ def test_memory_counts_what_fsdp_and_the_backend_hold_as_measured() -> None:
     assert estimate(by[1, 4, False], cost, mesh, 8, 1 << 40).peak == 4 * (w // 4)
 
 
+def test_copying_each_procs_state_after_a_step_adds_its_measured_time() -> None:
+    """A trainer that recovers lost procs copies each proc's weights and optimizer state
+    after every step (``MeshFacts.copying``, on any device): packed by the proc, and read
+    by its peer where no replica holds the same (DDP: packed only), at the seconds per
+    byte ``plan()`` measured packing them; the trace shows it before the optimizer's step."""
+    from danaus.parallel._plan import SimulatedPlan
+
+    cost = _cost([1.0] * 8, [MiB] * 8, act=0)
+    cost.copy_s_per_byte = 1e-9
+    off = _mesh()
+    on = replace(off, copying=True)
+    by = {(c.dp, c.pp, c.sharded): c for c in _all(microbatches=1)}
+    state = 8 * MiB * (1 + cost.opt_ratio)  # the whole model's weights and AdamW's state
+
+    def extra(dp: int, pp: int, sharded: bool) -> float:
+        c = by[dp, pp, sharded]
+        e = estimate(c, cost, on, 8, 1 << 40)
+        assert e.copies_s == pytest.approx(e.step_s - estimate(c, cost, off, 8, 1 << 40).step_s)
+        return e.copies_s
+
+    assert extra(4, 1, False) == pytest.approx(1e-9 * state)  # DDP: its own, packed
+    assert extra(1, 4, False) == pytest.approx(1e-9 * state / 4 * 2)  # a stage, and read
+    assert extra(4, 1, True) == pytest.approx(1e-9 * state / 4 * 2)  # a shard, and read
+    cost.copy_s_per_byte = 0.0
+    assert extra(1, 4, False) == 0.0
+    cost.copy_s_per_byte = 1e-9
+    c = by[1, 4, False]
+    e = estimate(c, cost, on, 8, 1 << 40)
+    sim = SimulatedPlan(
+        1, 4, c.dp, c.pp, c.tp, c.microbatches, 8, e.step_s, e.peak, e.stages,
+        pipeline_s=e.pipeline_s, sync_s=e.sync_s, optimizer_s=e.optimizer_s,
+        copies_s=e.copies_s,
+    )  # fmt: skip
+    events = sim.trace()["traceEvents"]
+    copied = [ev for ev in events if ev.get("name") == "state copied"]
+    assert len(copied) == 4 and all(ev["dur"] == pytest.approx(e.copies_s * 1e6) for ev in copied)
+    ends = [ev["ts"] + ev["dur"] for ev in events if ev.get("ph") == "X"]
+    assert max(ends) == pytest.approx(e.step_s * 1e6)
+
+
 def test_a_respawns_copies_count_against_each_procs_memory() -> None:
     """``on_lost_proc="respawn"`` (``MeshFacts.copies``): weights and optimizer state
     (3 bytes per byte of weights under AdamW) copied twice on each proc, and twice more
