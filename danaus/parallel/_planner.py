@@ -357,10 +357,11 @@ def estimate(
     opt_bytes = worst_w / (c.dp if c.sharded else 1)
     opt = cost.opt_s_per_byte * opt_bytes * contention * max(pace) * overs
     copying = 0.0
-    if mesh.copying:  # packed by the proc; read by its peer, where no replica holds the same
-        passes = 1 if not fsdp and c.dp > 1 else 2
+    if mesh.copying:  # packed by the proc; read by its peer over the data plane, where no
+        # replica holds the same
         nbytes = worst_w * copied / (c.dp if fsdp else 1)
-        copying = cost.copy_s_per_byte * nbytes * passes * contention * max(pace) * overs
+        read = 0.0 if not fsdp and c.dp > 1 else nbytes / mesh.bandwidth
+        copying = (cost.copy_s_per_byte * nbytes + read) * contention * max(pace) * overs
     step = pipeline + sync + opt + copying
     # the parts were timed at their fastest; a step runs as a typical pass did
     return Estimate(

@@ -497,14 +497,15 @@ def test_memory_counts_what_fsdp_and_the_backend_hold_as_measured() -> None:
 
 def test_copying_each_procs_state_after_a_step_adds_its_measured_time() -> None:
     """A trainer that recovers lost procs copies each proc's weights and optimizer state
-    after every step (``MeshFacts.copying``, on any device): packed by the proc, and read
-    by its peer where no replica holds the same (DDP: packed only), at the seconds per
-    byte ``plan()`` measured packing them; the trace shows it before the optimizer's step."""
+    after every step (``MeshFacts.copying``, on any device): packed by the proc (at the
+    seconds per byte ``plan()`` measured packing them), and read by its peer where no
+    replica holds the same (DDP: packed only; at the data plane's bandwidth between
+    procs); the trace shows it before the optimizer's step."""
     from danaus.parallel._plan import SimulatedPlan
 
     cost = _cost([1.0] * 8, [MiB] * 8, act=0)
     cost.copy_s_per_byte = 1e-9
-    off = _mesh()
+    off = replace(_mesh(), bandwidth=1e9)  # (the data plane's, between procs)
     on = replace(off, copying=True)
     by = {(c.dp, c.pp, c.sharded): c for c in _all(microbatches=1)}
     state = 8 * MiB * (1 + cost.opt_ratio)  # the whole model's weights and AdamW's state
@@ -518,8 +519,9 @@ def test_copying_each_procs_state_after_a_step_adds_its_measured_time() -> None:
     assert extra(4, 1, False) == pytest.approx(1e-9 * state)  # DDP: its own, packed
     assert extra(1, 4, False) == pytest.approx(1e-9 * state / 4 * 2)  # a stage, and read
     assert extra(4, 1, True) == pytest.approx(1e-9 * state / 4 * 2)  # a shard, and read
-    cost.copy_s_per_byte = 0.0
-    assert extra(1, 4, False) == 0.0
+    cost.copy_s_per_byte = 0.0  # (the read alone: at the data plane's bandwidth)
+    assert extra(1, 4, False) == pytest.approx(state / 4 / 1e9)
+    assert extra(4, 1, False) == 0.0
     cost.copy_s_per_byte = 1e-9
     c = by[1, 4, False]
     e = estimate(c, cost, on, 8, 1 << 40)
