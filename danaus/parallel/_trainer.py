@@ -835,14 +835,16 @@ class Trainer:
     def recoveries(self) -> Future[list[dict[str, Any]]]:
         """Each recovery from a lost proc, oldest first: ``step``, the steps that had
         ended when the loss was seen; the ranks ``lost`` and ``why``; the ``action``
-        (``respawn``, ``replan``); the ``procs`` and ``plan`` it went on with; what it
-        restored from (``restored_from``: ``copies``, the copies in the procs' memory;
-        ``snapshot``; ``start``, the state the trainer started from) and the steps that
-        had ended there (``restored_step``); the steps since, run again
+        (``respawn``, ``replan``) and what it was done ``instead_of`` (``""``, or a
+        respawn's reason to re-plan: a host gone); the ``procs`` and ``plan`` it went on
+        with; what it restored from (``restored_from``: ``copies``, the copies in the
+        procs' memory; ``snapshot``; ``start``, the state the trainer started from) and
+        the steps that had ended there (``restored_step``); the steps since, run again
         (``rerun_steps``; the call that failed then runs again too, unless its step had
-        ended); the ``seconds`` of each phase (``spawn``, ``plan``, ``restore``: the
-        workers set up, ``stop``: the old procs stopped, after a respawn, ``rerun``) and
-        in all (``total_s``)."""
+        ended); the ``seconds`` of each phase (``gather``: a re-plan's whole tensors
+        built from the copies, ``spawn``, ``plan``, ``restore``: the workers set up,
+        ``stop``: the old procs stopped, after a respawn, ``rerun``) and in all
+        (``total_s``)."""
 
         async def go() -> list[dict[str, Any]]:
             return [dict(r) for r in self._recoveries]
