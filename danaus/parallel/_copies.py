@@ -401,18 +401,27 @@ class Keeper(Actor):
         return sum(e.data.numel() for kept in self.held.values() for e in kept)
 
 
+def held_by_step(
+    held: Mapping[int, Iterable[tuple[int, int]]],
+) -> dict[int, dict[int, list[int]]]:
+    """Step -> rank -> the keepers holding that rank's copy of that step (its own proc's
+    first), from each live keeper's :meth:`Keeper.steps` (``held``)."""
+    where: dict[int, dict[int, list[int]]] = {}
+    for keeper, pairs in held.items():
+        for rank, step in pairs:
+            at = where.setdefault(step, {}).setdefault(rank, [])
+            if keeper not in at:
+                at.insert(0, keeper) if keeper == rank else at.append(keeper)
+    return where
+
+
 def restore_point(
     n: int, held: Mapping[int, Iterable[tuple[int, int]]], latest: int, oldest: int
 ) -> tuple[int, dict[int, list[int]]] | None:
     """The latest step, from ``latest`` down to ``oldest``, whose copies cover every rank
     of ``n``, and where each rank's copies are (keepers' ranks: its own proc's first);
     None where no step is covered. ``held``: each live keeper's :meth:`Keeper.steps`."""
-    where: dict[int, dict[int, list[int]]] = {}  # step -> rank -> keepers
-    for keeper, pairs in held.items():
-        for rank, step in pairs:
-            at = where.setdefault(step, {}).setdefault(rank, [])
-            if keeper not in at:
-                at.insert(0, keeper) if keeper == rank else at.append(keeper)
+    where = held_by_step(held)
     for step in range(latest, oldest - 1, -1):
         found = where.get(step, {})
         if all(r in found for r in range(n)):
@@ -566,6 +575,12 @@ class Copier:
         self.slots = [None, None]
 
 
+def contents(copy: Copy, data: torch.Tensor) -> dict[str, Any]:
+    """What a copy holds (``data``: its bytes, read): its tensors, as views of them, then
+    its other values."""
+    return {**views(data, copy.specs), **copy.rest}
+
+
 def fetch(keepers: Keepers, keeper: int, rank: int, step: int) -> dict[str, Any]:
     """Rank ``rank``'s state after step ``step``, from the copy keeper ``keeper`` read
     for it (:meth:`Keeper.adopt`; from sync code: a worker's setup): its tensors, then
@@ -579,4 +594,4 @@ def fetch(keepers: Keepers, keeper: int, rank: int, step: int) -> dict[str, Any]
     copy.buffer.read_into(data, timeout=READ_TIMEOUT_S).get()
     if stamp_of(data) != step:
         raise LookupError(f"rank {rank}'s copy of step {step} is of step {stamp_of(data)}")
-    return {**views(data, copy.specs), **copy.rest}
+    return contents(copy, data)

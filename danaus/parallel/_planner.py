@@ -263,7 +263,8 @@ def estimate(
     # peer is the controller), four times (and its peer's two) where one does, the
     # peer's stage taken as large as its own
     copied = 1.0 + cost.opt_ratio
-    copies = 2 if (not fsdp and c.dp > 1) or c.dp * c.pp * c.tp == 1 else 4
+    replicas_serve = not fsdp and c.dp > 1  # (DDP's: see ._copies.roles)
+    copies = 2 if replicas_serve or c.dp * c.pp * c.tp == 1 else 4
     # not measured: FSDP taken to gather one block at a time, the biggest of blocks
     # i..j-1 at biggest[i][j] (made once here: the stage split asks of every i, j)
     biggest: list[list[int]] = []
@@ -360,7 +361,7 @@ def estimate(
     if mesh.copying:  # packed by the proc; read by its peer over the data plane, where no
         # replica holds the same
         nbytes = worst_w * copied / (c.dp if fsdp else 1)
-        read = 0.0 if not fsdp and c.dp > 1 else nbytes / mesh.bandwidth
+        read = 0.0 if replicas_serve else nbytes / mesh.bandwidth
         copying = (cost.copy_s_per_byte * nbytes + read) * contention * max(pace) * overs
     step = pipeline + sync + opt + copying
     # the parts were timed at their fastest; a step runs as a typical pass did

@@ -668,9 +668,7 @@ class Trainer:
         except BaseException:
             await asyncio.to_thread(self._snapshots.drop, path)
             raise
-        self._snapshot, self._snapshot_at = path, (step, counts["data_step"])
-        self._snapshot_bytes = {}  # (the controller's: no proc's part)
-        await asyncio.to_thread(self._snapshots.keep_only, path)
+        await self._keep_snapshot(path, (step, counts["data_step"]), {})  # (no proc's part)
         return path
 
     async def _whole_at(
@@ -686,14 +684,12 @@ class Trainer:
                 copies do not cover whole.
         """
         from . import _tp
-        from ._copies import lacking, read_any, roles, whole_state
-        from ._staging import views
+        from ._copies import contents, lacking, read_any, roles, whole_state
 
         assert self._keepers is not None
         keepers, layout, parts = self._keepers, self.plan.layout, self._parts
-        firsts: dict[
-            tuple[int, ...], int
-        ] = {}  # one rank of each group holding the same state (DDP's replicas)
+        # one rank of each group holding the same state (DDP's replicas)
+        firsts: dict[tuple[int, ...], int] = {}
         for r in sorted(where):
             firsts.setdefault(roles(layout, r, 1)[0], r)
 
@@ -704,22 +700,15 @@ class Trainer:
                 if complete:
                     raise
                 return None
-            return r, {**views(data, copy.specs), **copy.rest}
+            return r, contents(copy, data)
 
         read_ = await asyncio.gather(*(read(r) for r in firsts.values()))
         copies = dict(c for c in read_ if c is not None)
         if not copies:
             raise LookupError(f"no rank's copy of step {step} could be read")
         rest = next(iter(copies.values()))
-        counts: dict[str, Any] = {
-            "format": 1,
-            "steps": step,
-            "data_step": next((d for s, d, _ in self._since if s == step), self._steps),
-            "loss_scale": rest["loss_scale"],
-            "good_steps": rest["good_steps"],
-            "plan": str(self.plan.strategy),
-            "procs": len(self._procs),
-        }
+        data_step = next((d for s, d, _ in self._since if s == step), self._steps)
+        counts = self._counts(step, data_step, rest["loss_scale"], rest["good_steps"])
 
         def whole(name: str, t: Any, tp: int) -> Any:
             return _tp.whole(name, t, parts.tp_plan, parts.blocks_path, tp, parts.family == "gpt2")
@@ -738,11 +727,9 @@ class Trainer:
         copies cover the most ranks (the latest of those), kept on the controller for
         :meth:`save` (a checkpoint marked partial); their counts, or None where nothing
         could be read."""
-        by_step: dict[int, dict[int, list[int]]] = {}
-        for k, pairs in held.items():
-            for rank, s in pairs:
-                if oldest <= s <= self._done:
-                    by_step.setdefault(s, {}).setdefault(rank, []).append(k)
+        from ._copies import held_by_step
+
+        by_step = {s: w for s, w in held_by_step(held).items() if oldest <= s <= self._done}
         if not by_step or not self._places:
             return None
         step = max(by_step, key=lambda s: (len(by_step[s]), s))
@@ -1049,11 +1036,11 @@ class Trainer:
             await self._take_snapshot(w)
 
     async def _take_snapshot(self, w: Any) -> None:
-        """``replan``: the model's state as it is now, a checkpoint of whole tensors
-        (which any plan loads; each stage gathers its tensors first) into memory
-        (/dev/shm), where a recovery restores from; the one before it removed. One that
-        cannot be written is logged, and the one before it kept (the steps since it are
-        kept too)."""
+        """``snapshot_every``: the model's state as it is now, a checkpoint of whole
+        tensors (which any plan loads; each stage gathers its tensors first) into memory
+        (/dev/shm), where a recovery whose copies are lost restores from; the one before
+        it removed. One that cannot be written is logged, and the one before it kept (the
+        steps since it are kept too)."""
         from . import _checkpoint
 
         path = self._snapshots.fresh()
@@ -1066,8 +1053,13 @@ class Trainer:
             log.warning("the snapshot of step %d could not be written: %s", self._done, e)
             await asyncio.to_thread(self._snapshots.drop, path)
             return
-        self._snapshot, self._snapshot_at = path, (self._done, self._steps)
-        self._since, self._snapshot_bytes = [], held
+        self._since = []
+        await self._keep_snapshot(path, (self._done, self._steps), held)
+
+    async def _keep_snapshot(self, path: str, at: tuple[int, int], held: dict[int, int]) -> None:
+        """The snapshot at ``path`` is the latest, of the counts ``at`` (steps, data
+        step), ``held`` bytes of it by rank; the one before it removed."""
+        self._snapshot, self._snapshot_at, self._snapshot_bytes = path, at, held
         await asyncio.to_thread(self._snapshots.keep_only, path)
 
     def fit(
@@ -1270,20 +1262,28 @@ class Trainer:
         from . import _checkpoint
 
         done = await _each(w.save, where)
-        counts = {
-            "format": 1,
-            "steps": self._done,
-            "data_step": self._steps,
-            "loss_scale": max(d["loss_scale"] for d in done),
-            "good_steps": max(d["good_steps"] for d in done),
-            "plan": str(self.plan.strategy),
-            "procs": len(self._procs),
-        }
+        scale, good = max(d["loss_scale"] for d in done), max(d["good_steps"] for d in done)
+        counts = self._counts(self._done, self._steps, scale, good)
         try:
             await asyncio.to_thread(_checkpoint.write_meta, where, counts)
         except OSError as e:  # the checkpoint lacks its counts: no trainer resumes it
             e.add_note(ROLLED_BACK)
             raise
+
+    def _counts(
+        self, steps: int, data_step: int, loss_scale: float, good_steps: int
+    ) -> dict[str, Any]:
+        """The trainer's counts a checkpoint keeps beside its tensors (``danaus.json``:
+        see :func:`._checkpoint.meta`), after ``steps`` steps."""
+        return {
+            "format": 1,
+            "steps": steps,
+            "data_step": data_step,
+            "loss_scale": loss_scale,
+            "good_steps": good_steps,
+            "plan": str(self.plan.strategy),
+            "procs": len(self._procs),
+        }
 
     def held_bytes(self) -> Future[list[dict[str, int]]]:
         """Per proc, in rank order: bytes of ``weights``, ``grads``, ``optimizer`` state

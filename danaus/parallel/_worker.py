@@ -578,7 +578,7 @@ class ParallelWorker(Actor):
         all go on."""
         assert self.layout is not None
         with _quiet_gathers():
-            state = self._gathered("model." if isinstance(self.inner, StageModule) else "")
+            state = self._gathered()
             owner = state is not None
             out = {f"model.{k}": v for k, v in (state or {}).items()}
             for name, p in self._named_params():
@@ -933,9 +933,9 @@ class ParallelWorker(Actor):
         """This stage's weights under the model's own names, whole (tensor-parallel
         shards gathered); from the first replica only (the others hold the same)."""
         with _quiet_gathers():
-            return self._gathered("model." if isinstance(self.inner, StageModule) else "")
+            return self._gathered()
 
-    def _gathered(self, prefix: str) -> dict[str, torch.Tensor] | None:
+    def _gathered(self) -> dict[str, torch.Tensor] | None:
         assert self.layout is not None
         ident = {n for n, m in self.inner.named_modules() if isinstance(m, nn.Identity) and n}
         out: dict[str, torch.Tensor] = {}
@@ -944,7 +944,7 @@ class ParallelWorker(Actor):
                 continue
             full = t.full_tensor() if hasattr(t, "full_tensor") else t  # a collective: all ranks
             if self.dp_i == 0 and self.tp_i == 0:
-                own = name.removeprefix(prefix)
+                own = own_name(name, isinstance(self.inner, StageModule))
                 full = self._own_layout(own, full, back=True)  # (GPT-2's Conv1D made Linear)
                 out[own] = full.detach().to("cpu").clone()
         return out if self.dp_i == 0 and self.tp_i == 0 else None
