@@ -23,6 +23,7 @@ from danaus.mesh._procs import forkserver as _forkserver
 
 from ..faults import danaus_procs
 from .fork_actors import CudaProbe, Probe, _socket_inodes
+from .test_robustness import _wait_gone
 
 
 @pytest.fixture
@@ -258,29 +259,6 @@ _CONTROLLER = textwrap.dedent(
     sys.stdin.read()  # until killed
     """
 )
-
-
-def _wait_gone(pids: list[int], timeout: float) -> list[int]:
-    """Wait (bounded, on pidfds) until every pid is gone; returns those still there."""
-    import selectors
-    import time
-
-    left = []
-    with selectors.DefaultSelector() as sel:
-        for pid in pids:
-            try:
-                sel.register(os.pidfd_open(pid), selectors.EVENT_READ, pid)
-            except ProcessLookupError:
-                continue
-        end = time.monotonic() + timeout
-        while sel.get_map() and time.monotonic() < end:
-            for key, _ in sel.select(end - time.monotonic()):
-                sel.unregister(key.fileobj)
-                os.close(key.fd)
-        for key in list(sel.get_map().values()):
-            left.append(key.data)
-            os.close(key.fd)
-    return left
 
 
 @pytest.mark.timeout(120)

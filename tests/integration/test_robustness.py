@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from typing import Any
 
 import pytest
@@ -112,9 +113,9 @@ def _wait_gone(pids: list[int], timeout: float) -> list[int]:
         except ProcessLookupError:
             pass
     try:
-        deadline = timeout
+        deadline = time.monotonic() + timeout
         while fds:
-            ready, _, _ = select.select(list(fds), [], [], deadline)
+            ready, _, _ = select.select(list(fds), [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 break
             for fd in ready:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from ..faults import danaus_procs
+from .test_robustness import _wait_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,9 +79,7 @@ class Controller:
             assert self.proc.stdout is not None
             self.proc.stdout.close()
             # its procs die with it (PDEATHSIG): wait a bounded while for them to go
-            deadline = time.monotonic() + 30
-            while (left := danaus_procs(pid, servers=True)) and time.monotonic() < deadline:
-                time.sleep(0.1)  # (a bounded poll)
+            left = _wait_gone(danaus_procs(pid, servers=True), 30)
             for p in left:
                 os.kill(p, signal.SIGKILL)
         assert self.proc.returncode in (0, -signal.SIGKILL), self.log.read_text()
