@@ -13,7 +13,15 @@ from ._admin.snapshot import add_section, proc_stacks, snapshot
 from ._admin.wire import find_controllers, runtime_dir
 from ._byte_relay import CLOSE_TIMEOUT, RelayMessage, Relays, close_writer
 from ._host_mesh import check_per_host
-from ._proc_mesh import group_of, host_blocks, host_left, host_of, hosts_of, preload_for
+from ._proc_mesh import (
+    group_of,
+    host_blocks,
+    host_left,
+    host_of,
+    hosts_of,
+    preload_for,
+    respawn_procs,
+)
 from ._procs.host_agent import agent_ref, main_host_agent, read_key_file, serve
 from ._supervision import default_fault_hook, exit_on_fault
 from ._tensor_engine_hook import TensorEngine, set_tensor_engine, set_tensor_engine_loader
@@ -44,6 +52,7 @@ __all__ = [
     "preload_for",
     "proc_stacks",
     "read_key_file",
+    "respawn_procs",
     "runtime_dir",
     "serve",
     "set_dashboard_starter",

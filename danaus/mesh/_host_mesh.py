@@ -6,13 +6,12 @@ host, the host's name, never the proc meshes spawned on it."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import os
 import shutil
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future as ThreadFuture
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..actors._api import (
     OK,
@@ -293,7 +292,7 @@ class HostMesh(Shaped):
         self._spawned[:] = [g for g in self._spawned if not g.stopped]
         self._spawned.append(group)
         if bootstrap is not None:
-            group.set_bootstrap(mesh.spawn_mesh("bootstrap", _Bootstrap, bootstrap))
+            group.set_bootstrap(mesh.spawn_mesh("bootstrap", _Bootstrap, bootstrap), bootstrap)
         return mesh
 
     def _spawn_procs(
@@ -331,15 +330,21 @@ class HostMesh(Shaped):
             # per proc (one another process could predict, a counter, could be bound by it
             # first, failing the spawn), "tcp://host:0" a free port.
             listen = listen_address(proc=True)
-            handles: list[Proc] = []
-            for r, cmd in enumerate(commands):
+
+            def start(r: int) -> Proc:
+                cmd = commands[r]
                 proc_env = {**env, **cmd.env} if cmd is not None else env
                 python = cmd.program if cmd is not None else self._python
                 h = start_proc(rt, listen, r, proc_env, printer(name, r, options), python)
                 if cpus is not None:
                     os.sched_setaffinity(h.pid, cpus[r % per])
-                handles.append(h)
-            return new_proc_mesh(shape, handles, name, resolved(), options)
+                return h
+
+            mesh = new_proc_mesh(
+                shape, [start(r) for r in range(len(shape))], name, resolved(), options
+            )
+            group_of(mesh).respawner = start
+            return mesh
         return self._spawn_remote(rt, shape, name, env, options)
 
     def _spawn_remote(
@@ -357,22 +362,7 @@ class HostMesh(Shaped):
             by_host.append((agent_addr, group))
         left = [len(by_host)]
 
-        def on_host(i: int, fut: Future[list[tuple[str, int]]]) -> None:
-            # (what HostAgent.spawn_procs returns: each proc's address and pid)
-            _, group = by_host[i]
-            exc = fut.exception()
-            if exc is None:
-                key = peers.key_of(by_host[i][0])
-                for handle, (addr, pid) in zip(group, fut.result(), strict=True):
-                    if key is not None:  # its agent's key, not ours: so is the proc's
-                        peers.set_key(addr, key)
-                    rt.new_peer_at(addr)  # (its port may have been a lost proc's)
-                    handle.started(addr, pid)
-            else:
-                for handle in group:
-                    handle.failed(
-                        SupervisionError(f"host agent {by_host[i][0]} could not start procs: {exc}")
-                    )
+        def on_host() -> None:
             left[0] -= 1
             if left[0] == 0:
                 started.set_result(None)
@@ -387,12 +377,54 @@ class HostMesh(Shaped):
             return False  # open for as long as the procs live
 
         log_port: Port[tuple[int, str, str]] = Port(rt.addr, rt.open_port(on_line))
-        for i, (agent_addr, group) in enumerate(by_host):
-            fut = agent_ref(agent_addr).spawn_procs.call_one(
-                rt.addr, [g.rank for g in group], env, log_port
-            )
-            fut.add_done_callback(functools.partial(on_host, i))
-        return new_proc_mesh(shape, handles, name, started, options)
+        for agent_addr, group in by_host:
+            _start_on(rt, agent_addr, group, env, log_port, on_host)
+        agent_of = {h.rank: h.agent for h in handles if isinstance(h, RemoteProcHandle)}
+
+        def again(r: int) -> Proc:
+            h = RemoteProcHandle(r, agent_of[r])
+            _start_on(rt, agent_of[r], [h], env, log_port, lambda: None)
+            return h
+
+        mesh = new_proc_mesh(shape, handles, name, started, options)
+        group_of(mesh).respawner = again
+        return mesh
+
+
+def _start_on(
+    rt: Runtime,
+    agent_addr: str,
+    group: list[RemoteProcHandle],
+    env: dict[str, str],
+    log_port: Port[tuple[int, str, str]],
+    then: Callable[[], None],
+) -> None:
+    """Ask the host agent at ``agent_addr`` to start the procs ``group`` stands for (their
+    output to ``log_port``); each learns its address and pid, or why it did not start;
+    then ``then()``."""
+
+    def on_started(fut: Future[object]) -> None:
+        # (what HostAgent.spawn_procs returns: each proc's address and pid)
+        exc = fut.exception()
+        if exc is None:
+            key = peers.key_of(agent_addr)
+            got = cast("list[tuple[str, int]]", fut.result())
+            for handle, (addr, pid) in zip(group, got, strict=True):
+                if key is not None:  # its agent's key, not ours: so is the proc's
+                    peers.set_key(addr, key)
+                rt.new_peer_at(addr)  # (its port may have been a lost proc's)
+                handle.started(addr, pid)
+        else:
+            for handle in group:
+                handle.failed(
+                    SupervisionError(f"host agent {agent_addr} could not start procs: {exc}")
+                )
+        then()
+
+    fut = agent_ref(agent_addr).spawn_procs.call_one(
+        rt.addr, [g.rank for g in group], env, log_port
+    )
+    fut.add_done_callback(on_started)
 
 
 async def _nothing() -> None:

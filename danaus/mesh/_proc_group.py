@@ -19,11 +19,12 @@ methods:
   (:meth:`ProcGroup.from_reference`): this process's own group of those procs, or a
   reference group (``RefProcHandle`` procs, never stopped or killed from there).
 
-Set when it is made and never replaced: ``name``, ``shape``, the procs (``handles``, one
-:class:`Proc` per global rank, each the owner of its own readiness and exit),
-``started`` (resolves once every proc's address is known: a host agent's procs learn
+Set when it is made and never replaced: ``name``, ``shape``, ``started`` (resolves once every proc's address is known: a host agent's procs learn
 theirs when the agent answers), ``log`` (the procs' output options, which
-``ProcMesh.logging_option`` sets) and ``is_reference``.
+``ProcMesh.logging_option`` sets) and ``is_reference``. The procs (``handles``, one
+:class:`Proc` per global rank, each the owner of its own readiness and exit) change
+only where a failed one is started again in its place (:meth:`~ProcGroup.respawn`,
+through ``respawner``, which the host mesh that spawned them sets).
 
 ``ProcMesh`` creates a group; it, ``ActorMesh``, the inspectors, the metrics, the
 snapshot (admin endpoint) and the tensor engine read those attributes and ask the
@@ -38,7 +39,7 @@ import enum
 import functools
 import logging
 from asyncio.events import _get_running_loop
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -138,15 +139,27 @@ class ProcGroup:
         self._actors: dict[str, MeshState] = {}  # by wire name, in spawn order
         #: set by a proc's failure, for those who wait for one (wait_failed)
         self._a_proc_failed: asyncio.Event | None = None
+        #: starts a new proc of a rank in place of one that failed (set by the host
+        #: mesh that spawned the procs; None where none can: this process, another's)
+        self.respawner: Callable[[int], Proc] | None = None
+        #: the ``spawn_procs(bootstrap=...)`` function (run in a respawned proc too)
+        self.bootstrap_fn: Callable[[], object] | None = None
         if reference:
             return  # no proc of this process's: nothing to watch
         rt = current_runtime()
         rt.watch_lost(on_peer_lost)
         for h in self.handles:
-            if isinstance(h, ProcHandle):
+            self._watch(h)
+
+    def _watch(self, h: Proc) -> None:
+        """Learn of ``h``'s failures: its exit, a lost connection to its address."""
+        if isinstance(h, ProcHandle):
+            live_meshes.add_proc(h.addr, self, h.rank)
+            h.exit_callbacks.append(functools.partial(self._proc_exited, h))
+        elif isinstance(h, RemoteProcHandle):
+            if h.addr is not None:
                 live_meshes.add_proc(h.addr, self, h.rank)
-                h.exit_callbacks.append(functools.partial(self._proc_exited, h.rank))
-            elif isinstance(h, RemoteProcHandle):
+            else:
                 h.on_started.append(self._index_remote)
 
     def __repr__(self) -> str:
@@ -171,10 +184,11 @@ class ProcGroup:
         procs count as initialized after them."""
         return self._bootstrap
 
-    def set_bootstrap(self, actors: ActorMesh[_Bootstrap]) -> None:
-        """``actors`` run the ``spawn_procs(bootstrap=...)`` function (set once, by
-        ``spawn_procs``)."""
+    def set_bootstrap(self, actors: ActorMesh[_Bootstrap], fn: Callable[[], object]) -> None:
+        """``actors`` run the ``spawn_procs(bootstrap=...)`` function ``fn`` (set once, by
+        ``spawn_procs``; a respawned proc runs ``fn`` too)."""
         self._bootstrap = actors
+        self.bootstrap_fn = fn
 
     # pickling
     def reference(self) -> GroupRef:
@@ -315,9 +329,79 @@ class ProcGroup:
         """The actor meshes not stopped that have an actor in the proc of ``rank``."""
         return [s for s in self._actors.values() if s.stopped is None and rank in s.ranks]
 
+    async def respawn(self, ranks: Sequence[int]) -> None:
+        """New procs in place of the failed procs of global ``ranks``, on the same hosts
+        (as they were started: the same environment, Python and CPUs); returns once they
+        are up. The mesh is then whole again: its rank ``r`` is the new process, and actor
+        meshes spawned on it from now on have an actor there. Those spawned before keep
+        rank ``r`` failed (their actors there are not brought back).
+
+        Raises:
+            SupervisionError: the mesh was stopped; its procs are not this process's
+                to start (this process, another's); a new proc did not start within
+                ``config.proc_start_timeout`` s (the rank stays failed).
+            ValueError: a rank that is not a failed proc of the mesh.
+        """
+        if self.stopped:
+            raise SupervisionError(
+                f"proc mesh {self.name!r} was stopped ({self.state.stopped}): none of its "
+                "procs can be started again"
+            )
+        if self.respawner is None:
+            raise SupervisionError(
+                f"the procs of proc mesh {self.name!r} were not started by this process "
+                "(this process's own, or another's): it cannot start them again"
+            )
+        bad = [r for r in ranks if not (0 <= r < len(self.handles)) or r not in self.state.failed]
+        if bad:
+            raise ValueError(
+                f"rank(s) {bad} of proc mesh {self.name!r} are not failed procs of it (failed: "
+                f"{sorted(self.state.failed)}): only a failed proc is started again"
+            )
+        new = []
+        for r in dict.fromkeys(ranks):
+            old, h = self.handles[r], self.respawner(r)
+            self.handles = (*self.handles[:r], h, *self.handles[r + 1 :])
+            if old.addr:  # (its messages, its index: the new proc has another address)
+                peers.forget([old.addr])
+                live_meshes.forget_procs([old.addr])
+            del self.state.failed[r]
+            self._watch(h)
+            new.append(h)
+        if not self.state.failed and self._a_proc_failed is not None:
+            self._a_proc_failed.clear()
+        ups = [asyncio.wrap_future(h.ready) for h in new]
+        timeout = config.proc_start_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*ups)
+        except BaseException as e:
+            for h in new:
+                if not (h.ready.done() and h.ready.exception() is None):
+                    h.kill()
+                    self.proc_failed(h.rank, f"proc did not start again: {e!r}")
+            if isinstance(e, TimeoutError):
+                raise SupervisionError(
+                    f"proc(s) of proc mesh {self.name!r} at rank(s) "
+                    f"{[h.rank for h in new]} did not start within {timeout} s"
+                ) from e
+            raise
+
+    def kill(self, rank: int) -> None:
+        """Kill the proc of global ``rank``, where it is this process's (started here or
+        through a host agent): its failure is then reported as any exit is."""
+        h = self.handles[rank]
+        if isinstance(h, RemoteProcHandle):
+            from ._procs.host_agent import kill_remote_proc
+
+            current_runtime().spawn_task(kill_remote_proc(h))
+        else:
+            h.kill()
+
     # failures
-    def _proc_exited(self, rank: int, why: str) -> None:
-        self.proc_failed(rank, f"proc {self.handles[rank].addr} {why}")
+    def _proc_exited(self, h: Proc, why: str) -> None:
+        if self.handles[h.rank] is h:  # (not a proc another has taken the place of)
+            self.proc_failed(h.rank, f"proc {h.addr} {why}")
 
     def proc_failed(self, rank: int, report: str) -> None:
         """The proc of ``rank`` is gone: its actors failed; tell their owners (or, where

@@ -25,7 +25,7 @@ from ..actors._api import (
     run_on,
     run_task,
 )
-from ..errors import ClosedError
+from ..errors import ClosedError, SupervisionError
 from ..geometry import Point, Shape, Shaped
 from ._actor_mesh import ActorMesh
 from ._actor_spawn import spawn_actor_mesh
@@ -502,6 +502,38 @@ def host_left(procs: ProcMesh) -> tuple[HostMesh, list[int]] | None:
     (i,) = left
     host = HostMesh(Shape.from_sizes({}), f"host of {procs.name}", agent_ref(hosts[i]))
     return host, list(range(i * per, (i + 1) * per))
+
+
+async def respawn_procs(procs: ProcMesh, ranks: Sequence[int]) -> None:
+    """New procs in place of the failed procs of ``procs``' global ``ranks``, on the same
+    hosts, each having run the mesh's bootstrap function where it has one; returns once
+    they are up (see :meth:`ProcGroup.respawn`). The proc mesh its user holds is whole
+    again: later spawns have an actor at those ranks; actor meshes spawned before keep
+    them failed.
+
+    Raises:
+        SupervisionError: the procs cannot be started again (the mesh was stopped, its
+            procs are not this process's, a host agent is gone), a new proc did not
+            start in ``config.proc_start_timeout`` s, or its bootstrap function raised.
+        ValueError: a rank that is not a failed proc of the mesh.
+    """
+    from ._host_mesh import _Bootstrap
+
+    group = procs.proc_group
+    await group.respawn(ranks)
+    if group.bootstrap_fn is None:
+        return
+    whole = ProcMesh(group.shape, group)
+    for r in dict.fromkeys(ranks):
+        one = whole.slice(**dict(Point.from_rank(r, group.shape.sizes)))
+        boot = one.spawn_mesh("bootstrap", _Bootstrap, group.bootstrap_fn)
+        try:
+            await asyncio.wrap_future(boot.init_done)
+        except Exception as e:
+            raise SupervisionError(
+                f"proc {r} of proc mesh {group.name!r} was started again, but its bootstrap "
+                f"function raised: {e}"
+            ) from e
 
 
 def live_proc_meshes() -> list[ProcMesh]:
