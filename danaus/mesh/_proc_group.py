@@ -138,7 +138,7 @@ class ProcGroup:
         self._phase = GroupState.RUNNING
         self._actors: dict[str, MeshState] = {}  # by wire name, in spawn order
         #: set by a proc's failure, for those who wait for one (wait_failed)
-        self._a_proc_failed: asyncio.Event | None = None
+        self._failure_waiters: list[asyncio.Future[None]] = []
         #: starts a new proc of a rank in place of one that failed (set by the host
         #: mesh that spawned the procs; None where none can: this process, another's)
         self.respawner: Callable[[int], Proc] | None = None
@@ -267,17 +267,17 @@ class ProcGroup:
         """Why each proc known to have failed did, by global rank (a copy)."""
         return dict(self.state.failed)
 
-    async def wait_failed(self) -> dict[int, str]:
+    async def wait_failed(self, ranks: Sequence[int] = ()) -> dict[int, str]:
         """:meth:`failed_procs`, once at least one proc is known to have failed (at
-        once where one is). For a caller that has seen something fail (a peer's
+        once where one is), and every one of ``ranks`` (global). For a caller that has seen something fail (a peer's
         "connection closed") before supervision has named the proc, under a bound of
         its own (``asyncio.timeout``): every path a failure comes by (an exit, a missed
         heartbeat, a host agent's report) ends in :meth:`proc_failed`, on the runtime's
         loop."""
-        if not self.state.failed:
-            if self._a_proc_failed is None:
-                self._a_proc_failed = asyncio.Event()
-            await self._a_proc_failed.wait()
+        while not self.state.failed or not set(ranks) <= self.state.failed.keys():
+            changed = asyncio.get_running_loop().create_future()
+            self._failure_waiters.append(changed)
+            await changed
         return self.failed_procs()
 
     def addrs(self) -> list[str]:
@@ -368,8 +368,6 @@ class ProcGroup:
             del self.state.failed[r]
             self._watch(h)
             new.append(h)
-        if not self.state.failed and self._a_proc_failed is not None:
-            self._a_proc_failed.clear()
         ups = [asyncio.wrap_future(h.ready) for h in new]
         timeout = config.proc_start_timeout
         try:
@@ -415,8 +413,10 @@ class ProcGroup:
             self.state.failed.setdefault(rank, report)
         else:
             self.state.fail([rank], report, "proc")
-        if self._a_proc_failed is not None:
-            self._a_proc_failed.set()
+        waiters, self._failure_waiters = self._failure_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
 
     def _index_remote(self, h: RemoteProcHandle) -> None:
         if h.addr is not None:

@@ -17,7 +17,16 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, 
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ..actors._api import Future, current_runtime, run_task
-from ..mesh._api import add_section, host_blocks, host_left, host_of, hosts_of, preload_for
+from ..mesh._api import (
+    add_section,
+    group_of,
+    host_blocks,
+    host_left,
+    host_of,
+    hosts_of,
+    preload_for,
+    respawn_procs,
+)
 from ..spmd import setup_torch_elastic_env_async
 from ._errors import ROLLED_BACK, PlanError
 from ._model import (
@@ -37,7 +46,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from ..mesh import ProcMesh
+    from ..mesh import HostMesh, ProcMesh
     from ._copies import CopyPlan, Keepers, Places
     from ._layout import Layout
 
@@ -59,6 +68,9 @@ RECOVERY_TRIES = 3
 KEEPER_WAIT_S = 10.0
 #: seconds a recovery's new keepers may take to read the copies from the old procs
 ADOPT_TIMEOUT_S = 300.0
+#: ``respawn`` in place: seconds a survivor's worker may take to let go of its piece
+#: (its step ends once its peers' connections close); one that does not is killed
+RELEASE_WAIT_S = 10.0
 #: ``respawn``: the latest steps kept on the controller to run again (each rank's copy
 #: is of the step that ended last on the controller, or the one before)
 RERUN_KEPT = 3
@@ -152,6 +164,7 @@ class Trainer:
             )
         self.plan = plan
         self._procs = procs
+        self._given = procs  # (the user's: never stopped by the trainer)
         self._rt = current_runtime()
         self._lock: asyncio.Lock | None = None
         self._failed: BaseException | None = None
@@ -203,6 +216,9 @@ class Trainer:
         self._snapshot_bytes: dict[int, int] = {}  # (per rank, of the latest)
         self._snapshots = _Snapshots()
         self._keepers: Keepers | None = None
+        #: a respawn in place: the workers replaced, let go of their pieces, whose
+        #: copies their keepers serve until the new keepers hold them
+        self._released: Any = None
         #: where each rank's state lies in the model's whole tensors (its worker says)
         self._places: dict[int, Places] = {}
         #: after a loss no copy covered: the whole tensors the copies left did cover,
@@ -478,6 +494,94 @@ class Trainer:
         n = len(old) if mode == "respawn" else len(old) - len(lost)
         if mode == "replan":
             per_host = {"procs": n}
+        if mode == "respawn" and _repairable(old):
+            source, lost = await self._repair(error, lost, phases)
+        else:
+            source, lost = await self._replace(error, lost, phases, mode, n, host, per_host)
+        record = {
+            "step": step,
+            "lost": sorted(lost),
+            "why": "; ".join(sorted(set(lost.values()))),
+            "action": mode,
+            "instead_of": instead,
+            "procs": n,
+            "plan": self.plan.strategy,
+            "restored_step": phases.pop("_restored_step"),
+            "restored_from": source,
+            "rerun_steps": phases.pop("_rerun_steps"),
+            "seconds": phases,
+            "total_s": time.perf_counter() - started,
+        }
+        self._recoveries.append(record)
+        whence = {
+            "copies": "the copies of",
+            "snapshot": "the snapshot of",
+            "start": "the state it started from,",
+        }[source]
+        log.warning(
+            "rank(s) %s lost after step %d (%s): %s%s, %d procs, %s; from %s step %d, "
+            "%d step(s) run again; %.1f s (%s)",
+            record["lost"], step, record["why"], mode, f" ({instead})" if instead else "", n,
+            self.plan.strategy, whence, record["restored_step"], record["rerun_steps"],
+            record["total_s"], ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()),
+        )  # fmt: skip
+
+    async def _repair(
+        self, error: BaseException, lost: dict[int, str], phases: dict[str, float]
+    ) -> tuple[str, dict[int, str]]:
+        """``respawn``, in place: new procs start in the lost ones' places in the proc
+        mesh the user holds, which is whole again (:func:`respawn_procs`); new keepers on
+        every rank read the copies from the old ones; then the survivors' old workers let
+        go of their pieces (:meth:`_drop_released`: those still busy after
+        ``RELEASE_WAIT_S``, stuck in a collective, are killed and started again in
+        place too, from the new keepers' copies); new workers start on every rank, each
+        from its copy. What it restored from, and the ranks lost (more where one was
+        lost while it recovered)."""
+        procs = self._procs
+        group = group_of(procs)
+        source, gone = "", dict(lost)  # (gone: of the procs the copies are read from)
+        for attempt in range(1, RECOVERY_TRIES + 1):
+            t = time.perf_counter()
+            try:
+                restore = await self._restore_point(gone, error, "respawn", phases)
+                source = restore.source
+                if self._released is None:  # (the workers to let go, once copies are read)
+                    with contextlib.suppress(Exception):
+                        self._released = await self._workers
+                await respawn_procs(procs, sorted(group.failed_procs()))
+            except BaseException:
+                await procs.stop(reason="the trainer could not recover")
+                raise
+            try:
+                await self._recover_on(procs, "respawn", len(procs), phases, t, restore)
+                return source, lost
+            except BaseException as e:
+                again = await self._lost_ranks(e, procs) if isinstance(e, Exception) else {}
+                if not again or attempt == RECOVERY_TRIES:
+                    await procs.stop(reason="the trainer could not recover")
+                    raise
+                # a proc lost during the recovery: the same again (from the copies the
+                # new keepers hold, where they took over; else from the old keepers')
+                log.warning("rank(s) %s lost while recovering; recovering again", sorted(again))
+                why = {r: f"{w} (while recovering)" for r, w in again.items()}
+                took_over = self._keepers is not restore.keepers
+                lost, gone = {**lost, **why}, why if took_over else {**gone, **why}
+        raise AssertionError("unreachable")  # (for mypy: the loop returns or raises)
+
+    async def _replace(
+        self,
+        error: BaseException,
+        lost: dict[int, str],
+        phases: dict[str, float],
+        mode: str,
+        n: int,
+        host: HostMesh | None,
+        per_host: dict[str, int],
+    ) -> tuple[str, dict[int, str]]:
+        """:meth:`_recover` on new procs (``n`` of them, ``per_host`` on ``host``), the
+        old ones stopped; what it restored from, and the ranks lost (more where one was
+        lost while it recovered)."""
+        old = self._procs
         if host is None:
             await old.stop(reason="a rank of the trainer failed")
             cause = (
@@ -534,33 +638,55 @@ class Trainer:
                     lost, gone = {**lost, **why}, why
                 else:
                     lost = {**lost, **why}
-        record = {
-            "step": step,
-            "lost": sorted(lost),
-            "why": "; ".join(sorted(set(lost.values()))),
-            "action": mode,
-            "instead_of": instead,
-            "procs": n,
-            "plan": self.plan.strategy,
-            "restored_step": phases.pop("_restored_step"),
-            "restored_from": source,
-            "rerun_steps": phases.pop("_rerun_steps"),
-            "seconds": phases,
-            "total_s": time.perf_counter() - started,
-        }
-        self._recoveries.append(record)
-        whence = {
-            "copies": "the copies of",
-            "snapshot": "the snapshot of",
-            "start": "the state it started from,",
-        }[source]
-        log.warning(
-            "rank(s) %s lost after step %d (%s): %s%s, %d procs, %s; from %s step %d, "
-            "%d step(s) run again; %.1f s (%s)",
-            record["lost"], step, record["why"], mode, f" ({instead})" if instead else "", n,
-            self.plan.strategy, whence, record["restored_step"], record["rerun_steps"],
-            record["total_s"], ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()),
-        )  # fmt: skip
+        return source, lost
+
+    async def _drop_released(self, keepers: Keepers | None) -> None:
+        """A repair in place, once the new keepers hold every copy: the old workers of
+        the procs not lost let go of their pieces and process groups
+        (:meth:`ParallelWorker.release`), each once its call running now has ended (a
+        step ends once a lost peer's connections close), then free their copies'
+        buffers, and stop, as do the keepers that served them (``keepers``); the procs
+        stay, and the user's actors there live on. Those still busy after
+        ``RELEASE_WAIT_S`` are killed: lost while recovering, they are started again
+        in place, from the new keepers' copies.
+
+        Raises:
+            SupervisionError: naming the procs killed.
+        """
+        from ..errors import SupervisionError
+
+        released, self._released = self._released, None
+        group, stuck = group_of(self._procs), []
+        if released is not None:
+            flat = released.flatten("rank")
+
+            async def let_go(r: int) -> int | None:
+                try:
+                    async with asyncio.timeout(RELEASE_WAIT_S):
+                        await flat.slice(rank=r).release.call_one()
+                        await flat.slice(rank=r).close.call_one()
+                except TimeoutError:
+                    return r
+                except Exception:  # (its proc lost meanwhile: nothing to free)
+                    pass
+                return None
+
+            # (a lost rank's fails at once: its proc was)
+            ranks = range(len(self._procs))
+            stuck = [r for r in await asyncio.gather(*map(let_go, ranks)) if r is not None]
+            for r in stuck:
+                group.kill(r)
+            await released.stop(reason="the trainer's workers were replaced")
+        if keepers is not None:
+            with contextlib.suppress(Exception):
+                await keepers.stop()
+        if stuck:
+            async with asyncio.timeout(RELEASE_WAIT_S):
+                await group.wait_failed(stuck)
+            raise SupervisionError(
+                f"the trainer's worker(s) of rank(s) {stuck} were still busy "
+                f"{RELEASE_WAIT_S:g} s after the loss (stuck in a collective?): killed"
+            )
 
     async def _restore_point(
         self, lost: dict[int, str], error: BaseException, mode: str, phases: dict[str, float]
@@ -781,9 +907,12 @@ class Trainer:
             t = time.perf_counter()
             old, self._procs = self._procs, procs
             previous, self._keepers = self._keepers, keepers
-            await old.stop(reason="the trainer's procs were replaced")
-            if previous is not None and previous.controller is not None:
-                await previous.controller.stop()
+            if old is procs:  # repaired in place: the old workers and keepers go
+                await self._drop_released(previous)
+            else:
+                await old.stop(reason="the trainer's procs were replaced")
+                if previous is not None and previous.controller is not None:
+                    await previous.controller.stop()
             phases["stop"] = time.perf_counter() - t
 
         copies = None
@@ -1311,7 +1440,8 @@ class Trainer:
 
     def stop(self) -> Future[None]:
         """Leave the process groups and stop the workers; the procs stay up for another
-        trainer (those the trainer spawned itself, after a lost proc, are stopped).
+        trainer (those the trainer spawned itself, after a lost proc it could not start
+        again in its place, are stopped).
         Returns at once: ``await`` (or ``.get()``) the result to wait for it."""
         self._stopped = True
 
@@ -1333,7 +1463,7 @@ class Trainer:
                             await keepers.stop()
                 await asyncio.to_thread(self._snapshots.close)
                 self._survived = None
-                if self._recoveries:  # procs the trainer spawned itself
+                if self._procs is not self._given:  # procs the trainer spawned itself
                     await self._procs.stop(reason="the trainer that spawned them stopped")
 
         return run_task(self._rt, go)
@@ -1413,6 +1543,17 @@ def check_on_lost_proc(mode: object) -> None:
     """Raises ValueError where ``mode`` is not one of :data:`ON_LOST_PROC`, naming them."""
     if mode not in ON_LOST_PROC:
         raise ValueError(f"on_lost_proc={mode!r}: give one of {', '.join(map(repr, ON_LOST_PROC))}")
+
+
+def _repairable(procs: ProcMesh) -> bool:
+    """Whether the lost procs of ``procs`` can be started again in their places (a whole
+    mesh whose procs this process started, on this host or through host agents that are
+    all still there)."""
+    group = group_of(procs)
+    if group.respawner is None or group.stopped or len(procs) != len(group.shape):
+        return False
+    agents = {group.agent_of(r) for r in range(len(procs))} - {None}
+    return not any(a in current_runtime().lost for a in agents)
 
 
 def _host_stride(procs: ProcMesh) -> int:

@@ -10,10 +10,15 @@ from the controller to every worker.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import math
 import os
+import socket
+import stat
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -330,8 +335,11 @@ class ParallelWorker(Actor):
         self.dp_i, self.pp_i, self.tp_i = layout.coords(self.rank)
         self.device = device()
         backend = "nccl" if self.device.type == "cuda" else "gloo"
+        before = _sockets()
         if not dist.is_initialized():
             dist.init_process_group(backend, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT))
+        #: the process group this worker joined (left by :meth:`release`)
+        self._world: Any = dist.group.WORLD
         from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
         names = ("dp", "pp", "tp")
@@ -362,6 +370,10 @@ class ParallelWorker(Actor):
         #: the first error the user's code (the loss, ``data``) raised this step here
         self._user_error: Exception | None = None
         self._tied_groups(tied or [], layout)
+        #: the connections its process groups opened (gloo's, their store's), which
+        #: :meth:`release` shuts: gloo has no abort, and its groups outlive their
+        #: destruction where anything still refers to them (a device mesh does)
+        self._group_sockets = {fd: ino for fd, ino in _sockets().items() if fd not in before}
         #: each tied weight's other name (a checkpoint may hold its state under either)
         self.aliases = {a: b for a, b in tied or []} | {b: a for a, b in tied or []}
         first, last = layout.stages[self.pp_i]
@@ -755,6 +767,36 @@ class ParallelWorker(Actor):
         ``data`` loads here for step ``data_step``. This replica's part of the loss
         where this rank computes it (the last stage's first tensor-parallel rank), else
         None."""
+        return self._unless_lost(self._step, shard, counted, data_step)
+
+    def _unless_lost(self, fn: Callable[..., float | None], *args: Any) -> float | None:
+        """``fn(*args)``, a step or an evaluation. Where it raises other than a user's
+        error (which every rank rolled back, and the worker goes on from), a peer was
+        lost (gloo: "connection closed by peer") or this rank is broken: its process
+        groups are let go at once (:meth:`release`), which closes its connections, so
+        that the ranks waiting in a collective for this one fail too, and so on, rather
+        than each waiting for the collective's timeout. The error's frames (which hold
+        the groups) go with them: its traceback is kept as text, in a note."""
+        try:
+            return fn(*args)
+        except BaseException as e:
+            if ROLLED_BACK in getattr(e, "__notes__", ()):
+                raise
+            text = "".join(traceback.format_exception(e)).rstrip()
+            seen: set[int] = set()
+            link: BaseException | None = e
+            while link is not None and id(link) not in seen:  # (and those it came from)
+                seen.add(id(link))
+                link.__traceback__ = None
+                link = link.__cause__ or link.__context__
+            e.add_note(f"on rank {self.rank}, where it let go of its process groups:\n{text}")
+            failed = e
+        self.release()
+        raise failed
+
+    def _step(
+        self, shard: Shard | Staged | None, counted: int, data_step: int | None
+    ) -> float | None:
         assert self.layout is not None and self.module is not None
         self._user_error = None
         rng = rng_state()
@@ -903,25 +945,28 @@ class ParallelWorker(Actor):
     def evaluate(self, shard: Shard | Staged, counted: int = 0) -> float | None:
         """This replica's part of the loss on a global batch (as :meth:`step` gives
         it), without touching the weights."""
+        return self._unless_lost(self._evaluate, shard, counted)
+
+    def _evaluate(self, shard: Shard | Staged, counted: int) -> float | None:
         assert self.layout is not None and self.module is not None
         self._user_error = None
         inputs, target, kwargs = self._local(shard)
         self._counted = counted
         self._scale_now = 1.0
         self.module.eval()
-        with torch.no_grad():
-            schedule = self._schedule(shard.shape)
-            if schedule is not None:
-                piped = self._through(schedule.eval, inputs, target, kwargs)
-                loss = self._reported(piped) if piped is not None else None
-            else:
-                loss = self._reported(
-                    [
-                        self._microbatch_loss(self.module(x, **kw), y)
-                        for x, y, kw in self._microbatches(inputs, target, kwargs)
-                    ]
-                )
         try:
+            with torch.no_grad():
+                schedule = self._schedule(shard.shape)
+                if schedule is not None:
+                    piped = self._through(schedule.eval, inputs, target, kwargs)
+                    loss = self._reported(piped) if piped is not None else None
+                else:
+                    loss = self._reported(
+                        [
+                            self._microbatch_loss(self.module(x, **kw), y)
+                            for x, y, kw in self._microbatches(inputs, target, kwargs)
+                        ]
+                    )
             self._agree(overflow=False)
         except _RolledBack:
             self._raise_user_error()
@@ -975,14 +1020,72 @@ class ParallelWorker(Actor):
         }
 
     @endpoint
+    def release(self) -> None:
+        """Let go of this rank's piece of the model, its optimizer and its process
+        groups, keeping the copies of its state (which its keeper serves to the workers
+        that take over): the trainer recovers from a lost proc and keeps this proc.
+
+        Also where a step fails on this rank (a peer was lost): its process groups are
+        left at once, which closes its gloo connections, so that a rank waiting in a
+        collective for this one fails too, rather than waiting for the collective's
+        timeout; every rank is then free for the recovery's new workers."""
+        for name in ("module", "inner", "optimizer", "mesh", "tied_group", "_state_views"):
+            if hasattr(self, name):
+                setattr(self, name, None)
+        if hasattr(self, "_schedules"):
+            self._schedules.clear()
+        world, self._world = getattr(self, "_world", None), None
+        mine = world is not None and dist.is_initialized() and dist.group.WORLD is world
+        _shut(getattr(self, "_group_sockets", {}))
+        self._group_sockets = {}
+        if mine:
+            dist.destroy_process_group()
+        del world
+        gc.collect()
+
+    @endpoint
     def close(self) -> None:
         """Leave the process group (the trainer stops; the proc may host another)."""
-        self._schedules.clear()
-        if self.copier is not None:
-            self.copier.close()
-        self.module = None
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        copier = getattr(self, "copier", None)
+        if copier is not None:
+            copier.close()
+            self.copier = None
+        self.release()
+
+
+def _sockets() -> dict[int, int]:
+    """This process's open TCP sockets: their descriptors, and each one's inode (which
+    tells a descriptor closed and reused since). Empty where /proc has none."""
+    out: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for name in names:
+        try:
+            st = os.stat(f"/proc/self/fd/{name}")
+        except OSError:  # (the listing's own descriptor, closed by now)
+            continue
+        if stat.S_ISSOCK(st.st_mode):
+            out[int(name)] = st.st_ino
+    return out
+
+
+def _shut(sockets: dict[int, int]) -> None:
+    """Shut these TCP connections (descriptor -> inode, as :func:`_sockets` gave them)
+    both ways, each where it is still the same socket: whoever waits on one, here or at
+    its other end, fails at once, as if its peer had exited. A unix socket is none of
+    a process group's (danaus's own connections, here, are)."""
+    for fd, ino in sockets.items():
+        try:
+            if os.fstat(fd).st_ino != ino:
+                continue
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        with sock, contextlib.suppress(OSError):
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.shutdown(socket.SHUT_WR)
 
 
 def own_name(name: str, staged: bool) -> str:

@@ -26,6 +26,7 @@ from danaus.errors import SupervisionError  # noqa: E402
 from danaus.parallel import parallelize, plan  # noqa: E402
 
 from . import parallel_models as pm  # noqa: E402
+from .actors_lib import Echo  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -113,12 +114,23 @@ async def test_a_proc_killed_mid_step_is_respawned_and_no_step_is_lost(
     loss, kill = _mid_step(tmp_path, at=3)
     n = math.prod(dims.values())
     async with this_host().spawn_procs(per_host={"procs": n}) as procs:
+        mine = await procs.spawn("mine", Echo)  # (the user's own actors)
+        pids = list(procs.pids)
         losses, state, recoveries, trainer = await _run(procs, dims, batches, kill, loss_fn=loss)
-        assert trainer.procs is not procs and len(trainer.procs) == n
+        # the proc mesh the user holds was repaired in place: the lost rank is a new
+        # process, the others the same, with the user's actors there serving on
+        (r,) = recoveries
+        assert trainer.procs is procs and len(procs) == n
+        kept = [k for k in range(n) if k not in r["lost"]]
+        assert [procs.pids[k] for k in kept] == [pids[k] for k in kept]
+        assert all(procs.pids[k] not in pids for k in r["lost"])
+        assert [(await mine.flatten("k").slice(k=k).echo.call_one(k)) for k in kept] == kept
+        with pytest.raises(SupervisionError, match="SIGKILL"):
+            await mine.flatten("k").slice(k=r["lost"][0]).echo.call_one(0)
+        assert len((await procs.spawn("again", Echo).pid.call()).values()) == n
     assert (tmp_path / "fired-0").exists()  # a proc did die
     assert _close(losses, expected), (losses, expected)
     _same_weights(state, want)
-    (r,) = recoveries
     assert r["action"] == "respawn" and r["procs"] == n and len(r["lost"]) >= 1
     assert "SIGKILL" in r["why"]
     # from the copies of step 3 (or, where the lost proc's had not been read yet, of
@@ -309,6 +321,7 @@ async def test_a_proc_lost_on_one_of_two_hosts_is_respawned_there_from_its_peers
                     procs, {"dp": 2, "pp": 2}, batches, kill, loss_fn=pm.lm_loss
                 )
                 new = trainer.procs
+                assert new is procs  # (repaired in place, through the host agent)
                 assert new.sizes == {"hosts": 2, "procs": 2}
                 assert [group_of(new).agent_of(r) for r in range(4)] == where
     assert _close(losses, expected), (losses, expected)
