@@ -333,8 +333,10 @@ class Trainer:
 
     @property
     def procs(self) -> ProcMesh:
-        """The procs training the model: those given to :func:`parallelize`, or, after a
-        recovery from a lost proc, the new ones the trainer spawned."""
+        """The procs training the model: those given to :func:`parallelize` (after a
+        ``respawn``, repaired in place: a lost rank's proc is a new process there), or,
+        after a recovery that could not start procs in their places (``replan``, a lost
+        host), the new ones the trainer spawned."""
         return self._procs
 
     def __repr__(self) -> str:
@@ -467,8 +469,9 @@ class Trainer:
             return group.failed_procs()
 
     async def _recover(self, error: BaseException, lost: dict[int, str]) -> None:
-        """Train on after losing the procs ``lost``: new procs on the same host (or hosts),
-        as many (``respawn``) or as many as survived (``replan``, with a new plan for
+        """Train on after losing the procs ``lost``: ``respawn``, new procs in their places
+        in the same proc mesh (:meth:`_repair`), where it can be repaired in place; else
+        new procs on the same host (or hosts), as many (``respawn``) or as many as survived (``replan``, with a new plan for
         them; ``respawn`` too where one of several hosts is left, the others gone); the
         workers set up from the copies the survivors hold (``respawn``: each rank from
         its own; ``replan``: from the whole tensors built from them) or, where those
