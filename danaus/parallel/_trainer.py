@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, 
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ..actors._api import Future, current_runtime, run_task
+from ..errors import SupervisionError
 from ..mesh._api import (
     add_section,
     group_of,
@@ -264,9 +265,9 @@ class Trainer:
                 await self._adopt(keepers, plan.layout, *restore, stride)
                 whole = {r: r for r in range(len(procs))}
                 copies = CopyPlan(keepers, self._done, whole, keepers, stride)
-                if take_over is not None:
-                    await take_over(keepers)
+                if take_over is not None:  # (the keepers are the trainer's from here on)
                     taken = True
+                    await take_over(keepers)
             workers = procs.spawn(f"_parallel{n}", ParallelWorker)
             await self._set_up(workers, plan.layout, resume, copies)
             if keepers is not None and restore is not None:  # (each keeps its own now)
@@ -567,6 +568,8 @@ class Trainer:
                 # new keepers hold, where they took over; else from the old keepers')
                 log.warning("rank(s) %s lost while recovering; recovering again", sorted(again))
                 why = {r: f"{w} (while recovering)" for r, w in again.items()}
+                if isinstance(e, _Stuck):
+                    why |= dict.fromkeys(e.ranks, e.why)
                 took_over = self._keepers is not restore.keepers
                 lost, gone = {**lost, **why}, why if took_over else {**gone, **why}
         raise AssertionError("unreachable")  # (for mypy: the loop returns or raises)
@@ -654,10 +657,8 @@ class Trainer:
         in place, from the new keepers' copies.
 
         Raises:
-            SupervisionError: naming the procs killed.
+            _Stuck: naming the procs killed.
         """
-        from ..errors import SupervisionError
-
         released, self._released = self._released, None
         group, stuck = group_of(self._procs), []
         if released is not None:
@@ -686,10 +687,7 @@ class Trainer:
         if stuck:
             async with asyncio.timeout(RELEASE_WAIT_S):
                 await group.wait_failed(stuck)
-            raise SupervisionError(
-                f"the trainer's worker(s) of rank(s) {stuck} were still busy "
-                f"{RELEASE_WAIT_S:g} s after the loss (stuck in a collective?): killed"
-            )
+            raise _Stuck(stuck)
 
     async def _restore_point(
         self, lost: dict[int, str], error: BaseException, mode: str, phases: dict[str, float]
@@ -1470,6 +1468,22 @@ class Trainer:
                     await self._procs.stop(reason="the trainer that spawned them stopped")
 
         return run_task(self._rt, go)
+
+
+class _Stuck(SupervisionError):
+    """A repair in place killed the procs ``ranks``: their old workers were still busy
+    ``RELEASE_WAIT_S`` after the loss (stuck in a collective, or a step of their own)."""
+
+    def __init__(self, ranks: list[int]) -> None:
+        self.ranks = ranks
+        self.why = (
+            f"killed: its worker was still busy {RELEASE_WAIT_S:g} s after the loss (stuck "
+            "in a collective?), so it could not let go of its piece"
+        )
+        super().__init__(
+            f"rank(s) {ranks} of the trainer killed: their workers were still busy "
+            f"{RELEASE_WAIT_S:g} s after the loss (stuck in a collective?)"
+        )
 
 
 class _Restore(NamedTuple):

@@ -66,6 +66,7 @@ def setup_torch_elastic_env_async(
     _check(master_addr, master_port)
 
     async def go() -> None:
-        await _setup(procs, master_addr, master_port, use_ipaddr)
+        actors, *_ = await _setup(procs, master_addr, master_port, use_ipaddr)
+        await actors.stop()  # (the variables are set: the actors that set them can go)
 
     return run_task(current_runtime(), go)

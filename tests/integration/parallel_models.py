@@ -196,6 +196,30 @@ def lm_loss(out: Any, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
+def lm_loss_one_dies_one_busy(
+    out: Any, labels: torch.Tensor, armed: str, fired: str, busy_s: float
+) -> torch.Tensor:
+    """:func:`lm_loss`, except that once the file ``armed`` exists, the first proc to
+    compute it kills itself with SIGKILL (leaving ``fired-0``), and the second is busy
+    in it for ``busy_s`` seconds first (leaving ``fired-busy``): a slow rank, which
+    cannot let go of its piece while the trainer recovers."""
+    import os
+    import signal
+    import time
+
+    if os.path.exists(armed):
+        for name in ("0", "busy"):
+            try:
+                os.close(os.open(f"{fired}-{name}", os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                continue
+            if name == "0":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(busy_s)  # (the workload: a rank slow to compute its loss)
+            break
+    return lm_loss(out, labels)
+
+
 def lm_loss_dying_once(
     out: Any, labels: torch.Tensor, armed: str, fired: str, times: int = 1
 ) -> torch.Tensor:

@@ -166,3 +166,45 @@ async def test_a_proc_with_less_memory_gets_a_smaller_stage() -> None:
             losses = await train(tight)
             assert cgroups.oom_kills(group) == 0
     assert all(math.isfinite(v) for v in losses), losses
+
+
+@pytest.mark.parametrize(("name", "gib"), [("mlp-4x134MiB", 5.0), ("mlp-8x134MiB", 5.0)])
+async def test_a_plan_keeping_copies_for_a_respawn_trains_under_a_real_memory_limit(
+    name: str, gib: float
+) -> None:
+    """The default trainer keeps copies of each rank's state (and its peer's) in the
+    procs' memory after every step: the planner counts them against the limit, and the
+    plan it chooses trains, copies and all, with no proc killed by the OOM killer."""
+    cgroups.skip_unless("memory")
+    widths, dim = MODELS[name]
+    batch = _batch(dim)
+    limit = int(gib * GiB)
+    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        await plan(pm.mlp([64] * 2, 32), procs, sample=_batch(32), loss_fn=pm.mse)  # (as above)
+        with cgroups.memory_limit(procs.pids, limit) as group:
+            p = await plan(pm.mlp(widths, dim), procs, sample=batch, loss_fn=pm.mse)
+            without = await plan(pm.mlp(widths, dim), procs, sample=batch, loss_fn=pm.mse, **FAIL)
+            assert p.peak_bytes_per_proc <= p.memory_per_proc, str(p)
+            # the copies are counted: the same layout is estimated to need more with them
+            if (p.dp, p.pp, p.tp, p.sharded) == (
+                without.dp,
+                without.pp,
+                without.tp,
+                without.sharded,
+            ):
+                assert p.peak_bytes_per_proc > without.peak_bytes_per_proc, (str(p), str(without))
+            trainer = parallelize(pm.mlp(widths, dim), procs, p, optimizer=pm.adamw)
+            losses = [await trainer.step(batch) for _ in range(4)]
+            held = await trainer.held_bytes()
+            await trainer.stop()
+            assert cgroups.oom_kills(group) == 0
+            peak = cgroups.peak_usage(group)
+            assert peak <= limit
+    # each rank's state is copied (two steps' worth) into two procs' memory
+    keeping = [h for h in held if h["copies"]]
+    assert keeping and all(h["copies"] >= 2 * h["weights"] for h in keeping), held
+    print(f"\n{name} under {gib} GiB with copies: {p.strategy}, estimated "
+          f"{p.peak_bytes_per_proc / 2**20:.0f} MiB/proc ({without.strategy} without: "
+          f"{without.peak_bytes_per_proc / 2**20:.0f}) of {p.memory_per_proc / 2**20:.0f} "
+          f"usable; the group peaked at {peak / 2**20:.0f} MiB")  # fmt: skip
+    assert all(math.isfinite(v) for v in losses), losses

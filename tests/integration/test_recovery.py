@@ -140,6 +140,42 @@ async def test_a_proc_killed_mid_step_is_respawned_and_no_step_is_lost(
     assert r["total_s"] >= sum(r["seconds"].values()) > 0
 
 
+async def test_a_survivor_too_busy_to_let_go_is_replaced_in_place_as_well(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dp=2: one rank killed mid-step while the other is busy (in its loss) for 60 s: the
+    busy one cannot let go of its piece, so after RELEASE_WAIT_S it is killed and
+    started again in place too, from its copy that the new keepers read first; the
+    proc mesh is the one given, and no step is lost."""
+    from danaus.parallel import _trainer
+
+    monkeypatch.setattr(_trainer, "RELEASE_WAIT_S", 1.0)
+    batches = _batches()
+    expected, want = _reference(batches)
+    armed, fired = str(tmp_path / "armed"), str(tmp_path / "fired")
+    loss = functools.partial(pm.lm_loss_one_dies_one_busy, armed=armed, fired=fired, busy_s=60)
+
+    def kill(step: int, trainer: Any) -> None:
+        if step == 3:
+            Path(armed).touch()
+
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        pids = list(procs.pids)
+        losses, state, recoveries, trainer = await _run(
+            procs, {"dp": 2}, batches, kill, loss_fn=loss
+        )
+        assert trainer.procs is procs
+        assert not set(procs.pids) & set(pids)  # (both replaced, in place)
+    assert (tmp_path / "fired-0").exists() and (tmp_path / "fired-busy").exists()
+    assert _close(losses, expected), (losses, expected)
+    _same_weights(state, want)
+    (r,) = recoveries
+    assert r["action"] == "respawn" and r["lost"] == [0, 1], r
+    assert "SIGKILL" in r["why"] and "still busy 1 s after the loss" in r["why"], r
+    assert r["restored_from"] == "copies", r
+    assert r["total_s"] < 30, r  # (not the 60 s the busy rank would have taken)
+
+
 @pytest.mark.slow
 async def test_a_proc_killed_between_steps_is_replanned_onto_the_survivors(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
