@@ -485,23 +485,29 @@ def preload_for(procs: ProcMesh, module: str) -> None:
     preload_module(module, sorted(a for a in agents if a is not None))
 
 
-def host_left(procs: ProcMesh) -> tuple[HostMesh, list[int]] | None:
+def hosts_left(procs: ProcMesh) -> tuple[HostMesh, list[int], int] | None:
     """Where ``procs`` are on several hosts laid out host by host (:func:`host_blocks`)
-    and every host agent of theirs but one is gone: that one's host mesh (which can
-    start procs there), and the ranks of ``procs`` on it; else None."""
+    and some of their host agents are gone: a host mesh of the hosts left (in rank
+    order; of one, a mesh with no dims), which can start procs there, the ranks of
+    ``procs`` on them, and the procs on each; None where none is gone, or none is left."""
+    from ._actor_mesh import mesh_ref
     from ._host_mesh import HostMesh
-    from ._procs.host_agent import agent_ref
+    from ._procs.host_agent import AGENT, HostAgent, agent_ref
 
     blocks = host_blocks(procs)
     if blocks is None:
         return None
     hosts, per = blocks
     left = [i for i, a in enumerate(hosts) if a not in current_runtime().lost]
-    if len(left) != 1:
+    if not left or len(left) == len(hosts):
         return None
-    (i,) = left
-    host = HostMesh(Shape.from_sizes({}), f"host of {procs.name}", agent_ref(hosts[i]))
-    return host, list(range(i * per, (i + 1) * per))
+    if len(left) == 1:
+        host = HostMesh(Shape.from_sizes({}), f"host of {procs.name}", agent_ref(hosts[left[0]]))
+    else:
+        shape = Shape.from_sizes({"hosts": len(left)})
+        agents = mesh_ref(AGENT, HostAgent, shape, {k: hosts[i] for k, i in enumerate(left)})
+        host = HostMesh(shape, f"hosts of {procs.name}", agents)
+    return host, [i * per + j for i in left for j in range(per)], per
 
 
 async def respawn_procs(procs: ProcMesh, ranks: Sequence[int]) -> None:

@@ -22,8 +22,8 @@ from ..mesh._api import (
     add_section,
     group_of,
     host_blocks,
-    host_left,
     host_of,
+    hosts_left,
     hosts_of,
     preload_for,
     respawn_procs,
@@ -485,19 +485,22 @@ class Trainer:
         old = self._procs
         mode, instead = self._on_lost, ""
         host, per_host = host_of(old), {"procs": len(old)}
-        if host is None and mode == "respawn":  # on several hosts: on the same ones
-            spread = hosts_of(old)
-            left = None if spread is not None else host_left(old)
-            if spread is not None:
-                host, per_host = spread
-            elif left is not None:  # the others gone: re-planned onto the one left
-                host, ranks = left
-                gone_hosts = {r: "its host gone" for r in range(len(old)) if r not in ranks}
-                lost = {**gone_hosts, **lost}
-                mode, instead = "replan", "respawn: no host left to respawn on but one"
         n = len(old) if mode == "respawn" else len(old) - len(lost)
         if mode == "replan":
             per_host = {"procs": n}
+        if host is None:  # on several hosts: on the same ones, or on those left
+            spread = hosts_of(old) if mode == "respawn" else None
+            left = None if spread is not None else hosts_left(old)
+            if spread is not None:
+                host, per_host = spread
+            elif left is not None and (mode == "respawn" or set(lost) <= _gone(old, left[1])):
+                # a host gone (its agent, and its procs with it): re-planned onto new
+                # procs on the hosts left, as many on each as there were
+                host, ranks, per = left
+                lost = {**{r: "its host gone" for r in _gone(old, ranks)}, **lost}
+                if mode == "respawn":
+                    instead = "respawn: a host is gone, no procs can start there"
+                mode, n, per_host = "replan", len(ranks), {"procs": per}
         if mode == "respawn" and _repairable(old):
             source, lost = await self._repair(error, lost, phases)
         else:
@@ -591,11 +594,11 @@ class Trainer:
         if host is None:
             await old.stop(reason="a rank of the trainer failed")
             cause = (
-                "re-planning spreads no plan over several hosts"
+                "a re-plan onto the procs left would put fewer on some hosts than on "
+                "others (it re-plans onto the hosts left where whole hosts are gone)"
                 if mode == "replan"
                 else "they are not laid out host by host (each host's procs one block of "
-                "ranks, as many on each), or more than one host is left and one of "
-                "theirs is gone (its host agent lost): no procs can start in their place"
+                "ranks, as many on each): no procs can start in their place"
             )
             raise PlanError(
                 f"rank(s) {sorted(lost)} were lost, and the trainer's procs are on several "
@@ -1560,6 +1563,11 @@ def check_on_lost_proc(mode: object) -> None:
     """Raises ValueError where ``mode`` is not one of :data:`ON_LOST_PROC`, naming them."""
     if mode not in ON_LOST_PROC:
         raise ValueError(f"on_lost_proc={mode!r}: give one of {', '.join(map(repr, ON_LOST_PROC))}")
+
+
+def _gone(procs: ProcMesh, left: list[int]) -> set[int]:
+    """The ranks of ``procs`` not among those ``left``."""
+    return set(range(len(procs))) - set(left)
 
 
 def _repairable(procs: ProcMesh) -> bool:

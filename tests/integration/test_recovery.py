@@ -407,6 +407,50 @@ async def test_a_host_lost_with_its_procs_is_replanned_onto_the_host_left() -> N
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["respawn", "replan"])
+async def test_a_host_lost_of_three_is_replanned_onto_the_two_left(mode: str) -> None:
+    """Three host agents, two procs each, dp=3 x pp=2; the third host's agent killed
+    between steps (its procs go with it): the trainer re-plans onto four new procs, two
+    on each host left (each rank's copy is on the next host, the third's on the first),
+    and no step is lost; with ``respawn`` as with ``replan``."""
+    from danaus import attach_to_hosts
+    from danaus.mesh._api import group_of
+
+    from .agents_kit import controller_key, host_agents
+
+    key = os.urandom(32).hex()
+    batches = [pm.lm_batch(n=12, seed=s) for s in range(1, STEPS + 1)]
+    expected, want = _reference(batches)
+    env = dict(os.environ, DANAUS_AUTH_KEY=key, PYTHONPATH=os.getcwd())
+    with host_agents([f"tcp://127.0.0.{i}:0" for i in (2, 3, 4)], [env] * 3) as agents:
+
+        def kill(step: int, trainer: Any) -> None:
+            if step == 3:
+                agents[2][1].kill()
+                agents[2][1].wait(timeout=10)
+
+        with controller_key(key):
+            hosts = attach_to_hosts([addr for addr, _ in agents])
+            async with hosts.spawn_procs(per_host={"procs": 2}) as procs:
+                where = [group_of(procs).agent_of(r) for r in range(4)]
+                losses, state, recoveries, trainer = await _run(
+                    procs, {"dp": 3, "pp": 2}, batches, kill, loss_fn=pm.lm_loss, on_lost_proc=mode
+                )
+                new = trainer.procs
+                assert new is not procs and new.sizes == {"hosts": 2, "procs": 2}
+                assert [group_of(new).agent_of(r) for r in range(4)] == where
+    assert _close(losses, expected), (losses, expected)
+    _same_weights(state, want)
+    (r,) = recoveries
+    assert r["action"] == "replan" and r["procs"] == 4, r
+    assert r["instead_of"] == (
+        "respawn: a host is gone, no procs can start there" if mode == "respawn" else ""
+    ), r
+    assert r["lost"] == [4, 5] and "host agent" in r["why"], r
+    assert r["restored_from"] == "copies", r
+
+
+@pytest.mark.slow
 async def test_neighbours_lost_together_are_named_and_the_trainer_stops() -> None:
     """Each rank's copy is on its own proc and the next one's: with both procs of a
     pipeline lost at once, past the steps kept to run again from the start, no copy is
