@@ -373,7 +373,7 @@ class ParallelWorker(Actor):
         #: the connections its process groups opened (gloo's, their store's), which
         #: :meth:`release` shuts: gloo has no abort, and its groups outlive their
         #: destruction where anything still refers to them (a device mesh does)
-        self._group_sockets = {fd: ino for fd, ino in _sockets().items() if fd not in before}
+        self._group_sockets = _opened_since(before)
         #: each tied weight's other name (a checkpoint may hold its state under either)
         self.aliases = {a: b for a, b in tied or []} | {b: a for a, b in tied or []}
         first, last = layout.stages[self.pp_i]
@@ -1071,11 +1071,51 @@ def _sockets() -> dict[int, int]:
     return out
 
 
+def _opened_since(before: dict[int, int]) -> dict[int, int]:
+    """The TCP connections opened since ``before`` (:func:`_sockets`), but danaus's own:
+    none accepted on this proc's listening port, none to a peer's (danaus's connections
+    are TCP where its transport is; the ports alone tell them, whatever the hosts are
+    called)."""
+    from ..actors._api import current_runtime
+
+    rt = current_runtime()
+    ports = {_port(a) for a in (rt.addr, *rt.conns)} - {None}
+    out = {}
+    for fd, ino in _sockets().items():
+        if before.get(fd) == ino:
+            continue
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        with sock:
+            if sock.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            try:
+                if sock.getsockname()[1] in ports or sock.getpeername()[1] in ports:
+                    continue
+            except OSError:  # (a listening socket: no peer, nothing to shut)
+                continue
+        out[fd] = ino
+    return out
+
+
+def _port(addr: str) -> int | None:
+    """The port of a ``tcp://HOST:PORT`` address (None for any other)."""
+    if not addr.startswith("tcp://"):
+        return None
+    try:
+        return int(addr.rsplit(":", 1)[1])
+    except ValueError:
+        return None
+
+
 def _shut(sockets: dict[int, int]) -> None:
-    """Shut these TCP connections (descriptor -> inode, as :func:`_sockets` gave them)
-    both ways, each where it is still the same socket: whoever waits on one, here or at
-    its other end, fails at once, as if its peer had exited. A unix socket is none of
-    a process group's (danaus's own connections, here, are)."""
+    """Shut these TCP connections (descriptor -> inode, as :func:`_opened_since` gave
+    them) for writing, each where it is still the same socket: whoever waits on one at
+    its other end fails at once ("connection closed by peer"), as if this process had
+    exited, and so, once that end closes it, does whoever waits on it here. (Shut for
+    reading too, gloo's own loop here fails, and aborts the process.)"""
     for fd, ino in sockets.items():
         try:
             if os.fstat(fd).st_ino != ino:
@@ -1084,8 +1124,7 @@ def _shut(sockets: dict[int, int]) -> None:
         except OSError:
             continue
         with sock, contextlib.suppress(OSError):
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                sock.shutdown(socket.SHUT_WR)
+            sock.shutdown(socket.SHUT_WR)
 
 
 def own_name(name: str, staged: bool) -> str:
