@@ -669,8 +669,7 @@ class Trainer:
 
             async def let_go(r: int) -> int | None:
                 try:
-                    async with asyncio.timeout(RELEASE_WAIT_S):
-                        await flat.slice(rank=r).release.call_one()
+                    async with asyncio.timeout(RELEASE_WAIT_S):  # (close: release, and more)
                         await flat.slice(rank=r).close.call_one()
                 except TimeoutError:
                     return r
@@ -683,10 +682,16 @@ class Trainer:
             stuck = [r for r in await asyncio.gather(*map(let_go, ranks)) if r is not None]
             for r in stuck:
                 group.kill(r)
-            await released.stop(reason="the trainer's workers were replaced")
-        if keepers is not None:
-            with contextlib.suppress(Exception):
-                await keepers.stop()
+
+        async def stop_keepers() -> None:
+            if keepers is not None:
+                with contextlib.suppress(Exception):
+                    await keepers.stop()
+
+        stopping = [stop_keepers()]
+        if released is not None:
+            stopping.append(released.stop(reason="the trainer's workers were replaced"))
+        await asyncio.gather(*stopping)
         if stuck:
             async with asyncio.timeout(RELEASE_WAIT_S):
                 await group.wait_failed(stuck)

@@ -1045,12 +1045,13 @@ class ParallelWorker(Actor):
 
     @endpoint
     def close(self) -> None:
-        """Leave the process group (the trainer stops; the proc may host another)."""
+        """Leave the process groups (:meth:`release`) and free the copies' buffers (the
+        trainer stops, or a recovery has read the copies; the proc may host another)."""
+        self.release()  # (first: a rank waiting on this one fails at once)
         copier = getattr(self, "copier", None)
         if copier is not None:
             copier.close()
             self.copier = None
-        self.release()
 
 
 def _sockets() -> dict[int, int]:
