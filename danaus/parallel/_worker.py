@@ -773,10 +773,12 @@ class ParallelWorker(Actor):
         """``fn(*args)``, a step or an evaluation. Where it raises other than a user's
         error (which every rank rolled back, and the worker goes on from), a peer was
         lost (gloo: "connection closed by peer") or this rank is broken: its process
-        groups are let go at once (:meth:`release`), which closes its connections, so
-        that the ranks waiting in a collective for this one fail too, and so on, rather
-        than each waiting for the collective's timeout. The error's frames (which hold
-        the groups) go with them: its traceback is kept as text, in a note."""
+        groups' connections are shut for writing at once, so that the ranks waiting in
+        a collective for this one fail too, and so on, rather than each waiting for the
+        collective's timeout (the groups themselves are left by :meth:`release`, which
+        the trainer calls where it keeps the proc: leaving them here could wait on
+        gloo's threads). The error's frames, which hold the model, go: its traceback is
+        kept as text, in a note."""
         try:
             return fn(*args)
         except BaseException as e:
@@ -789,9 +791,10 @@ class ParallelWorker(Actor):
                 seen.add(id(link))
                 link.__traceback__ = None
                 link = link.__cause__ or link.__context__
-            e.add_note(f"on rank {self.rank}, where it let go of its process groups:\n{text}")
+            e.add_note(f"on rank {self.rank}, where it shut its process groups:\n{text}")
             failed = e
-        self.release()
+        if self._world is not None and dist.is_initialized() and dist.get_backend() == "gloo":
+            _shut(self._group_sockets)
         raise failed
 
     def _step(
@@ -1036,7 +1039,8 @@ class ParallelWorker(Actor):
             self._schedules.clear()
         world, self._world = getattr(self, "_world", None), None
         mine = world is not None and dist.is_initialized() and dist.group.WORLD is world
-        _shut(getattr(self, "_group_sockets", {}))
+        if mine and dist.get_backend() == "gloo":  # (NCCL's: its own, never shut here)
+            _shut(getattr(self, "_group_sockets", {}))
         self._group_sockets = {}
         if mine:
             dist.destroy_process_group()
