@@ -968,7 +968,8 @@ class Trainer:
         (``rerun_steps``; the call that failed then runs again too, unless its step had
         ended); the ``seconds`` of each phase (``gather``: a re-plan's whole tensors
         built from the copies, ``spawn``, ``plan``, ``restore``: the workers set up,
-        ``stop``: the old procs stopped, after a respawn, ``rerun``) and in all
+        ``stop``, after a respawn: the survivors' old workers let go of their pieces
+        (in place), or the old procs stopped, ``rerun``) and in all
         (``total_s``)."""
 
         async def go() -> list[dict[str, Any]]:
