@@ -358,16 +358,25 @@ class ProcGroup:
                 f"rank(s) {bad} of proc mesh {self.name!r} are not failed procs of it (failed: "
                 f"{sorted(self.state.failed)}): only a failed proc is started again"
             )
-        new = []
-        for r in dict.fromkeys(ranks):
-            old, h = self.handles[r], self.respawner(r)
+        new: list[Proc] = []
+        try:
+            for r in dict.fromkeys(ranks):
+                new.append(self.respawner(r))
+        except BaseException:  # (one could not start: none replaces its proc)
+            for h in new:
+                if isinstance(h, ProcHandle):
+                    h.stop_now()
+                else:
+                    h.kill()
+            raise
+        for h in new:
+            r, old = h.rank, self.handles[h.rank]
             self.handles = (*self.handles[:r], h, *self.handles[r + 1 :])
             if old.addr:  # (its messages, its index: the new proc has another address)
                 peers.forget([old.addr])
                 live_meshes.forget_procs([old.addr])
             del self.state.failed[r]
             self._watch(h)
-            new.append(h)
         ups = [asyncio.wrap_future(h.ready) for h in new]
         timeout = config.proc_start_timeout
         try:
@@ -376,7 +385,7 @@ class ProcGroup:
         except BaseException as e:
             for h in new:
                 if not (h.ready.done() and h.ready.exception() is None):
-                    h.kill()
+                    self.kill(h.rank)
                     self.proc_failed(h.rank, f"proc did not start again: {e!r}")
             if isinstance(e, TimeoutError):
                 raise SupervisionError(

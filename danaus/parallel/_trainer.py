@@ -550,11 +550,11 @@ class Trainer:
         for attempt in range(1, RECOVERY_TRIES + 1):
             t = time.perf_counter()
             try:
-                restore = await self._restore_point(gone, error, "respawn", phases)
-                source = restore.source
                 if self._released is None:  # (the workers to let go, once copies are read)
                     with contextlib.suppress(Exception):
                         self._released = await self._workers
+                restore = await self._restore_point(gone, error, "respawn", phases)
+                source = restore.source
                 await respawn_procs(procs, sorted(group.failed_procs()))
             except BaseException:
                 await procs.stop(reason="the trainer could not recover")
@@ -780,8 +780,13 @@ class Trainer:
     async def _let_go(self) -> None:
         """Stop the procs the trainer recovers from (and a one-proc trainer's keeper on
         the controller): their ranks may wait in a collective for a lost one, and a GPU
-        is then free for the new workers."""
+        is then free for the new workers. In a repair in place, only their workers and
+        keepers go (:meth:`_drop_released`)."""
         keepers, self._keepers = self._keepers, None
+        if self._released is not None:  # a repair in place: the procs stay
+            with contextlib.suppress(_Stuck):  # (killed: started again in place)
+                await self._drop_released(keepers)
+            return
         await self._procs.stop(reason="the trainer's procs were replaced")
         if keepers is not None and keepers.controller is not None:
             await keepers.controller.stop()

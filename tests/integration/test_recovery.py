@@ -474,6 +474,32 @@ async def test_neighbours_lost_together_are_named_and_the_trainer_stops() -> Non
         await trainer.stop()
 
 
+async def test_neighbours_lost_together_go_on_from_a_snapshot_in_place() -> None:
+    """With ``snapshot_every=2``, both procs of a pipeline killed at once (no copy
+    left) are started again in place, and the trainer goes on from the snapshot of step
+    4, the steps since run again: no step lost."""
+    batches = _batches()
+    expected, want = _reference(batches)
+    async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        p = await plan(pm.gpt2(), procs, sample=batches[0], loss_fn=pm.lm_loss, pp=2)
+        trainer = parallelize(pm.gpt2(), procs, p, optimizer=pm.adamw, snapshot_every=2)
+        losses = [await trainer.step(b) for b in batches[:5]]
+        pids = list(procs.pids)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        losses.append(await trainer.step(batches[5]))
+        state = await trainer.state_dict()
+        (r,) = await trainer.recoveries()
+        assert trainer.procs is procs and not set(procs.pids) & set(pids)
+        await trainer.stop()
+        assert len((await procs.spawn("again", Echo).pid.call()).values()) == 2
+    assert _close(losses, expected), (losses, expected)
+    _same_weights(state, want)
+    assert r["action"] == "respawn" and r["lost"] == [0, 1], r
+    assert r["restored_from"] == "snapshot" and r["restored_step"] == 4, r
+    assert r["rerun_steps"] == 1, r
+
+
 @pytest.mark.slow
 async def test_what_survives_neighbours_lost_together_can_still_be_saved(tmp_path: Path) -> None:
     """pp=4, one block a stage: ranks 1 and 2 lost together (rank 1's copies were on its
