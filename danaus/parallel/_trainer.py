@@ -555,7 +555,9 @@ class Trainer:
                         self._released = await self._workers
                 restore = await self._restore_point(gone, error, "respawn", phases)
                 source = restore.source
-                await respawn_procs(procs, sorted(group.failed_procs()))
+                failed = group.failed_procs()  # (and any seen lost since)
+                lost = {**failed, **lost}
+                await respawn_procs(procs, sorted(failed))
             except BaseException:
                 await procs.stop(reason="the trainer could not recover")
                 raise
