@@ -220,6 +220,8 @@ class Trainer:
         #: a respawn in place: the workers replaced, let go of their pieces, whose
         #: copies their keepers serve until the new keepers hold them
         self._released: Any = None
+        #: a repair in place is under way (the procs are the user's: never stopped)
+        self._repairing = False
         #: where each rank's state lies in the model's whole tensors (its worker says)
         self._places: dict[int, Places] = {}
         #: after a loss no copy covered: the whole tensors the copies left did cover,
@@ -257,7 +259,7 @@ class Trainer:
         if self._on_lost != "fail":
             alone = this_proc().spawn(f"_keeper{n}", Keeper) if len(procs) == 1 else None
             keepers = Keepers(procs.spawn(f"_keeper{n}", Keeper), alone)
-        taken = False
+        taken, workers = False, None
         stride = _host_stride(procs)  # (a rank's peer: on the next host, where there is one)
         try:
             copies = None if keepers is None else CopyPlan(keepers, self._done, stride=stride)
@@ -276,6 +278,8 @@ class Trainer:
             if keepers is not None and not taken:
                 with contextlib.suppress(Exception):  # (their procs may be gone)
                     await keepers.stop()
+            if self._repairing and workers is not None and self._released is None:
+                self._released = workers  # (the next try lets them go: the procs stay)
             raise
         if not taken:
             previous, self._keepers = self._keepers, keepers
@@ -544,6 +548,16 @@ class Trainer:
         place too, from the new keepers' copies); new workers start on every rank, each
         from its copy. What it restored from, and the ranks lost (more where one was
         lost while it recovered)."""
+        self._repairing = True
+        try:
+            return await self._repair_tries(error, lost, phases)
+        finally:
+            self._repairing = False
+
+    async def _repair_tries(
+        self, error: BaseException, lost: dict[int, str], phases: dict[str, float]
+    ) -> tuple[str, dict[int, str]]:
+        """:meth:`_repair`'s tries: again where a proc is lost while it recovers."""
         procs = self._procs
         group = group_of(procs)
         source, gone = "", dict(lost)  # (gone: of the procs the copies are read from)
@@ -785,7 +799,7 @@ class Trainer:
         is then free for the new workers. In a repair in place, only their workers and
         keepers go (:meth:`_drop_released`)."""
         keepers, self._keepers = self._keepers, None
-        if self._released is not None:  # a repair in place: the procs stay
+        if self._repairing:  # the procs stay
             with contextlib.suppress(_Stuck):  # (killed: started again in place)
                 await self._drop_released(keepers)
             return
