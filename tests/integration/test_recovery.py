@@ -140,6 +140,7 @@ async def test_a_proc_killed_mid_step_is_respawned_and_no_step_is_lost(
     assert r["total_s"] >= sum(r["seconds"].values()) > 0
 
 
+@pytest.mark.slow
 async def test_a_survivor_too_busy_to_let_go_is_replaced_in_place_as_well(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -477,6 +478,7 @@ async def test_neighbours_lost_together_are_named_and_the_trainer_stops() -> Non
         await trainer.stop()
 
 
+@pytest.mark.slow
 async def test_neighbours_lost_together_go_on_from_a_snapshot_in_place() -> None:
     """With ``snapshot_every=2``, both procs of a pipeline killed at once (no copy
     left) are started again in place, and the trainer goes on from the snapshot of step
