@@ -19,8 +19,9 @@ methods:
   (:meth:`ProcGroup.from_reference`): this process's own group of those procs, or a
   reference group (``RefProcHandle`` procs, never stopped or killed from there).
 
-Set when it is made and never replaced: ``name``, ``shape``, ``started`` (resolves once every proc's address is known: a host agent's procs learn
-theirs when the agent answers), ``log`` (the procs' output options, which
+Set when it is made and never replaced: ``name``, ``shape``, ``started`` (resolves
+once every proc's address is known: a host agent's procs learn theirs when the agent
+answers), ``log`` (the procs' output options, which
 ``ProcMesh.logging_option`` sets) and ``is_reference``. The procs (``handles``, one
 :class:`Proc` per global rank, each the owner of its own readiness and exit) change
 only where a failed one is started again in its place (:meth:`~ProcGroup.respawn`,
@@ -269,8 +270,8 @@ class ProcGroup:
 
     async def wait_failed(self, ranks: Sequence[int] = ()) -> dict[int, str]:
         """:meth:`failed_procs`, once at least one proc is known to have failed (at
-        once where one is), and every one of ``ranks`` (global). For a caller that has seen something fail (a peer's
-        "connection closed") before supervision has named the proc, under a bound of
+        once where one is), and every one of ``ranks`` (global). For a caller that has
+        seen something fail (a peer's "connection closed") before supervision has named the proc, under a bound of
         its own (``asyncio.timeout``): every path a failure comes by (an exit, a missed
         heartbeat, a host agent's report) ends in :meth:`proc_failed`, on the runtime's
         loop."""

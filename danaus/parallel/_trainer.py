@@ -126,9 +126,10 @@ class Trainer:
     is also the error's own type), every rank has rolled it back (no optimizer step,
     gradients dropped, dropout's random state as before) and the trainer goes on: the
     next step gives the numbers of a run that never saw the bad batch. A lost proc is
-    recovered from as ``parallelize(..., on_lost_proc=)`` says (by default on new
-    procs, from the copies of each rank's state the procs keep after every step: the
-    call returns as if nothing had happened; see :meth:`recoveries`). Any other rank failure (the model's own forward raising) fails
+    recovered from as ``parallelize(..., on_lost_proc=)`` says (by default a new proc
+    in its place in the same mesh, from the copies of each rank's state the procs keep
+    after every step: the call returns as if nothing had happened; see
+    :meth:`recoveries`). Any other rank failure (the model's own forward raising) fails
     the call with its traceback; the trainer is then broken (later calls raise the
     same) and every rank has been stopped, so none waits in a collective: build a new
     trainer on a new mesh.
@@ -474,15 +475,16 @@ class Trainer:
             return group.failed_procs()
 
     async def _recover(self, error: BaseException, lost: dict[int, str]) -> None:
-        """Train on after losing the procs ``lost``: ``respawn``, new procs in their places
-        in the same proc mesh (:meth:`_repair`), where it can be repaired in place; else
-        new procs on the same host (or hosts), as many (``respawn``) or as many as survived (``replan``, with a new plan for
-        them; ``respawn`` too where one of several hosts is left, the others gone); the
-        workers set up from the copies the survivors hold (``respawn``: each rank from
-        its own; ``replan``: from the whole tensors built from them) or, where those
-        cover no step it can go on from, from the latest snapshot; the steps since run
-        again. The old procs are stopped once their copies are read (their ranks may
-        wait in a collective for the lost one). Recorded in :meth:`recoveries`."""
+        """Train on after losing the procs ``lost``. ``respawn``: new procs in their
+        places in the same proc mesh (:meth:`_repair`), where it can be repaired in
+        place; else new procs on the same host (or hosts), as many (:meth:`_replace`).
+        ``replan``: as many as survived, with a new plan for them; ``respawn`` too
+        where a host is gone (its agent lost), onto the hosts left. The workers are set
+        up from the copies the survivors hold (``respawn``: each rank from its own;
+        ``replan``: from the whole tensors built from them) or, where those cover no
+        step it can go on from, from the latest snapshot; the steps since run again.
+        Old procs replaced are stopped once their copies are read (their ranks may wait
+        in a collective for the lost one). Recorded in :meth:`recoveries`."""
         started = time.perf_counter()
         phases: dict[str, float] = {}
         step = self._done
