@@ -21,6 +21,7 @@ from ._proc_mesh import (
     hosts_of,
     preload_for,
     respawn_procs,
+    respawnable,
 )
 from ._procs.host_agent import agent_ref, main_host_agent, read_key_file, serve
 from ._supervision import default_fault_hook, exit_on_fault
@@ -53,6 +54,7 @@ __all__ = [
     "proc_stacks",
     "read_key_file",
     "respawn_procs",
+    "respawnable",
     "runtime_dir",
     "serve",
     "set_dashboard_starter",

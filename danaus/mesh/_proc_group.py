@@ -21,8 +21,8 @@ methods:
 
 Set when it is made and never replaced: ``name``, ``shape``, ``started`` (resolves
 once every proc's address is known: a host agent's procs learn theirs when the agent
-answers), ``log`` (the procs' output options, which
-``ProcMesh.logging_option`` sets) and ``is_reference``. The procs (``handles``, one
+answers), ``log`` (the procs' output options, which ``ProcMesh.logging_option`` sets)
+and ``is_reference``. The procs (``handles``, one
 :class:`Proc` per global rank, each the owner of its own readiness and exit) change
 only where a failed one is started again in its place (:meth:`~ProcGroup.respawn`,
 through ``respawner``, which the host mesh that spawned them sets).
@@ -138,7 +138,7 @@ class ProcGroup:
         self._bootstrap: ActorMesh[_Bootstrap] | None = None
         self._phase = GroupState.RUNNING
         self._actors: dict[str, MeshState] = {}  # by wire name, in spawn order
-        #: set by a proc's failure, for those who wait for one (wait_failed)
+        #: resolved by a proc's failure, for those who wait for one (wait_failed)
         self._failure_waiters: list[asyncio.Future[None]] = []
         #: starts a new proc of a rank in place of one that failed (set by the host
         #: mesh that spawned the procs; None where none can: this process, another's)
@@ -271,10 +271,10 @@ class ProcGroup:
     async def wait_failed(self, ranks: Sequence[int] = ()) -> dict[int, str]:
         """:meth:`failed_procs`, once at least one proc is known to have failed (at
         once where one is), and every one of ``ranks`` (global). For a caller that has
-        seen something fail (a peer's "connection closed") before supervision has named the proc, under a bound of
-        its own (``asyncio.timeout``): every path a failure comes by (an exit, a missed
-        heartbeat, a host agent's report) ends in :meth:`proc_failed`, on the runtime's
-        loop."""
+        seen something fail (a peer's "connection closed") before supervision has named
+        the proc, under a bound of its own (``asyncio.timeout``): every path a failure
+        comes by (an exit, a missed heartbeat, a host agent's report) ends in
+        :meth:`proc_failed`, on the runtime's loop."""
         while not self.state.failed or not set(ranks) <= self.state.failed.keys():
             changed = asyncio.get_running_loop().create_future()
             self._failure_waiters.append(changed)

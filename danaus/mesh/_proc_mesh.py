@@ -424,8 +424,7 @@ def host_of(procs: ProcMesh) -> HostMesh | None:
     """The host mesh where new procs can take the place of ``procs``' (to respawn
     them): this host where this process started them all itself, their one host
     agent's where they share one; None where they are on several hosts."""
-    from ._host_mesh import HostMesh, this_host
-    from ._procs.host_agent import agent_ref
+    from ._host_mesh import this_host
 
     group = procs.proc_group
     agents = {group.agent_of(r) for r in procs.shape.global_ranks()}
@@ -434,7 +433,22 @@ def host_of(procs: ProcMesh) -> HostMesh | None:
     (agent,) = agents if len(agents) == 1 else (None,)
     if agent is None:
         return None
-    return HostMesh(Shape.from_sizes({}), f"host of {procs.name}", agent_ref(agent))
+    return _agents_host(procs, [agent])
+
+
+def _agents_host(procs: ProcMesh, agents: list[str]) -> HostMesh:
+    """The host mesh of these host agents (in rank order), which starts procs on their
+    hosts in the place of ``procs``': of one, a mesh with no dims; else one dim,
+    ``hosts``."""
+    from ._actor_mesh import mesh_ref
+    from ._host_mesh import HostMesh
+    from ._procs.host_agent import AGENT, HostAgent, agent_ref
+
+    if len(agents) == 1:
+        return HostMesh(Shape.from_sizes({}), f"host of {procs.name}", agent_ref(agents[0]))
+    shape = Shape.from_sizes({"hosts": len(agents)})
+    mesh = mesh_ref(AGENT, HostAgent, shape, dict(enumerate(agents)))
+    return HostMesh(shape, f"hosts of {procs.name}", mesh)
 
 
 def host_blocks(procs: ProcMesh) -> tuple[list[str], int] | None:
@@ -460,10 +474,6 @@ def hosts_of(procs: ProcMesh) -> tuple[HostMesh, dict[str, int]] | None:
     shape where its first dim is the hosts'); None where they are not laid out host by
     host (:func:`host_blocks`), or a host agent of theirs is gone (its host cannot
     start procs)."""
-    from ._actor_mesh import mesh_ref
-    from ._host_mesh import HostMesh
-    from ._procs.host_agent import AGENT, HostAgent
-
     blocks = host_blocks(procs)
     if blocks is None or any(a in current_runtime().lost for a in blocks[0]):
         return None
@@ -471,9 +481,7 @@ def hosts_of(procs: ProcMesh) -> tuple[HostMesh, dict[str, int]] | None:
     sizes = dict(procs.shape.sizes)
     first, *rest = sizes
     per_host = {k: sizes[k] for k in rest} if sizes[first] == len(hosts) else {"procs": per}
-    shape = Shape.from_sizes({"hosts": len(hosts)})
-    agents_mesh = mesh_ref(AGENT, HostAgent, shape, dict(enumerate(hosts)))
-    return HostMesh(shape, f"hosts of {procs.name}", agents_mesh), per_host
+    return _agents_host(procs, hosts), per_host
 
 
 def preload_for(procs: ProcMesh, module: str) -> None:
@@ -490,10 +498,6 @@ def hosts_left(procs: ProcMesh) -> tuple[HostMesh, list[int], int] | None:
     and some of their host agents are gone: a host mesh of the hosts left (in rank
     order; of one, a mesh with no dims), which can start procs there, the ranks of
     ``procs`` on them, and the procs on each; None where none is gone, or none is left."""
-    from ._actor_mesh import mesh_ref
-    from ._host_mesh import HostMesh
-    from ._procs.host_agent import AGENT, HostAgent, agent_ref
-
     blocks = host_blocks(procs)
     if blocks is None:
         return None
@@ -501,13 +505,19 @@ def hosts_left(procs: ProcMesh) -> tuple[HostMesh, list[int], int] | None:
     left = [i for i, a in enumerate(hosts) if a not in current_runtime().lost]
     if not left or len(left) == len(hosts):
         return None
-    if len(left) == 1:
-        host = HostMesh(Shape.from_sizes({}), f"host of {procs.name}", agent_ref(hosts[left[0]]))
-    else:
-        shape = Shape.from_sizes({"hosts": len(left)})
-        agents = mesh_ref(AGENT, HostAgent, shape, {k: hosts[i] for k, i in enumerate(left)})
-        host = HostMesh(shape, f"hosts of {procs.name}", agents)
+    host = _agents_host(procs, [hosts[i] for i in left])
     return host, [i * per + j for i in left for j in range(per)], per
+
+
+def respawnable(procs: ProcMesh) -> bool:
+    """Whether the failed procs of ``procs`` can be started again in their places
+    (:func:`respawn_procs`): a whole mesh, not stopped, whose procs this process
+    started, on this host or through host agents that are all still there."""
+    group = procs.proc_group
+    if group.respawner is None or group.stopped or len(procs) != len(group.shape):
+        return False
+    agents = {group.agent_of(r) for r in range(len(procs))} - {None}
+    return not any(a in current_runtime().lost for a in agents)
 
 
 async def respawn_procs(procs: ProcMesh, ranks: Sequence[int]) -> None:

@@ -27,6 +27,7 @@ from ..mesh._api import (
     hosts_of,
     preload_for,
     respawn_procs,
+    respawnable,
 )
 from ..spmd import setup_torch_elastic_env_async
 from ._errors import ROLLED_BACK, PlanError
@@ -507,7 +508,7 @@ class Trainer:
                 if mode == "respawn":
                     instead = "respawn: a host is gone, no procs can start there"
                 mode, n, per_host = "replan", len(ranks), {"procs": per}
-        if mode == "respawn" and _repairable(old):
+        if mode == "respawn" and respawnable(old):
             source, lost = await self._repair(error, lost, phases)
         else:
             source, lost = await self._replace(error, lost, phases, mode, n, host, per_host)
@@ -1597,17 +1598,6 @@ def check_on_lost_proc(mode: object) -> None:
 def _gone(procs: ProcMesh, left: list[int]) -> set[int]:
     """The ranks of ``procs`` not among those ``left``."""
     return set(range(len(procs))) - set(left)
-
-
-def _repairable(procs: ProcMesh) -> bool:
-    """Whether the lost procs of ``procs`` can be started again in their places (a whole
-    mesh whose procs this process started, on this host or through host agents that are
-    all still there)."""
-    group = group_of(procs)
-    if group.respawner is None or group.stopped or len(procs) != len(group.shape):
-        return False
-    agents = {group.agent_of(r) for r in range(len(procs))} - {None}
-    return not any(a in current_runtime().lost for a in agents)
 
 
 def _host_stride(procs: ProcMesh) -> int:
