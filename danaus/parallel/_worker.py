@@ -793,9 +793,16 @@ class ParallelWorker(Actor):
                 link = link.__cause__ or link.__context__
             e.add_note(f"on rank {self.rank}, where it shut its process groups:\n{text}")
             failed = e
-        if self._world is not None and dist.is_initialized() and dist.get_backend() == "gloo":
-            _shut(self._group_sockets)
+        self._shut_groups()
         raise failed
+
+    def _shut_groups(self) -> None:
+        """Shut this worker's process groups' connections for writing (gloo's, where the
+        groups are still its own; NCCL's are never shut here)."""
+        world = getattr(self, "_world", None)
+        if world is not None and dist.is_initialized() and dist.group.WORLD is world:
+            if dist.get_backend() == "gloo":
+                _shut(self._group_sockets)
 
     def _step(
         self, shard: Shard | Staged | None, counted: int, data_step: int | None
@@ -1026,23 +1033,19 @@ class ParallelWorker(Actor):
     def release(self) -> None:
         """Let go of this rank's piece of the model, its optimizer and its process
         groups, keeping the copies of its state (which its keeper serves to the workers
-        that take over): the trainer recovers from a lost proc and keeps this proc.
-
-        Also where a step fails on this rank (a peer was lost): its process groups are
-        left at once, which closes its gloo connections, so that a rank waiting in a
-        collective for this one fails too, rather than waiting for the collective's
-        timeout; every rank is then free for the recovery's new workers."""
+        that take over): the trainer recovers from a lost proc and keeps this proc. The
+        groups' connections are shut first (:meth:`_shut_groups`), so that a rank
+        waiting in a collective for this one fails at once; the groups are then
+        destroyed, and the proc is free for the recovery's new worker."""
         for name in ("module", "inner", "optimizer", "mesh", "tied_group", "_state_views"):
             if hasattr(self, name):
                 setattr(self, name, None)
         if hasattr(self, "_schedules"):
             self._schedules.clear()
+        self._shut_groups()
         world, self._world = getattr(self, "_world", None), None
-        mine = world is not None and dist.is_initialized() and dist.group.WORLD is world
-        if mine and dist.get_backend() == "gloo":  # (NCCL's: its own, never shut here)
-            _shut(getattr(self, "_group_sockets", {}))
         self._group_sockets = {}
-        if mine:
+        if world is not None and dist.is_initialized() and dist.group.WORLD is world:
             dist.destroy_process_group()
         del world
         gc.collect()
@@ -1059,8 +1062,8 @@ class ParallelWorker(Actor):
 
 
 def _sockets() -> dict[int, int]:
-    """This process's open TCP sockets: their descriptors, and each one's inode (which
-    tells a descriptor closed and reused since). Empty where /proc has none."""
+    """This process's open sockets (any family): their descriptors, and each one's inode
+    (which tells a descriptor closed and reused since). Empty where /proc has none."""
     out: dict[int, int] = {}
     try:
         names = os.listdir("/proc/self/fd")
@@ -1084,7 +1087,7 @@ def _opened_since(before: dict[int, int]) -> dict[int, int]:
     from ..actors._api import current_runtime
 
     rt = current_runtime()
-    ports = {_port(a) for a in (rt.addr, *rt.conns)} - {None}
+    ports = _tcp_ports([rt.addr, *rt.conns])
     out = {}
     for fd, ino in _sockets().items():
         if before.get(fd) == ino:
@@ -1105,14 +1108,18 @@ def _opened_since(before: dict[int, int]) -> dict[int, int]:
     return out
 
 
-def _port(addr: str) -> int | None:
-    """The port of a ``tcp://HOST:PORT`` address (None for any other)."""
-    if not addr.startswith("tcp://"):
-        return None
-    try:
-        return int(addr.rsplit(":", 1)[1])
-    except ValueError:
-        return None
+def _tcp_ports(addrs: list[str]) -> set[int]:
+    """The ports of those of ``addrs`` that are ``tcp://HOST:PORT`` (any other, or one
+    that does not parse, gives none)."""
+    from ..actors._api import parse_addr
+
+    ports = set()
+    for addr in addrs:
+        with contextlib.suppress(ValueError):
+            family, where = parse_addr(addr)
+            if family == "tcp" and isinstance(where, tuple):
+                ports.add(where[1])
+    return ports
 
 
 def _shut(sockets: dict[int, int]) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from danaus.parallel._worker import _opened_since, _port, _shut, _sockets
+from danaus.parallel._worker import _opened_since, _shut, _sockets, _tcp_ports
 
 
 def test_the_connections_opened_since_are_found_and_shut_for_writing() -> None:
@@ -62,7 +62,7 @@ def test_a_descriptor_closed_and_reused_is_not_shut() -> None:
 
 
 def test_a_port_is_read_from_a_tcp_address_only() -> None:
-    assert _port("tcp://127.0.0.2:4242") == 4242
-    assert _port("tcp://[::1]:80") == 80
-    assert _port("unix:@danaus-abc") is None
-    assert _port("tcp://host:nope") is None
+    assert _tcp_ports(["tcp://127.0.0.2:4242"]) == {4242}
+    assert _tcp_ports(["tcp://[::1]:80"]) == {80}
+    assert _tcp_ports(["unix:@danaus-abc"]) == set()
+    assert _tcp_ports(["tcp://host:nope"]) == set()
