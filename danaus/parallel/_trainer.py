@@ -498,13 +498,14 @@ class Trainer:
         if host is None:  # on several hosts: on the same ones, or on those left
             spread = hosts_of(old) if mode == "respawn" else None
             left = None if spread is not None else hosts_left(old)
+            gone = set() if left is None else set(range(len(old))) - set(left[1])
             if spread is not None:
                 host, per_host = spread
-            elif left is not None and (mode == "respawn" or set(lost) <= _gone(old, left[1])):
+            elif left is not None and (mode == "respawn" or set(lost) <= gone):
                 # a host gone (its agent, and its procs with it): re-planned onto new
                 # procs on the hosts left, as many on each as there were
                 host, ranks, per = left
-                lost = {**{r: "its host gone" for r in _gone(old, ranks)}, **lost}
+                lost = {**dict.fromkeys(sorted(gone), "its host gone"), **lost}
                 if mode == "respawn":
                     instead = "respawn: a host is gone, no procs can start there"
                 mode, n, per_host = "replan", len(ranks), {"procs": per}
@@ -1513,10 +1514,7 @@ class _Stuck(SupervisionError):
             f"killed: its worker was still busy {RELEASE_WAIT_S:g} s after the loss (stuck "
             "in a collective?), so it could not let go of its piece"
         )
-        super().__init__(
-            f"rank(s) {ranks} of the trainer killed: their workers were still busy "
-            f"{RELEASE_WAIT_S:g} s after the loss (stuck in a collective?)"
-        )
+        super().__init__(f"rank(s) {ranks} of the trainer {self.why}")
 
 
 class _Restore(NamedTuple):
@@ -1593,11 +1591,6 @@ def check_on_lost_proc(mode: object) -> None:
     """Raises ValueError where ``mode`` is not one of :data:`ON_LOST_PROC`, naming them."""
     if mode not in ON_LOST_PROC:
         raise ValueError(f"on_lost_proc={mode!r}: give one of {', '.join(map(repr, ON_LOST_PROC))}")
-
-
-def _gone(procs: ProcMesh, left: list[int]) -> set[int]:
-    """The ranks of ``procs`` not among those ``left``."""
-    return set(range(len(procs))) - set(left)
 
 
 def _host_stride(procs: ProcMesh) -> int:
