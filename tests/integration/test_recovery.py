@@ -6,12 +6,14 @@ and final weights equal an unfailed single-process run's."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import math
 import os
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,34 @@ def _mid_step(tmp: Path, at: int, times: int = 1) -> tuple[Any, Any]:
             Path(armed).touch()
 
     return loss, kill
+
+
+@contextlib.asynccontextmanager
+async def _on_hosts(n: int) -> AsyncIterator[tuple[list[Any], Any]]:
+    """``n`` real host agents (on 127.0.0.2, .3, ...), which this controller attaches
+    to, and two procs on each: the agents (to kill one) and the procs."""
+    from danaus import attach_to_hosts
+
+    from .agents_kit import controller_key, host_agents
+
+    key = os.urandom(32).hex()
+    env = dict(os.environ, DANAUS_AUTH_KEY=key, PYTHONPATH=os.getcwd())
+    with host_agents([f"tcp://127.0.0.{2 + i}:0" for i in range(n)], [env] * n) as agents:
+        with controller_key(key):
+            hosts = attach_to_hosts([addr for addr, _ in agents])
+            async with hosts.spawn_procs(per_host={"procs": 2}) as procs:
+                yield agents, procs
+
+
+def _kill_agent(agents: list[Any], i: int, at: int) -> Any:
+    """The hook that kills host agent ``i`` (its procs go with it) before step ``at``."""
+
+    def kill(step: int, trainer: Any) -> None:
+        if step == at:
+            agents[i][1].kill()
+            agents[i][1].wait(timeout=10)
+
+    return kill
 
 
 @pytest.mark.parametrize(
@@ -338,12 +368,8 @@ async def test_a_proc_lost_on_one_of_two_hosts_is_respawned_there_from_its_peers
     """Two host agents (127.0.0.2 and .3), two procs each, dp=2 x pp=2 (each rank's state
     its own: its copy is held on the other host); a proc of the second host killed
     between steps is respawned on the same hosts, rank for rank, and no step is lost."""
-    from danaus import attach_to_hosts
     from danaus.mesh._api import group_of
 
-    from .agents_kit import controller_key, host_agents
-
-    key = os.urandom(32).hex()
     batches = _batches()
     expected, want = _reference(batches)
 
@@ -351,19 +377,15 @@ async def test_a_proc_lost_on_one_of_two_hosts_is_respawned_there_from_its_peers
         if step == 3:
             os.kill(trainer.procs.pids[3], signal.SIGKILL)
 
-    env = dict(os.environ, DANAUS_AUTH_KEY=key, PYTHONPATH=os.getcwd())
-    with host_agents([f"tcp://127.0.0.{i}:0" for i in (2, 3)], [env, env]) as agents:
-        with controller_key(key):
-            hosts = attach_to_hosts([addr for addr, _ in agents])
-            async with hosts.spawn_procs(per_host={"procs": 2}) as procs:
-                where = [group_of(procs).agent_of(r) for r in range(4)]
-                losses, state, recoveries, trainer = await _run(
-                    procs, {"dp": 2, "pp": 2}, batches, kill, loss_fn=pm.lm_loss
-                )
-                new = trainer.procs
-                assert new is procs  # (repaired in place, through the host agent)
-                assert new.sizes == {"hosts": 2, "procs": 2}
-                assert [group_of(new).agent_of(r) for r in range(4)] == where
+    async with _on_hosts(2) as (_, procs):
+        where = [group_of(procs).agent_of(r) for r in range(4)]
+        losses, state, recoveries, trainer = await _run(
+            procs, {"dp": 2, "pp": 2}, batches, kill, loss_fn=pm.lm_loss
+        )
+        new = trainer.procs
+        assert new is procs  # (repaired in place, through the host agent)
+        assert new.sizes == {"hosts": 2, "procs": 2}
+        assert [group_of(new).agent_of(r) for r in range(4)] == where
     assert _close(losses, expected), (losses, expected)
     _same_weights(state, want)
     (r,) = recoveries
@@ -376,32 +398,18 @@ async def test_a_host_lost_with_its_procs_is_replanned_onto_the_host_left() -> N
     between steps (its procs go with it): no procs can start there, so the trainer
     re-plans onto two new procs on the first host from the copies held there, and no
     step is lost."""
-    from danaus import attach_to_hosts
     from danaus.mesh._api import group_of
 
-    from .agents_kit import controller_key, host_agents
-
-    key = os.urandom(32).hex()
     batches = _batches()
     expected, want = _reference(batches)
-    env = dict(os.environ, DANAUS_AUTH_KEY=key, PYTHONPATH=os.getcwd())
-    with host_agents([f"tcp://127.0.0.{i}:0" for i in (2, 3)], [env, env]) as agents:
-
-        def kill(step: int, trainer: Any) -> None:
-            if step == 3:
-                agents[1][1].kill()
-                agents[1][1].wait(timeout=10)
-
-        with controller_key(key):
-            hosts = attach_to_hosts([addr for addr, _ in agents])
-            async with hosts.spawn_procs(per_host={"procs": 2}) as procs:
-                first = group_of(procs).agent_of(0)
-                losses, state, recoveries, trainer = await _run(
-                    procs, {"dp": 2, "pp": 2}, batches, kill, loss_fn=pm.lm_loss
-                )
-                new = trainer.procs
-                assert len(new) == 2
-                assert {group_of(new).agent_of(r) for r in range(2)} == {first}
+    async with _on_hosts(2) as (agents, procs):
+        first = group_of(procs).agent_of(0)
+        losses, state, recoveries, trainer = await _run(
+            procs, {"dp": 2, "pp": 2}, batches, _kill_agent(agents, 1, at=3), loss_fn=pm.lm_loss
+        )
+        new = trainer.procs
+        assert len(new) == 2
+        assert {group_of(new).agent_of(r) for r in range(2)} == {first}
     assert _close(losses, expected), (losses, expected)
     _same_weights(state, want)
     (r,) = recoveries
@@ -417,32 +425,19 @@ async def test_a_host_lost_of_three_is_replanned_onto_the_two_left(mode: str) ->
     between steps (its procs go with it): the trainer re-plans onto four new procs, two
     on each host left (each rank's copy is on the next host, the third's on the first),
     and no step is lost; with ``respawn`` as with ``replan``."""
-    from danaus import attach_to_hosts
     from danaus.mesh._api import group_of
 
-    from .agents_kit import controller_key, host_agents
-
-    key = os.urandom(32).hex()
     batches = [pm.lm_batch(n=12, seed=s) for s in range(1, STEPS + 1)]
     expected, want = _reference(batches)
-    env = dict(os.environ, DANAUS_AUTH_KEY=key, PYTHONPATH=os.getcwd())
-    with host_agents([f"tcp://127.0.0.{i}:0" for i in (2, 3, 4)], [env] * 3) as agents:
-
-        def kill(step: int, trainer: Any) -> None:
-            if step == 3:
-                agents[2][1].kill()
-                agents[2][1].wait(timeout=10)
-
-        with controller_key(key):
-            hosts = attach_to_hosts([addr for addr, _ in agents])
-            async with hosts.spawn_procs(per_host={"procs": 2}) as procs:
-                where = [group_of(procs).agent_of(r) for r in range(4)]
-                losses, state, recoveries, trainer = await _run(
-                    procs, {"dp": 3, "pp": 2}, batches, kill, loss_fn=pm.lm_loss, on_lost_proc=mode
-                )
-                new = trainer.procs
-                assert new is not procs and new.sizes == {"hosts": 2, "procs": 2}
-                assert [group_of(new).agent_of(r) for r in range(4)] == where
+    async with _on_hosts(3) as (agents, procs):
+        where = [group_of(procs).agent_of(r) for r in range(4)]
+        kill = _kill_agent(agents, 2, at=3)
+        losses, state, recoveries, trainer = await _run(
+            procs, {"dp": 3, "pp": 2}, batches, kill, loss_fn=pm.lm_loss, on_lost_proc=mode
+        )
+        new = trainer.procs
+        assert new is not procs and new.sizes == {"hosts": 2, "procs": 2}
+        assert [group_of(new).agent_of(r) for r in range(4)] == where
     assert _close(losses, expected), (losses, expected)
     _same_weights(state, want)
     (r,) = recoveries
