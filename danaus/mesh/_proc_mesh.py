@@ -9,7 +9,7 @@ unpickled in another process, actors can be spawned on it and called.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Generator, Sequence
+from collections.abc import Collection, Coroutine, Generator, Sequence
 from concurrent.futures import Future as ThreadFuture
 from contextlib import AbstractContextManager
 from types import EllipsisType, TracebackType
@@ -493,20 +493,41 @@ def preload_for(procs: ProcMesh, module: str) -> None:
     preload_module(module, sorted(a for a in agents if a is not None))
 
 
-def hosts_left(procs: ProcMesh) -> tuple[HostMesh, list[int], int] | None:
-    """Where ``procs`` are on several hosts laid out host by host (:func:`host_blocks`)
-    and some of their host agents are gone: a host mesh of the hosts left (in rank
-    order; of one, a mesh with no dims), which can start procs there, the ranks of
-    ``procs`` on them, and the procs on each; None where none is gone, or none is left."""
+def hosts_left(
+    procs: ProcMesh, lost: Collection[int] = ()
+) -> tuple[HostMesh, int, list[int]] | None:
+    """Where ``procs`` are on several hosts laid out host by host (:func:`host_blocks`),
+    and some of their host agents are gone or some of their procs ``lost``: where new
+    procs can start, as many on each host, the most of them: a host mesh of the hosts
+    chosen (in rank order; of one, a mesh with no dims), which can start procs there,
+    the procs to start on each, and the ranks of ``procs`` on the hosts gone. A host
+    whose agent is there takes as many as its procs not in ``lost`` (two hosts of two
+    procs, one lost: one on each; see :func:`even_spread`). None where nothing is gone
+    or lost, or no host is left."""
     blocks = host_blocks(procs)
     if blocks is None:
         return None
     hosts, per = blocks
-    left = [i for i, a in enumerate(hosts) if a not in current_runtime().lost]
-    if not left or len(left) == len(hosts):
+    gone = {i for i, a in enumerate(hosts) if a in current_runtime().lost}
+    lost_on = [sum(1 for r in set(lost) if r // per == i) for i in range(len(hosts))]
+    room = [0 if i in gone else per - lost_on[i] for i in range(len(hosts))]
+    if not gone and not any(lost_on):
         return None
-    host = _agents_host(procs, [hosts[i] for i in left])
-    return host, [i * per + j for i in left for j in range(per)], per
+    best = even_spread(room)
+    if best == 0:
+        return None
+    chosen = [i for i, n in enumerate(room) if n >= best]
+    host = _agents_host(procs, [hosts[i] for i in chosen])
+    return host, best, [i * per + j for i in sorted(gone) for j in range(per)]
+
+
+def even_spread(room: Sequence[int]) -> int:
+    """How many procs to start on each host, given the most each can take (``room``),
+    such that as many on each host that takes any gives the most procs in all; of
+    spreads as large, the one over more hosts (a rank's copy is then on another host):
+    ``[2, 1]`` gives 1 (one on each), ``[3, 3, 0]`` gives 3; 0 where none has room."""
+    sizes = range(1, max(room, default=0) + 1)
+    return max(sizes, key=lambda c: (c * sum(n >= c for n in room), -c), default=0)
 
 
 def respawnable(procs: ProcMesh) -> bool:

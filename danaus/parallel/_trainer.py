@@ -479,8 +479,10 @@ class Trainer:
         """Train on after losing the procs ``lost``. ``respawn``: new procs in their
         places in the same proc mesh (:meth:`_repair`), where it can be repaired in
         place; else new procs on the same host (or hosts), as many (:meth:`_replace`).
-        ``replan``: as many as survived, with a new plan for them; ``respawn`` too
-        where a host is gone (its agent lost), onto the hosts left. The workers are set
+        ``replan``: as many as survived, with a new plan for them (on several hosts,
+        as many on each: as the host with the fewest survivors has, or, where that is
+        fewer in all, on the hosts with more); ``respawn`` too where a host is gone (its
+        agent lost), onto the hosts left. The workers are set
         up from the copies the survivors hold (``respawn``: each rank from its own;
         ``replan``: from the whole tensors built from them) or, where those cover no
         step it can go on from, from the latest snapshot; the steps since run again.
@@ -497,18 +499,18 @@ class Trainer:
             per_host = {"procs": n}
         if host is None:  # on several hosts: on the same ones, or on those left
             spread = hosts_of(old) if mode == "respawn" else None
-            left = None if spread is not None else hosts_left(old)
-            gone = set() if left is None else set(range(len(old))) - set(left[1])
+            left = None if spread is not None else hosts_left(old, lost if mode == "replan" else ())
             if spread is not None:
                 host, per_host = spread
-            elif left is not None and (mode == "respawn" or set(lost) <= gone):
-                # a host gone (its agent, and its procs with it): re-planned onto new
-                # procs on the hosts left, as many on each as there were
-                host, ranks, per = left
-                lost = {**dict.fromkeys(sorted(gone), "its host gone"), **lost}
+            elif left is not None:
+                # a host gone (its agent, and its procs with it), or procs lost in a
+                # re-plan: re-planned onto new procs on the hosts left, as many on each
+                # (respawn: as there were; replan: as the fewest survivors of a host)
+                host, per, gone = left
+                lost = {**dict.fromkeys(gone, "its host gone"), **lost}
                 if mode == "respawn":
                     instead = "respawn: a host is gone, no procs can start there"
-                mode, n, per_host = "replan", len(ranks), {"procs": per}
+                mode, n, per_host = "replan", len(host) * per, {"procs": per}
         if mode == "respawn" and respawnable(old):
             source, lost = await self._repair(error, lost, phases)
         else:
@@ -613,17 +615,11 @@ class Trainer:
         old = self._procs
         if host is None:
             await old.stop(reason="a rank of the trainer failed")
-            cause = (
-                "a re-plan onto the procs left would put fewer on some hosts than on "
-                "others (it re-plans onto the hosts left where whole hosts are gone)"
-                if mode == "replan"
-                else "they are not laid out host by host (each host's procs one block of "
-                "ranks, as many on each): no procs can start in their place"
-            )
             raise PlanError(
                 f"rank(s) {sorted(lost)} were lost, and the trainer's procs are on several "
-                f"hosts, where {cause}: resume from a checkpoint (Trainer.save) on the "
-                "procs left"
+                "hosts, where they are not laid out host by host (each host's procs one "
+                "block of ranks, as many on each): no procs can start in their place; "
+                "resume from a checkpoint (Trainer.save) on the procs left"
             ) from error
         if n < 1:
             raise PlanError(f"every proc of the trainer was lost ({lost})") from error

@@ -419,6 +419,37 @@ async def test_a_host_lost_with_its_procs_is_replanned_onto_the_host_left() -> N
 
 
 @pytest.mark.slow
+async def test_a_replan_on_two_hosts_keeps_as_many_procs_on_each() -> None:
+    """Two host agents, two procs each, dp=2 x pp=2, ``replan``; a proc of the second
+    host killed between steps, its host still there: the trainer re-plans onto two new
+    procs, one on each host (as many on each, the most in all; a rank's copy is then on
+    the other host), and no step is lost."""
+    from danaus.mesh._api import group_of
+
+    batches = _batches()
+    expected, want = _reference(batches)
+
+    def kill(step: int, trainer: Any) -> None:
+        if step == 3:
+            os.kill(trainer.procs.pids[3], signal.SIGKILL)
+
+    async with _on_hosts(2) as (_, procs):
+        hosts = [group_of(procs).agent_of(r) for r in (0, 2)]
+        losses, state, recoveries, trainer = await _run(
+            procs, {"dp": 2, "pp": 2}, batches, kill, loss_fn=pm.lm_loss, on_lost_proc="replan"
+        )
+        new = trainer.procs
+        assert new is not procs and new.sizes == {"hosts": 2, "procs": 1}
+        assert [group_of(new).agent_of(r) for r in range(2)] == hosts
+    assert _close(losses, expected), (losses, expected)
+    _same_weights(state, want)
+    (r,) = recoveries
+    assert r["action"] == "replan" and r["instead_of"] == "" and r["procs"] == 2, r
+    assert r["lost"] == [3], r
+    assert r["restored_from"] == "copies", r
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["respawn", "replan"])
 async def test_a_host_lost_of_three_is_replanned_onto_the_two_left(mode: str) -> None:
     """Three host agents, two procs each, dp=3 x pp=2; the third host's agent killed

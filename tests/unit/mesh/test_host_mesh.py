@@ -71,3 +71,22 @@ def test_a_bad_per_host_is_named_before_anything_starts(
     with pytest.raises(error, match=f"^{re.escape(says)}$"):
         hosts.spawn_procs(per_host=per_host)  # type: ignore[arg-type]
     assert hosts.spawned_groups() == []
+
+
+@pytest.mark.parametrize(
+    ("room", "per_host"),
+    [
+        ([2, 1], 1),  # two hosts of two, one proc lost: one on each, not two on one
+        ([2, 2, 0], 2),  # a host gone: as many as before on each host left
+        ([4, 1, 1], 4),  # one host of four beats three of one
+        ([3, 2, 2], 2),  # six on three hosts beats three on one
+        ([0, 0], 0),  # nothing left
+        ([], 0),
+    ],
+)
+def test_new_procs_are_spread_as_many_on_each_host_the_most_in_all(
+    room: list[int], per_host: int
+) -> None:
+    from danaus.mesh._proc_mesh import even_spread
+
+    assert even_spread(room) == per_host
