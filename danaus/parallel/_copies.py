@@ -30,7 +30,7 @@ import torch
 
 from ..actors import Actor, concurrent_endpoint, endpoint
 from ._layout import Layout, runs_fsdp
-from ._staging import Spec, layout_of, pack_into, views
+from ._staging import Spec, copy_each, layout_of, packing, views
 
 log = logging.getLogger("danaus.parallel")
 
@@ -435,6 +435,10 @@ def uncovered(n: int, held: Mapping[int, Iterable[tuple[int, int]]], step: int) 
     return [r for r in range(n) if r not in have]
 
 
+#: where a step's copy goes (views of a buffer), and what it copies there
+_Lists = tuple[list[torch.Tensor], list[torch.Tensor]]
+
+
 class Copier:
     """A worker's side of the copies: its two buffers, its notices to its own keeper and,
     where its state is its own, the copy its peer's keeper reads.
@@ -466,6 +470,10 @@ class Copier:
         #: the tensors last packed (the same dict while the state keeps its shape), and
         #: where each goes in a copy, and its size
         self._layout: tuple[Mapping[str, torch.Tensor], tuple[Spec, ...], int] | None = None
+        #: per buffer, what a step copies into it (:func:`packing`: made once): its
+        #: tensors named in ``now``, then the rest; with the buffer, tensors and ``now``
+        #: they were made for
+        self._packing: list[tuple[tuple[Any, ...], _Lists, _Lists] | None] = [None, None]
 
     def nbytes(self) -> int:
         return sum(s[0].numel() for s in self.slots if s is not None)
@@ -522,27 +530,27 @@ class Copier:
             slot = (slot[0], RDMABuffer(slot[0]))
             self.slots[k] = slot
         set_stamp(slot[0], -1)  # (first: a read of the copy it held now fails)
-        pack_into(slot[0], tensors, specs, only=now)
+        made_for = (slot[0], tensors, now)
+        lists = self._packing[k]
+        if lists is None or any(a is not b for a, b in zip(lists[0], made_for, strict=True)):
+            first = packing(slot[0], tensors, specs, only=now)
+            lists = (made_for, first, packing(slot[0], tensors, specs, skip=now))
+            self._packing[k] = lists
+        copy_each(*lists[1])
         copy = Copy(step, slot[1], specs, size, rest)
         sent: ThreadFuture[Any] = ThreadFuture()
         self._sending = (k, sent)
-        self._packer.submit(self._pack_and_tell, slot[0], tensors, specs, now, copy, sent)
+        self._packer.submit(self._pack_and_tell, slot[0], lists[2], copy, sent)
 
     def _pack_and_tell(
-        self,
-        out: torch.Tensor,
-        tensors: Mapping[str, torch.Tensor],
-        specs: tuple[Spec, ...],
-        now: Container[str],
-        copy: Copy,
-        sent: ThreadFuture[Any],
+        self, out: torch.Tensor, rest: _Lists, copy: Copy, sent: ThreadFuture[Any]
     ) -> None:
-        """The packer's thread: the rest of the copy, then its keepers told (from the
-        proc's loop)."""
+        """The packer's thread: the rest of the copy (``rest``), then its keepers told
+        (from the proc's loop)."""
         from ..actors._api import run_on
 
         try:
-            pack_into(out, tensors, specs, skip=now)
+            copy_each(*rest)
             set_stamp(out, copy.step)  # (last: the copy is whole)
         except BaseException as e:
             sent.set_exception(e)
@@ -572,7 +580,7 @@ class Copier:
                     slot[1].drop().get(timeout=5.0)
                 except Exception:  # (the proc is going: nothing to release)
                     pass
-        self.slots = [None, None]
+        self.slots, self._packing = [None, None], [None, None]
 
 
 def contents(copy: Copy, data: torch.Tensor) -> dict[str, Any]:

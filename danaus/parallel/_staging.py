@@ -65,12 +65,42 @@ def pack_into(
     """Copy ``tensors`` (on any device, contiguous or not) into ``out``, a uint8 tensor
     laid out as :func:`layout_of` says: those named in ``only`` where given, and none
     named in ``skip``."""
+    copy_each(*packing(out, tensors, specs, only, skip))
+
+
+def packing(
+    out: torch.Tensor,
+    tensors: Mapping[str, torch.Tensor],
+    specs: tuple[Spec, ...],
+    only: Container[str] | None = None,
+    skip: Container[str] = (),
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """What :func:`pack_into` copies: where in ``out`` (views of it) and from which of
+    ``tensors``, for :func:`copy_each`; made once, for a copy made again each step."""
+    dsts, srcs = [], []
     for (name, _, _, at), t in zip(specs, tensors.values(), strict=True):
         if (only is not None and name not in only) or name in skip:
             continue
         n = t.numel() * t.element_size()
         if n:
-            out[at : at + n].view(t.dtype).view(t.shape).copy_(t.detach())
+            dsts.append(out[at : at + n].view(t.dtype).view(t.shape))
+            srcs.append(t.detach())
+    return dsts, srcs
+
+
+def copy_each(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """``dsts[i].copy_(srcs[i])`` for each: on CPU in one call of torch's, which holds
+    Python's lock only to start (a copy per tensor from Python held it for 2.5 ms of a
+    4 ms copy of a GPT-2's 209 tensors: time that a step's own Python waited for)."""
+    if not dsts:
+        return
+    foreach = getattr(torch, "_foreach_copy_", None)
+    with torch.no_grad():
+        if foreach is not None and all(t.device.type == "cpu" for t in srcs):
+            foreach(dsts, srcs)
+            return
+        for d, t in zip(dsts, srcs, strict=True):
+            d.copy_(t)
 
 
 def views(data: torch.Tensor, specs: Iterable[Spec]) -> dict[str, torch.Tensor]:

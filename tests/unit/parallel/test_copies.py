@@ -15,7 +15,7 @@ from danaus.parallel._copies import (  # noqa: E402
     restore_point,
     whole_state,
 )
-from danaus.parallel._staging import ALIGN, pack_into, views  # noqa: E402
+from danaus.parallel._staging import ALIGN, copy_each, pack_into, packing, views  # noqa: E402
 
 
 def test_a_packed_copy_reads_back_every_tensor_bit_for_bit() -> None:
@@ -46,6 +46,29 @@ def test_a_copy_of_a_non_contiguous_tensor_is_of_its_values() -> None:
     out = torch.empty(size, dtype=torch.uint8)
     pack_into(out, {"m.t": t}, specs)
     assert torch.equal(views(out, specs)["m.t"], t)
+
+
+def test_a_copy_made_again_each_step_copies_the_values_of_that_step() -> None:
+    """What a worker's copier does: where each tensor goes is worked out once
+    (``packing``), and each step copies the state as it is then (the optimizer changed
+    it in place), the buffers first and the rest after, as two lists."""
+    weight, avg = torch.randn(4, 6), torch.randn(6, 4).t()  # (one not contiguous)
+    tensors = {"m.weight": weight, "m.buf": torch.zeros(3), "o.0.exp_avg": avg}
+    specs, size = copy_layout(tensors)
+    out = torch.empty(size, dtype=torch.uint8)
+    now = packing(out, tensors, specs, only={"m.buf"})
+    rest = packing(out, tensors, specs, skip={"m.buf"})
+    assert len(now[0]) == 1 and len(rest[0]) == 2
+    for step in range(3):
+        with torch.no_grad():
+            weight.add_(1.0)
+            avg.mul_(2.0)
+            tensors["m.buf"].fill_(step)
+        copy_each(*now)
+        copy_each(*rest)
+        back = views(out, specs)
+        for k, t in tensors.items():
+            assert torch.equal(back[k], t), (step, k)
 
 
 def _ring(n: int, done: int, late: set[int] = frozenset()) -> dict[int, list[tuple[int, int]]]:
