@@ -355,7 +355,9 @@ def estimate(
         sync = worst_w * scale * per_byte + (gathers + 1) * lat
     elif c.dp > 1:  # DDP: one all-reduce of the gradients
         sync = 2 * (c.dp - 1) / c.dp * worst_w / bw + lat
-    opt_bytes = worst_w / (c.dp if c.sharded else 1)
+    # FSDP2 shards the optimizer's state whether or not it reshards after the forward
+    # (ZeRO-3, or ZeRO-2 under pipelines and tensor parallel): each rank steps its shard
+    opt_bytes = worst_w / (c.dp if fsdp else 1)
     opt = cost.opt_s_per_byte * opt_bytes * contention * max(pace) * overs
     copying = 0.0
     if mesh.copying:  # packed by the proc; read by its peer over the data plane, where no

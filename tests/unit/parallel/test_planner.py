@@ -101,6 +101,24 @@ def test_a_near_tie_goes_to_the_simpler_layout() -> None:
     assert p.runner_up.startswith("fsdp=4")
 
 
+def test_the_optimizer_steps_a_shard_wherever_fsdp_shards_the_state() -> None:
+    """FSDP2 runs a replicated pipeline (ZeRO-2: the weights kept whole between forward
+    and backward) as it runs a sharded replica: each rank's optimizer steps its shard of
+    the stage, not the whole stage, as DDP's replicas each step the whole."""
+    cost = _cost([1.0] * 8, [MiB] * 8, act=0)
+    cost.opt_s_per_byte = 1e-8
+    by = {(c.dp, c.pp, c.sharded): c for c in _all(microbatches=1)}
+    stage = 4 * MiB * cost.opt_s_per_byte  # a stage of pp=2: 4 of the 8 blocks
+    zero2 = estimate(by[2, 2, False], cost, _mesh(), 8, 1 << 40)
+    assert zero2.optimizer_s == pytest.approx(stage / 2)
+    zero3 = estimate(by[4, 1, True], cost, _mesh(), 8, 1 << 40)
+    assert zero3.optimizer_s == pytest.approx(2 * stage / 4)
+    whole = estimate(by[4, 1, False], cost, _mesh(), 8, 1 << 40)  # DDP
+    assert whole.optimizer_s == pytest.approx(2 * stage)
+    alone = estimate(by[1, 4, False], cost, _mesh(), 8, 1 << 40)  # no replicas
+    assert alone.optimizer_s == pytest.approx(stage / 2)
+
+
 def test_a_cap_under_a_whole_replica_picks_stages_or_shards_that_fit() -> None:
     cost = _cost([1.0] * 8, [4 * MiB] * 8)
     whole = 8 * 4 * MiB * 4  # a replica's weights, grads and AdamW state
