@@ -509,9 +509,10 @@ def hosts_left(
         return None
     hosts, per = blocks
     gone = {i for i, a in enumerate(hosts) if a in current_runtime().lost}
-    lost_on = [sum(1 for r in set(lost) if r // per == i) for i in range(len(hosts))]
-    room = [0 if i in gone else per - lost_on[i] for i in range(len(hosts))]
-    if not gone and not any(lost_on):
+    room = [0 if i in gone else per for i in range(len(hosts))]
+    for r in set(lost):
+        room[r // per] = max(0, room[r // per] - 1)
+    if room == [per] * len(hosts):  # (nothing gone, nothing lost)
         return None
     best = even_spread(room)
     if best == 0:

@@ -116,6 +116,17 @@ async def _on_hosts(n: int) -> AsyncIterator[tuple[list[Any], Any]]:
                 yield agents, procs
 
 
+def _kill_rank(rank: int, at: int) -> Any:
+    """The hook that SIGKILLs the trainer's proc of ``rank`` before step ``at`` (between
+    steps: the next step meets a dead rank)."""
+
+    def kill(step: int, trainer: Any) -> None:
+        if step == at:
+            os.kill(trainer.procs.pids[rank], signal.SIGKILL)
+
+    return kill
+
+
 def _kill_agent(agents: list[Any], i: int, at: int) -> Any:
     """The hook that kills host agent ``i`` (its procs go with it) before step ``at``."""
 
@@ -214,9 +225,7 @@ async def test_a_proc_killed_between_steps_is_replanned_onto_the_survivors(
     batches = _batches()
     expected, want = _reference(batches)
 
-    def kill(step: int, trainer: Any) -> None:
-        if step == 4:  # the next step meets a dead rank
-            os.kill(trainer.procs.pids[2], signal.SIGKILL)
+    kill = _kill_rank(2, at=4)
 
     async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
         losses, state, recoveries, trainer = await _run(
@@ -278,10 +287,11 @@ async def test_two_procs_lost_one_after_the_other_are_each_respawned(tmp_path: P
     expected, want = _reference(batches)
     loss, arm = _mid_step(tmp_path, at=1)
 
+    kill_0 = _kill_rank(0, at=4)
+
     def kill(step: int, trainer: Any) -> None:
         arm(step, trainer)
-        if step == 4:
-            os.kill(trainer.procs.pids[0], signal.SIGKILL)
+        kill_0(step, trainer)
 
     async with this_host().spawn_procs(per_host={"procs": 2}) as procs:
         losses, state, recoveries, _ = await _run(procs, {"pp": 2}, batches, kill, loss_fn=loss)
@@ -350,9 +360,7 @@ async def test_a_trainer_of_one_proc_is_respawned_from_the_copy_the_controller_h
     batches = _batches()
     expected, want = _reference(batches)
 
-    def kill(step: int, trainer: Any) -> None:
-        if step == 4:
-            os.kill(trainer.procs.pids[0], signal.SIGKILL)
+    kill = _kill_rank(0, at=4)
 
     async with this_host().spawn_procs(per_host={"procs": 1}) as procs:
         losses, state, recoveries, _ = await _run(procs, {}, batches, kill, loss_fn=pm.lm_loss)
@@ -373,9 +381,7 @@ async def test_a_proc_lost_on_one_of_two_hosts_is_respawned_there_from_its_peers
     batches = _batches()
     expected, want = _reference(batches)
 
-    def kill(step: int, trainer: Any) -> None:
-        if step == 3:
-            os.kill(trainer.procs.pids[3], signal.SIGKILL)
+    kill = _kill_rank(3, at=3)
 
     async with _on_hosts(2) as (_, procs):
         where = [group_of(procs).agent_of(r) for r in range(4)]
@@ -429,9 +435,7 @@ async def test_a_replan_on_two_hosts_keeps_as_many_procs_on_each() -> None:
     batches = _batches()
     expected, want = _reference(batches)
 
-    def kill(step: int, trainer: Any) -> None:
-        if step == 3:
-            os.kill(trainer.procs.pids[3], signal.SIGKILL)
+    kill = _kill_rank(3, at=3)
 
     async with _on_hosts(2) as (_, procs):
         hosts = [group_of(procs).agent_of(r) for r in (0, 2)]
