@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -248,14 +248,20 @@ class ModelParts:
         other part is an ``nn.Identity`` in its place. Only the stage's own parts are
         copied (the others are never touched), so that a stage of a model too big for
         one proc costs only its own share to cut, send and hold."""
+        return self.keep(model, range(first, last + 1), first == 0, last == self.n_blocks - 1)
+
+    def keep(self, model: nn.Module, blocks: Iterable[int], embed: bool, head: bool) -> nn.Module:
+        """A copy of ``model`` holding only ``blocks`` (indices) and, where asked, the
+        embed and head parts; every other part is an ``nn.Identity`` in its place, never
+        copied (see :meth:`cut`)."""
         if not self.can_pipeline:
             raise PlanError(f"{self.why_not_cut(model)}; give pp=1, or express it as nn.Sequential")
-        left_out: list[nn.Module] = []
+        wanted = set(blocks)
         container = _get(model, self.blocks_path) if self.blocks_path else model
-        left_out += [b for i, b in enumerate(container.children()) if not first <= i <= last]
-        if first != 0:
+        left_out = [b for i, b in enumerate(container.children()) if i not in wanted]
+        if not embed:
             left_out += [_get(model, p) for p in self.embed_paths]
-        if last != self.n_blocks - 1:
+        if not head:
             left_out += [_get(model, p) for p in self.head_paths]
         # deepcopy takes what its memo already holds as the copy: each left-out part's
         # copy is an Identity, made without copying the part

@@ -122,13 +122,23 @@ async def _measure_mesh(
     return facts_, tp_s
 
 
-def _check_room(model: nn.Module, facts: list[ProcFacts]) -> None:
-    """A PlanError, before anything is sent to a proc, where the procs cannot hold the
-    model however it is laid out: its weights and gradients alone, spread evenly over
-    every proc (the least any layout holds), or the whole of them on the one proc that
-    measures the model (measuring block by block is not built yet)."""
-    unique = {id(p): p for p in model.parameters()}.values()
-    weights = sum(p.numel() * p.element_size() for p in unique)
+def _weight_bytes(*mods: nn.Module) -> int:
+    """Bytes of the weights of ``mods``, a weight they share (tied) counted once."""
+    unique = {id(p): p for m in mods for p in m.parameters()}.values()
+    return sum(p.numel() * p.element_size() for p in unique)
+
+
+def _check_room(model: nn.Module, parts: ModelParts, facts: list[ProcFacts]) -> list[int] | None:
+    """How the model is measured, or a PlanError before anything is sent to a proc where
+    the procs cannot hold it however it is laid out (its weights and gradients alone,
+    spread evenly over every proc: the least any layout holds) or it cannot be measured.
+
+    The proc that measures (the roomiest of the fastest) is alone at work then. The model
+    is measured whole where its weights and gradients fit there (``None``); else block
+    by block: one block of each make (:func:`._profile._alike`) with the parts before
+    and after the blocks, each block measured as the one of its make that was (the
+    index of that one, for each block)."""
+    weights = _weight_bytes(model)
     memory, _ = usable_memory(facts)
     mib = 2**20
     if 2 * weights / len(facts) > min(memory):
@@ -138,16 +148,32 @@ def _check_room(model: nn.Module, facts: list[ProcFacts]) -> None:
             f"{2 * weights / len(facts) / mib:.1f} MiB per proc even spread over all "
             f"{len(facts)} procs (give more procs, or more memory)"
         )
-    # the proc that measures (the roomiest of the fastest) is alone at work then: its
-    # group's whole room is its own; one under no cgroup limit has the host's RAM
-    alone = max(map(_room, facts))
-    if 2 * weights > alone:
+    # its group's whole room is the measuring proc's own; on CPU, one under no cgroup
+    # limit has the host's RAM; on a GPU, its device's free memory
+    alone = max(min(_room(f), math.inf if f.device == "cpu" else f.memory) for f in facts)
+    if 2 * weights <= alone:
+        return None
+    if not parts.can_pipeline:
         raise PlanError(
-            f"measuring the model needs its weights and gradients "
-            f"({2 * weights / mib:.1f} MiB) on one proc, and the roomiest may hold "
-            f"{alone / mib:.1f} MiB: measuring a model block by block is not built yet "
+            f"measuring the model needs its weights and gradients ({2 * weights / mib:.1f} "
+            f"MiB) on one proc, and the roomiest may hold {alone / mib:.1f} MiB: "
+            f"{parts.why_not_cut(model)}, so it is measured whole (give procs more memory)"
+        )
+    from ._profile import _alike
+
+    blocks = parts.blocks(model)
+    first: dict[Any, int] = {}
+    stand_in = [first.setdefault(make, i) for i, make in enumerate(_alike(model, parts, blocks))]
+    ends = [model.get_submodule(p) for p in (*parts.embed_paths, *parts.head_paths)]
+    some = _weight_bytes(*ends, *(blocks[i] for i in sorted(set(stand_in))))
+    if 2 * some > alone:
+        raise PlanError(
+            f"measuring the model block by block needs the weights and gradients of one "
+            f"block of each make and of the parts around them ({2 * some / mib:.1f} MiB) "
+            f"on one proc, and the roomiest may hold {alone / mib:.1f} MiB "
             "(give procs more memory)"
         )
+    return stand_in
 
 
 #: a cgroup's limit is a hard one (the OOM killer ends a proc past it), and a proc's
@@ -291,14 +317,16 @@ async def _plan(
     local = _local_procs(procs)
     try:
         facts = list((await profilers.facts.call(memory_per_proc, local)).values())
-        _check_room(model, facts)
+        stand_in = _check_room(model, parts, facts)
         threads = max(1, min(f.cores for f in facts) // max(1, local))
         tp_cands = [c for c in cands if c.tp > 1]
         probe = None
         if tp_cands:
             degrees = sorted({c.tp for c in tp_cands})
             tp_sizes_ = profile_sizes(tp_cands, batch)
-            probe = TPProbe(model, parts, sample, degrees, tp_sizes_, threads)
+            # the first block split (and what comes before it) is all a proc needs
+            first_block = parts.cut(model, 0, 0) if parts.can_pipeline else model
+            probe = TPProbe(first_block, parts, sample, degrees, tp_sizes_, threads)
         mesh, tp_s = await _measure_mesh(procs, profilers, facts, probe)
         sizes = profile_sizes(cands, batch)
         speed, together = await _speeds(
@@ -312,12 +340,15 @@ async def _plan(
             key=lambda r: (_room(facts[r]), -r),
         )
         first = _one(procs, profilers, fastest)
-        measure = (model, parts, sample, loss, optimizer, sizes, threads, precision)
-        cost = await first.model.call_one(*measure, bool(checkpointing), compile)
+        sent = model
+        if stand_in is not None:  # only what stands in for every block, and the ends
+            sent = parts.keep(model, set(stand_in), embed=True, head=True)
+        measure = (sent, parts, sample, loss, optimizer, sizes, threads, precision)
+        cost = await first.model.call_one(*measure, bool(checkpointing), compile, stand_in)
         cost.tp_block_s = tp_s
         recompute = None
         if checkpointing is None:  # both, for the planner to choose per stage
-            recompute = await first.model.call_one(*measure, True, compile)
+            recompute = await first.model.call_one(*measure, True, compile, stand_in)
             recompute.tp_block_s = _scaled(tp_s, cost, recompute)
         # what measuring leaves behind (the libraries it loaded, their pages) is charged
         # to the procs' cgroup: the room under its limit is read again after it

@@ -20,6 +20,7 @@ from torch import nn
 from ..actors import Actor, endpoint
 from ..spmd._api import proc_host
 from ._cgroup import GroupMemory, group_memory
+from ._errors import PlanError
 from ._model import LossFn, ModelParts, split_batch
 from ._staging import copy_each, layout_of, packing
 from ._worker import (
@@ -213,10 +214,16 @@ def measure_model(
     optimizer: OptimizerFactory,
     sizes: list[int],
     repeats: int = 5,
+    stand_in: list[int] | None = None,
 ) -> ModelCost:
     """Time and size each part of ``model`` on microbatches of each of ``sizes`` samples
     cut from ``sample``. Blocks run one at a time on detached inputs, so each one's
     backward is timed apart from the others'.
+
+    Block by block, where ``stand_in`` is given (for a model too big to measure whole
+    on one proc): block ``i`` is measured as block ``stand_in[i]``, a block of its make
+    (see :func:`_alike`), and ``model`` need hold only those (the others may be
+    ``nn.Identity``, as :meth:`ModelParts.keep` leaves them).
 
     Each time is the fastest of at least ``repeats`` passes after a warm-up one: other
     work on the machine only ever adds time, so the fastest pass is the part's own cost
@@ -244,6 +251,10 @@ def measure_model(
         cost.head.param_bytes = _param_bytes([model]) - _param_bytes(blocks)
     params = {p.data_ptr() for p in model.parameters()}
     one_pass = _one_pass if parts.can_pipeline else _one_pass_whole
+    if stand_in is not None:
+        if not parts.can_pipeline:
+            raise PlanError(f"{parts.why_not_cut(model)}: it is measured whole")
+        one_pass = functools.partial(_one_pass, only=sorted(set(stand_in)))
     ratios: list[float] = []
     for s in sizes:
         x, y = inputs[:s], target[:s]
@@ -267,7 +278,10 @@ def measure_model(
         for i, b in enumerate(cost.blocks):
             b.time_s[s], b.act_bytes[s], b.out_bytes[s] = best[i + 1], acts[i + 1], outs[i + 1]
     cost.typical = statistics.median(ratios) if ratios else 1.0
-    _even_out(cost, _alike(model, parts, blocks))
+    if stand_in is None:
+        _even_out(cost, _alike(model, parts, blocks))
+    else:
+        cost.blocks = [copy.deepcopy(cost.blocks[k]) for k in stand_in]
     _measure_optimizer(model, optimizer, cost, blocks)
     return cost
 
@@ -328,11 +342,14 @@ def _one_pass(
     y: Any,
     loss_fn: LossFn,
     params: set[int],
+    only: list[int] | None = None,
 ) -> tuple[list[float], list[int], list[int]]:
     """One forward and backward, part by part: (seconds, kept bytes, output bytes) of
-    embed, each block, head + loss."""
+    embed, each block, head + loss; of the blocks, ``only`` those (indices, in order),
+    each on the one before's output, the others' left at nothing."""
     model.zero_grad(set_to_none=True)
     n = len(blocks)
+    run_ = list(range(n)) if only is None else only
     fwd = [0.0] * (n + 2)
     acts = [0] * (n + 2)
     outs = [0] * (n + 2)
@@ -345,7 +362,7 @@ def _one_pass(
         return out
 
     h = run(0, lambda a: parts.embed(model, a), x) if parts.can_pipeline else x
-    for i in range(n):
+    for i in run_:
         leaf = _as_leaf(h)
         leaves.append(leaf)
         h = run(i + 1, lambda a, i=i: parts.run_blocks(model, i, i, a), leaf)
@@ -359,12 +376,12 @@ def _one_pass(
     bwd = [0.0] * (n + 2)
     bwd[n + 1] = timed(loss.backward)
     grad = last.grad
-    for i in reversed(range(n)):
-        out = results[i]
+    for k in reversed(range(len(run_))):
+        out = results[k]
         if grad is None or not isinstance(out, torch.Tensor) or not out.requires_grad:
             break
-        bwd[i + 1] = timed(functools.partial(out.backward, grad))
-        grad = leaves[i].grad if isinstance(leaves[i], torch.Tensor) else None
+        bwd[run_[k] + 1] = timed(functools.partial(out.backward, grad))
+        grad = leaves[k].grad if isinstance(leaves[k], torch.Tensor) else None
     if parts.embed_paths and grad is not None and leaves:
         emb = parts.embed(model, x)
         bwd[0] = timed(lambda: emb.backward(grad))  # type: ignore[no-untyped-call]
@@ -523,11 +540,13 @@ class Profiler(Actor):
         precision: str = "fp32",
         checkpointing: bool = False,
         compile: bool = False,
+        stand_in: list[int] | None = None,
     ) -> ModelCost:
         """Measure ``model`` here (see :func:`measure_model`) with ``threads`` torch
         threads, as a worker of the plan will have, computing in ``precision``, its
         blocks checkpointed if ``checkpointing``, compiled if ``compile`` (the passes
-        that compile are slower than the rest, and the fastest pass counts)."""
+        that compile are slower than the rest, and the fastest pass counts); block by
+        block where ``stand_in`` is given."""
         if checkpointing:
             checkpoint_blocks(model, parts, 0, parts.n_blocks - 1)
         if compile:
@@ -537,7 +556,9 @@ class Profiler(Actor):
             torch.set_num_threads(threads)
         try:
             with autocast(device(), precision):
-                return measure_model(model, parts, sample, loss_fn, optimizer, sizes)
+                return measure_model(
+                    model, parts, sample, loss_fn, optimizer, sizes, stand_in=stand_in
+                )
         finally:
             torch.set_num_threads(old)
 

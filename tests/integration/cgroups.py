@@ -115,6 +115,13 @@ def memory_limit(pids: list[int], limit: int) -> Iterator[Path]:
         yield group
 
 
+@contextlib.contextmanager
+def each_memory_limit(pids: list[int], limit: int) -> Iterator[list[Path]]:
+    """Each of ``pids`` alone under its own limit of ``limit`` bytes."""
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(memory_limit([pid], limit)) for pid in pids]
+
+
 def _memory_file(group: Path, v1: str, v2: str) -> Path:
     """``group``'s memory-controller file ``v1`` (cgroup v1) or ``v2``, whichever it has."""
     path = group / v1

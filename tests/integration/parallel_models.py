@@ -104,6 +104,11 @@ def adamw(ps: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(ps, lr=1e-3, eps=1e-6)
 
 
+def sgd(ps: Any) -> torch.optim.Optimizer:
+    """An optimizer that keeps no state: training holds weights and gradients only."""
+    return torch.optim.SGD(ps, lr=1e-2)
+
+
 def train_locally(model: nn.Module, batch: Any, steps: int, loss_fn: Any = None) -> list[float]:
     """The reference: the same model trained in this process on the same global batch."""
     return train_over(model, [batch] * steps, loss_fn)

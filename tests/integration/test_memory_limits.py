@@ -208,3 +208,53 @@ async def test_a_plan_keeping_copies_for_a_respawn_trains_under_a_real_memory_li
           f"{without.peak_bytes_per_proc / 2**20:.0f}) of {p.memory_per_proc / 2**20:.0f} "
           f"usable; the group peaked at {peak / 2**20:.0f} MiB")  # fmt: skip
     assert all(math.isfinite(v) for v in losses), losses
+
+
+async def test_a_model_larger_than_one_procs_memory_is_measured_block_by_block_and_trains() -> None:
+    """Each of four procs alone under a limit its share of which cannot hold the model's
+    weights and gradients (536 MiB for 268 MiB of weights): plan() measures one block
+    (all eight are alike) instead of the whole model, no proc ever holding the model's
+    weights, and the plan it chooses trains to a one-process run's losses with no proc
+    killed by the OOM killer."""
+    cgroups.skip_unless("memory")
+    widths, dim = MODELS["mlp-8x268MiB"]
+    batch = _batch(dim)
+    weights = sum(p.numel() * p.element_size() for p in pm.mlp(widths, dim).parameters())
+    limit = 400 << 20
+    assert 2 * weights > limit  # (measuring it whole needs weights and gradients)
+    kw = {"optimizer": pm.sgd, **FAIL}
+    async with this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        await plan(pm.mlp([64] * 2, 32), procs, sample=_batch(32), loss_fn=pm.mse)  # (as above)
+        with cgroups.each_memory_limit(procs.pids, limit) as groups:
+            # what planning itself costs each proc (its probes of the links and the
+            # collectives, the libraries' pages), with a model of next to nothing
+            await plan(pm.mlp([64] * 2, 32), procs, sample=_batch(32), loss_fn=pm.mse, **kw)
+            small = [cgroups.peak_usage(g) for g in groups]
+            p = await plan(pm.mlp(widths, dim), procs, sample=batch, loss_fn=pm.mse, **kw)
+            planning = [cgroups.peak_usage(g) for g in groups]
+            # measuring it whole would have held its weights and gradients on one proc:
+            # no proc held even half that (each held one block, its gradients and the
+            # bytes it came in: the others' paces are timed on the first block too)
+            extra = [b - a for a, b in zip(small, planning, strict=True)]
+            assert max(extra) < weights, (small, planning)
+            assert p.peak_bytes_per_proc <= p.memory_per_proc < limit, str(p)
+            trainer = parallelize(pm.mlp(widths, dim), procs, p, **kw)
+            losses = [await trainer.step(batch) for _ in range(3)]
+            await trainer.stop()
+            assert [cgroups.oom_kills(g) for g in groups] == [0] * 4
+            peaks = [cgroups.peak_usage(g) for g in groups]
+    model = pm.mlp(widths, dim)
+    opt = pm.sgd(model.parameters())
+    want = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = pm.mse(model(batch[0]), batch[1])
+        loss.backward()
+        opt.step()
+        want.append(float(loss.detach()))
+    assert losses == pytest.approx(want, rel=1e-4), (losses, want)
+    print(
+        f"\n268 MiB model, each proc under {limit >> 20} MiB: {p.strategy}; planning "
+        f"held up to {max(extra) >> 20} MiB a proc over a tiny model's, and peaked at "
+        f"{max(planning) >> 20}; training peaked at {max(peaks) >> 20}"
+    )
