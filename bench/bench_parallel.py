@@ -86,8 +86,8 @@ def one_process(batch: dict[str, Any]) -> float:
 
 def _bytes_out() -> int:
     """Bytes this controller has written to its connections so far."""
-    from danaus.actors._api import current_runtime
     from danaus.actors._stats import proc_record
+    from danaus.actors.seam import current_runtime
 
     return int(proc_record(current_runtime())["bytes_out"])
 

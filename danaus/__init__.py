@@ -62,8 +62,8 @@ from .mesh import (
     this_host,
     this_proc,
 )
-from .mesh._api import default_fault_hook as unhandled_fault_hook
-from .mesh._api import set_tensor_engine_loader as _set_tensor_engine_loader
+from .mesh.seam import default_fault_hook as unhandled_fault_hook
+from .mesh.seam import set_tensor_engine_loader as _set_tensor_engine_loader
 from .tools.dashboard import dashboard
 
 

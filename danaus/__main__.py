@@ -12,7 +12,7 @@ import sys
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["run"]:  # torchrun's flags, parsed by the runner
-        from .spmd._api import main_run
+        from .spmd.seam import main_run
 
         sys.exit(main_run(args[1:]))
     if args[:1] == ["rdma-bench"]:  # its own options, parsed by the benchmark
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     if getattr(ns, "verb", None) is not None:
         sys.exit(job_main(ns))
     if ns.cmd == "host-agent":
-        from .mesh._api import main_host_agent
+        from .mesh.seam import main_host_agent
 
         main_host_agent(ns.listen, ns.key_file)
     elif ns.cmd == "new-key":

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     # What type checkers see of an actor class: ``spawn`` returns the class's type, so
     # an actor statically carries the actor mesh's members and its endpoints' adverbs
     # (``danaus.mesh._actor_face``); at run time an ``Actor`` is a plain object.
-    from ..mesh._api import ActorFace as _ActorBase
-    from ..mesh._api import TypedEndpoint
+    from ..mesh.seam import ActorFace as _ActorBase
+    from ..mesh.seam import TypedEndpoint
     from ._port import Port
 else:
     _ActorBase = object

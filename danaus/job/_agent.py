@@ -23,9 +23,9 @@ import sys
 from concurrent.futures import Future as ThreadFuture
 from typing import Any
 
-from ..actors._api import all_runtimes, ensure_actor, new_event_loop
+from ..actors.seam import all_runtimes, ensure_actor, new_event_loop
 from ..config import config
-from ..mesh._api import read_key_file, serve
+from ..mesh.seam import read_key_file, serve
 from ._lease import AGENTS_DIR, LEASE, JobLease
 
 log = logging.getLogger("danaus.job.agent")

@@ -11,9 +11,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, TypedDict
 
-from ..actors._api import Actor, Future, context, current_runtime, endpoint, run_task
+from ..actors.seam import Actor, Future, context, current_runtime, endpoint, run_task
 from ..geometry import Point
-from ..mesh._api import check_per_host
+from ..mesh.seam import check_per_host
 
 if TYPE_CHECKING:
     from ..mesh import HostMesh

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ..actors._api import actor_process
+from ..actors.seam import actor_process
 from ..config import config
 from ._lease import AGENTS_DIR
 from ._squeue import TERMINAL, job_status

@@ -15,7 +15,7 @@ import signal
 import threading
 from concurrent.futures import Future as ThreadFuture
 
-from ..actors._api import Actor, endpoint
+from ..actors.seam import Actor, endpoint
 from ..config import config
 
 __all__ = ["AGENTS_DIR", "LEASE", "JobLease", "hold_job"]
@@ -61,7 +61,7 @@ class JobLease(Actor):
     def hold(self, controller: str, linger: float | None) -> dict[str, object]:
         """``controller`` holds the job while its connection lives, and for ``linger``
         seconds after (None: until the job is cancelled). Returns this agent's info."""
-        from ..actors._api import current_runtime
+        from ..actors.seam import current_runtime
 
         if not self._watching:
             current_runtime().on_lost.append(self._lost)
@@ -78,9 +78,9 @@ def hold_job(addrs: list[str], linger: float | None) -> None:
     def hold() -> None:
         # From a thread of our own: the call goes through danaus's background loop,
         # whose connections live as long as this process (not an application loop's).
-        from ..actors._api import current_runtime
+        from ..actors.seam import current_runtime
         from ..mesh import Shape
-        from ..mesh._api import mesh_ref
+        from ..mesh.seam import mesh_ref
 
         shape = Shape.from_sizes({"hosts": len(addrs)})
         lease = mesh_ref(LEASE, JobLease, shape, dict(enumerate(addrs)))

@@ -14,9 +14,9 @@ import contextlib
 import uuid
 from collections.abc import Callable
 
-from ..actors._api import Actor, Channel, Port, current_rank, endpoint
+from ..actors.seam import Actor, Channel, Port, current_rank, endpoint
 from ..geometry import Point
-from ..mesh._api import CLOSE_TIMEOUT, RelayMessage, Relays, close_writer
+from ..mesh.seam import CLOSE_TIMEOUT, RelayMessage, Relays, close_writer
 
 __all__ = ["PortForwarder"]
 

@@ -152,7 +152,7 @@ class ProcessJob(JobTrait):
     def _keep(self) -> None:
         """Saved for later controllers (``state(cached_path=...)``, ``danaus apply``):
         the workers outlive this process, until ``kill()`` (``danaus kill``)."""
-        from ..mesh._api import agent_ref
+        from ..mesh.seam import agent_ref
 
         for addr in self._addrs.values():
             agent_ref(addr).outlive_parent.call_one().get(timeout=config.connect_timeout)

@@ -65,13 +65,13 @@ class Services:
             from ..config import configure
 
             configure(telemetry=True)  # here, and in the procs spawned from now on
-            from ..actors._api import otlp_traces_url
+            from ..actors.seam import otlp_traces_url
 
             urls["telemetry_url"] = otlp_traces_url()
             if self.telemetry.include_dashboard:
                 port = self.telemetry.dashboard_port
                 if port not in _dashboards:
-                    from ..mesh._api import start_dashboard
+                    from ..mesh.seam import start_dashboard
 
                     _dashboards[port] = start_dashboard(port)
                 urls["dashboard_url"] = _dashboards[port]

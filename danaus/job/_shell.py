@@ -21,7 +21,7 @@ import tty
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from ..actors._api import Actor, Channel, Future, Port, concurrent_endpoint, endpoint
+from ..actors.seam import Actor, Channel, Future, Port, concurrent_endpoint, endpoint
 from ._exec import rank_env
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import DanausError, a_type
 from ..mesh import Shape
-from ..mesh._api import check_per_host
+from ..mesh.seam import check_per_host
 from . import _contexts
 from ._contexts import (
     current_context,

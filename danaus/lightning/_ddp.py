@@ -29,7 +29,7 @@ from lightning.pytorch.trainer.states import TrainerFn, TrainerState
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.nn.parallel import DistributedDataParallel
 
-from ..spmd._api import launch_ranks
+from ..spmd.seam import launch_ranks
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl

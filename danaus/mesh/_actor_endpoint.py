@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Generic, NamedTuple, TypeAlias, TypeVar, cast
 
 import msgspec
 
-from ..actors._api import (
+from ..actors.seam import (
     ERROR,
     Actor,
     CallSpec,
@@ -33,7 +33,7 @@ from ._tensor_engine_hook import tensor_engine
 from ._value_mesh import ValueMesh
 
 if TYPE_CHECKING:
-    from ..actors._api import Region
+    from ..actors.seam import Region
     from ._actor_mesh import ActorMesh
     from ._supervision import MeshState
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping, Sequence
 from typing import Generic, ParamSpec, Self, TypeVar, overload
 
-from ..actors._api import Endpoint, Future
+from ..actors.seam import Endpoint, Future
 from ..geometry import Extent, Selector, Shape
 from ._actor_endpoint import ActorEndpoint, Stream
 from ._admin.records import ActorStats, GoneActorStats, StackEntry

@@ -12,7 +12,7 @@ from collections.abc import Generator
 from concurrent.futures import Future as ThreadFuture
 from typing import Generic, TypeVar
 
-from ..actors._api import (
+from ..actors.seam import (
     Actor,
     Future,
     Region,

@@ -12,7 +12,7 @@ import time
 from concurrent.futures import Future as ThreadFuture
 from typing import TypeVar
 
-from ..actors._api import (
+from ..actors.seam import (
     ERROR,
     Actor,
     Runtime,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from ..actors._api import Port, PortReceiver
+from ..actors.seam import Port, PortReceiver
 
 __all__ = ["CLOSE_TIMEOUT", "WINDOW", "RelayMessage", "Relays", "close_writer"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TypeVar, cast
 
-from ..actors._api import (
+from ..actors.seam import (
     Actor,
     Future,
     Runtime,

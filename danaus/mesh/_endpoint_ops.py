@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, NoReturn, TypeVar, cast
 
-from ..actors._api import (
+from ..actors.seam import (
     AS_ENDPOINT,
     ERROR,
     Actor,

@@ -36,7 +36,7 @@ import secrets
 import socket
 from typing import cast
 
-from ..actors._api import (
+from ..actors.seam import (
     Actor,
     Channel,
     Port,
@@ -345,6 +345,6 @@ def _gateway_ref(agent: str) -> ActorMesh[Gateway]:
 
 
 def _open_channel(rt: Runtime) -> tuple[Port[int], PortReceiver[int]]:
-    from ..actors._api import call_in_loop
+    from ..actors.seam import call_in_loop
 
     return call_in_loop(rt, Channel[int].open)

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING, cast
 
-from ..actors._api import (
+from ..actors.seam import (
     OK,
     Actor,
     Future,

@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..actors._api import (
+from ..actors.seam import (
     SUPERVISOR,
     Actor,
     Runtime,

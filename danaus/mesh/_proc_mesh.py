@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from types import EllipsisType, TracebackType
 from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
-from ..actors._api import (
+from ..actors.seam import (
     Actor,
     Future,
     ProcControl,

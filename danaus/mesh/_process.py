@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..actors._api import Actor
+    from ..actors.seam import Actor
     from ._actor_mesh import ActorMesh
     from ._admin.server import AdminServer
     from ._procs.forkserver import ForkServer

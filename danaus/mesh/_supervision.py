@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 from typing import NamedTuple, Protocol, TypedDict
 
-from ..actors._api import context
+from ..actors.seam import context
 from ..errors import SupervisionError, actor_display_name, actor_failed
 from ..geometry import Point, Shape
 from ._process import process

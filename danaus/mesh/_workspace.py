@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..actors._api import Actor, endpoint
+from ..actors.seam import Actor, endpoint
 from ._admin.inspect import ask_procs
 
 if TYPE_CHECKING:

@@ -87,7 +87,7 @@ class ToolsConfig:
 
     def __post_init__(self) -> None:
         if self.workspace is None:
-            from danaus.mesh._api import Workspace
+            from danaus.mesh.seam import Workspace
 
             self.workspace = Workspace.null()
 
@@ -98,7 +98,7 @@ def _tools_config(name: str) -> Any:
     if name == "workspace":
         return importlib.import_module("monarch.tools.config.workspace")
     if name == "Workspace":
-        from danaus.mesh._api import Workspace
+        from danaus.mesh.seam import Workspace
 
         return Workspace
     raise AttributeError(name)
@@ -322,7 +322,7 @@ def install() -> None:
     if not installed():
         sys.meta_path.insert(0, _finder)
         import danaus
-        from danaus.mesh._api import default_fault_hook, exit_on_fault
+        from danaus.mesh.seam import default_fault_hook, exit_on_fault
 
         if danaus.unhandled_fault_hook is default_fault_hook:
             # Monarch's default: an unhandled failure ends the program (exit status 1)

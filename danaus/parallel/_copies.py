@@ -453,7 +453,7 @@ class Copier:
     ) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from ..actors._api import current_runtime
+        from ..actors.seam import current_runtime
 
         self.rank = rank
         self.serves = serves  # None: this rank keeps no copy (a DDP replica past two)
@@ -547,7 +547,7 @@ class Copier:
     ) -> None:
         """The packer's thread: the rest of the copy (``rest``), then its keepers told
         (from the proc's loop)."""
-        from ..actors._api import run_on
+        from ..actors.seam import run_on
 
         try:
             copy_each(*rest)

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ..actors._api import Future, current_runtime, run_task
-from ..mesh._api import preload_for
+from ..actors.seam import Future, current_runtime, run_task
+from ..mesh.seam import preload_for
 from ..spmd import setup_torch_elastic_env_async
 from ._errors import PlanError
 from ._model import ModelParts, check_batch, find_parts

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..actors import Actor, endpoint
-from ..spmd._api import proc_host
+from ..spmd.seam import proc_host
 from ._cgroup import GroupMemory, group_memory
 from ._errors import PlanError
 from ._model import LossFn, ModelParts, split_batch

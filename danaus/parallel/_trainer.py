@@ -16,9 +16,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sized
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from ..actors._api import Future, current_runtime, run_task
+from ..actors.seam import Future, current_runtime, run_task
 from ..errors import SupervisionError
-from ..mesh._api import (
+from ..mesh.seam import (
     add_section,
     group_of,
     host_blocks,

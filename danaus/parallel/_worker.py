@@ -1084,7 +1084,7 @@ def _opened_since(before: dict[int, int]) -> dict[int, int]:
     none accepted on this proc's listening port, none to a peer's (danaus's connections
     are TCP where its transport is; the ports alone tell them, whatever the hosts are
     called)."""
-    from ..actors._api import current_runtime
+    from ..actors.seam import current_runtime
 
     rt = current_runtime()
     ports = _tcp_ports([rt.addr, *rt.conns])
@@ -1111,7 +1111,7 @@ def _opened_since(before: dict[int, int]) -> dict[int, int]:
 def _tcp_ports(addrs: list[str]) -> set[int]:
     """The ports of those of ``addrs`` that are ``tcp://HOST:PORT`` (any other, or one
     that does not parse, gives none)."""
-    from ..actors._api import parse_addr
+    from ..actors.seam import parse_addr
 
     ports = set()
     for addr in addrs:

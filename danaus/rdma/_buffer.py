@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ..actors._api import Future, Runtime, call_in_loop, current_runtime, run_task, runtime_here
+from ..actors.seam import Future, Runtime, call_in_loop, current_runtime, run_task, runtime_here
 from ..config import config
 from ..errors import RDMABufferDroppedError, RDMABufferError
 from ._handle import BufferHandle

@@ -15,7 +15,7 @@ import os
 import socket
 from typing import Any
 
-from ..actors._api import (
+from ..actors.seam import (
     Actor,
     CallSpec,
     Future,

@@ -16,7 +16,7 @@ import struct
 from typing import TYPE_CHECKING
 
 from .. import _auth as auth
-from ..actors._api import parse_addr
+from ..actors.seam import parse_addr
 from ..config import config
 from ..errors import (
     AuthenticationError,

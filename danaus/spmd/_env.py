@@ -6,7 +6,7 @@ import itertools
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from ..actors._api import Future, current_runtime, run_task
+from ..actors.seam import Future, current_runtime, run_task
 from ._actor import SPMDActor
 
 if TYPE_CHECKING:

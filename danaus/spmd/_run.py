@@ -10,7 +10,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..actors._api import Future, current_runtime, run_task
+from ..actors.seam import Future, current_runtime, run_task
 from ..errors import DanausError
 from ..geometry import Point
 from ..mesh import ValueMesh

@@ -24,10 +24,10 @@ except ImportError as e:  # torch is an extra: the actor, mesh and RDMA layers r
     ) from e
 
 
-from ..actors._api import Future
+from ..actors.seam import Future
 from ..errors import DataDependentError
 from ..mesh import ProcMesh
-from ..mesh._api import TensorEngine, set_tensor_engine
+from ..mesh.seam import TensorEngine, set_tensor_engine
 from . import _client, _dispatch
 from ._client import activate, active, active_stream
 from ._dtensor import Borrow, DTensor, MeshSlice, Stream, slice_mesh
@@ -289,9 +289,9 @@ class _ActorCall:
         self.wire, self.cls, self.method = wire, cls, method
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from ..actors._api import current_runtime
+        from ..actors.seam import current_runtime
         from ..mesh import Shape
-        from ..mesh._api import mesh_ref
+        from ..mesh.seam import mesh_ref
 
         rt = current_runtime()  # (the worker's thread is an actor's: its proc's runtime)
         here: Any = mesh_ref(self.wire, self.cls, Shape.from_sizes({}), {0: rt.addr})
@@ -302,7 +302,7 @@ class _ActorCall:
 
 
 def _rref(endpoint: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from ..actors._api import endpoints_of
+    from ..actors.seam import endpoints_of
 
     mesh = endpoint.mesh
     ep = endpoints_of(mesh.actor_class)[endpoint.name]

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from ..actors._api import Future
+from ..actors.seam import Future
 from ..config import config
 from ..mesh import ProcMesh
-from ..mesh._api import group_of
+from ..mesh.seam import group_of
 from . import _dispatch
 from ._worker import FREE, TensorWorker
 

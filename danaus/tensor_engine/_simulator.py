@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ..actors._api import Future, current_runtime
+from ..actors.seam import Future, current_runtime
 from ._client import _Client, _scope, no_mesh
 from ._worker import BORROW, CALL, FREE, PULL, REDUCE, Ref, _flatten, _op
 from .opaque_ref import GroupWire, OpaqueWire

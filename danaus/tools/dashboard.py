@@ -27,7 +27,7 @@ import socket
 import threading
 from typing import Any, Protocol
 
-from ..mesh._api import set_dashboard_starter
+from ..mesh.seam import set_dashboard_starter
 
 __all__ = ["AdminSource", "DashboardServer", "LocalSource", "Source", "dashboard", "main"]
 
@@ -57,7 +57,7 @@ class LocalSource:
         self.timeout = timeout
 
     def _run(self, make: Any) -> Any:
-        from ..actors._api import background_runtime, run_task
+        from ..actors.seam import background_runtime, run_task
 
         fut = run_task(background_runtime(), make)
         try:
@@ -67,12 +67,12 @@ class LocalSource:
             raise
 
     def snapshot(self) -> dict[str, Any]:
-        from ..mesh._api import snapshot
+        from ..mesh.seam import snapshot
 
         return dict(self._run(snapshot))
 
     def stacks(self, procs: str, rank: int) -> list[dict[str, Any]]:
-        from ..mesh._api import proc_stacks
+        from ..mesh.seam import proc_stacks
 
         return list(self._run(lambda: proc_stacks(procs, rank)))
 

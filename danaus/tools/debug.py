@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from ..mesh import AdminClient, AdminError
-from ..mesh._api import find_controllers, runtime_dir
+from ..mesh.seam import find_controllers, runtime_dir
 from ._attach import add_attach_options, read_key
 from ._debug_commands import (
     Attach,

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 from ..config import config
 from ..mesh import AdminClient, AdminError
-from ..mesh._api import find_controllers
+from ..mesh.seam import find_controllers
 from ._attach import add_attach_options, read_key
 from ._top_model import View, actor_rows
 from ._top_render import Line, Style, handle_key, render

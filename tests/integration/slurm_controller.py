@@ -46,10 +46,10 @@ def main() -> None:
         where += procs.spawn("node", Node).where.call().get(timeout=30).values()
     gateway = {}
     if ns.out_of_cluster:
-        from danaus.actors._api import current_runtime
+        from danaus.actors.seam import current_runtime
         from danaus.mesh import Shape
-        from danaus.mesh._api import mesh_ref
         from danaus.mesh._gateway import GATEWAY, Gateway
+        from danaus.mesh.seam import mesh_ref
 
         first = job.agents[0][0]
         counts = mesh_ref(GATEWAY, Gateway, Shape.from_sizes({}), {0: first}).counts

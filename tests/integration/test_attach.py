@@ -24,9 +24,9 @@ CONTROLLER = textwrap.dedent(
     """
     import sys
     from danaus import Actor, attach, attach_to_workers, endpoint, this_host
-    from danaus.actors._api import current_runtime
+    from danaus.actors.seam import current_runtime
     from danaus.mesh._gateway import GATEWAY, Gateway
-    from danaus.mesh._api import mesh_ref
+    from danaus.mesh.seam import mesh_ref
     from danaus.mesh import Shape
 
     class Echo(Actor):
@@ -186,7 +186,7 @@ def test_attach_refuses_what_is_no_host_agent(tmp_path: Path) -> None:
     program = textwrap.dedent(
         f"""
         from danaus import attach
-        from danaus.actors._api import current_runtime
+        from danaus.actors.seam import current_runtime
         for addr in ("http://nowhere", "ipc://{tmp_path}/nobody"):
             try:
                 attach(addr)

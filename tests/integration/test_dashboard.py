@@ -25,7 +25,7 @@ import pytest
 
 import danaus
 from danaus import config, dashboard, set_unhandled_fault_hook, this_host
-from danaus.actors._api import actor_process
+from danaus.actors.seam import actor_process
 from danaus.mesh._admin.server import admin_server
 
 from .obs_actors import Busy

@@ -211,7 +211,7 @@ async def test_a_host_agent_told_of_a_models_module_forks_later_procs_with_it() 
     imported; a module not told of is not imported there."""
     import tests.integration.preload_later  # noqa: F401  (a "model's" module, imported here)
     from danaus import attach_to_hosts
-    from danaus.mesh._api import agent_ref, group_of, preload_for
+    from danaus.mesh.seam import agent_ref, group_of, preload_for
 
     from .agents_kit import controller_key, host_agents
 

@@ -471,8 +471,8 @@ async def test_any_candidate_the_planner_weighed_trains_and_a_stage_cut_can_be_f
 
 def _control_bytes_out() -> int:
     """Bytes this controller has written to its control-plane connections so far."""
-    from danaus.actors._api import current_runtime
     from danaus.actors._stats import proc_record
+    from danaus.actors.seam import current_runtime
 
     return int(proc_record(current_runtime())["bytes_out"])
 
@@ -483,7 +483,7 @@ def _control_bytes_out() -> int:
 async def test_shards_over_a_megabyte_go_by_the_data_plane_and_train_as_one_process(
     dims: dict[str, int],
 ) -> None:
-    from danaus.actors._api import current_runtime
+    from danaus.actors.seam import current_runtime
     from danaus.rdma._manager import manager
 
     g = torch.Generator().manual_seed(3)

@@ -130,7 +130,7 @@ async def test_configure_reaches_host_agents_at_attach_and_their_procs() -> None
     """As Monarch's: what the controller configure()d is pushed to each host agent when
     the host mesh attaches, and reaches the procs spawned from then on."""
     from danaus.config import configured
-    from danaus.mesh._api import agent_ref
+    from danaus.mesh.seam import agent_ref
 
     job = ProcessJob({"hosts": 2})
     state = await asyncio.to_thread(job.state)

@@ -376,7 +376,7 @@ async def test_a_proc_lost_on_one_of_two_hosts_is_respawned_there_from_its_peers
     """Two host agents (127.0.0.2 and .3), two procs each, dp=2 x pp=2 (each rank's state
     its own: its copy is held on the other host); a proc of the second host killed
     between steps is respawned on the same hosts, rank for rank, and no step is lost."""
-    from danaus.mesh._api import group_of
+    from danaus.mesh.seam import group_of
 
     batches = _batches()
     expected, want = _reference(batches)
@@ -404,7 +404,7 @@ async def test_a_host_lost_with_its_procs_is_replanned_onto_the_host_left() -> N
     between steps (its procs go with it): no procs can start there, so the trainer
     re-plans onto two new procs on the first host from the copies held there, and no
     step is lost."""
-    from danaus.mesh._api import group_of
+    from danaus.mesh.seam import group_of
 
     batches = _batches()
     expected, want = _reference(batches)
@@ -430,7 +430,7 @@ async def test_a_replan_on_two_hosts_keeps_as_many_procs_on_each() -> None:
     host killed between steps, its host still there: the trainer re-plans onto two new
     procs, one on each host (as many on each, the most in all; a rank's copy is then on
     the other host), and no step is lost."""
-    from danaus.mesh._api import group_of
+    from danaus.mesh.seam import group_of
 
     batches = _batches()
     expected, want = _reference(batches)
@@ -460,7 +460,7 @@ async def test_a_host_lost_of_three_is_replanned_onto_the_two_left(mode: str) ->
     between steps (its procs go with it): the trainer re-plans onto four new procs, two
     on each host left (each rank's copy is on the next host, the third's on the first),
     and no step is lost; with ``respawn`` as with ``replan``."""
-    from danaus.mesh._api import group_of
+    from danaus.mesh.seam import group_of
 
     batches = [pm.lm_batch(n=12, seed=s) for s in range(1, STEPS + 1)]
     expected, want = _reference(batches)

@@ -1,4 +1,4 @@
-"""A failed proc started again in its place (``mesh._api.respawn_procs``): the proc mesh
+"""A failed proc started again in its place (``mesh.seam.respawn_procs``): the proc mesh
 its user holds is whole again, rank for rank, on this host and through a host agent."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from danaus import Actor, SupervisionError, current_rank, endpoint, this_host
-from danaus.mesh._api import group_of, respawn_procs
+from danaus.mesh.seam import group_of, respawn_procs
 
 from .. import faults
 from ..faults import Failures

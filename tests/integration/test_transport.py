@@ -16,7 +16,7 @@ PROGRAM = textwrap.dedent(
     """
     import socket, sys
     from danaus import Actor, ChannelTransport, context, endpoint, enable_transport, this_host
-    from danaus.actors._api import current_runtime
+    from danaus.actors.seam import current_runtime
 
     class Where(Actor):
         @endpoint
@@ -99,7 +99,7 @@ def configure_transport(value: object) -> None:
 
 
 def test_tls_transports_need_the_certificates() -> None:
-    from danaus.actors._api import listen_address
+    from danaus.actors.seam import listen_address
 
     with configured(default_transport=ChannelTransport.Tls):
         with pytest.raises(ValueError, match="set tls_cert"):

@@ -12,7 +12,7 @@ import pytest
 
 from danaus import this_host
 from danaus.job import ProcessJob
-from danaus.mesh._api import Workspace
+from danaus.mesh.seam import Workspace
 
 from .workspace_actors import User
 

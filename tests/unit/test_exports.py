@@ -20,12 +20,12 @@ import danaus
         "danaus",
         "danaus.geometry",
         "danaus.actors",
-        "danaus.actors._api",
+        "danaus.actors.seam",
         "danaus.mesh",
-        "danaus.mesh._api",
+        "danaus.mesh.seam",
         "danaus.job",
         "danaus.spmd",
-        "danaus.spmd._api",
+        "danaus.spmd.seam",
         "danaus.parallel",
     ],
 )
@@ -105,9 +105,9 @@ def _imported_from(seam: str, outside: str) -> set[str]:
 @pytest.mark.parametrize(
     ("seam", "package"),
     [
-        ("danaus.actors._api", "danaus.actors"),
-        ("danaus.mesh._api", "danaus.mesh"),
-        ("danaus.spmd._api", "danaus.spmd"),
+        ("danaus.actors.seam", "danaus.actors"),
+        ("danaus.mesh.seam", "danaus.mesh"),
+        ("danaus.spmd.seam", "danaus.spmd"),
     ],
 )
 def test_a_seam_exports_only_what_the_layers_above_use(seam: str, package: str) -> None:
@@ -123,8 +123,8 @@ ACTOR_SEAM_CEILING = 45
 
 
 def test_the_actor_layers_seam_does_not_grow() -> None:
-    names = importlib.import_module("danaus.actors._api").__all__
+    names = importlib.import_module("danaus.actors.seam").__all__
     assert len(names) <= ACTOR_SEAM_CEILING, (
-        f"danaus.actors._api exports {len(names)} names, above its ceiling of"
+        f"danaus.actors.seam exports {len(names)} names, above its ceiling of"
         f" {ACTOR_SEAM_CEILING}: offer an operation instead of another part"
     )

@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar, cast, overload
 
-from ...actors._api import Actor, Future, ProcControl, current_runtime, endpoints_of, run_task
+from ...actors.seam import Actor, Future, ProcControl, current_runtime, endpoints_of, run_task
 from ...geometry import Shape
 from .._actor_endpoint import ActorEndpoint
 from .._value_mesh import ValueMesh

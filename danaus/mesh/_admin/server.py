@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from ... import _auth as auth
-from ...actors._api import actor_process, background_runtime, run_task
+from ...actors.seam import actor_process, background_runtime, run_task
 from ...config import config
 from .._process import process
 from .client import AdminClient

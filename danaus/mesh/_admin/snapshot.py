@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, Required, TypedDict
 
 from ..._os import process_uptime
-from ...actors._api import ProcControl
+from ...actors.seam import ProcControl
 from ...errors import ProtocolError
 from ...geometry import Shape
 from .._live_meshes import live_meshes
@@ -28,7 +28,7 @@ from .._process import process
 from .records import ActorRecord, ProcReply, StackEntry, proc_reply, stack_entries
 
 if TYPE_CHECKING:
-    from ...actors._api import DebugRecord
+    from ...actors.seam import DebugRecord
     from .._proc_group import ProcGroup
     from .._supervision import FailureReport
 

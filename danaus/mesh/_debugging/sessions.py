@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import time
 
-from ...actors._api import Actor, DebugRecord, debug_registry, endpoint
+from ...actors.seam import Actor, DebugRecord, debug_registry, endpoint
 from .._admin.server import admin_op
 
 __all__ = ["DebugController", "debug_controller", "debug_sessions"]

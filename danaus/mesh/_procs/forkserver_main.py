@@ -265,7 +265,7 @@ class _Server:
             for fd in fds:
                 os.close(fd)
             _become(msg["env"], msg["cwd"])
-            from ...actors._api import run_proc
+            from ...actors.seam import run_proc
 
             run_proc(msg["addr"], msg["parent"], os.getppid(), listen_fd)
         except BaseException:

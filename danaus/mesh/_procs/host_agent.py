@@ -20,7 +20,7 @@ from concurrent.futures import Future as ThreadFuture
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from ...actors._api import (
+from ...actors.seam import (
     Actor,
     Port,
     Runtime,
@@ -93,7 +93,7 @@ class HostAgent(Actor):
 
         Their output lines go to ``log_port`` as ``(rank, "out" | "err", line)``.
         """
-        from ...actors._api import current_runtime
+        from ...actors.seam import current_runtime
 
         rt = current_runtime()
         rt.watch_lost(self._owner_lost)  # (once: the runtime keeps one of each)
@@ -148,7 +148,7 @@ class HostAgent(Actor):
     @endpoint
     async def stop_procs(self, addrs: list[str]) -> None:
         """Stop these procs (a clean stop, then a kill after ``stop_timeout``) and reap them."""
-        from ...actors._api import current_runtime
+        from ...actors.seam import current_runtime
 
         handles = [self.procs.pop(a) for a in addrs if a in self.procs]
         await stop_procs(current_runtime(), handles, config.stop_timeout)

@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 
-from ...actors._api import Runtime, peers, run_on
+from ...actors.seam import Runtime, peers, run_on
 from ...config import config
 from ...errors import SupervisionError
 from .._process import process

@@ -5,9 +5,9 @@ one there is kept while it serves, and replaced once it failed or stopped."""
 from __future__ import annotations
 
 from danaus.actors._actor import Actor, endpoint
-from danaus.actors._api import ensure_actor
 from danaus.actors._instance import ActorInstance
 from danaus.actors._runtime import Runtime
+from danaus.actors.seam import ensure_actor
 
 
 class _Service(Actor):
