@@ -37,7 +37,7 @@ from ._wire import (
     Call,
     Cast,
     Gathered,
-    Region,
+    RegionWire,
     Result,
     SeqSkip,
 )
@@ -77,7 +77,7 @@ def send_tree(
     pickled: bool,
     parts: Sequence[Buffer],
     reducer: tuple[msgspec.Raw, bool] | None = None,
-    region: Region | None = None,
+    region: RegionWire | None = None,
     trace: str = "",
 ) -> None:
     """From the sender: start a cast over ``targets``, numbered already (results to local

@@ -12,7 +12,7 @@ from ..config import config
 from ..errors import actor_display_name
 from ..geometry import Point, point_in_region
 from ._process import process
-from ._wire import Creator, Region
+from ._wire import Creator, RegionWire
 
 if TYPE_CHECKING:
     from ..mesh import ProcMesh
@@ -261,7 +261,7 @@ class Context:
     #: the actor running the current message; None on the controller
     actor: ActorContext | None
     #: the slice the current message was sent to, when not the actor's whole mesh
-    region: Region | None = field(default=None, repr=False)
+    region: RegionWire | None = field(default=None, repr=False)
 
     @property
     def actor_instance(self) -> ActorContext | RootInstance:

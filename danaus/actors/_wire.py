@@ -64,9 +64,11 @@ OK, ERROR, CLOSE = 0, 1, 2
 NIL = msgspec.Raw(b"\xc0")
 
 
-class Region(msgspec.Struct, array_like=True, frozen=True):
-    """The slice of a mesh a message was sent to: named dims laid over the global ranks
-    (``offset + sum(coord * stride)``). Its receivers find their *message rank* in it."""
+class RegionWire(msgspec.Struct, array_like=True, frozen=True):
+    """The slice of a mesh a message was sent to, as the wire carries it: named dims laid
+    over the global ranks (``offset + sum(coord * stride)``), the fields of a
+    :class:`danaus.geometry.Region` (the one region type; this is its encoding). Its
+    receivers find their *message rank* in it."""
 
     labels: list[str]
     sizes: list[int]
@@ -91,7 +93,7 @@ class Call(msgspec.Struct, tag=16, array_like=True, frozen=True):
     #: in this order even when some took another path (a cast tree). 0: unordered.
     seq: int = 0
     #: the slice called, when it is not the whole mesh the actor was spawned in
-    region: Region | None = None
+    region: RegionWire | None = None
     #: the caller's span (a W3C ``traceparent``), with telemetry on; "" otherwise
     trace: str = ""
 
@@ -109,7 +111,7 @@ class CallSpec(msgspec.Struct, frozen=True):
     args: msgspec.Raw
     pickled: bool = False
     parts: Sequence[Buffer] = ()
-    region: Region | None = None
+    region: RegionWire | None = None
     trace: str = ""
 
 
@@ -200,7 +202,7 @@ class Cast(msgspec.Struct, tag=21, array_like=True, frozen=True):
     reducer: msgspec.Raw = NIL
     reducer_pickled: bool = False
     #: as in :class:`Call`
-    region: Region | None = None
+    region: RegionWire | None = None
     #: as in :class:`Call`
     trace: str = ""
 

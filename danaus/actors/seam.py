@@ -29,7 +29,7 @@ everything here is used above (``tests/unit/test_exports.py``). By what it is fo
 - **Encoding, tracing**: ``dumps``, ``dumps_args``, ``outgoing_trace``,
   ``otlp_traces_url``.
 - **What a call's reply says**: ``OK``, ``ERROR``;
-  ``Region``, the slice of a mesh a call was sent to; ``CallSpec``, one call as the
+  ``RegionWire``, the slice of a mesh a call was sent to; ``CallSpec``, one call as the
   runtime takes it. Meshes build no wire message: they ask the runtime (``call``,
   ``send_call``, ``spawn``, ``stop_actor``,
   ``stop_proc``, ``cancel``), and no message is handled above this layer (the one table
@@ -106,7 +106,7 @@ from ._wire import (
     ERROR,
     OK,
     CallSpec,
-    Region,
+    RegionWire,
 )
 
 __all__ = [
@@ -123,7 +123,7 @@ __all__ = [
     "Port",
     "PortReceiver",
     "ProcControl",
-    "Region",
+    "RegionWire",
     "Runtime",
     "actor_process",
     "all_runtimes",

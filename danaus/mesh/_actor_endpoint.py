@@ -33,7 +33,7 @@ from ._tensor_engine_hook import tensor_engine
 from ._value_mesh import ValueMesh
 
 if TYPE_CHECKING:
-    from ..actors.seam import Region
+    from ..actors.seam import RegionWire
     from ._actor_mesh import ActorMesh
     from ._supervision import MeshState
 
@@ -56,7 +56,7 @@ class _Hot(NamedTuple):
     ranks: list[int]  # the mesh's own list, of one rank
     addr: str
     wire: str
-    region: Region | None
+    region: RegionWire | None
     state: MeshState
 
 

@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 from ..actors.seam import (
     Actor,
     Future,
-    Region,
+    RegionWire,
     Runtime,
     current_runtime,
     describe_endpoints,
@@ -80,7 +80,7 @@ class ActorMesh(Shaped, Generic[A_co]):
         self._state = state if state is not None else MeshState(name, shape, None)
         #: the runtime for which the spawn gate is known open (skips checking it again)
         self._open_for: Runtime | None = None
-        self._region_memo: tuple[Region | None] | None = None
+        self._region_memo: tuple[RegionWire | None] | None = None
 
     # The internal API of the endpoints (``_actor_endpoint``) and the layers above: read-
     # only views and small methods. Class attributes, so spawn() refuses endpoints named
@@ -127,7 +127,7 @@ class ActorMesh(Shaped, Generic[A_co]):
         return self._spawn_rt is not None and self._spawn_rt.closed
 
     @property
-    def call_region(self) -> Region | None:
+    def call_region(self) -> RegionWire | None:
         """What calls to this mesh tell their actors about the slice called, so that
         ``current_rank()`` there is the place in it (Monarch's message rank); ``None``
         when this is the whole mesh, where message ranks are the actors' own ranks."""
@@ -138,7 +138,7 @@ class ActorMesh(Shaped, Generic[A_co]):
                 memo = (None,)
             else:
                 memo = (
-                    Region(
+                    RegionWire(
                         list(shape.labels),
                         list(shape.sizes.values()),
                         list(shape.strides.values()),
