@@ -135,6 +135,11 @@ class MeshFacts:
     #: byte of the unit's whole weights (the gathered weights, the unsharded gradients,
     #: the backend's buffers); 0.0: not measured
     fsdp_bytes_per_byte: float = 0.0
+    #: how many times longer FSDP2's gathers and reduce-scatter of a unit take, as it runs
+    #: them (packing the shards, unpacking the gathered weights, its hooks), than the
+    #: backend's own collectives of those bytes (``gather_s_per_byte``,
+    #: ``scatter_s_per_byte``); 1.0: not measured
+    fsdp_over_collectives: float = 1.0
     #: per rank, how many times slower than the fastest proc it computes (1.0: as fast;
     #: measured on each proc, alike procs' noise evened out); empty: all alike
     speed: tuple[float, ...] = ()
@@ -654,15 +659,15 @@ class Profiler(Actor):
     @endpoint
     def collective(
         self, nbytes: int, tp: TPProbe | None = None, repeats: int = 3, small: int = 15
-    ) -> tuple[float, float, float, float, dict[int, dict[int, float]], float, float, float]:
+    ) -> tuple[float, float, float, float, dict[int, dict[int, float]], float, float, float, float]:
         """All-reduce, all-gather and reduce-scatter ``nbytes`` over every proc of the
         mesh through the backend the trainer will use (the environment set by
         ``danaus.spmd``), and time a tensor-parallel block where ``tp`` asks: (all-reduce
         bus bytes/s, seconds of a small all-reduce, seconds per byte of an all-gather, of
         a reduce-scatter, :attr:`ModelCost.tp_block_s`, seconds of a small send to the
-        next proc, and the memory the backend and FSDP hold beyond a model's state:
-        :attr:`MeshFacts.allreduce_bytes_per_byte`, :attr:`MeshFacts.fsdp_bytes_per_byte`).
-        Call every proc of the mesh.
+        next proc, the memory the backend and FSDP hold beyond a model's state:
+        :attr:`MeshFacts.allreduce_bytes_per_byte`, :attr:`MeshFacts.fsdp_bytes_per_byte`,
+        and :attr:`MeshFacts.fsdp_over_collectives`). Call every proc of the mesh.
 
         Small messages cost the machine's wake-ups more than their bytes, and another
         program's work only ever adds to that: their times are the fastest of ``small``."""
@@ -690,10 +695,14 @@ class Profiler(Actor):
             scatter = min(timed(lambda: scatter_(shard, whole)) for _ in range(repeats))
             size = whole.numel() * whole.element_size()
             held = _held_while(lambda: dist.all_reduce(big)) / nbytes
-            fsdp = _fsdp_held(nbytes, dev)
+            fsdp, fsdp_s, weights = _fsdp_unit(nbytes, dev, repeats)
+            # what the unit's step took beyond its compute, over what its two gathers and
+            # one reduce-scatter of those bytes take as the backend's own collectives
+            raw = (2 * gather + scatter) / size * weights
+            over = max(1.0, fsdp_s / raw) if raw > 0 else 1.0
             return (
                 nbytes * 2 * (n - 1) / n / t, lat, gather / size, scatter / size, tp_s, hop,
-                held, fsdp,
+                held, fsdp, over,
             )  # fmt: skip
         finally:
             dist.destroy_process_group()
@@ -710,11 +719,14 @@ def _held_while(fn: Callable[[], Any]) -> int:
     return max(0, peak_bytes(dev) - before)
 
 
-def _fsdp_held(nbytes: int, dev: torch.device) -> float:
-    """What FSDP2 holds beyond a unit's sharded state while it runs a forward and
-    backward, per byte of the unit's whole weights: the gathered weights, the unsharded
-    gradients and the backend's buffers for the gather and the reduce-scatter (on CPU,
-    gloo's copies). Measured on one unit of ``nbytes`` of weights over every proc."""
+def _fsdp_unit(nbytes: int, dev: torch.device, repeats: int) -> tuple[float, float, int]:
+    """One FSDP2 unit of ``nbytes`` of weights over every proc, resharded after its
+    forward, run forward and backward on one row: (what FSDP2 holds beyond the unit's
+    sharded state while it runs, per byte of the unit's whole weights: the gathered
+    weights, the unsharded gradients and the backend's buffers for the gather and the
+    reduce-scatter, on CPU gloo's copies; the seconds of its two gathers and one
+    reduce-scatter as FSDP2 runs them: the fastest of ``repeats`` steps less the same
+    layer's step unsharded; the unit's weight bytes)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -722,16 +734,24 @@ def _fsdp_held(nbytes: int, dev: torch.device) -> float:
     n = dist.get_world_size()
     width = max(n, int((nbytes // 4) ** 0.5) // n * n)
     unit = nn.Linear(width, width, bias=False, device=dev)
+    alone = nn.Linear(width, width, bias=False, device=dev)
     fully_shard(unit, mesh=init_device_mesh(dev.type, (n,)), reshard_after_forward=True)
-    x = torch.ones(2, width, device=dev)
+    x = torch.ones(1, width, device=dev)
 
     def step() -> None:
         unit(x).sum().backward()
 
+    def step_alone() -> None:
+        alone(x).sum().backward()
+
     step()  # warm up: the gradients' shards are made
     weights = width * width * 4
     held = _held_while(step)
-    return held / weights
+    dist.barrier()
+    fsdp_s = min(timed(step) for _ in range(repeats))
+    step_alone()
+    compute = min(timed(step_alone) for _ in range(repeats))
+    return held / weights, max(0.0, fsdp_s - compute), weights
 
 
 #: tensor-parallel passes timed per degree and microbatch size (their median counts)
