@@ -351,9 +351,11 @@ def estimate(
         # measured over the whole mesh, scaled to the dp group's ring
         gathers = (2 if c.sharded else 1) * c.microbatches
         scale = ((c.dp - 1) / c.dp) / max((mesh.procs - 1) / mesh.procs, 1e-9)
-        per_byte = gathers * mesh.gather_s_per_byte + mesh.scatter_s_per_byte
-        # as FSDP2 runs them (packing, unpacking, its hooks), measured on one unit
-        per_byte *= mesh.fsdp_over_collectives
+        # as FSDP2 runs them (its copies in and out, its hooks), measured on one unit
+        per_byte = (
+            gathers * mesh.gather_s_per_byte * mesh.fsdp_gather_over
+            + mesh.scatter_s_per_byte * mesh.fsdp_scatter_over
+        )
         sync = worst_w * scale * per_byte + (gathers + 1) * lat
     elif c.dp > 1:  # DDP: one all-reduce of the gradients
         sync = 2 * (c.dp - 1) / c.dp * worst_w / bw + lat
@@ -523,8 +525,11 @@ def choose(
         f"{mesh.collective_bw / 1e9:.2f} GB/s (bus), {mesh.collective_latency_s * 1e6:.0f} µs, "
         f"a send {mesh.hop_latency_s * 1e6:.0f} µs"
     )
-    if mesh.fsdp_over_collectives > 1.0:
-        why += f"; FSDP2's gathers {mesh.fsdp_over_collectives:.2f}x the backend's own"
+    if mesh.fsdp_gather_over > 1.0 or mesh.fsdp_scatter_over > 1.0:
+        why += (
+            f"; FSDP2's gather {mesh.fsdp_gather_over:.2f}x and reduce-scatter "
+            f"{mesh.fsdp_scatter_over:.2f}x the backend's own"
+        )
     why += _unlike(mesh, best)
     if mesh.memory_why:
         why += f"; usable memory per proc from {mesh.memory_why}"

@@ -93,8 +93,8 @@ async def _measure_mesh(
         await setup_torch_elastic_env_async(procs)
         probes = (await profilers.collective.call(PROBE_BYTES, tp)).values()
         cbw = min(p[0] for p in probes)
-        clat, gather, scatter, hop, held, fsdp, fsdp_over = (
-            max(p[i] for p in probes) for i in (1, 2, 3, 5, 6, 7, 8)
+        clat, gather, scatter, hop, held, fsdp, gather_over, scatter_over = (
+            max(p[i] for p in probes) for i in (1, 2, 3, 5, 6, 7, 8, 9)
         )
         tp_s = {  # the slowest rank's time, at each degree and size
             d: {s: max(p[4][d][s] for p in probes) for s in sizes}
@@ -102,7 +102,7 @@ async def _measure_mesh(
         }
     else:
         bw, lat, cbw, clat, gather, scatter, hop, tp_s = 1e12, 0.0, 1e12, 0.0, 0.0, 0.0, 0.0, {}
-        held, fsdp, fsdp_over = 0.0, 0.0, 1.0
+        held, fsdp, gather_over, scatter_over = 0.0, 0.0, 1.0, 1.0
     facts_ = MeshFacts(
         procs=n,
         procs_per_host=max(per_host.values()),
@@ -118,7 +118,8 @@ async def _measure_mesh(
         hop_latency_s=hop,
         allreduce_bytes_per_byte=held,
         fsdp_bytes_per_byte=fsdp,
-        fsdp_over_collectives=fsdp_over,
+        fsdp_gather_over=gather_over,
+        fsdp_scatter_over=scatter_over,
     )
     return facts_, tp_s
 

@@ -575,24 +575,28 @@ def test_a_respawns_copies_count_against_each_procs_memory() -> None:
     assert extra(2, 2, False) == 4 * 3 * (w // 2) // 2  # a replicated pipeline's shard
 
 
-def test_fsdps_gathers_count_as_fsdp2_ran_them_on_the_probe() -> None:
-    """Where FSDP2's gathers and reduce-scatter of a unit measured 1.7x the backend's own
-    collectives of its bytes (gloo on 4 procs here: packing, unpacking, its hooks),
-    every layout FSDP2 runs pays its sync 1.7x (less the latencies, which are the
-    collectives' own); DDP's all-reduce does not."""
+def test_fsdps_gathers_and_reduce_scatter_count_as_fsdp2_ran_them_on_the_probe() -> None:
+    """Where FSDP2's gather of a unit measured 1.1x the backend's own collective of its
+    bytes and its reduce-scatter 3x (its copies in and out, its hooks), every layout
+    FSDP2 runs pays each gather (one per microbatch's forward, and per backward where
+    sharded) 1.1x and the one reduce-scatter 3x; DDP's all-reduce does not change."""
     from dataclasses import replace
 
     cost = _cost([1.0] * 8, [MiB] * 8, act=0)
-    by = {(c.dp, c.pp, c.sharded): c for c in _all(microbatches=1)}
-    plain, slow = _mesh(), replace(_mesh(), fsdp_over_collectives=1.7)
-    for fsdp in (by[4, 1, True], by[2, 2, False], by[2, 2, True]):
-        a, b = estimate(fsdp, cost, plain, 8, 1 << 40), estimate(fsdp, cost, slow, 8, 1 << 40)
-        gathers = 2 if fsdp.sharded else 1
-        lat = (gathers + 1) * plain.collective_latency_s
-        assert b.sync_s - lat == pytest.approx(1.7 * (a.sync_s - lat)), fsdp
-        assert b.step_s > a.step_s
-    ddp = by[4, 1, False]
-    assert (
-        estimate(ddp, cost, slow, 8, 1 << 40).sync_s
-        == estimate(ddp, cost, plain, 8, 1 << 40).sync_s
-    )
+    plain = _mesh()
+    slow = replace(plain, fsdp_gather_over=1.1, fsdp_scatter_over=3.0)
+    for mb in (1, 2):
+        by = {(c.dp, c.pp, c.sharded): c for c in _all(microbatches=mb)}
+        for fsdp in (by[4, 1, True], by[2, 2, False], by[2, 2, True]):
+            a = estimate(fsdp, cost, plain, 8, 1 << 40)
+            b = estimate(fsdp, cost, slow, 8, 1 << 40)
+            gathers = (2 if fsdp.sharded else 1) * mb
+            lat = (gathers + 1) * plain.collective_latency_s
+            # equal gather and scatter rates here: each collective is 1 / (gathers + 1)
+            each = (a.sync_s - lat) / (gathers + 1)
+            assert b.sync_s - lat == pytest.approx(each * (1.1 * gathers + 3.0)), (fsdp, mb)
+        ddp = by[4, 1, False]
+        assert (
+            estimate(ddp, cost, slow, 8, 1 << 40).sync_s
+            == estimate(ddp, cost, plain, 8, 1 << 40).sync_s
+        )
