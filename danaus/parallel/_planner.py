@@ -346,10 +346,16 @@ def estimate(
     pipeline = max((c.microbatches + c.pp - 1) * worst_t, busy * threads / cores * overs)
     sync = 0.0
     if fsdp:
-        # FSDP2: weights gathered for each microbatch's forward (and again for its
-        # backward where sharded between them), gradients reduce-scattered once;
-        # measured over the whole mesh, scaled to the dp group's ring
+        # FSDP2: gradients reduce-scattered once; measured over the whole mesh, scaled
+        # to the dp group's ring. The weights are gathered for each microbatch's forward
+        # (and again for its backward where sharded between them), except under a
+        # pipeline: torch's pipeline stage keeps them gathered after each backward until
+        # the last, so they are gathered once a step where the stage keeps them whole
+        # between forward and backward (ZeRO-2), and once more than the microbatches
+        # where it reshards after each forward (each forward, and the first backward)
         gathers = (2 if c.sharded else 1) * c.microbatches
+        if c.pp > 1:
+            gathers = c.microbatches + 1 if c.sharded else 1
         scale = ((c.dp - 1) / c.dp) / max((mesh.procs - 1) / mesh.procs, 1e-9)
         # as FSDP2 runs them (its copies in and out, its hooks), measured on one unit
         per_byte = (

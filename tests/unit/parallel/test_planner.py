@@ -590,7 +590,10 @@ def test_fsdps_gathers_and_reduce_scatter_count_as_fsdp2_ran_them_on_the_probe()
         for fsdp in (by[4, 1, True], by[2, 2, False], by[2, 2, True]):
             a = estimate(fsdp, cost, plain, 8, 1 << 40)
             b = estimate(fsdp, cost, slow, 8, 1 << 40)
-            gathers = (2 if fsdp.sharded else 1) * mb
+            if fsdp.pp == 1:
+                gathers = (2 if fsdp.sharded else 1) * mb
+            else:  # torch's pipeline stage keeps them gathered after each backward
+                gathers = mb + 1 if fsdp.sharded else 1
             lat = (gathers + 1) * plain.collective_latency_s
             # equal gather and scatter rates here: each collective is 1 / (gathers + 1)
             each = (a.sync_s - lat) / (gathers + 1)
@@ -600,3 +603,28 @@ def test_fsdps_gathers_and_reduce_scatter_count_as_fsdp2_ran_them_on_the_probe()
             estimate(ddp, cost, slow, 8, 1 << 40).sync_s
             == estimate(ddp, cost, plain, 8, 1 << 40).sync_s
         )
+
+
+def test_under_a_pipeline_fsdp_gathers_the_weights_once_or_once_more_than_the_microbatches() -> (
+    None
+):
+    """torch's pipeline stage keeps an FSDP2 stage's weights gathered after each
+    microbatch's backward until the last: a stage kept whole between forward and backward
+    (ZeRO-2) gathers once a step however many microbatches; one resharded after each
+    forward gathers for each forward and once more for the first backward. Without a
+    pipeline, each microbatch's forward gathers (and its backward, where sharded)."""
+    cost = _cost([1.0] * 8, [MiB] * 8, act=0)
+    mesh = _mesh()
+
+    def sync(dp: int, pp: int, sharded: bool, mb: int) -> float:
+        [c] = [c for c in _all(microbatches=mb) if (c.dp, c.pp, c.sharded) == (dp, pp, sharded)]
+        return estimate(c, cost, mesh, 8, 1 << 40).sync_s
+
+    lat = mesh.collective_latency_s
+    assert sync(2, 2, False, 4) == pytest.approx(sync(2, 2, False, 1))  # one gather
+    one, four = sync(2, 2, True, 1), sync(2, 2, True, 4)  # 2 and 5 gathers, 1 scatter
+    each = (one - 3 * lat) / 3
+    assert four - 6 * lat == pytest.approx(6 * each)
+    one, two = sync(4, 1, True, 1), sync(4, 1, True, 2)  # 2 and 4 gathers, 1 scatter
+    each = (one - 3 * lat) / 3
+    assert two - 5 * lat == pytest.approx(5 * each)
