@@ -347,15 +347,8 @@ def estimate(
     sync = 0.0
     if fsdp:
         # FSDP2: gradients reduce-scattered once; measured over the whole mesh, scaled
-        # to the dp group's ring. The weights are gathered for each microbatch's forward
-        # (and again for its backward where sharded between them), except under a
-        # pipeline: torch's pipeline stage keeps them gathered after each backward until
-        # the last, so they are gathered once a step where the stage keeps them whole
-        # between forward and backward (ZeRO-2), and once more than the microbatches
-        # where it reshards after each forward (each forward, and the first backward)
-        gathers = (2 if c.sharded else 1) * c.microbatches
-        if c.pp > 1:
-            gathers = c.microbatches + 1 if c.sharded else 1
+        # to the dp group's ring
+        gathers = fsdp_gathers(c)
         scale = ((c.dp - 1) / c.dp) / max((mesh.procs - 1) / mesh.procs, 1e-9)
         # as FSDP2 runs them (its copies in and out, its hooks), measured on one unit
         per_byte = (
@@ -381,6 +374,18 @@ def estimate(
         c, step * cost.typical, peak, tuple(stages), fits, pipeline, sync, opt, cost.typical,
         copying,
     )  # fmt: skip
+
+
+def fsdp_gathers(c: Candidate) -> int:
+    """How many times a step of ``c`` gathers each FSDP2 unit's weights: for each
+    microbatch's forward (and again for its backward where sharded between them), except
+    under a pipeline: torch's pipeline stage keeps them gathered after each backward
+    until the last, so once a step where the stage keeps them whole between forward and
+    backward (ZeRO-2), and once more than the microbatches where it reshards after each
+    forward (each forward, and the first backward)."""
+    if c.pp > 1:
+        return c.microbatches + 1 if c.sharded else 1
+    return (2 if c.sharded else 1) * c.microbatches
 
 
 #: procs whose speeds are this close (a fraction) count as alike: on a busy 2-core
