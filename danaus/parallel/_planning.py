@@ -93,9 +93,12 @@ async def _measure_mesh(
         await setup_torch_elastic_env_async(procs)
         probes = (await profilers.collective.call(PROBE_BYTES, tp)).values()
         cbw = min(p[0] for p in probes)
-        clat, gather, scatter, hop, held, fsdp, gather_over, scatter_over = (
-            max(p[i] for p in probes) for i in (1, 2, 3, 5, 6, 7, 8, 9)
+        clat, gather, scatter, hop, held, fsdp = (
+            max(p[i] for p in probes) for i in (1, 2, 3, 5, 6, 7)
         )
+        # (ratios of two differences of times, each proc's own: the median, not one
+        # proc's outlier)
+        gather_over, scatter_over = (statistics.median(p[i] for p in probes) for i in (8, 9))
         tp_s = {  # the slowest rank's time, at each degree and size
             d: {s: max(p[4][d][s] for p in probes) for s in sizes}
             for d, sizes in probes_sizes(tp).items()

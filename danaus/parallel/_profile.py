@@ -701,7 +701,7 @@ class Profiler(Actor):
             scatter = min(timed(lambda: scatter_(shard, whole)) for _ in range(repeats))
             size = whole.numel() * whole.element_size()
             held = _held_while(lambda: dist.all_reduce(big)) / nbytes
-            fsdp, gather_s, scatter_s, weights = _fsdp_unit(nbytes, dev, repeats)
+            fsdp, gather_s, scatter_s, weights = _fsdp_unit(nbytes, dev, 2 * repeats - 1)
             # over what the backend's own collectives of the unit's bytes take
             gather_over = max(1.0, gather_s / (gather / size * weights)) if gather else 1.0
             scatter_over = max(1.0, scatter_s / (scatter / size * weights)) if scatter else 1.0
