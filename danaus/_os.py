@@ -1,14 +1,17 @@
 """What danaus asks of the operating system for this process: to die with its parent,
-and how long it has run (Linux; elsewhere, nothing and None)."""
+how long it has run, and to give back the memory malloc holds freed (Linux; elsewhere,
+nothing and None)."""
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import sys
+from collections.abc import Callable
 
-__all__ = ["die_with_parent", "process_uptime"]
+__all__ = ["die_with_parent", "process_uptime", "trim_malloc"]
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -37,3 +40,21 @@ def process_uptime() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return max(boot_seconds - start_ticks / _TICKS, 0.0)
+
+
+def trim_malloc() -> None:
+    """Give the memory glibc's malloc holds freed back to the OS (``malloc_trim(0)``):
+    freed blocks under its mmap threshold (up to 32 MiB) otherwise stay in the heap,
+    resident. A no-op where the C library is not glibc."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    return trim

@@ -25,7 +25,7 @@ from ._planner import (
     estimate,
     profile_sizes,
 )
-from ._profile import MeshFacts, ModelCost, ProcFacts, TPProbe
+from ._profile import MeshFacts, ModelCost, ProcFacts, TPProbe, _alike, _param_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -127,12 +127,6 @@ async def _measure_mesh(
     return facts_, tp_s
 
 
-def _weight_bytes(*mods: nn.Module) -> int:
-    """Bytes of the weights of ``mods``, a weight they share (tied) counted once."""
-    unique = {id(p): p for m in mods for p in m.parameters()}.values()
-    return sum(p.numel() * p.element_size() for p in unique)
-
-
 def _check_room(model: nn.Module, parts: ModelParts, facts: list[ProcFacts]) -> list[int] | None:
     """How the model is measured, or a PlanError before anything is sent to a proc where
     the procs cannot hold it however it is laid out (its weights and gradients alone,
@@ -143,7 +137,7 @@ def _check_room(model: nn.Module, parts: ModelParts, facts: list[ProcFacts]) -> 
     by block: one block of each make (:func:`._profile._alike`) with the parts before
     and after the blocks, each block measured as the one of its make that was (the
     index of that one, for each block)."""
-    weights = _weight_bytes(model)
+    weights = _param_bytes([model])
     memory, _ = usable_memory(facts)
     mib = 2**20
     if 2 * weights / len(facts) > min(memory):
@@ -164,13 +158,11 @@ def _check_room(model: nn.Module, parts: ModelParts, facts: list[ProcFacts]) -> 
             f"MiB) on one proc, and the roomiest may hold {alone / mib:.1f} MiB: "
             f"{parts.why_not_cut(model)}, so it is measured whole (give procs more memory)"
         )
-    from ._profile import _alike
-
     blocks = parts.blocks(model)
     first: dict[Any, int] = {}
     stand_in = [first.setdefault(make, i) for i, make in enumerate(_alike(model, parts, blocks))]
     ends = [model.get_submodule(p) for p in (*parts.embed_paths, *parts.head_paths)]
-    some = _weight_bytes(*ends, *(blocks[i] for i in sorted(set(stand_in))))
+    some = _param_bytes([*ends, *(blocks[i] for i in sorted(set(stand_in)))])
     if 2 * some > alone:
         raise PlanError(
             f"measuring the model block by block needs the weights and gradients of one "

@@ -181,14 +181,12 @@ def release_memory() -> None:
     glibc trim malloc's heap (freed tensors under its mmap threshold, 32 MiB at most,
     stay in the heap, resident and charged to the proc's cgroup, until trimmed: a
     plan's measuring left 1.2-1.5 GiB so over four procs here)."""
-    import ctypes
     import gc
 
+    from .._os import trim_malloc
+
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    trim_malloc()
 
 
 def peak_bytes(dev: torch.device) -> int:

@@ -22,7 +22,6 @@ idle, end) and peak memory, and writes the timeline as a Chrome trace (Perfetto,
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import socket
@@ -37,6 +36,7 @@ from typing import Any
 
 import torch
 
+from .._os import trim_malloc
 from ..actors.seam import Future, current_runtime
 from ._client import _Client, _scope, no_mesh
 from ._worker import BORROW, CALL, FREE, PULL, REDUCE, Ref, _flatten, _op
@@ -104,8 +104,14 @@ class CostTable:
         self, key: str, fn: Callable[..., Any], args: Any, kwargs: dict[str, Any]
     ) -> float:
         """The fastest of three runs after a warm-up, each on new arguments (in-place
-        operations change theirs); on CPU, each with what the allocator holds freed
-        given back to the OS first (:func:`_freed_given_back`)."""
+        operations change theirs); on CPU, each with the memory glibc's malloc holds
+        freed given back to the OS first, so that the operation's outputs land on fresh
+        pages, as a step's do: a worker frees a step's tensors as the controller drops
+        them, and glibc returns that memory (past its trim threshold) to the OS, so a
+        large output is paged in again each time. Measured on one proc of the bench's
+        DDP step (768-wide layers, 512 rows): each ReLU took 0.65 ms there and 0.2 ms
+        timed on warm memory, 0.45 ms timed this way (its backward 0.7, 0.2 and 0.5); the
+        matmuls 22 ms a step there, 18 and 22."""
         try:
             real_args, real_kwargs = _real(args), _real(kwargs)
             fn(*real_args, **real_kwargs)  # warm
@@ -113,7 +119,7 @@ class CostTable:
             for _ in range(3):
                 real_args, real_kwargs = _real(args), _real(kwargs)  # (in-place ops)
                 if self.device == "cpu":
-                    _freed_given_back()
+                    trim_malloc()
                 start = time.perf_counter()
                 fn(*real_args, **real_kwargs)
                 best = min(best, time.perf_counter() - start)
@@ -168,31 +174,6 @@ def _measure_collective() -> float:
         group.allreduce([t]).wait()
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
-
-
-def _freed_given_back() -> None:
-    """Give the memory glibc's allocator holds freed back to the OS (``malloc_trim``),
-    so that the outputs of the operation measured next land on fresh pages, as a step's
-    do: a worker frees a step's tensors as the controller drops them, and glibc returns
-    that memory (past its trim threshold) to the OS, so a large output is paged in again
-    each time. Measured on one proc of the bench's DDP step (768-wide layers, 512 rows):
-    each ReLU took 0.65 ms there and 0.2 ms timed on warm memory, 0.45 ms timed this way
-    (its backward 0.7, 0.2 and 0.5); the matmuls 22 ms a step there, 18 and 22. A no-op
-    where the C library has no ``malloc_trim``."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    import ctypes
-
-    try:
-        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-    return trim
 
 
 def _signature(obj: Any) -> str:
